@@ -1,0 +1,45 @@
+# mqhub: `make run` sets up and runs the broker; `make test` sets up and runs the whole suite.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+DATA   ?= ./var
+
+.PHONY: venv run test test-fast lint typecheck bench clean node
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip wheel setuptools
+	$(PIP) install -q -e '.[dev]' --config-settings editable_mode=compat
+	# eventmq 0.3.13 pins a pyzmq that does not build on 3.11: its needs come from the dev extra.
+	$(PIP) install -q --no-deps eventmq
+	$(PY) -c "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))" >/dev/null 2>&1 || true
+	touch $(STAMP)
+
+node: venv
+	@if [ -f tests/interop/node/package.json ]; then cd tests/interop/node && npm install --no-audit --no-fund --silent; fi
+
+run: venv
+	mkdir -p $(DATA)
+	$(VENV)/bin/twistd -n --pidfile= mqhub --protocols all --data-dir $(DATA)
+
+test: venv node
+	$(PY) -m pytest -q tests
+
+test-fast: venv
+	$(PY) -m pytest -q -x -m "not interop and not slow" tests
+
+lint: venv
+	$(VENV)/bin/ruff check mqhub tests benchmarks
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+bench: venv
+	$(VENV)/bin/mqhub bench --help
+
+clean:
+	rm -rf $(VENV) build *.egg-info

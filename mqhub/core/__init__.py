@@ -1,0 +1,1 @@
+"""The protocol-neutral broker core: ids, messages, address routing, queues, consumers, dead letters."""

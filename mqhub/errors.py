@@ -1,0 +1,40 @@
+"""Domain exceptions shared by the core, the store and the protocol adapters.
+
+These carry no wire codes: each protocol maps them to its own error in one place.
+"""
+
+
+class MqhubError(Exception):
+    """Base class of every mqhub domain error."""
+
+
+class StoreError(MqhubError):
+    """A write could not be made durable, or the store could not be read."""
+
+
+class StoreClosed(StoreError):
+    """The store was used after it was closed."""
+
+
+class InvalidName(MqhubError):
+    """An address, queue, topic or channel name breaks the naming rules."""
+
+
+class NoSuchQueue(MqhubError):
+    """The named queue does not exist."""
+
+
+class NoSuchMessage(MqhubError):
+    """The message id is not in flight (or not known) on this queue."""
+
+
+class QueueFull(MqhubError):
+    """A queue at its size limit rejected a new message (overflow policy ``reject``)."""
+
+
+class MessageTooLarge(MqhubError):
+    """A body is larger than the configured limit."""
+
+
+class PluginError(MqhubError):
+    """A protocol plugin could not be loaded or refused to start."""

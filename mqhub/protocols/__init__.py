@@ -1,0 +1,1 @@
+"""Built-in wire protocols, one package each: a sans-IO codec plus a thin Twisted adapter."""

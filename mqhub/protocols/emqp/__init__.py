@@ -1,0 +1,1 @@
+"""eMQP: the EventMQ protocol over ZeroMQ (router, scheduler and pub/sub)."""

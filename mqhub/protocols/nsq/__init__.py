@@ -1,0 +1,1 @@
+"""NSQ: nsqd-compatible TCP protocol V2 and HTTP API."""

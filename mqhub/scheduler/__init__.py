@@ -1,0 +1,1 @@
+"""Scheduling: pure interval and cron math, and the SchedulerService driven by an injected clock."""
