@@ -1,0 +1,571 @@
+"""Sans-IO codec for the NATS client protocol (no Twisted, no zope).
+
+The parser turns bytes into *events*, which are plain tuples whose first item is one of the
+``OP_*`` constants below (no per-message object on the hot path)::
+
+    (OP_PUB, hit, payload)                   hit = (line, subject, reply, size) from the line cache
+    (OP_HPUB, hit, header_block, payload)    hit = (line, subject, reply, hdr_size, total_size)
+    (OP_SUB, subject, queue, sid)            queue is None without a queue group
+    (OP_UNSUB, sid, max_msgs)                max_msgs is None without a limit
+    (OP_CONNECT, options_dict)
+    (OP_INFO, info_dict)
+    (OP_MSG, subject, sid, reply, payload)
+    (OP_HMSG, subject, sid, reply, header_block, payload)
+    (OP_PING,) (OP_PONG,) (OP_OK,) (OP_ERR, text)
+    (OP_ERROR, ProtocolError)                a non-fatal error in stream order (``events()`` only)
+
+A parser made with ``server=True`` accepts what clients send (CONNECT, PUB, HPUB, SUB, UNSUB,
+PING, PONG, +OK, -ERR); with ``server=False`` what servers send (INFO, MSG, HMSG, PING, PONG,
++OK, -ERR). The buffer is an immutable ``bytes`` object walked with an offset; each distinct
+PUB control line is parsed once and cached, which is what makes the hot path cheap.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional, Union
+
+__all__ = [
+    "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",
+    "parse_headers", "build_headers", "valid_subject", "valid_publish_subject",
+]
+
+#: Returned by :meth:`NatsParser.next_event` when a complete event is not yet buffered.
+NEED_DATA = object()
+
+#: nats-server's real limit for one control line (its docs' 1024 is stale).
+MAX_CONTROL_LINE = 4096
+#: Default maximum payload (announced in INFO as ``max_payload``).
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+OP_PUB = 1
+OP_HPUB = 2
+OP_SUB = 3
+OP_UNSUB = 4
+OP_CONNECT = 5
+OP_PING = 6
+OP_PONG = 7
+OP_OK = 8
+OP_ERR = 9
+OP_INFO = 10
+OP_MSG = 11
+OP_HMSG = 12
+OP_ERROR = 13
+
+# ProtocolError codes. The server maps each to the wire in one place (server.py).
+E_UNKNOWN_OP = "unknown_op"          # -ERR 'Unknown Protocol Operation', close
+E_MAX_CONTROL = "max_control_line"   # -ERR 'maximum control line exceeded', close
+E_MAX_PAYLOAD = "max_payload"        # -ERR 'Maximum Payload Violation', close
+E_BAD_ARGS = "bad_args"              # close without -ERR (as nats-server does)
+E_BAD_CONNECT = "bad_connect"        # close without -ERR
+E_INVALID_SUBJECT = "invalid_subject"  # -ERR 'Invalid Subject', stays open
+
+_CACHE_LIMIT = 4096
+_CRLF = b"\r\n"
+
+
+class ProtocolError(Exception):
+    """A violation of the NATS protocol found by the codec.
+
+    :ivar code: one of the ``E_*`` codes (no wire text; the server maps it).
+    :ivar message: human-readable detail.
+    :ivar fatal: whether the connection must be closed.
+    """
+
+    def __init__(self, code: str, message: str, fatal: bool = True) -> None:
+        """Record the code, the detail and whether the connection ends."""
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.fatal = fatal
+
+    def __repr__(self) -> str:
+        """Show code, message and fatality."""
+        return f"ProtocolError({self.code!r}, {self.message!r}, fatal={self.fatal})"
+
+
+_WS = frozenset(" \t\r\n\f\v")
+
+
+def valid_subject(subject: str) -> bool:
+    """True when ``subject`` is a valid SUB subject: non-empty tokens, ``>`` only last."""
+    if not subject:
+        return False
+    tokens = subject.split(".")
+    last = len(tokens) - 1
+    for i, tok in enumerate(tokens):
+        if not tok:
+            return False
+        if tok == ">" and i != last:
+            return False
+    return not any(c in _WS for c in subject)
+
+
+def valid_publish_subject(subject: str) -> bool:
+    """True when ``subject`` is a valid PUB subject: a valid subject without wildcard tokens."""
+    if not valid_subject(subject):
+        return False
+    for tok in subject.split("."):
+        if tok == "*" or tok == ">":
+            return False
+    return True
+
+
+def parse_headers(block: bytes) -> tuple[Optional[int], str, list[tuple[str, str]]]:
+    """Parse a ``NATS/1.0`` header block into ``(status, description, [(name, value), ...])``.
+
+    :raises ProtocolError: (fatal, bad_args) when the block does not start with ``NATS/1.0``.
+    """
+    text = block.decode("utf-8", "replace")
+    lines = text.split("\r\n")
+    first = lines[0]
+    if not first.startswith("NATS/1.0"):
+        raise ProtocolError(E_BAD_ARGS, "header block must start with NATS/1.0")
+    status: Optional[int] = None
+    description = ""
+    rest = first[8:].strip()
+    if rest:
+        code, _, description = rest.partition(" ")
+        if code.isdigit():
+            status = int(code)
+        description = description.strip()
+    items: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            continue
+        items.append((name.strip(), value.strip()))
+    return status, description, items
+
+
+def build_headers(items: Any = (), status: Optional[int] = None, description: str = "") -> bytes:
+    """Build a header block from ``(name, value)`` pairs or a dict, with an optional status line."""
+    if isinstance(items, dict):
+        items = items.items()
+    first = "NATS/1.0"
+    if status is not None:
+        first += f" {status}"
+        if description:
+            first += f" {description}"
+    parts = [first]
+    for name, value in items:
+        parts.append(f"{name}: {value}")
+    return ("\r\n".join(parts) + "\r\n\r\n").encode("utf-8")
+
+
+def _int(field: bytes) -> int:
+    """Parse a non-negative decimal size field or raise a bad-args ProtocolError."""
+    if not field.isdigit():
+        raise ProtocolError(E_BAD_ARGS, f"invalid size {field!r}")
+    return int(field)
+
+
+def _text(field: bytes) -> str:
+    """Decode a subject/sid/queue field (bytes that are not UTF-8 survive via surrogates)."""
+    return field.decode("utf-8", "surrogateescape")
+
+
+Event = tuple
+
+
+class NatsParser:
+    """Incremental NATS parser; feed with :meth:`receive_data`, read with :meth:`events`.
+
+    :param server: True to parse client→server operations, False for server→client ones.
+    :param max_payload: the largest payload (HPUB: headers plus payload) accepted.
+    :param max_control_line: the longest control line accepted, in bytes.
+    """
+
+    def __init__(self, server: bool = True, max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 max_control_line: int = MAX_CONTROL_LINE) -> None:
+        """Start with an empty buffer."""
+        self.server = server
+        self.max_payload = max_payload
+        self.max_control_line = max_control_line
+        self._buf = b""
+        self._pos = 0
+        self._chunks: list[bytes] = []   # waiting for a large payload: raw chunks after _buf
+        self._chunked = 0                # total bytes in _chunks
+        self._need = 0                   # bytes needed past _pos before parsing is worthwhile
+        self._pub_cache: dict[bytes, tuple] = {}
+        self._hpub_cache: dict[bytes, tuple] = {}
+        self._pending: list[Event] = []
+        self._dead: Optional[ProtocolError] = None
+
+    # input -------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Append ``data`` (any split of the stream) to the buffer."""
+        if not data:
+            return
+        if self._need:
+            self._chunks.append(data)
+            self._chunked += len(data)
+            if len(self._buf) - self._pos + self._chunked < self._need:
+                return
+            self._buf = self._buf[self._pos:] + b"".join(self._chunks)
+            self._pos = 0
+            self._chunks = []
+            self._chunked = 0
+            self._need = 0
+            return
+        if self._pos >= len(self._buf):
+            self._buf = data
+        else:
+            self._buf = self._buf[self._pos:] + data
+        self._pos = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet turned into events."""
+        return len(self._buf) - self._pos + self._chunked
+
+    # output ------------------------------------------------------------------------------
+
+    def next_event(self) -> Union[Event, object]:
+        """Return the next event, or :data:`NEED_DATA`.
+
+        :raises ProtocolError: for every protocol violation (fatal ones end the parser).
+        """
+        if not self._pending:
+            self._pending = self.events()
+            self._pending.reverse()
+            if not self._pending:
+                if self._dead is not None:
+                    raise self._dead
+                return NEED_DATA
+        ev = self._pending.pop()
+        if ev[0] == OP_ERROR:
+            raise ev[1]
+        return ev
+
+    def events(self) -> list[Event]:
+        """Return every complete event buffered now, in order.
+
+        Non-fatal errors appear in place as ``(OP_ERROR, ProtocolError)``. A fatal error ends
+        the list with ``(OP_ERROR, err)``; afterwards the parser only returns that error.
+        """
+        if self._dead is not None:
+            return [(OP_ERROR, self._dead)]
+        if self._need:
+            return []
+        out: list[Event] = []
+        try:
+            self._parse(out)
+        except ProtocolError as err:
+            err.fatal = True
+            self._dead = err
+            self._buf = b""
+            self._pos = 0
+            out.append((OP_ERROR, err))
+        return out
+
+    # parsing -----------------------------------------------------------------------------
+
+    def _parse(self, out: list[Event]) -> None:
+        """Parse as many events as the buffer holds into ``out``."""
+        buf = self._buf
+        pos = self._pos
+        n = len(buf)
+        pub_cache = self._pub_cache
+        append = out.append
+        find = buf.find
+        limit = self.max_control_line
+        try:
+            while pos < n:
+                i = find(b"\n", pos)
+                if i < 0:
+                    if n - pos > limit:
+                        raise ProtocolError(E_MAX_CONTROL, "maximum control line exceeded")
+                    break
+                end = i - 1 if i > pos and buf[i - 1] == 13 else i
+                line = buf[pos:end]
+                hit = pub_cache.get(line)
+                if hit is not None:
+                    start = i + 1
+                    stop = start + hit[3]
+                    if stop + 2 > n:
+                        self._wait(pos, stop + 2 - pos)
+                        break
+                    if buf[stop:stop + 2] != _CRLF:
+                        raise ProtocolError(E_UNKNOWN_OP, "payload not followed by CRLF")
+                    append((OP_PUB, hit, buf[start:stop]))
+                    pos = stop + 2
+                    continue
+                if end - pos > limit:
+                    raise ProtocolError(E_MAX_CONTROL, "maximum control line exceeded")
+                consumed = self._slow(buf, pos, i, line, out)
+                if consumed < 0:
+                    break
+                pos = consumed
+        finally:
+            self._pos = pos
+
+    def _wait(self, pos: int, need: int) -> None:
+        """Remember that ``need`` bytes from ``pos`` are required before parsing again."""
+        if need > 65536:
+            self._need = need
+
+    def _slow(self, buf: bytes, pos: int, i: int, line: bytes, out: list[Event]) -> int:
+        """Parse one control line that is not a cached PUB; return the new offset or -1."""
+        parts = line.split()
+        if not parts:
+            return i + 1   # empty line: ignored, as nats-server tolerates stray CRLFs
+        op = parts[0].upper()
+        args = parts[1:]
+        nxt = i + 1
+        if self.server:
+            if op == b"PUB":
+                return self._pub(buf, pos, nxt, line, args, out)
+            if op == b"HPUB":
+                return self._hpub(buf, pos, nxt, line, args, out)
+            if op == b"SUB":
+                if len(args) == 2:
+                    subject, queue, sid = args[0], None, args[1]
+                elif len(args) == 3:
+                    subject, queue, sid = args[0], _text(args[1]), args[2]
+                else:
+                    raise ProtocolError(E_BAD_ARGS, "SUB needs subject [queue] sid")
+                subj = _text(subject)
+                if not valid_subject(subj):
+                    out.append((OP_ERROR, ProtocolError(E_INVALID_SUBJECT, "Invalid Subject",
+                                                        fatal=False)))
+                else:
+                    out.append((OP_SUB, subj, queue, _text(sid)))
+                return nxt
+            if op == b"UNSUB":
+                if len(args) == 1:
+                    out.append((OP_UNSUB, _text(args[0]), None))
+                elif len(args) == 2:
+                    mx = int(args[1]) if args[1].isdigit() else None
+                    out.append((OP_UNSUB, _text(args[0]), mx))
+                else:
+                    raise ProtocolError(E_BAD_ARGS, "UNSUB needs sid [max]")
+                return nxt
+            if op == b"CONNECT":
+                raw = line.lstrip()[7:].strip()
+                try:
+                    opts = json.loads(raw) if raw else {}
+                except ValueError as exc:
+                    raise ProtocolError(E_BAD_CONNECT, f"invalid CONNECT JSON: {exc}") from None
+                if not isinstance(opts, dict):
+                    raise ProtocolError(E_BAD_CONNECT, "CONNECT JSON must be an object")
+                out.append((OP_CONNECT, opts))
+                return nxt
+        else:
+            if op == b"MSG":
+                return self._msg(buf, pos, nxt, args, out)
+            if op == b"HMSG":
+                return self._hmsg(buf, pos, nxt, args, out)
+            if op == b"INFO":
+                raw = line.lstrip()[4:].strip()
+                try:
+                    info = json.loads(raw) if raw else {}
+                except ValueError as exc:
+                    raise ProtocolError(E_BAD_ARGS, f"invalid INFO JSON: {exc}") from None
+                if not isinstance(info, dict):
+                    raise ProtocolError(E_BAD_ARGS, "INFO JSON must be an object")
+                out.append((OP_INFO, info))
+                return nxt
+        if op == b"PING" and not args:
+            out.append((OP_PING,))
+            return nxt
+        if op == b"PONG" and not args:
+            out.append((OP_PONG,))
+            return nxt
+        if op == b"+OK":
+            out.append((OP_OK,))
+            return nxt
+        if op == b"-ERR":
+            text = line.lstrip()[4:].strip().decode("utf-8", "replace")
+            if len(text) >= 2 and text[0] == text[-1] == "'":
+                text = text[1:-1]
+            out.append((OP_ERR, text))
+            return nxt
+        raise ProtocolError(E_UNKNOWN_OP, "Unknown Protocol Operation")
+
+    def _pub(self, buf: bytes, pos: int, nxt: int, line: bytes, args: list[bytes],
+             out: list[Event]) -> int:
+        """Parse a PUB line (not yet cached), cache it, and take its payload if buffered."""
+        if len(args) == 2:
+            subject, reply, size_f = args[0], None, args[1]
+        elif len(args) == 3:
+            subject, reply, size_f = args[0], _text(args[1]), args[2]
+        else:
+            raise ProtocolError(E_BAD_ARGS, "PUB needs subject [reply] size")
+        size = _int(size_f)
+        if size > self.max_payload:
+            raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
+        hit = (line, _text(subject), reply, size)
+        cache = self._pub_cache
+        if len(cache) >= _CACHE_LIMIT:
+            cache.clear()
+        cache[line] = hit
+        stop = nxt + size
+        if stop + 2 > len(buf):
+            self._wait(pos, stop + 2 - pos)
+            return -1
+        if buf[stop:stop + 2] != _CRLF:
+            raise ProtocolError(E_UNKNOWN_OP, "payload not followed by CRLF")
+        out.append((OP_PUB, hit, buf[nxt:stop]))
+        return stop + 2
+
+    def _hpub(self, buf: bytes, pos: int, nxt: int, line: bytes, args: list[bytes],
+              out: list[Event]) -> int:
+        """Parse an HPUB line and take its header block and payload if buffered."""
+        hit = self._hpub_cache.get(line)
+        if hit is None:
+            if len(args) == 3:
+                subject, reply, hs, ts = args[0], None, args[1], args[2]
+            elif len(args) == 4:
+                subject, reply, hs, ts = args[0], _text(args[1]), args[2], args[3]
+            else:
+                raise ProtocolError(E_BAD_ARGS, "HPUB needs subject [reply] hdr_size total_size")
+            hsize, total = _int(hs), _int(ts)
+            if hsize > total:
+                raise ProtocolError(E_BAD_ARGS, "header size larger than total size")
+            if total > self.max_payload:
+                raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
+            hit = (line, _text(subject), reply, hsize, total)
+            if len(self._hpub_cache) >= _CACHE_LIMIT:
+                self._hpub_cache.clear()
+            self._hpub_cache[line] = hit
+        hsize, total = hit[3], hit[4]
+        stop = nxt + total
+        if stop + 2 > len(buf):
+            self._wait(pos, stop + 2 - pos)
+            return -1
+        if buf[stop:stop + 2] != _CRLF:
+            raise ProtocolError(E_UNKNOWN_OP, "payload not followed by CRLF")
+        block = buf[nxt:nxt + hsize]
+        if hsize and not block.startswith(b"NATS/1.0"):
+            raise ProtocolError(E_BAD_ARGS, "header block must start with NATS/1.0")
+        out.append((OP_HPUB, hit, block, buf[nxt + hsize:stop]))
+        return stop + 2
+
+    def _msg(self, buf: bytes, pos: int, nxt: int, args: list[bytes], out: list[Event]) -> int:
+        """Parse a MSG line (client side) and its payload."""
+        if len(args) == 3:
+            subject, sid, reply, size_f = args[0], args[1], None, args[2]
+        elif len(args) == 4:
+            subject, sid, reply, size_f = args[0], args[1], _text(args[2]), args[3]
+        else:
+            raise ProtocolError(E_BAD_ARGS, "MSG needs subject sid [reply] size")
+        size = _int(size_f)
+        if size > self.max_payload:
+            raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
+        stop = nxt + size
+        if stop + 2 > len(buf):
+            self._wait(pos, stop + 2 - pos)
+            return -1
+        if buf[stop:stop + 2] != _CRLF:
+            raise ProtocolError(E_UNKNOWN_OP, "payload not followed by CRLF")
+        out.append((OP_MSG, _text(subject), _text(sid), reply, buf[nxt:stop]))
+        return stop + 2
+
+    def _hmsg(self, buf: bytes, pos: int, nxt: int, args: list[bytes], out: list[Event]) -> int:
+        """Parse an HMSG line (client side), its header block and payload."""
+        if len(args) == 4:
+            subject, sid, reply, hs, ts = args[0], args[1], None, args[2], args[3]
+        elif len(args) == 5:
+            subject, sid, reply, hs, ts = args[0], args[1], _text(args[2]), args[3], args[4]
+        else:
+            raise ProtocolError(E_BAD_ARGS, "HMSG needs subject sid [reply] hdr_size total_size")
+        hsize, total = _int(hs), _int(ts)
+        if hsize > total:
+            raise ProtocolError(E_BAD_ARGS, "header size larger than total size")
+        if total > self.max_payload:
+            raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
+        stop = nxt + total
+        if stop + 2 > len(buf):
+            self._wait(pos, stop + 2 - pos)
+            return -1
+        if buf[stop:stop + 2] != _CRLF:
+            raise ProtocolError(E_UNKNOWN_OP, "payload not followed by CRLF")
+        out.append((OP_HMSG, _text(subject), _text(sid), reply, buf[nxt:nxt + hsize],
+                    buf[nxt + hsize:stop]))
+        return stop + 2
+
+
+# encoders --------------------------------------------------------------------------------
+
+def encode_info(info: dict[str, Any]) -> bytes:
+    """Render ``INFO {json} \\r\\n`` (nats-server's spacing)."""
+    return b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b" \r\n"
+
+
+def encode_connect(options: dict[str, Any]) -> bytes:
+    """Render a client ``CONNECT {json}\\r\\n``."""
+    return b"CONNECT " + json.dumps(options, separators=(",", ":")).encode() + b"\r\n"
+
+
+def encode_err(text: str) -> bytes:
+    """Render ``-ERR '<text>'\\r\\n`` (clients require the quotes)."""
+    return b"-ERR '" + text.encode("utf-8", "replace") + b"'\r\n"
+
+
+def msg_prefix(subject: str, sid: str, reply: Optional[str], size: int) -> bytes:
+    """Render the control line of a MSG (everything before the payload)."""
+    if reply:
+        return f"MSG {subject} {sid} {reply} {size}\r\n".encode("utf-8", "surrogateescape")
+    return f"MSG {subject} {sid} {size}\r\n".encode("utf-8", "surrogateescape")
+
+
+def hmsg_prefix(subject: str, sid: str, reply: Optional[str], hsize: int, total: int) -> bytes:
+    """Render the control line of an HMSG (everything before the header block)."""
+    if reply:
+        line = f"HMSG {subject} {sid} {reply} {hsize} {total}\r\n"
+    else:
+        line = f"HMSG {subject} {sid} {hsize} {total}\r\n"
+    return line.encode("utf-8", "surrogateescape")
+
+
+def encode_msg(subject: str, sid: str, reply: Optional[str], payload: bytes) -> bytes:
+    """Render a whole MSG."""
+    return msg_prefix(subject, sid, reply, len(payload)) + payload + _CRLF
+
+
+def encode_hmsg(subject: str, sid: str, reply: Optional[str], headers: bytes,
+                payload: bytes) -> bytes:
+    """Render a whole HMSG from a header block and a payload."""
+    return (hmsg_prefix(subject, sid, reply, len(headers), len(headers) + len(payload))
+            + headers + payload + _CRLF)
+
+
+def encode_pub(subject: str, payload: bytes, reply: Optional[str] = None) -> bytes:
+    """Render a client PUB."""
+    if reply:
+        return f"PUB {subject} {reply} {len(payload)}\r\n".encode() + payload + _CRLF
+    return f"PUB {subject} {len(payload)}\r\n".encode() + payload + _CRLF
+
+
+def encode_hpub(subject: str, headers: bytes, payload: bytes,
+                reply: Optional[str] = None) -> bytes:
+    """Render a client HPUB."""
+    total = len(headers) + len(payload)
+    if reply:
+        line = f"HPUB {subject} {reply} {len(headers)} {total}\r\n"
+    else:
+        line = f"HPUB {subject} {len(headers)} {total}\r\n"
+    return line.encode() + headers + payload + _CRLF
+
+
+def encode_sub(subject: str, sid: str, queue: Optional[str] = None) -> bytes:
+    """Render a client SUB."""
+    if queue:
+        return f"SUB {subject} {queue} {sid}\r\n".encode()
+    return f"SUB {subject} {sid}\r\n".encode()
+
+
+def encode_unsub(sid: str, max_msgs: Optional[int] = None) -> bytes:
+    """Render a client UNSUB."""
+    if max_msgs is None:
+        return f"UNSUB {sid}\r\n".encode()
+    return f"UNSUB {sid} {max_msgs}\r\n".encode()
+
+
+PING = b"PING\r\n"
+PONG = b"PONG\r\n"
+OK = b"+OK\r\n"
