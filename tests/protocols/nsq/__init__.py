@@ -1,0 +1,1 @@
+"""Tests of the NSQ protocol plugin (codec and server)."""
