@@ -1,14 +1,32 @@
-"""The Hub: the shared context every protocol plugin receives.
+"""The Hub (shared context every protocol plugin receives) and HubService (ordered start/stop).
 
 A Hub holds the store, the broker core, the scheduler, the clock and the configuration;
 plugins get it in ``make_service`` and keep a reference (like twisted.words' realm).
-HubService (ordered start and stop) is added beside it by the foundation work.
+
+Strategy: twistd ignores the Deferred ``startService`` returns, and ``MultiService`` stops its
+children all at once. HubService therefore sequences both by hand:
+
+- start: ``store.open()`` (synchronous recovery) → scheduler → ``broker.start()`` (a Deferred:
+  queues rebuilt) → listener children. No port is bound before the broker has recovered
+  (``privilegedStartService`` does not start the children).
+- stop: listeners (stop accepting, close connections) → scheduler → broker → ``store.close()``,
+  each step bounded so that SIGTERM ends the process within seconds even if a step hangs.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
+
+from twisted.application.service import IService, MultiService, Service
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+log = Logger(namespace="mqhub.hub")
 
 
 @dataclass
@@ -21,6 +39,7 @@ class Hub:
     :ivar scheduler: the SchedulerService (durable timers, cron, sweeps).
     :ivar config: parsed options (plugin-specific keys included).
     :ivar data_dir: where durable data lives, or None for a memory hub.
+    :ivar reactor: the reactor listeners bind with (None in unit tests: nothing listens).
     """
 
     clock: Any
@@ -28,4 +47,163 @@ class Hub:
     broker: Any = None
     scheduler: Any = None
     config: dict[str, Any] = field(default_factory=dict)
-    data_dir: Optional[str] = None
+    data_dir: str | None = None
+    reactor: Any = None
+
+
+def _optional(module_name: str, attribute: str) -> Any:
+    """Return ``module_name.attribute``, or None while that module does not exist yet."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            return None
+        raise
+    return getattr(module, attribute, None)
+
+
+def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hub:
+    """Create the store, scheduler and broker core for ``options`` (nothing is opened or started).
+
+    Reads ``data-dir`` (None: a memory hub) and ``durability`` (sync | batch | none).
+    The store is ``LmdbStore(DATA_DIR/store)``; a memory hub, or a tree without
+    ``mqhub.store.lmdb``, gets a MemoryStore. A missing scheduler or broker module is logged
+    and left None so the hub still runs.
+    """
+    data_dir = options.get("data-dir", options.get("data_dir"))
+    durability = options.get("durability") or "sync"
+    lmdb_store = _optional("mqhub.store.lmdb", "LmdbStore")
+    if data_dir is not None and lmdb_store is not None:
+        os.makedirs(data_dir, exist_ok=True)
+        store = lmdb_store(os.path.join(data_dir, "store"), clock=clock, durability=durability)
+    else:
+        from mqhub.store.memory import MemoryStore
+
+        if data_dir is not None:
+            log.warn("mqhub.store.lmdb is not available: messages are kept in memory only")
+        store = MemoryStore(clock=clock)
+    scheduler_cls = _optional("mqhub.scheduler.service", "SchedulerService")
+    scheduler = scheduler_cls(store, clock) if scheduler_cls is not None else None
+    if scheduler is None:
+        log.warn("mqhub.scheduler.service is not available: no scheduler")
+    broker_cls = _optional("mqhub.core.broker", "Broker")
+    broker = broker_cls(store, clock, scheduler=scheduler) if broker_cls is not None else None
+    if broker is None:
+        log.warn("mqhub.core.broker is not available: no broker core")
+    return Hub(
+        clock=clock,
+        store=store,
+        broker=broker,
+        scheduler=scheduler,
+        config=dict(options),
+        data_dir=data_dir,
+        reactor=reactor,
+    )
+
+
+class HubService(MultiService):
+    """The root service: owns the hub's lifecycle; its children are the protocol listeners.
+
+    :ivar started: fires once every listener was started (or fails if recovery failed).
+    :ivar stop_budget: seconds allowed for each stop step (listeners, scheduler, broker, store).
+    """
+
+    name = "mqhub"
+
+    def __init__(
+        self,
+        hub: Hub,
+        on_start_failure: Callable[[Failure], None] | None = None,
+        stop_budget: dict[str, float] | None = None,
+    ) -> None:
+        """:param on_start_failure: called when recovery fails (the tap stops the reactor)."""
+        super().__init__()
+        self.hub = hub
+        self.started: Deferred[None] = Deferred()
+        self._on_start_failure = on_start_failure
+        self.stop_budget = {"listeners": 2.5, "scheduler": 0.5, "broker": 0.5, "store": 1.0}
+        if stop_budget:
+            self.stop_budget.update(stop_budget)
+        self._listeners_started = False
+
+    def add_listener(self, name: str, service: IService) -> None:
+        """Add a protocol's service; it starts after recovery and stops first."""
+        if getattr(service, "name", None) is None:
+            service.setName(name)
+        self.addService(service)
+
+    def privilegedStartService(self) -> None:
+        """Do not bind listeners yet: they start once the broker has recovered."""
+        Service.privilegedStartService(self)
+
+    def startService(self) -> None:
+        """Open the store, start the scheduler, recover the broker, then start the listeners."""
+        Service.startService(self)
+        d: Deferred[None] = maybeDeferred(self._start_core)
+        d.addCallback(lambda _: self._start_listeners())
+        d.addCallbacks(self.started.callback, self._start_failed)
+
+    def _start_core(self) -> Deferred[None]:
+        """store.open() → scheduler.startService() → broker.start()."""
+        hub = self.hub
+        hub.store.open()
+        log.info("store open ({store})", store=type(hub.store).__name__)
+        if hub.scheduler is not None:
+            hub.scheduler.startService()
+        if hub.broker is None:
+            return succeed(None)
+        return maybeDeferred(hub.broker.start)
+
+    def _start_listeners(self) -> None:
+        """Start every child; one that fails is logged and the others still start."""
+        if not self.running:
+            return
+        self._listeners_started = True
+        for child in list(self):
+            try:
+                child.privilegedStartService()
+                child.startService()
+            except Exception:
+                log.failure("protocol {name} failed to start", name=child.name)
+        log.info("mqhub ready: {names}", names=", ".join(c.name for c in self) or "no listeners")
+
+    def _start_failed(self, failure: Failure) -> None:
+        """Report a failed recovery and let the owner stop the process."""
+        log.failure("mqhub could not start", failure)
+        self.started.errback(failure)
+        self.started.addErrback(lambda _: None)
+        if self._on_start_failure is not None:
+            self._on_start_failure(failure)
+
+    def _bounded(self, step: str, action: Callable[[], Any]) -> Deferred[None]:
+        """Run one stop step; log and move on if it fails or overruns its budget."""
+        d: Deferred[Any] = maybeDeferred(action)
+        d.addTimeout(self.stop_budget[step], self.hub.clock)
+
+        def report(result: Any) -> None:
+            if isinstance(result, Failure):
+                log.failure("stopping {step} failed", result, step=step)
+            else:
+                log.info("{step} stopped", step=step)
+
+        d.addBoth(report)
+        return d
+
+    def _stop_listeners(self) -> Deferred[Any]:
+        """Stop every running child at once (each stops accepting, then closes connections)."""
+        children = [c for c in reversed(list(self)) if c.running]
+        return DeferredList([maybeDeferred(c.stopService) for c in children], consumeErrors=True)
+
+    def stopService(self) -> Deferred[None]:
+        """Listeners → scheduler → broker → store close, each bounded; fires when done."""
+        Service.stopService(self)
+        hub = self.hub
+        d = self._bounded("listeners", self._stop_listeners)
+        if hub.scheduler is not None:
+            d.addCallback(lambda _: self._bounded("scheduler", hub.scheduler.stopService))
+        stop_broker = getattr(hub.broker, "stop", None)
+        if stop_broker is not None:
+            d.addCallback(lambda _: self._bounded("broker", stop_broker))
+        d.addCallback(lambda _: self._bounded("store", hub.store.close))
+        d.addCallback(lambda _: log.info("store closed"))
+        return d

@@ -1,0 +1,73 @@
+"""The ``mqhub`` command: operational subcommands beside ``twistd mqhub`` (which runs the broker).
+
+Later work adds ``export``, ``analytics`` and ``stats`` as further ``@main.command()`` functions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mqhub import __version__
+
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = SOURCE_ROOT / "benchmarks"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mqhub")
+def main() -> None:
+    """mqhub: operate a multi-protocol message hub (run the broker with `twistd -n mqhub`)."""
+
+
+def _bench_names() -> list[str]:
+    """Names of the benchmarks/NAME_bench.py scripts in the source tree."""
+    return sorted(p.name[: -len("_bench.py")] for p in BENCH_DIR.glob("*_bench.py"))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("name", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(name: str | None, args: tuple[str, ...]) -> None:
+    """Run benchmarks/NAME_bench.py with ARGS (no NAME: list the benchmarks)."""
+    names = _bench_names()
+    if name is None:
+        click.echo("benchmarks: " + (", ".join(names) or "none yet"))
+        return
+    path = BENCH_DIR / f"{name}_bench.py"
+    if not path.is_file():
+        raise click.UsageError(f"no benchmark {name!r}; available: {', '.join(names) or 'none'}")
+    spec = importlib.util.spec_from_file_location(f"mqhub_bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module: Any = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(SOURCE_ROOT))
+    try:
+        spec.loader.exec_module(module)
+        result = module.main(list(args))
+    finally:
+        sys.path.remove(str(SOURCE_ROOT))
+    if isinstance(result, int) and result:
+        raise SystemExit(result)
+
+
+@main.command()
+@click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The broker's data directory (--data-dir of twistd mqhub).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory to write the snapshot into.")
+def snapshot(data_dir: str, out_dir: str) -> None:
+    """Take a consistent snapshot of a store (safe while the broker runs)."""
+    try:
+        from mqhub.store.snapshot import take_snapshot
+    except ImportError as exc:
+        raise click.ClickException(f"snapshots are not available: {exc}") from exc
+    result = take_snapshot(data_dir, out_dir)
+    click.echo(f"snapshot written to {out_dir}" + (f": {result}" if result is not None else ""))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,208 @@
+"""twistd glue: ``twistd -n mqhub`` options and the service they build.
+
+Plugin discovery happens in ``postOptions`` (never at import time), so ``--plugin-path`` and
+``MQHUB_PLUGIN_PATH`` are honoured and a broken drop-in is reported by file name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from twisted.logger import Logger
+from twisted.python import usage
+
+from mqhub.discovery import Discovery, load_plugins, plugin_dirs
+from mqhub.errors import PluginError
+from mqhub.hub import HubService, build_hub
+
+log = Logger(namespace="mqhub.tap")
+
+LOG_FORMATS = ("text", "json")
+DURABILITY_MODES = ("sync", "batch", "none")
+
+
+def _split_assignment(value: str, flag: str) -> tuple[str, str]:
+    """Split ``LEFT=RIGHT`` or raise a UsageError naming ``flag``."""
+    left, sep, right = value.partition("=")
+    if not sep or not left or not right:
+        raise usage.UsageError(f"{flag} expects NAME=VALUE, got {value!r}")
+    return left.strip(), right.strip()
+
+
+class Options(usage.Options):
+    """Command-line options of ``twistd mqhub``."""
+
+    synopsis = (
+        "[--protocols LIST|all] [--data-dir DIR] [--listen NAME.ROLE=ENDPOINT ...] "
+        "[--plugin-path DIR ...] [--log-format text|json] [--durability sync|batch|none] "
+        "[--option NAME.KEY=VALUE ...]"
+    )
+    longdesc = """\
+Runs the mqhub broker: every chosen protocol plugin over one store, scheduler and address space.
+
+Examples:
+  twistd -n mqhub                                   all protocols, data in ./var
+  twistd -n mqhub --protocols nsq,mq9 --data-dir /srv/mqhub
+  twistd -n mqhub --listen nsq.tcp=tcp:4150:interface=0.0.0.0 --listen mq9=tcp:4333
+  twistd -n mqhub --plugin-path plugins --protocols redis
+
+Endpoints are Twisted endpoint strings (tcp:, ssl:, unix:); eMQP roles take ZeroMQ addresses.
+Every default binds to 127.0.0.1. NAME=ENDPOINT sets the plugin's first role.
+"""
+
+    # A plain list: protocol plugins append their own [long, short, default, doc] lines.
+    optParameters: list[list[Any]] = [
+        ["protocols", "p", "all", "Comma-separated protocol names (or aliases), or 'all'."],
+        ["data-dir", "d", "./var", "Directory of the durable store."],
+        ["log-format", None, "text", "Log output: text or json (one JSON object per line)."],
+        ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
+    ]
+
+    def __init__(self) -> None:
+        """Start with empty repeatable options."""
+        super().__init__()
+        self["listen"] = []
+        self["plugin_path"] = []
+        self["plugin_options"] = {}
+        self.discovery: Discovery | None = None
+
+    def opt_listen(self, value: str) -> None:
+        """NAME.ROLE=ENDPOINT (or NAME=ENDPOINT for the first role); repeatable."""
+        target, endpoint = _split_assignment(value, "--listen")
+        name, _, role = target.partition(".")
+        self["listen"].append((name, role or None, endpoint))
+
+    def opt_plugin_path(self, value: str) -> None:
+        """Directory holding drop-in plugins as DIR/mqhub/plugins/*.py; repeatable."""
+        self["plugin_path"].append(value)
+
+    def opt_option(self, value: str) -> None:
+        """NAME.KEY=VALUE: a plugin-specific setting; repeatable."""
+        target, setting = _split_assignment(value, "--option")
+        name, dot, key = target.partition(".")
+        if not dot or not name or not key:
+            raise usage.UsageError(f"--option expects NAME.KEY=VALUE, got {value!r}")
+        self["plugin_options"].setdefault(name, {})[key] = setting
+
+    def _discover(self) -> Discovery:
+        """Load plugins once, from mqhub.plugins and the drop-in directories."""
+        if self.discovery is None:
+            self.discovery = load_plugins(plugin_dirs(self["plugin_path"]))
+        return self.discovery
+
+    def getUsage(self, width: int | None = None) -> str:
+        """The usual help text followed by every discovered protocol."""
+        found = self._discover()
+        lines = [super().getUsage(width), "Protocols:"]
+        for name, plugin in found.plugins.items():
+            aliases = f" (alias {', '.join(plugin.aliases)})" if plugin.aliases else ""
+            lines.append(f"  {name}{aliases}: {plugin.description}")
+            for role, endpoint in plugin.default_endpoints.items():
+                lines.append(f"      {role} = {endpoint}")
+        for file_name, error in found.failures:
+            lines.append(f"  (plugin {file_name} failed to load: {error})")
+        return "\n".join(lines) + "\n"
+
+    def postOptions(self) -> None:
+        """Resolve protocol names and endpoints; reject unknown or duplicate names."""
+        if self["log-format"] not in LOG_FORMATS:
+            raise usage.UsageError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
+        if self["durability"] not in DURABILITY_MODES:
+            raise usage.UsageError(f"--durability must be one of {', '.join(DURABILITY_MODES)}")
+        found = self._discover()
+        available = ", ".join(found.plugins) or "none"
+        requested = [n.strip() for n in self["protocols"].split(",") if n.strip()]
+        if requested == ["all"]:
+            chosen = list(found.plugins)
+        else:
+            chosen = []
+            for name in requested:
+                canonical = found.aliases.get(name)
+                if canonical is None:
+                    raise usage.UsageError(f"unknown protocol {name!r}; available: {available}")
+                if canonical in chosen:
+                    raise usage.UsageError(f"protocol {name!r} given twice; available: {available}")
+                chosen.append(canonical)
+        chosen.sort()
+        endpoints = {n: dict(found.plugins[n].default_endpoints) for n in chosen}
+        for name, role, endpoint in self["listen"]:
+            canonical = found.aliases.get(name)
+            if canonical is None:
+                raise usage.UsageError(f"--listen: unknown protocol {name!r}; available: {available}")
+            if canonical not in endpoints:
+                raise usage.UsageError(f"--listen: protocol {name!r} is not enabled")
+            roles = list(found.plugins[canonical].default_endpoints)
+            if role is None:
+                role = roles[0]
+            if role not in roles:
+                raise usage.UsageError(
+                    f"--listen: {canonical} has no role {role!r}; roles: {', '.join(roles)}"
+                )
+            endpoints[canonical][role] = endpoint
+        for name in self["plugin_options"]:
+            if name not in found.aliases:
+                raise usage.UsageError(f"--option: unknown protocol {name!r}; available: {available}")
+        self["plugins"] = [found.plugins[n] for n in chosen]
+        self["endpoints"] = endpoints
+        if self["log-format"] == "json":
+            parent = getattr(self, "parent", None)
+            if parent is not None and parent.get("logger") is None:
+                parent["logger"] = "mqhub.logs.json_observer"
+
+
+def plugin_options(options: Any, name: str) -> dict[str, str]:
+    """The ``--option NAME.KEY=VALUE`` settings of plugin ``name`` (aliases merged)."""
+    merged: dict[str, str] = {}
+    found = getattr(options, "discovery", None)
+    for key, values in options["plugin_options"].items():
+        if found is None or found.aliases.get(key) == name or key == name:
+            merged.update(values)
+    return merged
+
+
+def install_stop_signals(reactor: Any) -> None:
+    """Make SIGTERM and SIGINT a graceful stop that exits with status 0.
+
+    Twisted's own handlers re-raise the signal once the reactor has stopped, so twistd would
+    die "killed by SIGTERM" even after a clean shutdown; a requested stop is not a failure.
+    """
+
+    def on_signal(signum: int, frame: Any) -> None:
+        log.info("received {signal}: stopping", signal=signal.Signals(signum).name)
+        reactor.callFromThread(reactor.stop)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def makeService(options: Options) -> HubService:
+    """Build the HubService: the hub, then one service per chosen protocol (not started)."""
+    from twisted.internet import reactor
+
+    for file_name, error in options.discovery.failures if options.discovery else []:
+        log.error("plugin {file} failed to load: {error}", file=file_name, error=error)
+    data_dir = os.path.abspath(options["data-dir"])
+    hub = build_hub({**dict(options), "data-dir": data_dir}, reactor, reactor=reactor)
+
+    def stop_reactor(_: object) -> None:
+        if reactor.running:
+            reactor.stop()
+
+    root = HubService(hub, on_start_failure=stop_reactor)
+    reactor.callWhenRunning(install_stop_signals, reactor)
+    for plugin in options["plugins"]:
+        endpoints = options["endpoints"][plugin.name]
+        settings = dict(options)
+        settings["plugin_options"] = plugin_options(options, plugin.name)
+        try:
+            service = plugin.make_service(hub, endpoints, settings)
+        except PluginError as exc:
+            log.error("{name}: {error}", name=plugin.name, error=exc)
+            continue
+        except Exception:
+            log.failure("protocol {name} could not be built", name=plugin.name)
+            continue
+        root.add_listener(plugin.name, service)
+    return root
