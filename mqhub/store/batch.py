@@ -17,7 +17,7 @@ class WriteBatch:
     """A group of writes; plain lists keyed by queue so a commit costs one pass."""
 
     __slots__ = ("purges", "puts", "attempts", "deletes", "due_puts", "due_deletes",
-                 "meta_puts", "meta_deletes")
+                 "meta_puts", "meta_deletes", "archive")
 
     def __init__(self) -> None:
         """Start an empty batch."""
@@ -29,10 +29,17 @@ class WriteBatch:
         self.due_deletes: list[bytes] = []
         self.meta_puts: list[tuple[str, bytes]] = []
         self.meta_deletes: list[str] = []
+        self.archive: set[str] = set()
 
-    def put_entries(self, queue: str, entries: Iterable[Entry]) -> None:
-        """Store (or overwrite) ``entries`` on ``queue``."""
+    def put_entries(self, queue: str, entries: Iterable[Entry], *, archive: bool = False) -> None:
+        """Store (or overwrite) ``entries`` on ``queue``.
+
+        ``archive=True`` marks this batch's puts on ``queue`` as archive tier: the durable
+        store keeps their bodies in segment files whatever their size.
+        """
         self.puts.setdefault(queue, []).extend(entries)
+        if archive:
+            self.archive.add(queue)
 
     def set_attempts(self, queue: str, items: Iterable[tuple[int, int, int]]) -> None:
         """Record ``(priority, msg_id, attempts)`` for existing entries (missing ones are ignored)."""

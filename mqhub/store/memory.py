@@ -14,10 +14,11 @@ from typing import Any, Optional
 from twisted.internet.defer import Deferred, fail, succeed
 from zope.interface import implementer
 
-from mqhub.errors import StoreClosed
+from mqhub.errors import StoreClosed, StoreError
 from mqhub.interfaces import IMessageStore
 from mqhub.store.batch import WriteBatch
-from mqhub.store.records import ATTEMPTS, MSG_ID, PRIORITY, Entry, EntryKey
+from mqhub.store.records import (ATTEMPTS, EXPIRES_AT, MAX_PRIORITY, MIN_PRIORITY, MSG_ID,
+                                 PRIORITY, Entry, EntryKey)
 
 
 def _order(key: EntryKey) -> tuple[int, int]:
@@ -60,6 +61,11 @@ class MemoryStore:
         """Apply ``batch`` now, or with the turn's group when a clock was given."""
         if not self._open:
             return fail(StoreClosed("store is closed"))
+        for entries in batch.puts.values():
+            for entry in entries:
+                p = entry[PRIORITY]
+                if p.__class__ is not int or not MIN_PRIORITY <= p <= MAX_PRIORITY:
+                    return fail(StoreError(f"priority {p!r} is outside 0..9"))
         if self._clock is None:
             self._apply(batch)
             self.commits += 1
@@ -152,6 +158,15 @@ class MemoryStore:
     def next_due(self) -> Deferred[Optional[float]]:
         """Fire with the earliest due time, or None."""
         return succeed(min((w for w, _ in self._due.values()), default=None))
+
+    def read_expired(self, until: float, limit: int) -> Deferred[list[tuple[str, EntryKey, float]]]:
+        """Fire with up to ``limit`` ``(queue, (priority, msg_id), expires_at)`` expiring by ``until``.
+
+        An addition to IMessageStore (the TTL sweep's index); entries without expiry never appear.
+        """
+        rows = sorted((e[EXPIRES_AT], name, key) for name, q in self._queues.items()
+                      for key, e in q.items() if 0 < e[EXPIRES_AT] <= until)
+        return succeed([(name, key, when) for when, name, key in rows[:limit]])
 
     def get_meta(self, key: str) -> Deferred[Optional[bytes]]:
         """Fire with the value under ``key`` or None."""

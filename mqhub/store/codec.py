@@ -1,0 +1,131 @@
+"""Byte layout of the LMDB store: keys and values of every sub-database.
+
+Shared by the live store (:mod:`mqhub.store.lmdb`) and the snapshot reader, so it imports
+neither Twisted nor zope. Every integer is big-endian so LMDB's byte order is time order.
+
+Sub-databases (names are the LMDB database names):
+
+``entries``  ``qid:u32 | 9-priority:u8 | msg_id:u64`` -> entry value (below). Byte order is
+             the queue's ready order: priority descending, then msg_id ascending.
+``messages`` ``msg_id:u64`` -> segment reference of a body kept in a segment file
+             (``seg:u32 | offset:u64 | size:u32 | refs:u32``); one row per message, however
+             many queues hold it.
+``due``      ``when:f64 | key`` -> payload (scheduler rows; positive doubles sort as bytes).
+``due_keys`` ``key`` -> ``when:f64`` (so a due row can be replaced by its key).
+``expiry``   ``expires_at:f64 | entry key`` -> empty (TTL index).
+``meta``     utf-8 key -> value.
+``queues``   utf-8 queue name -> ``qid:u32 | count:u64``.
+``segments`` ``seg:u32`` -> ``live:u64 | end:u64`` (references into it; committed length).
+``sys``      ``b"format"``, ``b"next_qid"``.
+
+Entry value: ``flags:u8 | attempts:u32 | deliver_at:f64 | expires_at:f64 | metalen:u16``,
+then the *meta* blob (``alen:u16 | olen:u8 | address | origin | headers-json``) and the body
+(empty when ``flags & FLAG_SEGMENT``: the body is then found through ``messages``).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Optional
+
+FORMAT_VERSION = 1
+
+DB_NAMES = (b"entries", b"messages", b"due", b"due_keys", b"expiry", b"meta", b"queues",
+            b"segments", b"sys")
+
+FLAG_SEGMENT = 1
+FLAG_EXPIRES = 2
+
+ENTRY_KEY = struct.Struct(">IBQ")
+VALUE_HEAD = struct.Struct(">BIddH")
+HEAD_SIZE = VALUE_HEAD.size
+META_HEAD = struct.Struct(">HB")
+MSG_REF = struct.Struct(">IQII")
+QUEUE_ROW = struct.Struct(">IQ")
+SEG_ROW = struct.Struct(">QQ")
+U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
+F64 = struct.Struct(">d")
+
+_ATTEMPTS = struct.Struct(">I")
+
+#: decoded meta blobs, shared by every entry with the same address/origin/headers
+_meta_decode_cache: dict[bytes, tuple[str, Optional[dict[str, str]], str]] = {}
+_meta_encode_cache: dict[tuple[str, str], bytes] = {}
+_CACHE_LIMIT = 4096
+
+
+def encode_meta(address: str, headers: Optional[dict[str, str]], origin: str) -> bytes:
+    """Return the meta blob for ``address``, ``headers`` and ``origin``."""
+    if not headers:
+        cached = _meta_encode_cache.get((address, origin))
+        if cached is not None and headers is None:
+            return cached
+    a = address.encode()
+    o = origin.encode()
+    if len(a) > 0xFFFF or len(o) > 0xFF:
+        raise ValueError("address or origin too long to store")
+    h = b"" if headers is None else json.dumps(headers, separators=(",", ":")).encode()
+    blob = META_HEAD.pack(len(a), len(o)) + a + o + h
+    if headers is None:
+        if len(_meta_encode_cache) >= _CACHE_LIMIT:
+            _meta_encode_cache.clear()
+        _meta_encode_cache[(address, origin)] = blob
+    return blob
+
+
+def decode_meta(blob: bytes) -> tuple[str, Optional[dict[str, str]], str]:
+    """Return ``(address, headers, origin)`` of a meta blob (cached; headers are copied)."""
+    got = _meta_decode_cache.get(blob)
+    if got is None:
+        alen, olen = META_HEAD.unpack_from(blob)
+        p = META_HEAD.size
+        address = blob[p:p + alen].decode()
+        origin = blob[p + alen:p + alen + olen].decode()
+        rest = blob[p + alen + olen:]
+        headers = json.loads(rest) if rest else None
+        got = (address, headers, origin)
+        if len(_meta_decode_cache) >= _CACHE_LIMIT:
+            _meta_decode_cache.clear()
+        _meta_decode_cache[blob] = got
+    if got[1] is not None:
+        return (got[0], dict(got[1]), got[2])
+    return got
+
+
+def entry_key(qid: int, priority: int, msg_id: int) -> bytes:
+    """Return the ``entries`` key of one entry."""
+    return ENTRY_KEY.pack(qid, 9 - priority, msg_id)
+
+
+def encode_value(flags: int, attempts: int, deliver_at: float, expires_at: float,
+                 meta: bytes, body: bytes) -> bytes:
+    """Return an ``entries`` value."""
+    return VALUE_HEAD.pack(flags, attempts, deliver_at, expires_at, len(meta)) + meta + body
+
+
+def with_attempts(value: bytes, attempts: int) -> bytes:
+    """Return ``value`` with its attempts counter replaced."""
+    return value[:1] + _ATTEMPTS.pack(attempts) + value[5:]
+
+
+def decode_entry(key: bytes, value: bytes, body: Optional[bytes] = None) -> tuple:
+    """Decode one ``entries`` row into an entry tuple (``body`` overrides a segment body)."""
+    _, pbyte, msg_id = ENTRY_KEY.unpack(key)
+    flags, attempts, deliver_at, expires_at, mlen = VALUE_HEAD.unpack_from(value)
+    address, headers, origin = decode_meta(value[HEAD_SIZE:HEAD_SIZE + mlen])
+    if body is None:
+        body = value[HEAD_SIZE + mlen:]
+    return (msg_id, 9 - pbyte, attempts, deliver_at, expires_at, address, headers, body, origin)
+
+
+def value_address(value: bytes) -> str:
+    """Return just the address stored in an ``entries`` value."""
+    mlen = VALUE_HEAD.unpack_from(value)[4]
+    return decode_meta(value[HEAD_SIZE:HEAD_SIZE + mlen])[0]
+
+
+def time_key(when: float) -> bytes:
+    """Return the 8 sortable bytes of a non-negative time (negative times sort as 0)."""
+    return F64.pack(when if when > 0.0 else 0.0)

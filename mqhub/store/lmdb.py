@@ -1,0 +1,850 @@
+"""LmdbStore: the durable IMessageStore (LMDB index and small bodies, segment files for big ones).
+
+Layout under the data directory: ``index/`` (the LMDB environment, sub-databases described in
+:mod:`mqhub.store.codec`) and ``segments/`` (:mod:`mqhub.store.segments`).
+
+Group commit: ``commit`` queues a batch; one ``clock.callLater(0)`` per turn writes every
+queued batch in one LMDB transaction and fires their Deferreds once, after that transaction is
+durable in the configured mode. The write runs inline in the reactor (fastest when fsync is
+cheap) or in one pipelined writer thread (``writer="thread"``: the reactor keeps accepting the
+next group while the thread commits the previous one; best when fsync takes milliseconds).
+
+Durability: ``sync`` fsyncs segments then LMDB on every group commit; ``batch`` commits without
+fsync and fsyncs every ``batch_interval`` seconds (confirmed writes survive a process crash, an
+OS crash may lose the last interval); ``none`` never fsyncs until close.
+
+Failures: a full map grows the map and retries; any other LMDB or OS error (a full disk) fails
+that group's Deferreds with :class:`mqhub.errors.StoreError` and rolls back its segment appends,
+so nothing unstored is confirmed; reads keep working.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import queue as queue_mod
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Optional
+
+import lmdb
+from twisted.internet.defer import Deferred, fail, succeed
+from zope.interface import implementer
+
+from mqhub.errors import StoreClosed, StoreError
+from mqhub.interfaces import IMessageStore
+from mqhub.store import codec
+from mqhub.store.batch import WriteBatch
+from mqhub.store.codec import (ENTRY_KEY, F64, FLAG_EXPIRES, FLAG_SEGMENT, HEAD_SIZE, MSG_REF,
+                               QUEUE_ROW, SEG_ROW, U32, U64, VALUE_HEAD)
+from mqhub.store.records import Entry, EntryKey
+from mqhub.store.segments import SegmentLog
+
+log = logging.getLogger("mqhub.store.lmdb")
+
+DURABILITY_MODES = ("sync", "batch", "none")
+WRITER_MODES = ("inline", "thread")
+LOCK_NAME = "segments.lock"
+
+
+class _MapFull(Exception):
+    """Internal: the LMDB map is full; grow it and retry the group."""
+
+
+class _Txn:
+    """Changes one write transaction makes to the in-memory mirrors, applied after commit."""
+
+    __slots__ = ("txn", "qids", "counts", "seg_delta", "seg_end", "next_qid")
+
+    def __init__(self, txn: Any, next_qid: int) -> None:
+        """Start tracking changes of ``txn``."""
+        self.txn = txn
+        self.qids: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+        self.seg_delta: dict[int, int] = {}
+        self.seg_end: dict[int, int] = {}
+        self.next_qid = next_qid
+
+
+@implementer(IMessageStore)
+class LmdbStore:
+    """The durable store: LMDB sub-databases plus append-only segment files."""
+
+    def __init__(self, path: str, *, clock: Any, durability: str = "sync",
+                 writer: str = "inline", map_size: int = 256 << 20,
+                 segment_threshold: int = 64 << 10, segment_size: int = 64 << 20,
+                 compress: bool = False, batch_interval: float = 0.05,
+                 call_from_thread: Optional[Callable[..., None]] = None) -> None:
+        """Configure (nothing is opened until :meth:`open`).
+
+        :param path: data directory (created if missing).
+        :param clock: IReactorTime used to group commits per turn and to time ``batch`` syncs.
+        :param durability: ``sync``, ``batch`` or ``none``.
+        :param writer: ``inline`` (commit in the reactor) or ``thread`` (pipelined writer thread).
+        :param segment_threshold: bodies longer than this go to segment files.
+        :param call_from_thread: how the writer thread hands results back (defaults to
+            ``clock.callFromThread``, i.e. the reactor's).
+        """
+        if durability not in DURABILITY_MODES:
+            raise ValueError(f"durability must be one of {DURABILITY_MODES}")
+        if writer not in WRITER_MODES:
+            raise ValueError(f"writer must be one of {WRITER_MODES}")
+        self.path = path
+        self.durability = durability
+        self.writer = writer
+        self._clock = clock
+        self._map_size = map_size
+        self._threshold = segment_threshold
+        self._batch_interval = batch_interval
+        self._segments = SegmentLog(os.path.join(path, "segments"), max_size=segment_size,
+                                    compress=compress)
+        self._call_from_thread = call_from_thread
+        self._env: Any = None
+        self._dbs: dict[bytes, Any] = {}
+        self._qids: dict[str, int] = {}
+        self._counts: dict[str, int] = {}
+        self._next_qid = 1
+        self._seg_live: dict[int, int] = {}
+        self._seg_end: dict[int, int] = {}
+        self._unlink_pending: set[int] = set()
+        self._pending: list[tuple[WriteBatch, Deferred[None]]] = []
+        self._flush_call: Any = None
+        self._sync_call: Any = None
+        self._writing = False
+        self._open = False
+        self._closing: Optional[Deferred[None]] = None
+        self._jobs: queue_mod.Queue[Any] = queue_mod.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock_fd: Optional[int] = None
+        self.commits = 0
+        self.batches = 0
+        self.failed_groups = 0
+        self.map_grows = 0
+        self.recovered_truncated_bytes = 0
+        self.recovered_dropped_entries = 0
+        self.last_commit_seconds = 0.0
+
+    # lifecycle -----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the environment, repair the segment tail, load queue counters; synchronous."""
+        index = os.path.join(self.path, "index")
+        os.makedirs(index, exist_ok=True)
+        sync = self.durability == "sync"
+        self._env = lmdb.open(index, map_size=self._map_size, max_dbs=len(codec.DB_NAMES) + 2,
+                              sync=sync, metasync=sync, readahead=False, max_readers=256)
+        info = self._env.info()
+        self._map_size = max(self._map_size, info["map_size"])
+        with self._env.begin(write=True) as txn:
+            for name in codec.DB_NAMES:
+                self._dbs[name] = self._env.open_db(name, txn=txn)
+            sysdb = self._dbs[b"sys"]
+            fmt = txn.get(b"format", db=sysdb)
+            if fmt is None:
+                txn.put(b"format", U32.pack(codec.FORMAT_VERSION), db=sysdb)
+            elif U32.unpack(fmt)[0] != codec.FORMAT_VERSION:
+                raise StoreError(f"store format {U32.unpack(fmt)[0]} is not supported")
+            nq = txn.get(b"next_qid", db=sysdb)
+            self._next_qid = U32.unpack(nq)[0] if nq else 1
+            for k, v in txn.cursor(db=self._dbs[b"queues"]):
+                qid, count = QUEUE_ROW.unpack(v)
+                name = bytes(k).decode()
+                self._qids[name] = qid
+                self._counts[name] = count
+            for k, v in txn.cursor(db=self._dbs[b"segments"]):
+                live, end = SEG_ROW.unpack(v)
+                self._seg_live[U32.unpack(k)[0]] = live
+                self._seg_end[U32.unpack(k)[0]] = end
+        self.recovered_truncated_bytes = self._segments.open()
+        self._repair_segments()
+        self._lock_fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        self._open = True
+        if self.writer == "thread":
+            if self._call_from_thread is None:
+                self._call_from_thread = self._clock.callFromThread
+            self._thread = threading.Thread(target=self._writer_loop, name="mqhub-store-writer",
+                                            daemon=True)
+            self._thread.start()
+        if self.durability == "batch":
+            self._sync_call = self._clock.callLater(self._batch_interval, self._periodic_sync)
+
+    def _repair_segments(self) -> None:
+        """Drop index rows that point past a truncated tail; delete unreferenced segment files."""
+        active, size = self._segments.active, self._segments.active_size
+        if self._seg_end.get(active, 0) > size:
+            broken: set[bytes] = set()
+            with self._env.begin(db=self._dbs[b"messages"]) as txn:
+                for k, v in txn.cursor():
+                    seg, off, rsize, _ = MSG_REF.unpack(v)
+                    if seg == active and off + rsize > size:
+                        broken.add(bytes(k))
+            self._drop_entries_of(broken)
+            with self._env.begin(write=True) as txn:
+                row = txn.get(U32.pack(active), db=self._dbs[b"segments"])
+                if row is not None:
+                    live = SEG_ROW.unpack(row)[0]
+                    txn.put(U32.pack(active), SEG_ROW.pack(live, size), db=self._dbs[b"segments"])
+            self._seg_end[active] = size
+        from mqhub.store.segments import list_segments
+        for number in list_segments(self._segments.directory):
+            if number != active and self._seg_live.get(number, 0) == 0:
+                log.info("deleting unreferenced segment %d", number)
+                self._segments.delete(number)
+
+    def _drop_entries_of(self, broken: set[bytes]) -> None:
+        """Remove every entry whose segment body was lost (logged as an error)."""
+        if not broken:
+            return
+        victims: list[tuple[str, EntryKey]] = []
+        names = {qid: name for name, qid in self._qids.items()}
+        with self._env.begin(db=self._dbs[b"entries"]) as txn:
+            for k, v in txn.cursor():
+                if v[0] & FLAG_SEGMENT and bytes(k[5:13]) in broken:
+                    qid, pb, mid = ENTRY_KEY.unpack(k)
+                    victims.append((names.get(qid, ""), (9 - pb, mid)))
+        log.error("segment tail lost: dropping %d entries whose bodies were not recoverable",
+                  len(victims))
+        self.recovered_dropped_entries = len(victims)
+        batch = WriteBatch()
+        for name, key in victims:
+            batch.delete_entries(name, [key])
+        self._write_group([batch])
+
+    def close(self) -> Deferred[None]:
+        """Write pending groups, sync, and close; fires when closed."""
+        if not self._open:
+            return succeed(None)
+        if self._closing is not None:
+            return self._closing
+        self._closing = Deferred()
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        if self._sync_call is not None and self._sync_call.active():
+            self._sync_call.cancel()
+        self._sync_call = None
+        if not self._writing:
+            self._finish_close()
+        return self._closing
+
+    def _finish_close(self) -> None:
+        """Flush what is left synchronously, stop the writer thread and close files."""
+        if self._pending:
+            group, self._pending = self._pending, []
+            self._fire(group, self._run_group([b for b, _ in group]))
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+        self._env.sync(True)
+        self._segments.sync()
+        self._do_unlinks()
+        self._segments.close()
+        self._env.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._open = False
+        d, self._closing = self._closing, None
+        assert d is not None
+        d.callback(None)
+
+    # group commit --------------------------------------------------------------------------
+
+    def commit(self, batch: WriteBatch) -> Deferred[None]:
+        """Queue ``batch`` for this turn's group commit; fire when it is durable."""
+        if not self._open or self._closing is not None:
+            return fail(StoreClosed("store is closed"))
+        d: Deferred[None] = Deferred()
+        self._pending.append((batch, d))
+        if self._flush_call is None and not self._writing:
+            self._flush_call = self._clock.callLater(0, self._flush)
+        return d
+
+    def _flush(self) -> None:
+        """Write every batch queued this turn as one group (inline or handed to the thread)."""
+        self._flush_call = None
+        if not self._pending or self._writing:
+            return
+        group, self._pending = self._pending, []
+        if self.writer == "thread":
+            self._writing = True
+            self._jobs.put(group)
+            return
+        self._fire(group, self._run_group([b for b, _ in group]))
+
+    def _run_group(self, batches: list[WriteBatch]) -> Any:
+        """Write ``batches`` in one transaction, growing the map as needed; return errors."""
+        while True:
+            try:
+                self._write_group(batches)
+                return None
+            except _MapFull:
+                self._grow_map()
+            except StoreError as e:
+                return e
+
+    def _fire(self, group: list[tuple[WriteBatch, Deferred[None]]], result: Any) -> None:
+        """Fire the Deferreds of a written group with ``result`` (None, error, or per batch)."""
+        if isinstance(result, _PerBatch):
+            result = result.results
+        if isinstance(result, list):
+            for (_, d), err in zip(group, result):
+                if err is None:
+                    d.callback(None)
+                else:
+                    d.errback(err)
+            return
+        for _, d in group:
+            if result is None:
+                d.callback(None)
+            else:
+                d.errback(result)
+
+    def _writer_loop(self) -> None:
+        """Writer thread: commit each group it is handed, then report back to the reactor."""
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if job == "sync":
+                try:
+                    self._sync_now()
+                except Exception:  # noqa: BLE001 - reported, never kills the writer
+                    log.exception("periodic store sync failed")
+                continue
+            try:
+                self._write_group([b for b, _ in job])
+                result: Any = None
+            except _MapFull:
+                result = _MapFull()
+            except StoreError as e:
+                result = e
+            except Exception as e:  # noqa: BLE001 - a bug must not kill the writer thread
+                result = StoreError(f"store writer failed: {e!r}")
+            assert self._call_from_thread is not None
+            self._call_from_thread(self._group_done, job, result)
+
+    def _group_done(self, group: list[tuple[WriteBatch, Deferred[None]]], result: Any) -> None:
+        """Reactor side of a thread commit: grow and retry, or fire, then start the next group."""
+        if isinstance(result, _MapFull):
+            self._grow_map()
+            self._jobs.put(group)
+            return
+        self._writing = False
+        self._fire(group, result)
+        if self._closing is not None:
+            self._finish_close()
+        elif self._pending and self._flush_call is None:
+            self._flush()
+
+    def _grow_map(self) -> None:
+        """Double the LMDB map (no transaction of this process is open here)."""
+        self._map_size *= 2
+        self._env.set_mapsize(self._map_size)
+        self.map_grows += 1
+        log.info("store map grown to %d MiB", self._map_size >> 20)
+
+    def _write_group(self, batches: list[WriteBatch]) -> None:
+        """Apply ``batches`` in one write transaction and commit it (durably per the mode).
+
+        Raises _MapFull (nothing applied) or StoreError. If a batch itself is malformed, the
+        other batches are committed one transaction each so only the bad one fails.
+        """
+        started = time.perf_counter()
+        mark = self._segments.mark()
+        try:
+            txn = self._env.begin(write=True)
+        except lmdb.Error as e:
+            raise StoreError(f"cannot begin a store transaction: {e}") from e
+        t = _Txn(txn, self._next_qid)
+        try:
+            for batch in batches:
+                self._apply(t, batch)
+            self._finish_txn(t)
+            if self.durability == "sync":
+                self._segments.sync()
+            txn.commit()
+        except lmdb.MapFullError:
+            txn.abort()
+            self._segments.rollback(mark)
+            raise _MapFull() from None
+        except (lmdb.Error, OSError) as e:
+            txn.abort()
+            self._safe_rollback(mark)
+            self.failed_groups += 1
+            raise StoreError(f"store write failed: {e}") from e
+        except (ValueError, TypeError, AttributeError, KeyError, OverflowError) as e:
+            txn.abort()
+            self._safe_rollback(mark)
+            if len(batches) == 1:
+                self.failed_groups += 1
+                raise StoreError(f"malformed store batch: {e!r}") from e
+            raise _PerBatch(self._write_each(batches)) from None
+        self._after_commit(t)
+        self.commits += 1
+        self.batches += len(batches)
+        self.last_commit_seconds = time.perf_counter() - started
+
+    def _write_each(self, batches: list[WriteBatch]) -> list[Optional[StoreError]]:
+        """Commit each batch alone; return each one's error or None."""
+        out: list[Optional[StoreError]] = []
+        for batch in batches:
+            r = self._run_group([batch])
+            out.append(r)
+        return out
+
+    def _safe_rollback(self, mark: tuple[int, int]) -> None:
+        """Roll segment appends back, logging (not raising) if even that fails."""
+        try:
+            self._segments.rollback(mark)
+        except OSError:
+            log.exception("could not roll back segment appends")
+
+    def _after_commit(self, t: _Txn) -> None:
+        """Apply a committed transaction's changes to the in-memory mirrors."""
+        self._next_qid = t.next_qid
+        for name, qid in t.qids.items():
+            self._qids[name] = qid
+        for name, count in t.counts.items():
+            if count:
+                self._counts[name] = count
+            else:
+                self._counts.pop(name, None)
+                self._qids.pop(name, None)
+        if t.seg_delta or t.seg_end:
+            for seg, delta in t.seg_delta.items():
+                self._seg_live[seg] = self._seg_live.get(seg, 0) + delta
+            self._seg_end.update(t.seg_end)
+            active = self._segments.active
+            for seg, live in list(self._seg_live.items()):
+                if live <= 0 and seg != active:
+                    del self._seg_live[seg]
+                    self._seg_end.pop(seg, None)
+                    self._unlink_pending.add(seg)
+            if self.durability == "sync":
+                self._do_unlinks()
+
+    def _do_unlinks(self) -> None:
+        """Delete unreferenced segments once no snapshot holds the segment lock."""
+        if not self._unlink_pending or self._lock_fd is None:
+            return
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # a snapshot is copying; try again after a later commit
+        try:
+            for seg in sorted(self._unlink_pending):
+                if seg != self._segments.active:
+                    self._segments.delete(seg)
+            self._unlink_pending.clear()
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _periodic_sync(self) -> None:
+        """``batch`` mode: fsync everything committed so far, then re-arm."""
+        self._sync_call = self._clock.callLater(self._batch_interval, self._periodic_sync)
+        if self.writer == "thread":
+            self._jobs.put("sync")
+        else:
+            try:
+                self._sync_now()
+            except (lmdb.Error, OSError):
+                log.exception("periodic store sync failed")
+
+    def _sync_now(self) -> None:
+        """fsync segments and LMDB, then delete segments that became unreferenced."""
+        self._segments.sync()
+        self._env.sync(True)
+        self._do_unlinks()
+
+    # applying a batch ----------------------------------------------------------------------
+
+    def _qid(self, t: _Txn, queue: str, create: bool) -> Optional[int]:
+        """Return the id of ``queue``, allocating one inside ``t`` when ``create``."""
+        qid = t.qids.get(queue)
+        if qid is None:
+            qid = self._qids.get(queue)
+        if qid is None and create:
+            if len(queue.encode()) > 500:
+                raise ValueError("queue name too long")
+            qid = t.next_qid
+            t.next_qid += 1
+            t.qids[queue] = qid
+            t.counts.setdefault(queue, 0)
+        return qid
+
+    def _count(self, t: _Txn, queue: str) -> int:
+        """Current entry count of ``queue`` as seen inside ``t``."""
+        c = t.counts.get(queue)
+        return self._counts.get(queue, 0) if c is None else c
+
+    def _apply(self, t: _Txn, batch: WriteBatch) -> None:
+        """Apply one batch's operations in WriteBatch's documented order."""
+        txn = t.txn
+        entries = self._dbs[b"entries"]
+        for queue in batch.purges:
+            self._purge(t, queue)
+        archive = getattr(batch, "archive", None) or ()
+        for queue, items in batch.puts.items():
+            self._put(t, queue, items, queue in archive)
+        for queue, updates in batch.attempts.items():
+            qid = self._qid(t, queue, False)
+            if qid is None:
+                continue
+            for priority, msg_id, attempts in updates:
+                k = ENTRY_KEY.pack(qid, 9 - priority, msg_id)
+                v = txn.get(k, db=entries)
+                if v is not None:
+                    txn.put(k, codec.with_attempts(v, attempts), db=entries)
+        for queue, keys in batch.deletes.items():
+            qid = self._qid(t, queue, False)
+            if qid is None:
+                continue
+            removed = 0
+            pack = ENTRY_KEY.pack
+            pop = txn.pop
+            for priority, msg_id in keys:
+                k = pack(qid, 9 - priority, msg_id)
+                v = pop(k, db=entries)
+                if v is not None:
+                    removed += 1
+                    if v[0]:
+                        self._release(t, k, v)
+            if removed:
+                t.counts[queue] = self._count(t, queue) - removed
+        due, due_keys = self._dbs[b"due"], self._dbs[b"due_keys"]
+        for when, key, payload in batch.due_puts:
+            old = txn.get(key, db=due_keys)
+            if old is not None:
+                txn.delete(old + key, db=due)
+            tk = codec.time_key(when)
+            txn.put(tk + key, payload, db=due)
+            txn.put(key, tk, db=due_keys)
+        for key in batch.due_deletes:
+            old = txn.pop(key, db=due_keys)
+            if old is not None:
+                txn.delete(old + key, db=due)
+        meta = self._dbs[b"meta"]
+        for mkey, value in batch.meta_puts:
+            txn.put(mkey.encode(), value, db=meta)
+        for mkey in batch.meta_deletes:
+            txn.delete(mkey.encode(), db=meta)
+
+    def _put(self, t: _Txn, queue: str, items: list[Entry], archive: bool) -> None:
+        """Store entries of one queue: a C-level putmulti for plain ones, a loop for the rest."""
+        txn = t.txn
+        entries = self._dbs[b"entries"]
+        qid = self._qid(t, queue, True)
+        assert qid is not None
+        pack_key = ENTRY_KEY.pack
+        pack_head = VALUE_HEAD.pack
+        encode_meta = codec.encode_meta
+        threshold = self._threshold
+        plain: list[tuple[bytes, bytes]] = []
+        special: list[tuple[bytes, Entry]] = []
+        for e in items:
+            msg_id, priority, attempts, d_at, e_at, address, headers, body, origin = e
+            if priority.__class__ is not int or not 0 <= priority <= 9:
+                raise ValueError(f"priority {priority!r} is outside 0..9")
+            k = pack_key(qid, 9 - priority, msg_id)
+            if e_at or archive or len(body) > threshold:
+                special.append((k, e))
+                continue
+            meta = encode_meta(address, headers, origin)
+            plain.append((k, pack_head(0, attempts, d_at, 0.0, len(meta)) + meta + body))
+        added = 0
+        if plain:
+            consumed, added = txn.cursor(db=entries).putmulti(plain, overwrite=False)
+            if added < consumed:
+                # some keys existed: overwrite them, releasing what the old values referenced
+                for k, v in plain:
+                    cur = txn.get(k, db=entries)
+                    if cur != v:
+                        txn.put(k, v, db=entries)
+                        if cur[0]:
+                            self._release(t, k, cur)
+        for k, e in special:
+            added += self._put_special(t, k, e, archive)
+        if added:
+            t.counts[queue] = self._count(t, queue) + added
+
+    def _put_special(self, t: _Txn, k: bytes, e: Entry, archive: bool) -> int:
+        """Store one entry with an expiry and/or a segment body; return 1 if it is new."""
+        txn = t.txn
+        msg_id, priority, attempts, d_at, e_at, address, headers, body, origin = e
+        flags = 0
+        if e_at:
+            flags |= FLAG_EXPIRES
+        if archive or len(body) > self._threshold:
+            flags |= FLAG_SEGMENT
+            self._ref_body(t, msg_id, body)
+            body = b""
+        meta = codec.encode_meta(address, headers, origin)
+        v = VALUE_HEAD.pack(flags, attempts, d_at, e_at, len(meta)) + meta + body
+        entries = self._dbs[b"entries"]
+        old = txn.replace(k, v, db=entries)
+        if old is not None and old[0]:
+            self._release(t, k, old)
+        if e_at:
+            txn.put(codec.time_key(e_at) + k, b"", db=self._dbs[b"expiry"])
+        return 1 if old is None else 0
+
+    def _ref_body(self, t: _Txn, msg_id: int, body: bytes) -> None:
+        """Add a reference to ``msg_id``'s segment body, appending the body the first time."""
+        txn = t.txn
+        messages = self._dbs[b"messages"]
+        mk = U64.pack(msg_id)
+        row = txn.get(mk, db=messages)
+        if row is not None:
+            seg, off, size, refs = MSG_REF.unpack(row)
+            txn.put(mk, MSG_REF.pack(seg, off, size, refs + 1), db=messages)
+        else:
+            seg, off, size = self._segments.append(bytes(body))
+            txn.put(mk, MSG_REF.pack(seg, off, size, 1), db=messages)
+            t.seg_end[seg] = off + size
+        self._seg_change(t, seg, 1 if row is None else 0)
+
+    def _seg_change(self, t: _Txn, seg: int, delta: int) -> None:
+        """Record a change of ``seg``'s live-message count and write its row."""
+        if delta:
+            t.seg_delta[seg] = t.seg_delta.get(seg, 0) + delta
+        live = self._seg_live.get(seg, 0) + t.seg_delta.get(seg, 0)
+        end = t.seg_end.get(seg, self._seg_end.get(seg, 0))
+        t.txn.put(U32.pack(seg), codec.SEG_ROW.pack(max(live, 0), end), db=self._dbs[b"segments"])
+
+    def _release(self, t: _Txn, k: bytes, v: bytes) -> None:
+        """Drop what a removed entry value referenced: its expiry row and segment body."""
+        txn = t.txn
+        flags = v[0]
+        if flags & FLAG_EXPIRES:
+            e_at = F64.unpack_from(v, 13)[0]
+            txn.delete(codec.time_key(e_at) + bytes(k), db=self._dbs[b"expiry"])
+        if flags & FLAG_SEGMENT:
+            messages = self._dbs[b"messages"]
+            mk = bytes(k[5:13])
+            row = txn.get(mk, db=messages)
+            if row is None:
+                return
+            seg, off, size, refs = MSG_REF.unpack(row)
+            if refs > 1:
+                txn.put(mk, MSG_REF.pack(seg, off, size, refs - 1), db=messages)
+                return
+            txn.delete(mk, db=messages)
+            self._seg_change(t, seg, -1)
+            if self._seg_live.get(seg, 0) + t.seg_delta.get(seg, 0) <= 0 \
+                    and seg != self._segments.active:
+                txn.delete(U32.pack(seg), db=self._dbs[b"segments"])
+
+    def _purge(self, t: _Txn, queue: str) -> None:
+        """Remove every entry of ``queue``."""
+        qid = self._qid(t, queue, False)
+        if qid is None:
+            return
+        prefix = U32.pack(qid)
+        cur = t.txn.cursor(db=self._dbs[b"entries"])
+        removed = 0
+        if cur.set_range(prefix):
+            while cur.key()[:4] == prefix:
+                v = cur.value()
+                if v[0]:
+                    self._release(t, bytes(cur.key()), v)
+                removed += 1
+                if not cur.delete():
+                    break
+        if removed:
+            t.counts[queue] = self._count(t, queue) - removed
+
+    def _finish_txn(self, t: _Txn) -> None:
+        """Write the queue rows and the id counter the transaction changed."""
+        txn = t.txn
+        queues = self._dbs[b"queues"]
+        for name, count in t.counts.items():
+            qid = t.qids.get(name) or self._qids.get(name)
+            if count:
+                txn.put(name.encode(), QUEUE_ROW.pack(qid, count), db=queues)
+            else:
+                txn.delete(name.encode(), db=queues)
+        if t.next_qid != self._next_qid:
+            txn.put(b"next_qid", U32.pack(t.next_qid), db=self._dbs[b"sys"])
+
+    # reads ---------------------------------------------------------------------------------
+
+    def _check_open(self) -> Optional[Deferred[Any]]:
+        """Return a failed Deferred when the store is closed, else None."""
+        if not self._open:
+            return fail(StoreClosed("store is closed"))
+        return None
+
+    def read_entries(self, queue: str, after: Optional[EntryKey], limit: int) -> Deferred[list[Entry]]:
+        """Fire with up to ``limit`` entries of ``queue`` after ``after``, in ready order."""
+        closed = self._check_open()
+        if closed is not None:
+            return closed
+        qid = self._qids.get(queue)
+        if qid is None or limit <= 0:
+            return succeed([])
+        try:
+            return succeed(self._read_entries(qid, after, limit))
+        except lmdb.Error as e:
+            return fail(StoreError(f"store read failed: {e}"))
+        except StoreError as e:
+            return fail(e)
+
+    def _read_entries(self, qid: int, after: Optional[EntryKey], limit: int) -> list[Entry]:
+        """Synchronous body of :meth:`read_entries`."""
+        prefix = U32.pack(qid)
+        out: list[Entry] = []
+        append = out.append
+        unpack_key = ENTRY_KEY.unpack
+        unpack_head = VALUE_HEAD.unpack_from
+        decode_meta = codec.decode_meta
+        h = HEAD_SIZE
+        with self._env.begin(db=self._dbs[b"entries"]) as txn:
+            cur = txn.cursor()
+            if after is None:
+                found = cur.set_range(prefix)
+            else:
+                k0 = ENTRY_KEY.pack(qid, 9 - after[0], after[1])
+                found = cur.set_range(k0)
+                if found and cur.key() == k0:
+                    found = cur.next()
+            if not found:
+                return out
+            for k, v in cur:
+                if k[:4] != prefix:
+                    break
+                _, pb, mid = unpack_key(k)
+                flags, att, d_at, e_at, ml = unpack_head(v)
+                address, headers, origin = decode_meta(v[h:h + ml])
+                if flags & FLAG_SEGMENT:
+                    body = self._segment_body(txn, mid)
+                else:
+                    body = v[h + ml:]
+                append((mid, 9 - pb, att, d_at, e_at, address, headers, body, origin))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def _segment_body(self, txn: Any, msg_id: int) -> bytes:
+        """Read a body kept in a segment file."""
+        row = txn.get(U64.pack(msg_id), db=self._dbs[b"messages"])
+        if row is None:
+            raise StoreError(f"message {msg_id} has no stored body")
+        seg, off, size, _ = MSG_REF.unpack(row)
+        return self._segments.read(seg, off, size)
+
+    def count_entries(self, queue: str) -> Deferred[int]:
+        """Fire with the number of stored entries of ``queue``."""
+        return self._check_open() or succeed(self._counts.get(queue, 0))
+
+    def queue_names(self) -> Deferred[list[str]]:
+        """Fire with the sorted names of queues holding entries."""
+        return self._check_open() or succeed(sorted(self._counts))
+
+    def read_due(self, until: float, limit: int) -> Deferred[list[tuple[float, bytes, bytes]]]:
+        """Fire with up to ``limit`` due rows with ``when <= until``, earliest first."""
+        closed = self._check_open()
+        if closed is not None:
+            return closed
+        out: list[tuple[float, bytes, bytes]] = []
+        try:
+            with self._env.begin(db=self._dbs[b"due"]) as txn:
+                for k, v in txn.cursor():
+                    when = F64.unpack_from(k)[0]
+                    if when > until or len(out) >= limit:
+                        break
+                    out.append((when, bytes(k[8:]), bytes(v)))
+        except lmdb.Error as e:
+            return fail(StoreError(f"store read failed: {e}"))
+        return succeed(out)
+
+    def next_due(self) -> Deferred[Optional[float]]:
+        """Fire with the earliest due time, or None."""
+        closed = self._check_open()
+        if closed is not None:
+            return closed
+        with self._env.begin(db=self._dbs[b"due"]) as txn:
+            cur = txn.cursor()
+            if not cur.first():
+                return succeed(None)
+            return succeed(F64.unpack_from(cur.key())[0])
+
+    def read_expired(self, until: float, limit: int) -> Deferred[list[tuple[str, EntryKey, float]]]:
+        """Fire with up to ``limit`` ``(queue, (priority, msg_id), expires_at)`` expiring by ``until``.
+
+        An addition to IMessageStore (MemoryStore has it too): the TTL sweep's index.
+        """
+        closed = self._check_open()
+        if closed is not None:
+            return closed
+        names = {qid: name for name, qid in self._qids.items()}
+        out: list[tuple[str, EntryKey, float]] = []
+        with self._env.begin(db=self._dbs[b"expiry"]) as txn:
+            for k in txn.cursor().iternext(values=False):
+                when = F64.unpack_from(k)[0]
+                if when > until or len(out) >= limit:
+                    break
+                qid, pb, mid = ENTRY_KEY.unpack_from(k, 8)
+                out.append((names.get(qid, ""), (9 - pb, mid), when))
+        return succeed(out)
+
+    def get_meta(self, key: str) -> Deferred[Optional[bytes]]:
+        """Fire with the metadata value under ``key``, or None."""
+        closed = self._check_open()
+        if closed is not None:
+            return closed
+        with self._env.begin(db=self._dbs[b"meta"]) as txn:
+            return succeed(txn.get(key.encode()))
+
+    def scan_meta(self, prefix: str) -> Deferred[list[tuple[str, bytes]]]:
+        """Fire with every ``(key, value)`` whose key starts with ``prefix``, in key order."""
+        closed = self._check_open()
+        if closed is not None:
+            return closed
+        p = prefix.encode()
+        out = []
+        with self._env.begin(db=self._dbs[b"meta"]) as txn:
+            cur = txn.cursor()
+            if cur.set_range(p):
+                for k, v in cur:
+                    if not k.startswith(p):
+                        break
+                    out.append((bytes(k).decode(), bytes(v)))
+        return succeed(out)
+
+    def stats(self) -> dict[str, Any]:
+        """Return counters for introspection."""
+        out: dict[str, Any] = {
+            "kind": "lmdb",
+            "durability": self.durability,
+            "writer": self.writer,
+            "queues": len(self._counts),
+            "entries": sum(self._counts.values()),
+            "commits": self.commits,
+            "batches": self.batches,
+            "failed_groups": self.failed_groups,
+            "pending_batches": len(self._pending),
+            "map_size": self._map_size,
+            "map_grows": self.map_grows,
+            "segments": len(self._seg_live) + (0 if self._segments.active in self._seg_live else 1),
+            "segment_messages": sum(self._seg_live.values()),
+            "last_commit_ms": round(self.last_commit_seconds * 1000.0, 3),
+            "recovered_truncated_bytes": self.recovered_truncated_bytes,
+            "recovered_dropped_entries": self.recovered_dropped_entries,
+        }
+        if self._env is not None and self._open:
+            info = self._env.info()
+            out["used_bytes"] = (info["last_pgno"] + 1) * self._env.stat()["psize"]
+        return out
+
+
+class _PerBatch(StoreError):
+    """Internal: a group was retried batch by batch; carries each batch's result."""
+
+    def __init__(self, results: list[Optional[StoreError]]) -> None:
+        """Keep the per-batch results."""
+        super().__init__("group retried per batch")
+        self.results = results

@@ -1,0 +1,121 @@
+"""Online snapshots of a running store, taken from another process (no Twisted import).
+
+:func:`take_snapshot` opens the store's LMDB environment read-only and, inside ONE read
+transaction, writes a compacted copy of it (``env.copy(compact=True, txn=...)``), records the
+committed length of every referenced segment file, counts entries per queue and per address,
+and copies each segment up to that length. While it runs it holds a shared lock on
+``segments.lock`` so the broker postpones deleting unreferenced segments. The result::
+
+    OUT/index/data.mdb      compacted LMDB copy
+    OUT/segments/seg-*.seg  the referenced segments, cut at their committed length
+    OUT/manifest.json       format version, created_at, counts, segment list
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from typing import Any, Optional
+
+import lmdb
+
+from mqhub.errors import StoreError
+from mqhub.store import codec
+from mqhub.store.segments import segment_name
+
+SNAPSHOT_FORMAT = 1
+MANIFEST = "manifest.json"
+_COPY_CHUNK = 1 << 20
+
+
+def take_snapshot(data_dir: str, out_dir: str, *, now: Optional[float] = None) -> dict[str, Any]:
+    """Write a consistent snapshot of the store in ``data_dir`` to ``out_dir``; return the manifest.
+
+    Safe while the broker writes. ``out_dir`` must not already hold a snapshot.
+    :raises StoreError: when ``data_dir`` holds no store or the copy fails.
+    """
+    index = os.path.join(data_dir, "index")
+    if not os.path.exists(os.path.join(index, "data.mdb")):
+        raise StoreError(f"no store in {data_dir!r}")
+    if os.path.exists(os.path.join(out_dir, MANIFEST)):
+        raise StoreError(f"{out_dir!r} already holds a snapshot")
+    out_index = os.path.join(out_dir, "index")
+    out_segments = os.path.join(out_dir, "segments")
+    os.makedirs(out_index, exist_ok=True)
+    os.makedirs(out_segments, exist_ok=True)
+    lock_fd = os.open(os.path.join(data_dir, "segments.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_SH)
+        env = lmdb.open(index, readonly=True, max_dbs=len(codec.DB_NAMES) + 2, lock=True,
+                        readahead=False)
+        try:
+            manifest = _copy_in_one_txn(env, data_dir, out_index, out_segments)
+        except lmdb.Error as e:
+            raise StoreError(f"snapshot failed: {e}") from e
+        finally:
+            env.close()
+    finally:
+        os.close(lock_fd)
+    manifest["created_at"] = time.time() if now is None else now
+    tmp = os.path.join(out_dir, MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(out_dir, MANIFEST))
+    return manifest
+
+
+def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str) -> dict[str, Any]:
+    """Copy the index and segments and count everything inside one read transaction."""
+    dbs = {name: env.open_db(name, create=False) for name in codec.DB_NAMES}
+    with env.begin() as txn:
+        env.copy(out_index, compact=True, txn=txn)
+        queues: dict[str, int] = {}
+        qnames: dict[int, str] = {}
+        for k, v in txn.cursor(db=dbs[b"queues"]):
+            qid, count = codec.QUEUE_ROW.unpack(v)
+            queues[bytes(k).decode()] = count
+            qnames[qid] = bytes(k).decode()
+        addresses: dict[str, int] = {}
+        for v in txn.cursor(db=dbs[b"entries"]).iternext(keys=False):
+            a = codec.value_address(v)
+            addresses[a] = addresses.get(a, 0) + 1
+        segments = []
+        for k, v in txn.cursor(db=dbs[b"segments"]):
+            number = codec.U32.unpack(k)[0]
+            live, end = codec.SEG_ROW.unpack(v)
+            if live == 0:
+                continue
+            name = segment_name(number)
+            _copy_prefix(os.path.join(data_dir, "segments", name),
+                         os.path.join(out_segments, name), end)
+            segments.append({"number": number, "name": name, "length": end, "messages": live})
+        due = txn.stat(dbs[b"due"])["entries"]
+        meta = txn.stat(dbs[b"meta"])["entries"]
+    return {
+        "format_version": SNAPSHOT_FORMAT,
+        "store_format": codec.FORMAT_VERSION,
+        "entries": sum(queues.values()),
+        "queues": queues,
+        "addresses": addresses,
+        "due": due,
+        "meta": meta,
+        "segments": segments,
+    }
+
+
+def _copy_prefix(src: str, dst: str, length: int) -> None:
+    """Copy the first ``length`` bytes of ``src`` to ``dst`` and fsync it."""
+    remaining = length
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while remaining > 0:
+            chunk = fin.read(min(_COPY_CHUNK, remaining))
+            if not chunk:
+                raise StoreError(f"segment {src} is shorter than its committed length")
+            fout.write(chunk)
+            remaining -= len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())

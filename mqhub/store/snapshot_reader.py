@@ -1,0 +1,137 @@
+"""Read-only access to a snapshot written by :func:`mqhub.store.snapshot.take_snapshot`.
+
+Imports neither Twisted nor zope, so analytics jobs (PySpark) and scripts can use it::
+
+    with SnapshotReader("/backups/snap1") as snap:
+        for queue, entry in snap.iter_entries():
+            ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import lmdb
+
+from mqhub.errors import StoreError
+from mqhub.store import codec
+from mqhub.store.segments import SegmentLog
+
+MANIFEST = "manifest.json"
+
+
+class SnapshotReader:
+    """A snapshot opened read-only: its manifest, queues, entries, due rows and metadata."""
+
+    def __init__(self, path: str) -> None:
+        """Open the snapshot in ``path``.
+
+        :raises StoreError: when ``path`` is not a snapshot.
+        """
+        self.path = path
+        try:
+            with open(os.path.join(path, MANIFEST)) as f:
+                self.manifest: dict[str, Any] = json.load(f)
+        except (OSError, ValueError) as e:
+            raise StoreError(f"{path!r} is not a readable snapshot: {e}") from e
+        try:
+            self._env = lmdb.open(os.path.join(path, "index"), readonly=True, lock=False,
+                                  max_dbs=len(codec.DB_NAMES) + 2, readahead=False)
+            self._dbs = {n: self._env.open_db(n, create=False) for n in codec.DB_NAMES}
+        except lmdb.Error as e:
+            raise StoreError(f"cannot open snapshot index in {path!r}: {e}") from e
+        self._segments = SegmentLog(os.path.join(path, "segments"), readonly=True)
+        self._segments.open()
+
+    def __enter__(self) -> SnapshotReader:
+        """Use as a context manager."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close on leaving the block."""
+        self.close()
+
+    def close(self) -> None:
+        """Release the files."""
+        self._segments.close()
+        self._env.close()
+
+    def queue_counts(self) -> dict[str, int]:
+        """Return ``{queue: entry count}`` as stored in the snapshot's index."""
+        with self._env.begin(db=self._dbs[b"queues"]) as txn:
+            return {bytes(k).decode(): codec.QUEUE_ROW.unpack(v)[1] for k, v in txn.cursor()}
+
+    def _queue_ids(self) -> dict[int, str]:
+        """Return ``{qid: queue name}``."""
+        with self._env.begin(db=self._dbs[b"queues"]) as txn:
+            return {codec.QUEUE_ROW.unpack(v)[0]: bytes(k).decode() for k, v in txn.cursor()}
+
+    def iter_entries(self, queue: Optional[str] = None) -> Iterator[tuple[str, tuple]]:
+        """Yield ``(queue, entry)`` for every entry (of one queue), in queue then ready order."""
+        names = self._queue_ids()
+        prefix = b""
+        if queue is not None:
+            ids = [qid for qid, name in names.items() if name == queue]
+            if not ids:
+                return
+            prefix = codec.U32.pack(ids[0])
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._dbs[b"entries"])
+            if not cur.set_range(prefix):
+                return
+            for k, v in cur:
+                if not k.startswith(prefix):
+                    break
+                body = None
+                if v[0] & codec.FLAG_SEGMENT:
+                    body = self._segment_body(txn, codec.ENTRY_KEY.unpack(k)[2])
+                yield names.get(codec.U32.unpack_from(k)[0], ""), codec.decode_entry(k, v, body)
+
+    def _segment_body(self, txn: Any, msg_id: int) -> bytes:
+        """Read one body kept in a segment file."""
+        row = txn.get(codec.U64.pack(msg_id), db=self._dbs[b"messages"])
+        if row is None:
+            raise StoreError(f"message {msg_id} has no body in the snapshot")
+        seg, off, size, _ = codec.MSG_REF.unpack(row)
+        return self._segments.read(seg, off, size)
+
+    def address_counts(self) -> dict[str, int]:
+        """Return ``{address: entry count}`` computed from the entries."""
+        out: dict[str, int] = {}
+        with self._env.begin(db=self._dbs[b"entries"]) as txn:
+            for v in txn.cursor().iternext(keys=False):
+                a = codec.value_address(v)
+                out[a] = out.get(a, 0) + 1
+        return out
+
+    def due_rows(self) -> list[tuple[float, bytes, bytes]]:
+        """Return every scheduler row ``(when, key, payload)`` in time order."""
+        with self._env.begin(db=self._dbs[b"due"]) as txn:
+            return [(codec.F64.unpack_from(k)[0], bytes(k[8:]), bytes(v)) for k, v in txn.cursor()]
+
+    def meta(self) -> dict[str, bytes]:
+        """Return every metadata row."""
+        with self._env.begin(db=self._dbs[b"meta"]) as txn:
+            return {bytes(k).decode(): bytes(v) for k, v in txn.cursor()}
+
+    def verify(self) -> list[str]:
+        """Check the index against the manifest; return a list of mismatches (empty = good)."""
+        problems = []
+        counts = self.queue_counts()
+        if counts != self.manifest.get("queues"):
+            problems.append(f"queue counts {counts} != manifest {self.manifest.get('queues')}")
+        actual: dict[str, int] = {}
+        for name, _ in self.iter_entries():
+            actual[name] = actual.get(name, 0) + 1
+        if actual != counts:
+            problems.append(f"entries per queue {actual} != index counts {counts}")
+        if self.address_counts() != self.manifest.get("addresses"):
+            problems.append("address counts differ from the manifest")
+        for seg in self.manifest.get("segments", []):
+            p = os.path.join(self.path, "segments", seg["name"])
+            if not os.path.exists(p) or os.path.getsize(p) != seg["length"]:
+                problems.append(f"segment {seg['name']} missing or of the wrong length")
+        return problems
