@@ -1,0 +1,668 @@
+"""The NATS server: a thin Twisted adapter over the sans-IO codec and the subscription trie.
+
+Hot path (see ../shared/reference/performance.md): the codec yields every event of one read;
+a PUB looks up its *route* by the raw control line (cached until any subscription changes,
+the "epoch"); a route holds, per receiving subscription, the prebuilt ``MSG subj sid n``
+line and the receiver's output list, so delivering is three list appends. Every connection
+touched during a read gets one ``transport.write`` at the end of that read.
+
+Subscriptions live in the NATS trie and, when the hub has a core broker, are also bound in
+the core's address space through :mod:`mqhub.protocols.nats.bridge`, so other protocols reach
+NATS subscribers and NATS publishes reach other protocols' bindings.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+from typing import Any, Optional
+
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from zope.interface import implementer
+from twisted.internet.interfaces import IPushProducer
+
+from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.codec import (
+    OP_CONNECT, OP_ERR, OP_ERROR, OP_HPUB, OP_OK, OP_PING, OP_PONG, OP_PUB, OP_SUB, OP_UNSUB,
+    NatsParser, ProtocolError,
+)
+from mqhub.protocols.nats.sublist import Sublist
+
+log = Logger()
+
+CRLF = b"\r\n"
+SERVER_VERSION = "2.10.0"
+NO_RESPONDERS_BLOCK = b"NATS/1.0 503\r\n\r\n"
+
+# ProtocolError code -> (-ERR text or None for a silent close)
+_WIRE_ERRORS: dict[str, Optional[str]] = {
+    codec.E_UNKNOWN_OP: "Unknown Protocol Operation",
+    codec.E_MAX_CONTROL: "maximum control line exceeded",
+    codec.E_MAX_PAYLOAD: "Maximum Payload Violation",
+    codec.E_BAD_ARGS: None,
+    codec.E_BAD_CONNECT: None,
+    codec.E_INVALID_SUBJECT: "Invalid Subject",
+}
+
+MQ9_PREFIX = "$mq9.AI."
+BROADCAST_PREFIX = "$mq9.AI.BROADCAST."
+
+
+class Subscription:
+    """One SUB of one connection."""
+
+    __slots__ = ("conn", "subject", "queue", "sid", "max", "delivered", "wire_subject",
+                 "core_handle", "mq9")
+
+    def __init__(self, conn: "NatsConnection", subject: str, queue: Optional[str], sid: str,
+                 wire_subject: str) -> None:
+        """:param subject: the pattern matched on (``#`` already mapped); ``wire_subject`` as sent."""
+        self.conn = conn
+        self.subject = subject
+        self.queue = queue
+        self.sid = sid
+        self.max: Optional[int] = None
+        self.delivered = 0
+        self.wire_subject = wire_subject
+        self.core_handle: Any = None
+        self.mq9 = False
+
+    def __repr__(self) -> str:
+        """Show pattern, queue and sid."""
+        return f"<Subscription {self.subject!r} q={self.queue!r} sid={self.sid!r}>"
+
+
+class NatsSettings:
+    """Server settings (from plugin options), with nats-server's defaults."""
+
+    def __init__(self, **kw: Any) -> None:
+        """Accept keyword overrides of the defaults below."""
+        self.max_payload: int = int(kw.get("max_payload", codec.DEFAULT_MAX_PAYLOAD))
+        self.max_control_line: int = int(kw.get("max_control_line", codec.MAX_CONTROL_LINE))
+        self.max_pending: int = int(kw.get("max_pending", 64 * 1024 * 1024))
+        self.ping_interval: float = float(kw.get("ping_interval", 120.0))
+        self.ping_max: int = int(kw.get("ping_max", 2))
+        self.auth_timeout: float = float(kw.get("auth_timeout", 2.0))
+        self.token: Optional[str] = kw.get("token") or None
+        self.user: Optional[str] = kw.get("user") or None
+        self.password: Optional[str] = kw.get("password") or kw.get("pass") or None
+        self.tls_context: Any = kw.get("tls_context")
+        self.server_name: str = kw.get("server_name") or "mqhub"
+        self.host: str = kw.get("host", "127.0.0.1")
+        self.port: int = int(kw.get("port", 4222))
+
+    @property
+    def auth_required(self) -> bool:
+        """True when a token or a user/password is configured."""
+        return bool(self.token or self.user)
+
+
+class NatsServer(Factory):
+    """Server-wide state: the trie, the route cache, the connections, and the mq9 hook.
+
+    :param hub: the :class:`mqhub.hub.Hub` (its clock is used for every timer).
+    :param settings: :class:`NatsSettings`.
+    """
+
+    protocol = None  # buildProtocol is overridden
+
+    def __init__(self, hub: Any, settings: Optional[NatsSettings] = None) -> None:
+        """Build empty state; nothing listens until a port uses this factory."""
+        self.hub = hub
+        self.clock = hub.clock
+        self.settings = settings or NatsSettings()
+        self.sublist = Sublist()
+        self.routes: dict[bytes, tuple] = {}
+        self.hroutes: dict[tuple[str, Optional[str]], tuple] = {}
+        self.epoch = 0
+        self.dirty: list[NatsConnection] = []
+        self.connections: dict[int, NatsConnection] = {}
+        self.server_id = "N" + secrets.token_hex(14).upper()
+        self._next_cid = 0
+        self.mq9: Any = None
+        self.bridge: Any = None
+        self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0}
+
+    # factory -----------------------------------------------------------------------------
+
+    def buildProtocol(self, addr: Any) -> "NatsConnection":
+        """Make a connection protocol for ``addr``."""
+        self._next_cid += 1
+        conn = NatsConnection(self, self._next_cid)
+        return conn
+
+    def info(self, conn: "NatsConnection") -> dict[str, Any]:
+        """The INFO object for ``conn``."""
+        s = self.settings
+        info: dict[str, Any] = {
+            "server_id": self.server_id, "server_name": s.server_name,
+            "version": SERVER_VERSION, "proto": 1, "go": "mqhub", "host": s.host,
+            "port": s.port, "headers": True, "max_payload": s.max_payload,
+            "client_id": conn.cid, "client_ip": conn.peer_host,
+        }
+        if s.auth_required:
+            info["auth_required"] = True
+        if s.tls_context is not None:
+            info["tls_required"] = True
+        return info
+
+    # subscriptions ------------------------------------------------------------------------
+
+    def changed(self) -> None:
+        """Bump the epoch: every cached route is stale."""
+        self.epoch += 1
+        self.routes.clear()
+        self.hroutes.clear()
+
+    def add_sub(self, sub: Subscription) -> None:
+        """Register ``sub`` in the trie (or with mq9) and in the core address space."""
+        if self.mq9 is not None and self.mq9.claims_subscription(sub):
+            sub.mq9 = True
+            self.mq9.subscribe(sub)
+            return
+        self.sublist.insert(sub)
+        self.changed()
+        if self.bridge is not None:
+            self.bridge.bind(sub)
+        if self.mq9 is not None and sub.subject.startswith(BROADCAST_PREFIX):
+            self.mq9.broadcast_subscribed(sub)
+
+    def remove_sub(self, sub: Subscription) -> None:
+        """Forget ``sub`` everywhere."""
+        if sub.mq9:
+            self.mq9.unsubscribe(sub)
+            return
+        if self.sublist.remove(sub):
+            self.changed()
+        if self.bridge is not None:
+            self.bridge.unbind(sub)
+
+    # routing -----------------------------------------------------------------------------
+
+    def resolve(self, hit: tuple) -> tuple:
+        """Build (and cache) the route of a PUB control line ``hit = (line, subj, reply, size)``.
+
+        A route is ``(targets, special)``: ``targets`` is a list of ``(conn, out, prefix)``
+        for plain subscriptions without a message limit; ``special`` is None or a tuple
+        ``(limited_subs, groups, mq9, foreign)`` handled on the slower path.
+        """
+        line, subject, reply, size = hit
+        if self.mq9 is not None and subject.startswith(MQ9_PREFIX) and self.mq9.claims(subject):
+            route: tuple = ((), (None, None, True, False))
+            self.routes[line] = route
+            return route
+        plain, groups = self.sublist.match(subject)
+        targets = []
+        limited = []
+        for sub in plain:
+            if sub.max is not None:
+                limited.append(sub)
+            else:
+                conn = sub.conn
+                targets.append((conn, conn.out, codec.msg_prefix(subject, sub.sid, reply, size)))
+        foreign = self.bridge is not None and self.bridge.has_foreign(subject)
+        special = None
+        if limited or groups or foreign:
+            special = (limited, list(groups.values()), False, foreign)
+        route = (targets, special)
+        self.routes[line] = route
+        return route
+
+    def deliver_special(self, pub: Optional["NatsConnection"], subject: str, reply: Optional[str],
+                        hdr: Optional[bytes], payload: bytes, special: tuple) -> int:
+        """Deliver one message to limited subs, queue groups, mq9 and foreign bindings."""
+        limited, groups, is_mq9, foreign = special
+        if is_mq9:
+            return self.mq9.publish(pub, subject, reply, hdr, payload)
+        n = 0
+        echo_off = pub is not None and not pub.echo
+        if limited:
+            for sub in list(limited):
+                if echo_off and sub.conn is pub:
+                    continue
+                self.deliver(sub, subject, reply, hdr, payload)
+                n += 1
+        if groups:
+            for members in groups:
+                live = [m for m in members if m.conn.connected and not (echo_off and m.conn is pub)]
+                if live:
+                    self.deliver(random.choice(live), subject, reply, hdr, payload)
+                    n += 1
+        if foreign:
+            n += self.bridge.publish(subject, reply, hdr, payload)
+        return n
+
+    def deliver(self, sub: Subscription, subject: str, reply: Optional[str],
+                hdr: Optional[bytes], payload: bytes) -> None:
+        """Render one message for ``sub`` into its connection's output (cold path)."""
+        conn = sub.conn
+        if not conn.connected:
+            return
+        out = conn.out
+        if not out:
+            self.dirty.append(conn)
+        if hdr is not None and conn.headers:
+            out.append(codec.hmsg_prefix(subject, sub.sid, reply, len(hdr), len(hdr) + len(payload)))
+            out.append(hdr)
+        else:
+            out.append(codec.msg_prefix(subject, sub.sid, reply, len(payload)))
+        out.append(payload)
+        out.append(CRLF)
+        if sub.max is not None:
+            sub.delivered += 1
+            if sub.delivered >= sub.max:
+                conn.subs.pop(sub.sid, None)
+                self.remove_sub(sub)
+
+    def publish(self, pub: Optional["NatsConnection"], subject: str, reply: Optional[str],
+                hdr: Optional[bytes], payload: bytes, *, foreign: bool = True) -> int:
+        """Deliver one message to every NATS subscriber of ``subject`` (cold path).
+
+        Used for HPUB, for mq9 replies and pushes, and for messages other protocols publish.
+        Returns how many subscriptions (and foreign bindings) received it.
+        """
+        plain, groups = self.sublist.match(subject)
+        echo_off = pub is not None and not pub.echo
+        n = 0
+        for sub in plain:
+            if echo_off and sub.conn is pub:
+                continue
+            self.deliver(sub, subject, reply, hdr, payload)
+            n += 1
+        for members in groups.values():
+            live = [m for m in members if m.conn.connected and not (echo_off and m.conn is pub)]
+            if live:
+                self.deliver(random.choice(live), subject, reply, hdr, payload)
+                n += 1
+        if foreign and self.bridge is not None and self.bridge.has_foreign(subject):
+            n += self.bridge.publish(subject, reply, hdr, payload)
+        return n
+
+    def no_responders(self, pub: "NatsConnection", subject: str, reply: str) -> None:
+        """Send the publisher a 503 HMSG on its subscription matching ``reply``."""
+        for sub in pub.subs.values():
+            if not sub.mq9 and _matches(sub.subject, reply):
+                out = pub.out
+                if not out:
+                    self.dirty.append(pub)
+                n = len(NO_RESPONDERS_BLOCK)
+                out.append(codec.hmsg_prefix(reply, sub.sid, None, n, n))
+                out.append(NO_RESPONDERS_BLOCK)
+                out.append(CRLF)
+                return
+
+    def flush(self) -> None:
+        """Write every touched connection's output with one write each."""
+        dirty = self.dirty
+        if not dirty:
+            return
+        self.dirty = []
+        for conn in dirty:
+            out = conn.out
+            if not out:
+                continue
+            data = b"".join(out)
+            out.clear()
+            conn.write_out(data)
+        if self.dirty:   # writes may close slow consumers, which never re-dirty; be safe
+            self.flush()
+
+    def end_turn(self) -> None:
+        """Finish one read: let mq9 commit its group, then write all output."""
+        if self.mq9 is not None:
+            self.mq9.end_turn()
+        self.flush()
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    """NATS pattern match for the cold paths."""
+    from mqhub.protocols.nats.sublist import subject_matches
+    return subject_matches(pattern, subject)
+
+
+@implementer(IPushProducer)
+class NatsConnection(Protocol):
+    """One client connection."""
+
+    def __init__(self, server: NatsServer, cid: int) -> None:
+        """Connection state before INFO is sent."""
+        self.server = server
+        self.cid = cid
+        s = server.settings
+        self.parser = NatsParser(server=True, max_payload=s.max_payload,
+                                 max_control_line=s.max_control_line)
+        self.out: list[bytes] = []
+        self.subs: dict[str, Subscription] = {}
+        self.connected = False       # transport open
+        self.authed = not s.auth_required
+        self.got_connect = False
+        self.verbose = True
+        self.pedantic = True
+        self.echo = True
+        self.headers = False
+        self.no_resp = False
+        self.fast = False
+        self.name = ""
+        self.lang = ""
+        self.version = ""
+        self.peer_host = ""
+        self.pings_out = 0
+        self.paused = False
+        self.paused_bytes = 0
+        self._pinger: Optional[LoopingCall] = None
+        self._auth_timer: Any = None
+        self.closing = False
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Send INFO, start the pinger and (with auth) the auth timeout."""
+        self.connected = True
+        srv = self.server
+        srv.connections[self.cid] = self
+        srv.stats["connections"] += 1
+        peer = self.transport.getPeer()
+        self.peer_host = getattr(peer, "host", "") or ""
+        try:
+            self.transport.registerProducer(self, True)
+        except Exception:  # pragma: no cover - transports without producer support
+            pass
+        self.transport.write(codec.encode_info(srv.info(self)))
+        s = srv.settings
+        if s.tls_context is not None:
+            self.transport.startTLS(s.tls_context)
+        if s.ping_interval > 0:
+            self._pinger = LoopingCall(self._ping)
+            self._pinger.clock = srv.clock
+            self._pinger.start(s.ping_interval, now=False)
+        if not self.authed and s.auth_timeout > 0:
+            self._auth_timer = srv.clock.callLater(s.auth_timeout, self._auth_expired)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        """Drop every subscription and timer."""
+        if not self.connected:
+            return
+        self.connected = False
+        srv = self.server
+        srv.connections.pop(self.cid, None)
+        if self._pinger is not None and self._pinger.running:
+            self._pinger.stop()
+        if self._auth_timer is not None and self._auth_timer.active():
+            self._auth_timer.cancel()
+        subs, self.subs = self.subs, {}
+        for sub in subs.values():
+            srv.remove_sub(sub)
+        self.out.clear()
+
+    def close(self, text: Optional[str]) -> None:
+        """Send ``-ERR 'text'`` (unless None) with pending output, then close."""
+        if self.closing or not self.connected:
+            return
+        self.closing = True
+        self.fast = False
+        if text is not None:
+            self.out.append(codec.encode_err(text))
+        data = b"".join(self.out)
+        self.out.clear()
+        if data:
+            self.transport.write(data)
+        self.transport.loseConnection()
+
+    # producer (slow-consumer accounting) ------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        """The transport's buffer is full: start counting what piles up."""
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        """The transport drained."""
+        self.paused = False
+        self.paused_bytes = 0
+
+    def stopProducing(self) -> None:
+        """The transport is going away."""
+        self.paused = False
+
+    def write_out(self, data: bytes) -> None:
+        """Write delivery output, closing the connection when it is a slow consumer."""
+        if self.closing:
+            return
+        if self.paused:
+            self.paused_bytes += len(data)
+            if self.paused_bytes > self.server.settings.max_pending:
+                self.server.stats["slow_consumers"] += 1
+                log.warn("nats: slow consumer cid={cid} closed", cid=self.cid)
+                self.closing = True
+                self.transport.abortConnection() if hasattr(self.transport, "abortConnection") \
+                    else self.transport.loseConnection()
+                self.connectionLost(None)
+                return
+        self.transport.write(data)
+
+    # timers ------------------------------------------------------------------------------
+
+    def _ping(self) -> None:
+        """Send a keepalive PING, or close a connection that stopped answering."""
+        if self.pings_out >= self.server.settings.ping_max:
+            self.close("Stale Connection")
+            return
+        self.pings_out += 1
+        self.transport.write(codec.PING)
+
+    def _auth_expired(self) -> None:
+        """No CONNECT within the auth timeout."""
+        if not self.authed:
+            self.close("Authentication Timeout")
+
+    # input -------------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Parse everything of this read, route it, then write every touched connection once."""
+        if self.closing:
+            return
+        parser = self.parser
+        parser.receive_data(data)
+        events = parser.events()
+        srv = self.server
+        try:
+            if self.fast:
+                self._fast(events)
+            else:
+                self._general(events, 0)
+        finally:
+            srv.end_turn()
+
+    def _fast(self, events: list[tuple]) -> None:
+        """Process events for a connection with verbose/pedantic off and echo on."""
+        srv = self.server
+        routes = srv.routes
+        dirty = srv.dirty
+        dappend = dirty.append
+        n = 0
+        for idx, ev in enumerate(events):
+            if ev[0] == OP_PUB:
+                hit = ev[1]
+                route = routes.get(hit[0])
+                if route is None:
+                    route = srv.resolve(hit)
+                payload = ev[2]
+                for conn, out, prefix in route[0]:
+                    if not out:
+                        dappend(conn)
+                    out.append(prefix)
+                    out.append(payload)
+                    out.append(CRLF)
+                special = route[1]
+                if special is not None:
+                    got = srv.deliver_special(self, hit[1], hit[2], None, payload, special)
+                    if not got and not route[0] and hit[2] and self.no_resp:
+                        srv.no_responders(self, hit[1], hit[2])
+                elif not route[0] and hit[2] and self.no_resp:
+                    srv.no_responders(self, hit[1], hit[2])
+                n += 1
+            else:
+                srv.stats["in_msgs"] += n
+                n = 0
+                self._general(events, idx)
+                return
+        srv.stats["in_msgs"] += n
+
+    def _general(self, events: list[tuple], start: int) -> None:
+        """Process events one by one with every per-connection rule applied."""
+        for i in range(start, len(events)):
+            if self.closing:
+                return
+            ev = events[i]
+            op = ev[0]
+            if op == OP_ERROR:
+                err: ProtocolError = ev[1]
+                if err.fatal:
+                    self.close(_WIRE_ERRORS.get(err.code, "Unknown Protocol Operation"))
+                    return
+                self.out_ctl(codec.encode_err(_WIRE_ERRORS.get(err.code) or err.message))
+                continue
+            if not self.authed and op != OP_CONNECT and op != OP_PING:
+                self.close("Authorization Violation")
+                return
+            if op == OP_PUB:
+                hit = ev[1]
+                if not self._publish(hit[1], hit[2], None, ev[2], hit):
+                    continue
+            elif op == OP_HPUB:
+                if not self.headers:
+                    self.close("Unknown Protocol Operation")
+                    return
+                hit = ev[1]
+                if not self._publish(hit[1], hit[2], ev[2], ev[3], None):
+                    continue
+            elif op == OP_SUB:
+                self._sub(ev[1], ev[2], ev[3])
+            elif op == OP_UNSUB:
+                self._unsub(ev[1], ev[2])
+            elif op == OP_PING:
+                self.out_ctl(codec.PONG)
+                continue
+            elif op == OP_PONG:
+                self.pings_out = 0
+                continue
+            elif op == OP_CONNECT:
+                if not self._connect(ev[1]):
+                    return
+            elif op == OP_OK or op == OP_ERR:
+                continue
+            if self.verbose and not self.closing:
+                self.out_ctl(codec.OK)
+            if self.fast:
+                self._fast(events[i + 1:])
+                return
+
+    def out_ctl(self, data: bytes) -> None:
+        """Queue a control line for this connection (written at the end of the read)."""
+        out = self.out
+        if not out:
+            self.server.dirty.append(self)
+        out.append(data)
+
+    def _update_fast(self) -> None:
+        """Choose the fast loop when no per-connection rule applies to publishes."""
+        self.fast = (self.authed and self.got_connect and not self.verbose and not self.pedantic
+                     and self.echo and not self.closing)
+
+    def _connect(self, opts: dict[str, Any]) -> bool:
+        """Apply CONNECT options and check credentials; return False when closed."""
+        s = self.server.settings
+        proto = opts.get("protocol", 0)
+        if not isinstance(proto, int) or proto < 0 or proto > 1:
+            self.close("invalid client protocol")
+            return False
+        self.verbose = bool(opts.get("verbose", True))
+        self.pedantic = bool(opts.get("pedantic", True))
+        self.echo = bool(opts.get("echo", True))
+        self.headers = bool(opts.get("headers", False))
+        self.no_resp = bool(opts.get("no_responders", False))
+        if self.no_resp and not self.headers:
+            self.close("no responders requires headers support")
+            return False
+        self.name = str(opts.get("name", ""))
+        self.lang = str(opts.get("lang", ""))
+        self.version = str(opts.get("version", ""))
+        if s.auth_required and not self.authed:
+            if s.token:
+                ok = secrets.compare_digest(str(opts.get("auth_token", "")), s.token)
+            else:
+                ok = (secrets.compare_digest(str(opts.get("user", "")), s.user or "")
+                      and secrets.compare_digest(str(opts.get("pass", "")), s.password or ""))
+            if not ok:
+                self.close("Authorization Violation")
+                return False
+            self.authed = True
+            if self._auth_timer is not None and self._auth_timer.active():
+                self._auth_timer.cancel()
+        self.got_connect = True
+        self._update_fast()
+        return True
+
+    def _publish(self, subject: str, reply: Optional[str], hdr: Optional[bytes], payload: bytes,
+                 hit: Optional[tuple]) -> bool:
+        """Route one PUB/HPUB with per-connection rules; False when refused with an -ERR."""
+        srv = self.server
+        if self.pedantic and not codec.valid_publish_subject(subject):
+            self.out_ctl(codec.encode_err("Invalid Publish Subject"))
+            return False
+        srv.stats["in_msgs"] += 1
+        if hit is not None and self.echo:
+            route = srv.routes.get(hit[0]) or srv.resolve(hit)
+            targets, special = route
+            dirty = srv.dirty
+            for conn, out, prefix in targets:
+                if not out:
+                    dirty.append(conn)
+                out.append(prefix)
+                out.append(payload)
+                out.append(CRLF)
+            got = len(targets)
+            if special is not None:
+                got += srv.deliver_special(self, subject, reply, None, payload, special)
+        elif srv.mq9 is not None and subject.startswith(MQ9_PREFIX) and (
+                srv.mq9.claims(subject) or (hdr is not None and srv.mq9.persist_requested(hdr))):
+            got = srv.mq9.publish(self, subject, reply, hdr, payload)
+        else:
+            got = srv.publish(self, subject, reply, hdr, payload)
+        if not got and reply and self.no_resp:
+            srv.no_responders(self, subject, reply)
+        return True
+
+    def _sub(self, subject: str, queue: Optional[str], sid: str) -> None:
+        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server)."""
+        if sid in self.subs:
+            return
+        pattern = subject
+        if subject.startswith(BROADCAST_PREFIX) and (subject.endswith(".#")):
+            pattern = subject[:-1] + ">"
+        sub = Subscription(self, pattern, queue, sid, subject)
+        self.subs[sid] = sub
+        self.server.add_sub(sub)
+
+    def _unsub(self, sid: str, max_msgs: Optional[int]) -> None:
+        """Remove a subscription now, or after ``max_msgs`` total deliveries."""
+        sub = self.subs.get(sid)
+        if sub is None:
+            return
+        if max_msgs is not None and sub.delivered < max_msgs:
+            sub.max = max_msgs
+            self.server.changed()
+            return
+        del self.subs[sid]
+        self.server.remove_sub(sub)
+
+
+def make_factory(hub: Any, **settings: Any) -> NatsServer:
+    """Build a :class:`NatsServer` with :class:`NatsSettings` from keyword settings."""
+    return NatsServer(hub, NatsSettings(**settings))
+
+
+__all__ = ["NatsServer", "NatsConnection", "NatsSettings", "Subscription", "make_factory",
+           "SERVER_VERSION", "os"]

@@ -1,0 +1,75 @@
+"""Test helpers: a NatsServer on a memory hub and clients on StringTransports."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransportWithDisconnection
+
+from mqhub.hub import Hub
+from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.codec import NEED_DATA, NatsParser
+from mqhub.protocols.nats.server import NatsServer, NatsSettings
+from mqhub.store.memory import MemoryStore
+
+
+def make_hub() -> Hub:
+    """A hub with a Clock and an open MemoryStore."""
+    store = MemoryStore()
+    store.open()
+    return Hub(clock=Clock(), store=store)
+
+
+def make_server(hub: Optional[Hub] = None, **settings: Any) -> NatsServer:
+    """A NatsServer over ``hub`` (or a fresh memory hub)."""
+    return NatsServer(hub or make_hub(), NatsSettings(**settings))
+
+
+class Client:
+    """A NATS connection driven through a StringTransport; ``events()`` parses what it got."""
+
+    def __init__(self, server: NatsServer, connect: Optional[dict[str, Any]] = None,
+                 handshake: bool = True) -> None:
+        """Connect, read INFO, and (by default) send CONNECT + PING and read the PONG."""
+        self.server = server
+        self.proto = server.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
+        self.transport = StringTransportWithDisconnection()
+        self.transport.protocol = self.proto
+        self.proto.makeConnection(self.transport)
+        self.parser = NatsParser(server=False, max_payload=1 << 30)
+        first = self.events()
+        assert first[0][0] == codec.OP_INFO
+        self.info = first[0][1]
+        if handshake:
+            opts = {"verbose": False, "pedantic": False, "headers": True, "no_responders": True,
+                    "protocol": 1}
+            opts.update(connect or {})
+            self.send(codec.encode_connect(opts) + codec.PING)
+            assert self.events() == [(codec.OP_PONG,)]
+
+    def send(self, data: bytes) -> None:
+        """Deliver ``data`` to the server as one read."""
+        self.proto.dataReceived(data)
+
+    def raw(self) -> bytes:
+        """Take everything written to this client so far."""
+        data = self.transport.value()
+        self.transport.clear()
+        return data
+
+    def events(self) -> list[tuple]:
+        """Parse everything written so far into client-side events."""
+        self.parser.receive_data(self.raw())
+        out = []
+        while True:
+            ev = self.parser.next_event()
+            if ev is NEED_DATA:
+                return out
+            out.append(ev)
+
+    @property
+    def closed(self) -> bool:
+        """True once the server closed (or aborted) this connection."""
+        return not self.transport.connected or not self.proto.connected

@@ -1,0 +1,253 @@
+"""NATS server behaviour over StringTransport with a memory hub and a Clock."""
+
+from __future__ import annotations
+
+from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.codec import OP_ERR, OP_HMSG, OP_MSG, OP_OK, OP_PING, OP_PONG
+from tests.protocols.nats.helpers import Client, make_server
+
+
+def test_info_first_with_required_fields() -> None:
+    srv = make_server()
+    c = Client(srv, handshake=False)
+    assert c.info["proto"] == 1 and c.info["headers"] is True
+    assert c.info["max_payload"] == 1024 * 1024
+    major, minor, patch = c.info["version"].split(".")
+    assert all(p.isdigit() for p in (major, minor, patch))
+    assert "auth_required" not in c.info
+
+
+def test_pub_sub_and_wildcards() -> None:
+    srv = make_server()
+    sub = Client(srv)
+    pub = Client(srv)
+    sub.send(b"SUB foo.bar 1\r\nSUB foo.* 2\r\nSUB foo.> 3\r\nSUB > 4\r\nSUB foo 5\r\n")
+    pub.send(b"PUB foo.bar reply.me 5\r\nhello\r\n")
+    got = sorted(sub.events())
+    assert got == sorted([(OP_MSG, "foo.bar", sid, "reply.me", b"hello") for sid in "1234"])
+    pub.send(b"PUB foo.bar.baz 1\r\nx\r\n")
+    assert sorted(e[2] for e in sub.events()) == ["3", "4"]
+    pub.send(b"PUB foo 0\r\n\r\n")
+    assert sorted(e[2] for e in sub.events()) == ["4", "5"]
+
+
+def test_many_pubs_in_one_read_are_written_once() -> None:
+    srv = make_server()
+    sub = Client(srv)
+    pub = Client(srv)
+    sub.send(b"SUB a 1\r\n")
+    writes = []
+    orig = sub.transport.write
+    sub.transport.write = lambda d: (writes.append(d), orig(d))  # type: ignore[method-assign]
+    pub.send(b"".join(codec.encode_pub("a", b"m%d" % i) for i in range(100)))
+    assert len(writes) == 1
+    assert [e[4] for e in sub.events()] == [b"m%d" % i for i in range(100)]
+
+
+def test_route_cache_follows_subscription_changes() -> None:
+    srv = make_server()
+    a = Client(srv)
+    b = Client(srv)
+    pub = Client(srv)
+    a.send(b"SUB x 1\r\n")
+    pub.send(b"PUB x 1\r\n1\r\n")
+    b.send(b"SUB x 9\r\n")
+    pub.send(b"PUB x 1\r\n2\r\n")
+    a.send(b"UNSUB 1\r\n")
+    pub.send(b"PUB x 1\r\n3\r\n")
+    assert [e[4] for e in a.events()] == [b"1", b"2"]
+    assert [e[4] for e in b.events()] == [b"2", b"3"]
+
+
+def test_queue_group_each_message_to_one_member_plus_plain() -> None:
+    srv = make_server()
+    m1, m2, plain, pub = Client(srv), Client(srv), Client(srv), Client(srv)
+    m1.send(b"SUB work q 1\r\n")
+    m2.send(b"SUB * q 1\r\n")           # same group name, another pattern: one group
+    plain.send(b"SUB work 7\r\n")
+    pub.send(b"".join(codec.encode_pub("work", b"%d" % i) for i in range(200)))
+    got1 = [e[4] for e in m1.events()]
+    got2 = [e[4] for e in m2.events()]
+    assert len(got1) + len(got2) == 200
+    assert sorted(got1 + got2) == sorted(b"%d" % i for i in range(200))
+    assert got1 and got2
+    assert len(plain.events()) == 200
+
+
+def test_unsub_with_max_and_already_reached() -> None:
+    srv = make_server()
+    s, pub = Client(srv), Client(srv)
+    s.send(b"SUB a 1\r\nUNSUB 1 2\r\n")
+    pub.send(b"PUB a 1\r\nx\r\n" * 5)
+    assert len(s.events()) == 2
+    s.send(b"SUB b 2\r\nUNSUB 2 1\r\nUNSUB nosuch\r\n")   # unknown sid ignored
+    pub.send(b"PUB b 1\r\nx\r\n")
+    s.send(b"UNSUB 2 1\r\n")                     # already delivered 1: removed at once
+    pub.send(b"PUB b 1\r\nx\r\n")
+    assert len(s.events()) == 1
+    assert srv.sublist.count == 0 and not s.proto.subs
+
+
+def test_echo_off() -> None:
+    srv = make_server()
+    c = Client(srv, {"echo": False})
+    other = Client(srv)
+    c.send(b"SUB e 1\r\n")
+    other.send(b"SUB e 1\r\n")
+    c.send(b"PUB e 1\r\nx\r\n")
+    assert c.events() == []
+    assert len(other.events()) == 1
+
+
+def test_verbose_and_pedantic_defaults_before_connect() -> None:
+    srv = make_server()
+    c = Client(srv, handshake=False)
+    c.send(b"SUB foo 1\r\nPING\r\n")
+    assert c.events() == [(OP_OK,), (OP_PONG,)]
+    c.send(b"CONNECT {}\r\nPUB foo.* 1\r\nx\r\n")
+    assert c.events() == [(OP_OK,), (OP_ERR, "Invalid Publish Subject")]
+    assert not c.closed
+    c.send(b"PUB foo 1\r\nx\r\n")
+    assert c.events() == [(OP_MSG, "foo", "1", None, b"x"), (OP_OK,)]
+
+
+def test_headers_and_headerless_subscriber() -> None:
+    srv = make_server()
+    h = Client(srv)
+    plain = Client(srv, {"headers": False, "no_responders": False})
+    pub = Client(srv)
+    h.send(b"SUB foo 1\r\n")
+    plain.send(b"SUB foo 1\r\n")
+    block = b"NATS/1.0\r\nBar: Baz\r\n\r\n"
+    pub.send(codec.encode_hpub("foo", block, b"Hello NATS!"))
+    assert h.events() == [(OP_HMSG, "foo", "1", None, block, b"Hello NATS!")]
+    assert plain.events() == [(OP_MSG, "foo", "1", None, b"Hello NATS!")]
+    plain.send(codec.encode_hpub("foo", block, b"x"))     # HPUB without negotiated headers
+    assert plain.closed
+
+
+def test_no_responders() -> None:
+    srv = make_server()
+    c = Client(srv)
+    c.send(b"SUB _INBOX.abc.* 3\r\nPUB svc.none _INBOX.abc.1 2\r\nhi\r\n")
+    evs = c.events()
+    assert evs == [(OP_HMSG, "_INBOX.abc.1", "3", None, b"NATS/1.0 503\r\n\r\n", b"")]
+    assert codec.parse_headers(evs[0][4])[0] == 503
+    quiet = Client(srv, {"no_responders": False})
+    quiet.send(b"SUB _INBOX.q.* 3\r\nPUB svc.none _INBOX.q.1 2\r\nhi\r\n")
+    assert quiet.events() == []
+
+
+def test_request_reply_through_wildcard_inbox() -> None:
+    srv = make_server()
+    svc, req = Client(srv), Client(srv)
+    svc.send(b"SUB svc.echo q 1\r\n")
+    req.send(b"SUB _INBOX.n1.* 2\r\nPUB svc.echo _INBOX.n1.t1 4\r\nping\r\n")
+    (ev,) = svc.events()
+    assert ev == (OP_MSG, "svc.echo", "1", "_INBOX.n1.t1", b"ping")
+    svc.send(codec.encode_pub(ev[3], b"pong"))
+    assert req.events() == [(OP_MSG, "_INBOX.n1.t1", "2", None, b"pong")]
+
+
+def test_fatal_errors_close_only_that_connection() -> None:
+    srv = make_server()
+    good, sub = Client(srv), Client(srv)
+    sub.send(b"SUB ok 1\r\n")
+    cases = [
+        (b"FOO\r\n", "Unknown Protocol Operation"),
+        (b"PUB foo 2000000\r\n", "Maximum Payload Violation"),
+        (b"SUB " + b"a" * 4100 + b" 1\r\n", "maximum control line exceeded"),
+        (b"PUB foo 2\r\nhiXX", "Unknown Protocol Operation"),
+        (b'CONNECT {"protocol":2}\r\n', "invalid client protocol"),
+        (b'CONNECT {"no_responders":true,"headers":false}\r\n',
+         "no responders requires headers support"),
+    ]
+    for data, text in cases:
+        bad = Client(srv)
+        bad.send(data)
+        assert bad.events()[-1] == (OP_ERR, text)
+        assert bad.closed
+    for data in (b"PUB foo\r\n", b"PUB foo x\r\n", b"SUB a b c d\r\n", b"CONNECT {x\r\n"):
+        bad = Client(srv)
+        bad.send(data)
+        assert bad.events() == []      # closed without -ERR, like nats-server
+        assert bad.closed
+    good.send(b"PUB ok 2\r\nok\r\n")
+    assert sub.events() == [(OP_MSG, "ok", "1", None, b"ok")]
+    assert not good.closed and not sub.closed
+
+
+def test_invalid_subject_stays_open() -> None:
+    srv = make_server()
+    c = Client(srv)
+    c.send(b"SUB foo..bar 1\r\nSUB foo 2\r\nPUB foo 1\r\nx\r\n")
+    assert c.events() == [(OP_ERR, "Invalid Subject"), (OP_MSG, "foo", "2", None, b"x")]
+    assert not c.closed
+
+
+def test_token_auth() -> None:
+    srv = make_server(token="s3cret")
+    c = Client(srv, handshake=False)
+    assert c.info["auth_required"] is True
+    c.send(b'CONNECT {"auth_token":"nope","verbose":false}\r\n')
+    assert c.events() == [(OP_ERR, "Authorization Violation")] and c.closed
+    c = Client(srv, {"auth_token": "s3cret"})
+    c.send(b"SUB a 1\r\nPUB a 1\r\nx\r\n")
+    assert len(c.events()) == 1
+    c = Client(srv, handshake=False)
+    c.send(b"SUB a 1\r\n")
+    assert c.events() == [(OP_ERR, "Authorization Violation")] and c.closed
+
+
+def test_user_password_auth_and_timeout() -> None:
+    srv = make_server(user="u", password="p")
+    c = Client(srv, {"user": "u", "pass": "p"})
+    assert not c.closed
+    c = Client(srv, handshake=False)
+    c.send(b'CONNECT {"user":"u","pass":"x"}\r\n')
+    assert c.events() == [(OP_ERR, "Authorization Violation")] and c.closed
+    c = Client(srv, handshake=False)
+    srv.clock.advance(2.1)
+    assert c.events() == [(OP_ERR, "Authentication Timeout")] and c.closed
+
+
+def test_server_ping_and_stale_connection() -> None:
+    srv = make_server(ping_interval=1.0, ping_max=2)
+    c = Client(srv)
+    alive = Client(srv)
+    srv.clock.advance(1.0)
+    assert c.events() == [(OP_PING,)]
+    assert alive.events() == [(OP_PING,)]
+    alive.send(b"PONG\r\n")
+    srv.clock.advance(1.0)
+    assert c.events() == [(OP_PING,)]
+    alive.send(b"PONG\r\n")
+    srv.clock.advance(1.0)
+    assert c.events() == [(OP_ERR, "Stale Connection")] and c.closed
+    assert not alive.closed
+
+
+def test_slow_consumer_is_closed_and_others_continue() -> None:
+    srv = make_server(max_pending=10_000)
+    slow, fast, pub = Client(srv), Client(srv), Client(srv)
+    slow.send(b"SUB s 1\r\n")
+    fast.send(b"SUB s 1\r\n")
+    slow.proto.pauseProducing()          # what the transport does when its buffer is full
+    for _ in range(20):
+        pub.send(codec.encode_pub("s", b"x" * 1000))
+    assert slow.closed
+    assert srv.stats["slow_consumers"] == 1
+    assert len(fast.events()) == 20
+    pub.send(codec.encode_pub("s", b"after"))
+    assert fast.events()[-1][4] == b"after"
+
+
+def test_closing_connection_drops_its_subscriptions() -> None:
+    srv = make_server()
+    c, pub = Client(srv), Client(srv)
+    c.send(b"SUB a 1\r\nSUB b q 2\r\n")
+    assert srv.sublist.count == 2
+    c.transport.loseConnection()
+    assert srv.sublist.count == 0
+    pub.send(b"PUB a 1\r\nx\r\n")
+    assert not pub.closed
