@@ -1,0 +1,78 @@
+"""NsqConfig: every nsqd-compatible limit and switch of the NSQ plugin, read from twistd options."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Optional
+
+from mqhub.errors import PluginError
+
+
+@dataclass
+class NsqConfig:
+    """Limits and features (nsqd's defaults; times in milliseconds like nsqd's flags).
+
+    Plugin options (``--option nsq.KEY=VALUE``) use these field names; the TLS and auth file
+    paths can also be given as ``--nsq-tls-cert``, ``--nsq-tls-key`` and ``--nsq-auth-secrets``.
+    """
+
+    max_msg_size: int = 1024 * 1024
+    max_body_size: int = 5 * 1024 * 1024
+    max_rdy_count: int = 2500
+    msg_timeout: int = 60_000
+    max_msg_timeout: int = 900_000
+    max_req_timeout: int = 3_600_000
+    client_timeout: int = 60_000
+    max_heartbeat_interval: int = 60_000
+    max_output_buffer_size: int = 65536
+    max_output_buffer_timeout: int = 30_000
+    max_channel_consumers: int = 0
+    deflate: bool = True
+    max_deflate_level: int = 6
+    snappy: bool = True
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    tls_required: bool = False
+    auth_secrets: Optional[str] = None
+    broadcast_address: str = "127.0.0.1"
+    hostname: str = field(default_factory=socket.gethostname)
+    version: str = "1.3.0"
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "NsqConfig":
+        """Build from twistd options: ``plugin_options['nsq']`` plus the ``nsq-*`` option lines.
+
+        :raises PluginError: on an unknown key or a value of the wrong type.
+        """
+        config = cls()
+        types = {f.name: f.type for f in fields(cls)}
+        raw: dict[str, Any] = dict((options.get("plugin_options") or {}).get("nsq", {}))
+        for flag, key in (("nsq-tls-cert", "tls_cert"), ("nsq-tls-key", "tls_key"),
+                          ("nsq-auth-secrets", "auth_secrets")):
+            if options.get(flag):
+                raw[key] = options[flag]
+        for key, value in raw.items():
+            key = key.replace("-", "_")
+            if key not in types:
+                raise PluginError(f"nsq: unknown option {key!r}")
+            default = getattr(config, key)
+            try:
+                if isinstance(default, bool):
+                    parsed: Any = value if isinstance(value, bool) else str(value).lower() in (
+                        "1", "true", "yes", "on")
+                elif isinstance(default, int):
+                    parsed = int(value)
+                else:
+                    parsed = None if value in (None, "") else str(value)
+            except ValueError:
+                raise PluginError(f"nsq: option {key} expects a number, got {value!r}") from None
+            setattr(config, key, parsed)
+        if bool(config.tls_cert) != bool(config.tls_key) and config.tls_cert and not config.tls_key:
+            config.tls_key = config.tls_cert  # one PEM file holding both is fine
+        return config
+
+    @property
+    def tls_enabled(self) -> bool:
+        """True when a certificate is configured (tls_v1 is then accepted)."""
+        return bool(self.tls_cert)

@@ -1,0 +1,540 @@
+"""The NSQ V2 TCP server: a thin Twisted adapter between the sans-IO codec and the core.
+
+Strategy:
+
+- ``dataReceived`` feeds the codec and walks every complete command of the read. Consecutive
+  PUBs to one topic become ONE ``broker.publish_batch`` call (one store commit, one Deferred);
+  consecutive FINs become one ``queue.ack`` call. Nothing per message sits between the read and
+  the store commit.
+- Responses leave strictly in command order: every command that answers takes a *slot* in
+  ``_slots``; a publish's slot fills when its batch is durable (``OK`` is never sent before the
+  commit), others fill at once; the filled prefix is written in one ``write``.
+- A fatal error takes a slot too: pending ``OK``s go out first, then the error, then the close.
+  Non-fatal errors (E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED) keep the connection.
+- Messages are pushed by the core through ``deliver_batch`` (this protocol is the consumer's
+  IDeliveryTarget) and written at once, one write per batch.
+- Heartbeats: one timer per connection on the injected clock; a client silent for two heartbeat
+  intervals is closed without an error frame, as nsqd does.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections import deque
+from typing import Any, Callable, Optional
+
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from mqhub.errors import InvalidName, MqhubError, QueueFull
+from mqhub.interfaces import IDeliveryTarget
+from mqhub.protocols.nsq import codec as wire
+from mqhub.protocols.nsq.auth import AuthState, SecretsFile
+from mqhub.protocols.nsq.codec import NEED_DATA, ProtocolError, encode_error, encode_response
+from mqhub.protocols.nsq.config import NsqConfig
+from mqhub.protocols.nsq.identify import Identity, default_identity, negotiate
+from mqhub.protocols.nsq.topics import TopicRegistry
+
+log = Logger(namespace="mqhub.nsq")
+
+STATE_INIT = "init"
+STATE_SUBSCRIBED = "subscribed"
+STATE_CLOSING = "closing"
+
+_EPOCH_MS = 1577836800000  # mqhub.core.ids.EPOCH in milliseconds
+_SEQ_BITS = 22
+_OK = wire.OK_FRAME
+
+
+def _timestamp_ns(msg_id: int) -> int:
+    """The publish time of a hub id, in nanoseconds (the NSQ message timestamp)."""
+    return (_EPOCH_MS + (msg_id >> _SEQ_BITS)) * 1_000_000
+
+
+class _Slot:
+    """One pending response: ``data`` is None until it may be written."""
+
+    __slots__ = ("data", "close")
+
+    def __init__(self, data: Optional[bytes] = None, close: bool = False) -> None:
+        """:param close: close the connection once this slot is written."""
+        self.data = data
+        self.close = close
+
+
+@implementer(IDeliveryTarget)
+class NsqProtocol(Protocol):
+    """One NSQ client connection (producer, consumer or both)."""
+
+    protocol_name = "nsq"
+
+    def __init__(self, factory: "NsqFactory") -> None:
+        """Bind to the factory's hub, config and topic registry."""
+        self.factory = factory
+        self.config: NsqConfig = factory.config
+        self.broker = factory.hub.broker
+        self.clock = factory.hub.clock
+        self.registry: TopicRegistry = factory.registry
+        self.codec = wire.ServerCodec(
+            max_msg_size=self.config.max_msg_size,
+            max_body_size=self.config.max_body_size,
+            max_req_timeout_ms=self.config.max_req_timeout,
+        )
+        self.state = STATE_INIT
+        self.identity: Identity = default_identity(self.config)
+        self.auth: Optional[AuthState] = None
+        self.consumer: Any = None
+        self.queue: Any = None
+        self.topic_name = ""
+        self.channel_name = ""
+        self.ready_count = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.pub_counts: dict[str, int] = {}
+        self.connect_ts = int(self.clock.seconds())
+        self.tls = False
+        self.closed = False
+        self._slots: deque[_Slot] = deque()
+        self._deflate: Any = None
+        self._inflate: Any = None
+        self._last_read = 0.0
+        self._hb_call: Any = None
+        self._rng = random.Random()
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            wire.Rdy: self.on_rdy,
+            wire.Req: self.on_req,
+            wire.Touch: self.on_touch,
+            wire.Mpub: self.on_mpub,
+            wire.Dpub: self.on_dpub,
+            wire.Sub: self.on_sub,
+            wire.Nop: self.on_nop,
+            wire.Cls: self.on_cls,
+            wire.Identify: self.on_identify,
+            wire.Auth: self.on_auth,
+        }
+
+    # connection lifecycle ---------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Register the client and arm the heartbeat timer."""
+        self.factory.clients.add(self)
+        self._last_read = self.clock.seconds()
+        self._arm_heartbeat()
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        """Return in-flight messages to the channel and forget the client."""
+        self.closed = True
+        self.factory.clients.discard(self)
+        if self._hb_call is not None and self._hb_call.active():
+            self._hb_call.cancel()
+        self._hb_call = None
+        if self.consumer is not None and self.queue is not None:
+            try:
+                self.queue.detach(self.consumer, requeue=True)
+            except MqhubError:
+                pass
+            self.consumer = None
+            self.registry.forget_if_gone(self.topic_name, self.channel_name)
+
+    # heartbeats -------------------------------------------------------------------------------
+
+    def _arm_heartbeat(self) -> None:
+        """Schedule the next heartbeat or the read deadline, whichever comes first."""
+        interval = self.identity.heartbeat_interval
+        if self._hb_call is not None and self._hb_call.active():
+            self._hb_call.cancel()
+        self._hb_call = None
+        if interval <= 0 or self.closed:
+            return
+        self._hb_call = self.clock.callLater(interval / 1000.0, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        """Send ``_heartbeat_``, or close a client silent for two intervals."""
+        self._hb_call = None
+        if self.closed:
+            return
+        interval = self.identity.heartbeat_interval / 1000.0
+        now = self.clock.seconds()
+        deadline = self._last_read + 2 * interval
+        if now >= deadline - 1e-9:
+            log.info("nsq: closing {peer}: no command for {s:.1f}s", peer=self._peer(), s=now - self._last_read)
+            self.closed = True
+            self.transport.abortConnection()
+            return
+        self._write(wire.HEARTBEAT_FRAME)
+        self._hb_call = self.clock.callLater(min(interval, deadline - now), self._heartbeat)
+
+    # input ------------------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Decode every complete command; batch PUBs and FINs; dispatch the rest in order."""
+        if self.closed:
+            return
+        self._last_read = self.clock.seconds()
+        if self._inflate is not None:
+            try:
+                data = self._inflate.decompress(data)
+            except zlib.error:
+                self._fatal(ProtocolError("E_BAD_BODY", "failed to inflate"))
+                return
+        codec = self.codec
+        codec.receive_data(data)
+        pub_topic = ""
+        pub_bodies: list[bytes] = []
+        fins: list[bytes] = []
+        Pub, Fin = wire.Pub, wire.Fin
+        handlers = self._handlers
+        try:
+            while True:
+                ev = codec.next_event()
+                if ev is NEED_DATA:
+                    break
+                kind = type(ev)
+                if kind is Pub:
+                    if fins:
+                        batch, fins = fins, []
+                        self._finish(batch)
+                    if ev.topic != pub_topic or not pub_bodies:  # type: ignore[union-attr]
+                        if pub_bodies:
+                            bodies, pub_bodies = pub_bodies, []
+                            self._publish("PUB", pub_topic, bodies, 0, len(bodies))
+                        pub_topic = ev.topic  # type: ignore[union-attr]
+                    pub_bodies.append(ev.body)  # type: ignore[union-attr]
+                    continue
+                if pub_bodies:
+                    bodies, pub_bodies = pub_bodies, []
+                    self._publish("PUB", pub_topic, bodies, 0, len(bodies))
+                if kind is Fin:
+                    fins.append(ev.msg_id)  # type: ignore[union-attr]
+                    continue
+                if fins:
+                    batch, fins = fins, []
+                    self._finish(batch)
+                try:
+                    handlers[kind](ev)
+                except ProtocolError as exc:
+                    if exc.fatal:
+                        raise
+                    self._respond(encode_error(exc.wire_text))
+                if self.closed or (self._slots and self._slots[-1].close):
+                    return
+            if pub_bodies:
+                bodies, pub_bodies = pub_bodies, []
+                self._publish("PUB", pub_topic, bodies, 0, len(bodies))
+            if fins:
+                batch, fins = fins, []
+                self._finish(batch)
+        except ProtocolError as exc:
+            try:
+                if pub_bodies:
+                    self._publish("PUB", pub_topic, pub_bodies, 0, len(pub_bodies))
+                if fins:
+                    self._finish(fins)
+            except ProtocolError as later:
+                exc = exc if exc.fatal else later
+            if exc.fatal:
+                self._fatal(exc)
+            else:
+                self._respond(encode_error(exc.wire_text))
+        except Exception:
+            log.failure("nsq: unexpected error handling a command from {peer}", peer=self._peer())
+            self._fatal(ProtocolError("E_INVALID", "internal error"))
+
+    # output -----------------------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        """Write raw frames (compressed when deflate was negotiated)."""
+        if self._deflate is not None:
+            data = self._deflate.compress(data) + self._deflate.flush(zlib.Z_SYNC_FLUSH)
+        self.transport.write(data)
+
+    def _respond(self, data: bytes, close: bool = False) -> None:
+        """Queue a ready response behind any still-pending ones and flush."""
+        self._slots.append(_Slot(data, close))
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write the prefix of filled slots in one write; close after a closing slot."""
+        slots = self._slots
+        out: list[bytes] = []
+        close = False
+        while slots and slots[0].data is not None:
+            slot = slots.popleft()
+            out.append(slot.data)  # type: ignore[arg-type]
+            if slot.close:
+                close = True
+                slots.clear()
+                break
+        if out and not self.closed:
+            self._write(b"".join(out))
+        if close and not self.closed:
+            self.closed = True
+            self.transport.loseConnection()
+
+    def _fatal(self, exc: ProtocolError) -> None:
+        """Send a fatal error after the pending responses, then close; read nothing more."""
+        log.debug("nsq: fatal {err} for {peer}", err=str(exc), peer=self._peer())
+        self.transport.pauseProducing()
+        self._respond(encode_error(exc.wire_text), close=True)
+
+    def _peer(self) -> str:
+        """host:port of the client, for logs and stats."""
+        try:
+            peer = self.transport.getPeer()
+            return f"{peer.host}:{peer.port}"
+        except Exception:
+            return "?"
+
+    # IDeliveryTarget --------------------------------------------------------------------------
+
+    def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
+        """Render core entries as NSQ message frames and write them in one go."""
+        if self.closed:
+            return
+        if self.identity.sample_rate:
+            rate = self.identity.sample_rate
+            keep = []
+            drop = []
+            for entry in messages:
+                (keep if self._rng.randrange(100) < rate else drop).append(entry)
+            if drop and self.queue is not None:
+                self.queue.ack(binding, [e[0] for e in drop])
+            messages = keep
+            if not messages:
+                return
+        tsns = _timestamp_ns
+        render = wire.render_id
+        frame = wire.encode_message
+        self._write(b"".join([frame(tsns(e[0]), e[2], render(e[0]), e[7]) for e in messages]))
+        self.message_count += len(messages)
+
+    # publishing -------------------------------------------------------------------------------
+
+    def _check_publish(self, verb: str, topic: str) -> None:
+        """Auth checks for PUB/MPUB/DPUB (fatal, as in nsqd)."""
+        if self.factory.secrets is None:
+            return
+        if self.auth is None:
+            raise ProtocolError("E_AUTH_FIRST", f"AUTH required before {verb}")
+        if not self.auth.allows(topic, None, "publish"):
+            raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for {verb} on "{topic}" ""')
+
+    def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer_ms: int, oks: int) -> None:
+        """One core publish for ``bodies``; ``oks`` OK frames are released once it is durable."""
+        self._check_publish(verb, topic_name)
+        topic = self.registry.ensure_topic(topic_name)
+        deliver_at = self.clock.seconds() + defer_ms / 1000.0 if defer_ms else 0.0
+        try:
+            d = self.broker.publish_batch(
+                topic.address, bodies, origin="nsq", deliver_at=deliver_at, persist=not topic.ephemeral
+            )
+        except (QueueFull, InvalidName) as exc:
+            raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {exc}") from None
+        self.registry.count_published(topic, bodies)
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+        slot = _Slot()
+        self._slots.append(slot)
+        d.addCallbacks(self._published, self._publish_failed, callbackArgs=(slot, oks),
+                       errbackArgs=(slot, verb))
+
+    def _published(self, _: Any, slot: _Slot, oks: int) -> None:
+        """The batch is durable: release its OKs (in order with other responses)."""
+        slot.data = _OK * oks if oks > 1 else _OK
+        self._flush()
+
+    def _publish_failed(self, failure: Failure, slot: _Slot, verb: str) -> None:
+        """The store refused the batch: nsqd's fatal E_PUB_FAILED (no OK for unstored messages)."""
+        log.failure("nsq: publish failed", failure)
+        err = ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {failure.getErrorMessage()}")
+        slot.data = encode_error(err.wire_text)
+        slot.close = True
+        self._flush()
+
+    def on_mpub(self, ev: wire.Mpub) -> None:
+        """MPUB: one batch, one OK."""
+        self._publish("MPUB", ev.topic, ev.bodies, 0, 1)
+
+    def on_dpub(self, ev: wire.Dpub) -> None:
+        """DPUB: deferred durably through the core's due-index."""
+        self._publish("DPUB", ev.topic, [ev.body], ev.defer_ms, 1)
+
+    # identify and auth ------------------------------------------------------------------------
+
+    def on_identify(self, ev: wire.Identify) -> None:
+        """IDENTIFY: validate, answer (OK or 13-field JSON), then TLS / deflate upgrades."""
+        if self.state != STATE_INIT:
+            raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
+        ident, reply = negotiate(
+            ev.body, self.config, snappy_available=False,
+            auth_required=self.factory.secrets is not None,
+        )
+        if (ident.tls_v1 or ident.deflate) and self._slots:
+            raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY upgrade while responses are pending")
+        self.identity = ident
+        self._arm_heartbeat()
+        self._respond(encode_response(reply))
+        if ident.tls_v1:
+            try:
+                self.transport.startTLS(self.factory.tls_context())
+            except Exception as exc:
+                raise ProtocolError("E_IDENTIFY_FAILED", f"IDENTIFY failed {exc}") from None
+            self.tls = True
+            self._respond(_OK)
+        if ident.deflate:
+            self._deflate = zlib.compressobj(ident.deflate_level, zlib.DEFLATED, -15)
+            self._inflate = zlib.decompressobj(-15)
+            self._respond(_OK)
+
+    def on_auth(self, ev: wire.Auth) -> None:
+        """AUTH against the secrets file."""
+        if self.state != STATE_INIT:
+            raise ProtocolError("E_INVALID", "cannot AUTH in current state")
+        secrets = self.factory.secrets
+        if secrets is None:
+            raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+        if self.auth is not None:
+            raise ProtocolError("E_INVALID", "AUTH already set")
+        state = secrets.lookup(ev.secret)
+        if state is None:
+            raise ProtocolError("E_AUTH_FAILED", "AUTH failed")
+        if not state.authorizations:
+            raise ProtocolError("E_UNAUTHORIZED", "AUTH no authorizations found")
+        self.auth = state
+        self._respond(encode_response(state.reply()))
+
+    # consuming --------------------------------------------------------------------------------
+
+    def on_sub(self, ev: wire.Sub) -> None:
+        """SUB topic channel: attach to the channel's queue with RDY 0."""
+        if self.state != STATE_INIT:
+            raise ProtocolError("E_INVALID", "cannot SUB in current state")
+        if self.identity.heartbeat_interval <= 0:
+            raise ProtocolError("E_INVALID", "cannot SUB with heartbeats disabled")
+        if self.factory.secrets is not None:
+            if self.auth is None:
+                raise ProtocolError("E_AUTH_FIRST", "AUTH required before SUB")
+            if not self.auth.allows(ev.topic, ev.channel, "subscribe"):
+                raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for SUB on "{ev.topic}" "{ev.channel}"')
+        queue = self.registry.ensure_channel(ev.topic, ev.channel)
+        limit = self.config.max_channel_consumers
+        if limit and len(queue.consumers) >= limit:
+            raise ProtocolError(
+                "E_SUB_FAILED", f"SUB failed consumers for {ev.topic}:{ev.channel} exceeds limit of {limit}"
+            )
+        self.topic_name, self.channel_name = ev.topic, ev.channel
+        self.queue = queue
+        self.state = STATE_SUBSCRIBED
+        self._respond(_OK)
+        self.consumer = queue.attach(self, ready=0, timeout=self.identity.msg_timeout / 1000.0)
+
+    def on_rdy(self, ev: wire.Rdy) -> None:
+        """RDY n: how many messages may be in flight to this client."""
+        if self.state == STATE_CLOSING:
+            return
+        if self.state != STATE_SUBSCRIBED:
+            raise ProtocolError("E_INVALID", "cannot RDY in current state")
+        if ev.count < 0 or ev.count > self.config.max_rdy_count:
+            raise ProtocolError(
+                "E_INVALID", f"RDY count {ev.count} out of range 0-{self.config.max_rdy_count}"
+            )
+        self.ready_count = ev.count
+        self.consumer.set_ready(ev.count)
+
+    def _require_consumer(self, verb: str) -> None:
+        """FIN/REQ/TOUCH need a subscribed (or closing) connection."""
+        if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
+            raise ProtocolError("E_INVALID", f"cannot {verb} in current state")
+
+    def _ids(self, raw_ids: list[bytes]) -> tuple[list[int], list[bytes]]:
+        """Split raw ids into parsed hub ids and ones that cannot be ours."""
+        good: list[int] = []
+        bad: list[bytes] = []
+        for raw in raw_ids:
+            parsed = wire.parse_id(raw)
+            if parsed is None:
+                bad.append(raw)
+            else:
+                good.append(parsed)
+        return good, bad
+
+    def _finish(self, raw_ids: list[bytes]) -> None:
+        """FIN a run of ids with one core call; E_FIN_FAILED (non-fatal) for the unknown ones."""
+        self._require_consumer("FIN")
+        ids, bad = self._ids(raw_ids)
+        failed = self.queue.ack(self.consumer, ids) if ids else []
+        self.finish_count += len(ids) - len(failed)
+        if failed or bad:
+            errs = [wire.render_id(i) for i in failed] + bad
+            self._respond(b"".join(
+                encode_error(b"E_FIN_FAILED FIN %s failed ID not in flight" % raw) for raw in errs))
+
+    def on_req(self, ev: wire.Req) -> None:
+        """REQ id timeout_ms: back to the channel now (0) or after the delay (durable)."""
+        self._require_consumer("REQ")
+        ids, _ = self._ids([ev.msg_id])
+        failed = self.queue.requeue(self.consumer, ids, delay=ev.timeout_ms / 1000.0) if ids else [0]
+        if failed:
+            raise ProtocolError("E_REQ_FAILED", f"REQ {ev.msg_id.decode('latin-1')} failed ID not in flight",
+                                fatal=False)
+        self.requeue_count += 1
+
+    def on_touch(self, ev: wire.Touch) -> None:
+        """TOUCH id: reset the in-flight deadline."""
+        self._require_consumer("TOUCH")
+        ids, _ = self._ids([ev.msg_id])
+        failed = self.queue.touch(self.consumer, ids) if ids else [0]
+        if failed:
+            raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {ev.msg_id.decode('latin-1')} failed ID not in flight",
+                                fatal=False)
+
+    def on_cls(self, ev: wire.Cls) -> None:
+        """CLS: stop sending messages; the client closes once it has FINed what it holds."""
+        if self.state != STATE_SUBSCRIBED:
+            raise ProtocolError("E_INVALID", "cannot CLS in current state")
+        self.state = STATE_CLOSING
+        self.ready_count = 0
+        self.consumer.set_ready(0)
+        self._respond(wire.CLOSE_WAIT_FRAME)
+
+    def on_nop(self, ev: wire.Nop) -> None:
+        """NOP: no response."""
+
+
+class NsqFactory(Factory):
+    """Builds :class:`NsqProtocol` connections; holds the hub, config, topics and clients."""
+
+    protocol = NsqProtocol  # type: ignore[assignment]
+
+    def __init__(self, hub: Any, config: NsqConfig, registry: TopicRegistry,
+                 secrets: Optional[SecretsFile] = None) -> None:
+        """:param registry: the topics shared with the HTTP API."""
+        self.hub = hub
+        self.config = config
+        self.registry = registry
+        self.secrets = secrets
+        self.clients: set[NsqProtocol] = set()
+        self._tls_context: Any = None
+
+    def buildProtocol(self, addr: Any) -> NsqProtocol:
+        """A new connection."""
+        proto = NsqProtocol(self)
+        return proto
+
+    def tls_context(self) -> Any:
+        """The server TLS context built from the configured certificate (cached)."""
+        if self._tls_context is None:
+            from twisted.internet import ssl
+
+            with open(self.config.tls_cert, "rb") as handle:  # type: ignore[arg-type]
+                cert_pem = handle.read()
+            key_pem = cert_pem
+            if self.config.tls_key and self.config.tls_key != self.config.tls_cert:
+                with open(self.config.tls_key, "rb") as handle:
+                    key_pem = handle.read()
+            cert = ssl.PrivateCertificate.loadPEM(cert_pem + b"\n" + key_pem)
+            self._tls_context = cert.options()
+        return self._tls_context

@@ -1,0 +1,214 @@
+"""NSQ topics and channels over the core: a topic is an address, a channel is a queue bound to it.
+
+Mapping (see docs/protocols/nsq.md):
+
+- topic ``T`` publishes to address ``T`` (so any protocol publishing to ``T`` reaches its
+  channels). NSQ names may hold what an address may not: an empty dot-separated part becomes
+  ``~`` and the ``#ephemeral`` suffix becomes ``~ephemeral`` (no NSQ name contains ``~``, so
+  the mapping cannot collide with another topic).
+- channel ``C`` of ``T`` is the queue ``nsq/T/C`` bound to the topic's address. Durable unless
+  the channel or its topic is ``#ephemeral`` (then memory tier, and the channel is removed with
+  its last consumer; an ephemeral topic goes with its last channel).
+- a topic keeps messages until its first channel exists: the topic's address is parked in the
+  core (durable parking queue), and the first channel's binding takes the backlog.
+- topic pause = core ``pause_address``; channel pause = ``Queue.pause``.
+
+Known topics are kept in store metadata ``nsq/topic/<T>`` so they survive restarts; channels are
+recovered from the core's durable queues named ``nsq/...``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from twisted.internet.defer import Deferred, DeferredList, succeed
+
+from mqhub.protocols.nsq.codec import is_ephemeral
+from mqhub.store.batch import WriteBatch
+
+META_PREFIX = "nsq/topic/"
+QUEUE_PREFIX = "nsq/"
+
+
+def topic_address(topic: str) -> str:
+    """The core address an NSQ topic publishes to."""
+    if topic.endswith("#ephemeral"):
+        topic = topic[: -len("#ephemeral")] + "~ephemeral"
+    if topic.startswith(".") or topic.endswith(".") or ".." in topic:
+        topic = ".".join(part or "~" for part in topic.split("."))
+    return topic
+
+
+def queue_name(topic: str, channel: str) -> str:
+    """The core queue that holds channel ``channel`` of ``topic``."""
+    return f"{QUEUE_PREFIX}{topic}/{channel}"
+
+
+@dataclass
+class Topic:
+    """One NSQ topic known to this broker (its channels are core queues)."""
+
+    name: str
+    address: str
+    ephemeral: bool
+    channels: dict[str, Any] = field(default_factory=dict)  # channel name -> core Queue
+    paused: bool = False
+    message_count: int = 0
+    message_bytes: int = 0
+
+
+class TopicRegistry:
+    """Every NSQ topic and channel; shared by the TCP server and the HTTP API.
+
+    :param broker: the core :class:`mqhub.core.broker.Broker`.
+    :param store: the hub's IMessageStore (topic metadata).
+    """
+
+    def __init__(self, broker: Any, store: Any) -> None:
+        """Start empty; call :meth:`load` to recover topics from the store."""
+        self.broker = broker
+        self.store = store
+        self.topics: dict[str, Topic] = {}
+
+    # recovery ---------------------------------------------------------------------------------
+
+    def load(self) -> Deferred[None]:
+        """Recover topics from metadata and channels from the core's ``nsq/`` queues."""
+        d = self.store.scan_meta(META_PREFIX)
+
+        def restore(rows: list[tuple[str, bytes]]) -> None:
+            for key, value in rows:
+                name = key[len(META_PREFIX):]
+                topic = self._topic_object(name)
+                topic.paused = value == b"paused"
+            for queue in self.broker.queues():
+                qname = queue.name
+                if not qname.startswith(QUEUE_PREFIX):
+                    continue
+                tname, _, cname = qname[len(QUEUE_PREFIX):].partition("/")
+                if not cname:
+                    continue
+                topic = self.topics.get(tname) or self._topic_object(tname)
+                topic.channels[cname] = queue
+
+        d.addCallback(restore)
+        return d
+
+    # topics -----------------------------------------------------------------------------------
+
+    def _topic_object(self, name: str) -> Topic:
+        """Create the in-memory record of ``name`` (no store write)."""
+        topic = self.topics[name] = Topic(name, topic_address(name), is_ephemeral(name))
+        return topic
+
+    def get_topic(self, name: str) -> Optional[Topic]:
+        """The topic ``name`` or None."""
+        return self.topics.get(name)
+
+    def ensure_topic(self, name: str) -> Topic:
+        """Return topic ``name``, creating it (parked until its first channel) if needed."""
+        topic = self.topics.get(name)
+        if topic is not None:
+            return topic
+        topic = self._topic_object(name)
+        self.broker.park(topic.address)
+        if not topic.ephemeral:
+            batch = WriteBatch()
+            batch.put_meta(META_PREFIX + name, b"")
+            self.store.commit(batch)
+        return topic
+
+    def delete_topic(self, name: str) -> Deferred[Any]:
+        """Delete ``name`` with every channel and its parked backlog."""
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            return succeed(None)
+        ds = [self.broker.delete_queue(q.name) for q in list(topic.channels.values())]
+        topic.channels.clear()
+        ds.append(self._empty_parked(topic))
+        self.broker.unpark(topic.address)
+        if topic.paused:
+            ds.append(self.broker.resume_address(topic.address))
+        batch = WriteBatch()
+        batch.delete_meta(META_PREFIX + name)
+        ds.append(self.store.commit(batch))
+        return DeferredList(ds, consumeErrors=True)
+
+    def _empty_parked(self, topic: Topic) -> Deferred[Any]:
+        """Drop the messages the topic holds for channels that do not exist yet."""
+        empty = getattr(self.broker, "empty_parked", None)
+        if empty is not None:
+            return empty(topic.address)  # type: ignore[no-any-return]
+        return succeed(None)
+
+    def empty_topic(self, name: str) -> Deferred[Any]:
+        """Drop the topic's own backlog (messages not yet handed to a channel)."""
+        topic = self.topics[name]
+        return self._empty_parked(topic)
+
+    def pause_topic(self, name: str, paused: bool) -> Deferred[Any]:
+        """Pause (or resume) delivery from the topic to its channels; persisted."""
+        topic = self.topics[name]
+        topic.paused = paused
+        if paused:
+            d = self.broker.pause_address(topic.address)
+        else:
+            d = self.broker.resume_address(topic.address)
+        if not topic.ephemeral:
+            batch = WriteBatch()
+            batch.put_meta(META_PREFIX + name, b"paused" if paused else b"")
+            self.store.commit(batch)
+        return d  # type: ignore[no-any-return]
+
+    def topic_depth(self, topic: Topic) -> int:
+        """Messages the topic holds that no channel has taken yet."""
+        return int(self.broker.parked_depth(topic.address))
+
+    # channels ---------------------------------------------------------------------------------
+
+    def ensure_channel(self, topic_name: str, channel: str) -> Any:
+        """Return the queue of ``topic_name``/``channel``, creating topic, queue and binding."""
+        topic = self.ensure_topic(topic_name)
+        queue = topic.channels.get(channel)
+        if queue is not None and self.broker.queue(queue.name) is queue:
+            return queue
+        ephemeral = topic.ephemeral or is_ephemeral(channel)
+        queue = self.broker.declare_queue(
+            queue_name(topic_name, channel),
+            tier="memory" if ephemeral else "durable",
+            auto_delete=is_ephemeral(channel),
+        )
+        self.broker.bind_queue(topic.address, queue.name)
+        topic.channels[channel] = queue
+        return queue
+
+    def get_channel(self, topic_name: str, channel: str) -> Any:
+        """The queue of a channel or None."""
+        topic = self.topics.get(topic_name)
+        return None if topic is None else topic.channels.get(channel)
+
+    def delete_channel(self, topic_name: str, channel: str) -> Deferred[Any]:
+        """Delete one channel (and an ephemeral topic left without channels)."""
+        topic = self.topics[topic_name]
+        queue = topic.channels.pop(channel)
+        d = self.broker.delete_queue(queue.name)
+        if topic.ephemeral and not topic.channels:
+            self.delete_topic(topic_name)
+        return d  # type: ignore[no-any-return]
+
+    def forget_if_gone(self, topic_name: str, channel: str) -> None:
+        """After a consumer left: drop a channel the core auto-deleted, and its ephemeral topic."""
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            return
+        queue = topic.channels.get(channel)
+        if queue is not None and self.broker.queue(queue.name) is None:
+            del topic.channels[channel]
+        if topic.ephemeral and not topic.channels:
+            self.delete_topic(topic_name)
+
+    def count_published(self, topic: Topic, bodies: list[bytes]) -> None:
+        """Account messages published through NSQ (stats)."""
+        topic.message_count += len(bodies)
+        topic.message_bytes += sum(map(len, bodies))
