@@ -40,7 +40,7 @@ from mqhub.store.batch import WriteBatch
 from mqhub.store.codec import (ENTRY_KEY, F64, FLAG_EXPIRES, FLAG_SEGMENT, HEAD_SIZE, MSG_REF,
                                QUEUE_ROW, SEG_ROW, U32, U64, VALUE_HEAD)
 from mqhub.store.records import Entry, EntryKey
-from mqhub.store.segments import SegmentLog
+from mqhub.store.segments import CorruptRecord, SegmentLog, list_segments
 
 log = logging.getLogger("mqhub.store.lmdb")
 
@@ -157,8 +157,7 @@ class LmdbStore:
                 live, end = SEG_ROW.unpack(v)
                 self._seg_live[U32.unpack(k)[0]] = live
                 self._seg_end[U32.unpack(k)[0]] = end
-        self.recovered_truncated_bytes = self._segments.open()
-        self._repair_segments()
+        self._recover_segments()
         self._lock_fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
         self._open = True
         if self.writer == "thread":
@@ -170,25 +169,42 @@ class LmdbStore:
         if self.durability == "batch":
             self._sync_call = self._clock.callLater(self._batch_interval, self._periodic_sync)
 
-    def _repair_segments(self) -> None:
-        """Drop index rows that point past a truncated tail; delete unreferenced segment files."""
-        active, size = self._segments.active, self._segments.active_size
-        if self._seg_end.get(active, 0) > size:
+    def _recover_segments(self) -> None:
+        """Check the active segment against the index; drop entries whose bodies are damaged.
+
+        Bytes past the committed length are cut. If a record inside the committed part is
+        damaged, every referenced record from there on is checked one by one: entries whose
+        body fails its CRC (or is missing) are dropped with a logged error, the rest are kept.
+        Finally, segment files nothing references are deleted.
+        """
+        numbers = list_segments(self._segments.directory)
+        active = numbers[-1] if numbers else 1
+        committed = self._seg_end.get(active, 0)
+        damaged_from = self._segments.open(committed)
+        if damaged_from is not None:
+            log.warning("segment %d: damaged record at byte %d of %d committed bytes",
+                        active, damaged_from, committed)
             broken: set[bytes] = set()
+            new_end = damaged_from
             with self._env.begin(db=self._dbs[b"messages"]) as txn:
                 for k, v in txn.cursor():
                     seg, off, rsize, _ = MSG_REF.unpack(v)
-                    if seg == active and off + rsize > size:
+                    if seg != active or off < damaged_from:
+                        continue
+                    try:
+                        self._segments.read(seg, off, rsize)
+                        new_end = max(new_end, off + rsize)
+                    except CorruptRecord:
                         broken.add(bytes(k))
             self._drop_entries_of(broken)
+            self._segments.truncate(new_end)
             with self._env.begin(write=True) as txn:
                 row = txn.get(U32.pack(active), db=self._dbs[b"segments"])
-                if row is not None:
-                    live = SEG_ROW.unpack(row)[0]
-                    txn.put(U32.pack(active), SEG_ROW.pack(live, size), db=self._dbs[b"segments"])
-            self._seg_end[active] = size
-        from mqhub.store.segments import list_segments
-        for number in list_segments(self._segments.directory):
+                live = SEG_ROW.unpack(row)[0] if row is not None else 0
+                txn.put(U32.pack(active), SEG_ROW.pack(live, new_end), db=self._dbs[b"segments"])
+            self._seg_end[active] = new_end
+        self.recovered_truncated_bytes = self._segments.truncated_bytes
+        for number in numbers:
             if number != active and self._seg_live.get(number, 0) == 0:
                 log.info("deleting unreferenced segment %d", number)
                 self._segments.delete(number)
@@ -218,7 +234,8 @@ class LmdbStore:
             return succeed(None)
         if self._closing is not None:
             return self._closing
-        self._closing = Deferred()
+        d: Deferred[None] = Deferred()
+        self._closing = d
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
@@ -227,7 +244,7 @@ class LmdbStore:
         self._sync_call = None
         if not self._writing:
             self._finish_close()
-        return self._closing
+        return d
 
     def _finish_close(self) -> None:
         """Flush what is left synchronously, stop the writer thread and close files."""

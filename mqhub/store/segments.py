@@ -125,32 +125,47 @@ class SegmentLog:
 
     # lifecycle -----------------------------------------------------------------------------
 
-    def open(self) -> int:
-        """Open the directory, repair the active segment's tail; return bytes truncated."""
+    def open(self, committed_end: Optional[int] = None) -> Optional[int]:
+        """Open the directory and check the active (last) segment.
+
+        :param committed_end: the active segment's length according to the index; bytes past
+            it were never committed (a crash between append and index commit) and are cut.
+        :returns: None when the file is sound up to ``committed_end``, else the offset of the
+            first bad record inside the committed part (the caller decides what survives, then
+            calls :meth:`truncate`).
+        """
         numbers = list_segments(self.directory)
         if self.readonly:
             self.active = numbers[-1] if numbers else 0
-            return 0
+            return None
         os.makedirs(self.directory, exist_ok=True)
         self.active = numbers[-1] if numbers else 1
         path = self.path(self.active)
-        good = 0
-        if os.path.exists(path):
-            for offset, size, payload in scan(path):
-                if payload is None:
-                    break
-                good = offset + size
-            actual = os.path.getsize(path)
-            if actual > good:
-                log.warning("segment %s: torn or corrupt tail at byte %d, truncating %d bytes",
-                            path, good, actual - good)
-                self.truncated_bytes = actual - good
-                with open(path, "r+b") as f:
-                    f.truncate(good)
-                    os.fsync(f.fileno())
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.active_size = good
-        return self.truncated_bytes
+        actual = os.path.getsize(path)
+        good = 0
+        for offset, size, payload in scan(path):
+            if payload is None or (committed_end is not None and offset >= committed_end):
+                break
+            good = offset + size
+        end = actual if committed_end is None else committed_end
+        self.active_size = actual
+        if good < end:
+            return good
+        if actual > good:
+            log.warning("segment %s: torn, corrupt or uncommitted tail at byte %d, "
+                        "truncating %d bytes", path, good, actual - good)
+            self.truncate(good)
+        return None
+
+    def truncate(self, size: int) -> None:
+        """Cut the active segment to ``size`` bytes (recovery) and fsync it."""
+        assert self._fd is not None
+        if size < self.active_size:
+            self.truncated_bytes += self.active_size - size
+        os.ftruncate(self._fd, size)
+        os.fsync(self._fd)
+        self.active_size = size
 
     def close(self) -> None:
         """Sync and close every file."""
