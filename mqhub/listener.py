@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
@@ -34,6 +34,12 @@ class _TrackingFactory(WrappingFactory):
             waiters, self._idle_waiters = self._idle_waiters, []
             for d in waiters:
                 d.callback(None)
+
+    def release_waiters(self) -> None:
+        """Fire every waiter now (connections were aborted and will not be waited for)."""
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for d in waiters:
+            d.callback(None)
 
     def wait_idle(self) -> Deferred[None]:
         """Fire once no connection is open."""
@@ -113,23 +119,32 @@ class ListenerService(Service):
     def stopService(self) -> Deferred[None]:
         """Stop accepting, close every connection, and fire when all are closed (bounded)."""
         Service.stopService(self)
-        stopped = succeed(None) if self.port is None else self.port.stopListening()
-        self.port = None
+        port, self.port = self.port, None
+        stopped: Deferred[Any] = succeed(None) if port is None else maybeDeferred(port.stopListening)
 
         def close_all(_: object) -> Deferred[None]:
             for wrapper in list(self._tracking.protocols):
                 wrapper.transport.loseConnection()
             idle = self._tracking.wait_idle()
-            timer = self._get_reactor().callLater(self.drain_timeout, self._abort_all)
-            idle.addBoth(lambda r: (timer.cancel() if timer.active() else None, r)[1])
+            if not idle.called:
+                timer = self._get_reactor().callLater(self.drain_timeout, self._abort_all)
+
+                def cancel_timer(result: object) -> object:
+                    if timer.active():
+                        timer.cancel()
+                    return result
+
+                idle.addBoth(cancel_timer)
             return idle
 
         stopped.addBoth(close_all)
         return stopped
 
     def _abort_all(self) -> None:
-        """Abort connections that did not close in time."""
+        """Abort connections that did not close in time, and stop waiting for them."""
         for wrapper in list(self._tracking.protocols):
+            self.log.warn("{name}: aborting a connection that did not close", name=self.name)
             abort = getattr(wrapper.transport, "abortConnection", None)
             if abort is not None:
                 abort()
+        self._tracking.release_waiters()

@@ -39,17 +39,17 @@ class Options(usage.Options):
         "[--plugin-path DIR ...] [--log-format text|json] [--durability sync|batch|none] "
         "[--option NAME.KEY=VALUE ...]"
     )
-    longdesc = """\
-Runs the mqhub broker: every chosen protocol plugin over one store, scheduler and address space.
-
+    longdesc = (
+        "Runs the mqhub broker: every chosen protocol plugin over one store, scheduler and "
+        "address space. Endpoints are Twisted endpoint strings (tcp:, ssl:, unix:); eMQP roles "
+        "take ZeroMQ addresses. Every default binds to 127.0.0.1."
+    )
+    examples = """\
 Examples:
   twistd -n mqhub                                   all protocols, data in ./var
   twistd -n mqhub --protocols nsq,mq9 --data-dir /srv/mqhub
   twistd -n mqhub --listen nsq.tcp=tcp:4150:interface=0.0.0.0 --listen mq9=tcp:4333
   twistd -n mqhub --plugin-path plugins --protocols redis
-
-Endpoints are Twisted endpoint strings (tcp:, ssl:, unix:); eMQP roles take ZeroMQ addresses.
-Every default binds to 127.0.0.1. NAME=ENDPOINT sets the plugin's first role.
 """
 
     # A plain list: protocol plugins append their own [long, short, default, doc] lines.
@@ -79,7 +79,7 @@ Every default binds to 127.0.0.1. NAME=ENDPOINT sets the plugin's first role.
         self["plugin_path"].append(value)
 
     def opt_option(self, value: str) -> None:
-        """NAME.KEY=VALUE: a plugin-specific setting; repeatable."""
+        """NAME.KEY=VALUE: plugin setting, read as options["plugin_options"][NAME][KEY]."""
         target, setting = _split_assignment(value, "--option")
         name, dot, key = target.partition(".")
         if not dot or not name or not key:
@@ -95,7 +95,7 @@ Every default binds to 127.0.0.1. NAME=ENDPOINT sets the plugin's first role.
     def getUsage(self, width: int | None = None) -> str:
         """The usual help text followed by every discovered protocol."""
         found = self._discover()
-        lines = [super().getUsage(width), "Protocols:"]
+        lines = [super().getUsage(width), self.examples, "Protocols:"]
         for name, plugin in found.plugins.items():
             aliases = f" (alias {', '.join(plugin.aliases)})" if plugin.aliases else ""
             lines.append(f"  {name}{aliases}: {plugin.description}")
@@ -141,25 +141,18 @@ Every default binds to 127.0.0.1. NAME=ENDPOINT sets the plugin's first role.
                     f"--listen: {canonical} has no role {role!r}; roles: {', '.join(roles)}"
                 )
             endpoints[canonical][role] = endpoint
-        for name in self["plugin_options"]:
+        by_plugin: dict[str, dict[str, str]] = {}
+        for name, settings in self["plugin_options"].items():
             if name not in found.aliases:
                 raise usage.UsageError(f"--option: unknown protocol {name!r}; available: {available}")
+            by_plugin.setdefault(found.aliases[name], {}).update(settings)
+        self["plugin_options"] = by_plugin
         self["plugins"] = [found.plugins[n] for n in chosen]
         self["endpoints"] = endpoints
         if self["log-format"] == "json":
             parent = getattr(self, "parent", None)
             if parent is not None and parent.get("logger") is None:
                 parent["logger"] = "mqhub.logs.json_observer"
-
-
-def plugin_options(options: Any, name: str) -> dict[str, str]:
-    """The ``--option NAME.KEY=VALUE`` settings of plugin ``name`` (aliases merged)."""
-    merged: dict[str, str] = {}
-    found = getattr(options, "discovery", None)
-    for key, values in options["plugin_options"].items():
-        if found is None or found.aliases.get(key) == name or key == name:
-            merged.update(values)
-    return merged
 
 
 def install_stop_signals(reactor: Any) -> None:
@@ -178,9 +171,20 @@ def install_stop_signals(reactor: Any) -> None:
 
 
 def makeService(options: Options) -> HubService:
-    """Build the HubService: the hub, then one service per chosen protocol (not started)."""
+    """twistd entry point: :func:`build_service` with the global reactor."""
     from twisted.internet import reactor
 
+    root = build_service(options, reactor)
+    reactor.callWhenRunning(install_stop_signals, reactor)
+    return root
+
+
+def build_service(options: Options, reactor: Any) -> HubService:
+    """Build the HubService: the hub, then one service per chosen protocol (nothing started).
+
+    A plugin that raises PluginError (or anything else) while being built is logged in one
+    line and left out; the others are still served.
+    """
     for file_name, error in options.discovery.failures if options.discovery else []:
         log.error("plugin {file} failed to load: {error}", file=file_name, error=error)
     data_dir = os.path.abspath(options["data-dir"])
@@ -191,13 +195,10 @@ def makeService(options: Options) -> HubService:
             reactor.stop()
 
     root = HubService(hub, on_start_failure=stop_reactor)
-    reactor.callWhenRunning(install_stop_signals, reactor)
     for plugin in options["plugins"]:
         endpoints = options["endpoints"][plugin.name]
-        settings = dict(options)
-        settings["plugin_options"] = plugin_options(options, plugin.name)
         try:
-            service = plugin.make_service(hub, endpoints, settings)
+            service = plugin.make_service(hub, endpoints, dict(options))
         except PluginError as exc:
             log.error("{name}: {error}", name=plugin.name, error=exc)
             continue

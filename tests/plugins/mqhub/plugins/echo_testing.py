@@ -29,7 +29,7 @@ class EchoTesting:
 
         from mqhub.listener import ListenerService
 
-        prefix = options.get("plugin_options", {}).get("prefix", "").encode()
+        prefix = options["plugin_options"].get("echotest", {}).get("prefix", "").encode()
 
         class Echo(LineReceiver):
             delimiter = b"\n"

@@ -1,0 +1,305 @@
+"""HubService start and stop order, bounded stop, build_hub, and ListenerService (Clock only)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import Clock
+from twisted.internet.testing import (
+    MemoryReactorClock,
+    StringTransport,
+    StringTransportWithDisconnection,
+)
+from twisted.logger import Logger
+
+from mqhub.hub import Hub, HubService, build_hub
+from mqhub.listener import ListenerService
+from mqhub.logs import json_observer
+from mqhub.store.memory import MemoryStore
+
+
+class RecordingStore(MemoryStore):
+    """A real MemoryStore that records open and close in a shared event list."""
+
+    def __init__(self, events: list[str]) -> None:
+        """Record into ``events``."""
+        super().__init__()
+        self.events = events
+
+    def open(self) -> None:
+        """Open and record."""
+        self.events.append("store.open")
+        super().open()
+
+    def close(self) -> Deferred[None]:
+        """Close and record."""
+        self.events.append("store.close")
+        return super().close()
+
+
+class RecordingService(Service):
+    """A service recording its lifecycle; stop may return a Deferred the test controls."""
+
+    def __init__(self, label: str, events: list[str], stop_result: Any = None) -> None:
+        """:param stop_result: what stopService returns (None or a Deferred)."""
+        self.label = label
+        self.events = events
+        self.stop_result = stop_result
+
+    def privilegedStartService(self) -> None:
+        """Record the privileged start (where ports would be bound)."""
+        self.events.append(f"{self.label}.privileged")
+        Service.privilegedStartService(self)
+
+    def startService(self) -> None:
+        """Record the start."""
+        self.events.append(f"{self.label}.start")
+        Service.startService(self)
+
+    def stopService(self) -> Any:
+        """Record the stop and return the configured result."""
+        self.events.append(f"{self.label}.stop")
+        Service.stopService(self)
+        return self.stop_result
+
+
+class RecordingBroker:
+    """Broker core stand-in whose start() Deferred the test fires (recovery in progress)."""
+
+    def __init__(self, events: list[str], start_result: Deferred[None] | None = None) -> None:
+        """:param start_result: returned by start(); an unfired Deferred means 'recovering'."""
+        self.events = events
+        self.start_result = start_result if start_result is not None else succeed(None)
+
+    def start(self) -> Deferred[None]:
+        """Record and return the configured Deferred."""
+        self.events.append("broker.start")
+        return self.start_result
+
+    def stop(self) -> Deferred[None]:
+        """Record the stop."""
+        self.events.append("broker.stop")
+        return succeed(None)
+
+
+def make_root(
+    events: list[str], broker_start: Deferred[None] | None = None, listener_stop: Any = None
+) -> tuple[HubService, Clock]:
+    """A HubService with a recording store, scheduler, broker and two listeners."""
+    clock = Clock()
+    hub = Hub(
+        clock=clock,
+        store=RecordingStore(events),
+        broker=RecordingBroker(events, broker_start),
+        scheduler=RecordingService("scheduler", events),
+    )
+    root = HubService(hub)
+    root.add_listener("nsq", RecordingService("nsq", events, listener_stop))
+    root.add_listener("mq9", RecordingService("mq9", events))
+    return root, clock
+
+
+def test_start_order_store_scheduler_broker_then_listeners() -> None:
+    """Start runs store.open, scheduler, broker.start, and only then the listeners."""
+    events: list[str] = []
+    root, _ = make_root(events)
+    root.privilegedStartService()
+    assert events == []  # no port is bound in the privileged phase
+    root.startService()
+    assert events == [
+        "store.open",
+        "scheduler.start",
+        "broker.start",
+        "nsq.privileged",
+        "nsq.start",
+        "mq9.privileged",
+        "mq9.start",
+    ]
+    assert root.started.called
+
+
+def test_listeners_wait_for_broker_recovery() -> None:
+    """While broker.start() has not fired, no listener is started."""
+    events: list[str] = []
+    recovery: Deferred[None] = Deferred()
+    root, _ = make_root(events, broker_start=recovery)
+    root.startService()
+    assert events == ["store.open", "scheduler.start", "broker.start"]
+    recovery.callback(None)
+    assert events[-2:] == ["mq9.privileged", "mq9.start"]
+
+
+def test_failed_recovery_starts_no_listener_and_reports() -> None:
+    """If the broker cannot recover, the owner is told and nothing listens."""
+    events: list[str] = []
+    clock = Clock()
+    failures: list[Any] = []
+    hub = Hub(clock=clock, store=RecordingStore(events),
+              broker=RecordingBroker(events, fail(RuntimeError("corrupt"))))
+    root = HubService(hub, on_start_failure=failures.append)
+    root.add_listener("nsq", RecordingService("nsq", events))
+    root.startService()
+    assert events == ["store.open", "broker.start"]
+    assert failures[0].check(RuntimeError)
+
+
+def test_one_listener_failing_to_start_does_not_stop_the_others() -> None:
+    """A listener raising in startService is logged; the next one still starts."""
+    events: list[str] = []
+
+    class Exploding(RecordingService):
+        def startService(self) -> None:
+            raise OSError("address in use")
+
+    hub = Hub(clock=Clock(), store=RecordingStore(events))
+    root = HubService(hub)
+    root.add_listener("bad", Exploding("bad", events))
+    root.add_listener("good", RecordingService("good", events))
+    root.startService()
+    assert "good.start" in events
+    assert root.started.called
+
+
+def test_stop_order_listeners_scheduler_broker_store() -> None:
+    """Stop: listeners first (reverse order), then scheduler, broker, and store close last."""
+    events: list[str] = []
+    root, _ = make_root(events)
+    root.startService()
+    del events[:]
+    fired: list[object] = []
+    root.stopService().addBoth(fired.append)
+    assert fired == [None]
+    assert events == ["mq9.stop", "nsq.stop", "scheduler.stop", "broker.stop", "store.close"]
+
+
+def test_store_closes_only_after_connections_are_closed() -> None:
+    """While a listener is still closing its connections, the scheduler and store wait."""
+    events: list[str] = []
+    draining: Deferred[None] = Deferred()
+    root, _ = make_root(events, listener_stop=draining)
+    root.startService()
+    del events[:]
+    fired: list[object] = []
+    root.stopService().addBoth(fired.append)
+    assert events == ["mq9.stop", "nsq.stop"]
+    assert fired == []
+    draining.callback(None)
+    assert events[-3:] == ["scheduler.stop", "broker.stop", "store.close"]
+    assert fired == [None]
+
+
+def test_stop_is_bounded_when_a_listener_hangs() -> None:
+    """A listener that never finishes stopping is abandoned after its budget; the store closes."""
+    events: list[str] = []
+    root, clock = make_root(events, listener_stop=Deferred())
+    root.startService()
+    fired: list[object] = []
+    root.stopService().addBoth(fired.append)
+    assert fired == []
+    clock.advance(root.stop_budget["listeners"])
+    assert fired == [None]
+    assert events[-1] == "store.close"
+    assert root.hub.store._open is False
+
+
+def test_stop_before_recovery_finished_starts_no_listener() -> None:
+    """SIGTERM during recovery: listeners are never started, the store still closes."""
+    events: list[str] = []
+    recovery: Deferred[None] = Deferred()
+    root, _ = make_root(events, broker_start=recovery)
+    root.startService()
+    root.stopService()
+    recovery.callback(None)
+    assert not any(e.endswith(".start") and e.split(".")[0] in ("nsq", "mq9") for e in events)
+    assert "store.close" in events
+
+
+def test_build_hub_memory_when_no_data_dir() -> None:
+    """Without a data dir the hub keeps everything in a MemoryStore, on the given clock."""
+    clock = Clock()
+    hub = build_hub({"data-dir": None}, clock)
+    assert isinstance(hub.store, MemoryStore)
+    assert hub.clock is clock
+    assert hub.data_dir is None
+
+
+def test_build_hub_uses_lmdb_under_data_dir(tmp_path: Path) -> None:
+    """With a data dir the store lives in DATA_DIR/store (LMDB once mqhub.store.lmdb exists)."""
+    hub = build_hub({"data-dir": str(tmp_path / "d"), "durability": "none"}, Clock())
+    assert hub.data_dir == str(tmp_path / "d")
+    assert hub.config["durability"] == "none"
+    if importlib.util.find_spec("mqhub.store.lmdb") is not None:
+        assert type(hub.store).__name__ == "LmdbStore"
+    else:
+        assert isinstance(hub.store, MemoryStore)
+
+
+class Quiet(Protocol):
+    """A protocol that does nothing (connections under test)."""
+
+
+def _listening(drain_timeout: float = 2.0) -> tuple[ListenerService, MemoryReactorClock, Any]:
+    """A started ListenerService on a MemoryReactorClock and its tracking factory."""
+    reactor = MemoryReactorClock()
+    service = ListenerService("tcp:0:interface=127.0.0.1", Factory.forProtocol(Quiet),
+                              reactor=reactor, drain_timeout=drain_timeout)
+    service.setName("quiet")
+    service.startService()
+    assert service.listening.called
+    port, factory, _backlog, interface = reactor.tcpServers[0]
+    assert interface == "127.0.0.1"
+    return service, reactor, factory
+
+
+def test_listener_closes_connections_on_stop() -> None:
+    """Stop stops accepting, closes every open connection and fires once they are gone."""
+    service, _reactor, factory = _listening()
+    transports = []
+    for n in range(3):
+        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000 + n))
+        transport = StringTransportWithDisconnection()
+        transport.protocol = proto
+        proto.makeConnection(transport)
+        transports.append(transport)
+    assert len(service.connections) == 3
+    done = service.stopService()
+    assert done.called
+    assert service.connections == []
+    assert all(not t.connected for t in transports)
+
+
+def test_listener_aborts_connections_that_do_not_close() -> None:
+    """A connection that ignores loseConnection is aborted after drain_timeout."""
+    service, reactor, factory = _listening(drain_timeout=1.5)
+    proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40001))
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    fired: list[object] = []
+    service.stopService().addBoth(fired.append)
+    assert fired == []
+    reactor.advance(1.4)
+    assert fired == []
+    reactor.advance(0.1)
+    assert fired == [None]
+    assert transport.disconnecting
+
+
+def test_json_observer_writes_one_object_per_line() -> None:
+    """--log-format json: every event is one JSON object on its own line."""
+    out = io.StringIO()
+    log = Logger(namespace="mqhub.test", observer=json_observer(out))
+    log.info("hello {who}", who="world")
+    log.error("second {n}", n=2)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0])
+    assert first["who"] == "world" and first["log_namespace"] == "mqhub.test"
+    assert json.loads(lines[1])["log_level"]["name"] == "error"

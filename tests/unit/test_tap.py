@@ -1,0 +1,191 @@
+"""``twistd mqhub`` option parsing and the service makeService builds (no global reactor)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from twisted.internet.testing import MemoryReactorClock
+from twisted.python import usage
+
+from mqhub.discovery import ENV_PLUGIN_PATH
+from mqhub.hub import HubService
+from mqhub.tap import Options, build_service
+from tests.plugins import EXAMPLE_PLUGINS, TEST_PLUGINS, isolated_plugin_path
+
+BUILTIN = ["emqp", "mq9", "mqks", "nsq", "vibemq"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No MQHUB_PLUGIN_PATH from the environment, and mqhub.plugins restored afterwards."""
+    monkeypatch.delenv(ENV_PLUGIN_PATH, raising=False)
+    with isolated_plugin_path():
+        yield
+
+
+def parse(*args: str) -> Options:
+    """Parse ``args`` as ``twistd mqhub`` would."""
+    options = Options()
+    options.parseOptions(list(args))
+    return options
+
+
+def test_defaults_enable_every_protocol_on_default_endpoints() -> None:
+    """No options: all protocols, ./var, text logs, sync durability, default endpoints."""
+    options = parse()
+    assert [p.name for p in options["plugins"]] == BUILTIN
+    assert options["data-dir"] == "./var"
+    assert options["log-format"] == "text"
+    assert options["durability"] == "sync"
+    assert options["endpoints"]["nsq"]["http"] == "tcp:4151:interface=127.0.0.1"
+    assert options["plugin_options"] == {}
+
+
+def test_protocol_list_resolves_aliases_and_sorts() -> None:
+    """--protocols takes aliases (nats = mq9) and the chosen plugins come sorted by name."""
+    options = parse("--protocols", "nsq, nats")
+    assert [p.name for p in options["plugins"]] == ["mq9", "nsq"]
+    assert set(options["endpoints"]) == {"mq9", "nsq"}
+
+
+def test_unknown_protocol_is_a_usage_error_listing_names() -> None:
+    """An unknown name fails and the message lists every available name."""
+    with pytest.raises(usage.UsageError) as info:
+        parse("--protocols", "nsq,amqp")
+    assert "unknown protocol 'amqp'" in str(info.value)
+    assert "emqp, mq9, mqks, nsq, vibemq" in str(info.value)
+
+
+def test_duplicate_protocol_is_a_usage_error() -> None:
+    """A protocol named twice (even through its alias) is refused."""
+    with pytest.raises(usage.UsageError) as info:
+        parse("--protocols", "mq9,nats")
+    assert "given twice" in str(info.value)
+    assert "available: emqp" in str(info.value)
+
+
+def test_listen_overrides_a_role_and_the_first_role() -> None:
+    """NAME.ROLE=ENDPOINT sets that role; NAME=ENDPOINT sets the plugin's first role."""
+    options = parse(
+        "--protocols", "nsq,mq9",
+        "--listen", "nsq.http=tcp:9151:interface=127.0.0.1",
+        "--listen", "nats=unix:/tmp/nats.sock",
+    )
+    assert options["endpoints"]["nsq"] == {
+        "tcp": "tcp:4150:interface=127.0.0.1",
+        "http": "tcp:9151:interface=127.0.0.1",
+    }
+    assert options["endpoints"]["mq9"] == {"tcp": "unix:/tmp/nats.sock"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--listen", "nsq.udp=tcp:1"], "nsq has no role 'udp'; roles: tcp, http"),
+        (["--listen", "nsq"], "--listen expects NAME=VALUE"),
+        (["--listen", "kafka=tcp:1"], "--listen: unknown protocol 'kafka'"),
+        (["--protocols", "nsq", "--listen", "mqks=tcp:1"], "protocol 'mqks' is not enabled"),
+        (["--option", "nsq=1"], "--option expects NAME.KEY=VALUE"),
+        (["--option", "kafka.x=1"], "--option: unknown protocol 'kafka'"),
+        (["--log-format", "xml"], "--log-format must be one of text, json"),
+        (["--durability", "maybe"], "--durability must be one of sync, batch, none"),
+    ],
+)
+def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
+    """Malformed or inconsistent options fail with a message saying what is wrong."""
+    with pytest.raises(usage.UsageError) as info:
+        parse(*args)
+    assert message in str(info.value)
+
+
+def test_plugin_options_land_under_the_canonical_name() -> None:
+    """--option NAME.KEY=VALUE lands in options['plugin_options'][NAME][KEY], aliases merged."""
+    options = parse(
+        "--option", "nats.max_payload=1024",
+        "--option", "mq9.auth_token=s3cret",
+        "--option", "nsq.auth-secrets=/etc/secrets",
+    )
+    assert options["plugin_options"] == {
+        "mq9": {"max_payload": "1024", "auth_token": "s3cret"},
+        "nsq": {"auth-secrets": "/etc/secrets"},
+    }
+
+
+def test_durability_and_data_dir() -> None:
+    """--durability and --data-dir are kept for the store."""
+    options = parse("--durability", "batch", "--data-dir", "/srv/q")
+    assert options["durability"] == "batch"
+    assert options["data-dir"] == "/srv/q"
+
+
+def test_plugin_path_adds_drop_ins_to_all() -> None:
+    """--plugin-path makes its plugins selectable, and 'all' includes them."""
+    options = parse("--plugin-path", str(TEST_PLUGINS), "--protocols", "echo")
+    assert [p.name for p in options["plugins"]] == ["echotest"]
+
+
+def test_all_includes_drop_ins() -> None:
+    """'all' means every discovered plugin, drop-ins included."""
+    options = parse("--plugin-path", str(EXAMPLE_PLUGINS))
+    assert [p.name for p in options["plugins"]] == ["emqp", "mq9", "mqks", "nsq", "redis", "vibemq"]
+
+
+def test_environment_plugin_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MQHUB_PLUGIN_PATH works like --plugin-path."""
+    monkeypatch.setenv(ENV_PLUGIN_PATH, str(EXAMPLE_PLUGINS))
+    assert [p.name for p in parse("--protocols", "redis")["plugins"]] == ["redis"]
+
+
+def test_help_lists_protocols_descriptions_and_endpoints() -> None:
+    """The usage text lists every protocol with its description, aliases and endpoints."""
+    text = Options().getUsage()
+    for name in BUILTIN:
+        assert f"\n  {name}" in text
+    assert "mq9 (alias nats): NATS client protocol" in text
+    assert "pub-out = tcp://127.0.0.1:47299" in text
+    assert "http = tcp:4151:interface=127.0.0.1" in text
+    assert "\n  redis" not in text
+
+
+def test_help_with_plugin_path_lists_drop_ins_and_failures() -> None:
+    """With a plugin path, help also shows its plugins and names the broken file."""
+    options = Options()
+    options["plugin_path"].append(str(TEST_PLUGINS))
+    text = options.getUsage()
+    assert "echotest (alias echo): Test-only line echo server" in text
+    assert "broken_testing.py failed to load: RuntimeError" in text
+
+
+def test_json_log_format_installs_json_logger_on_twistd() -> None:
+    """--log-format json asks twistd (the parent options) for the JSON observer."""
+    parent: dict[str, object] = {"logger": None}
+    options = Options()
+    options.parent = parent  # as usage.Options does for a subcommand
+    options.parseOptions(["--log-format", "json", "--protocols", "nsq"])
+    assert parent["logger"] == "mqhub.logs.json_observer"
+
+
+def test_optparameters_is_a_plain_extensible_list() -> None:
+    """Protocol work may append its own optParameters lines."""
+    assert isinstance(Options.optParameters, list)
+    assert {p[0] for p in Options.optParameters} >= {"protocols", "data-dir", "log-format", "durability"}
+
+
+def test_build_service_skips_refusing_plugins_and_keeps_the_rest(tmp_path: Path) -> None:
+    """A plugin raising PluginError is left out; the others become listener children."""
+    options = parse(
+        "--plugin-path", str(TEST_PLUGINS),
+        "--protocols", "echotest,refusetest",
+        "--data-dir", str(tmp_path / "data"),
+        "--durability", "none",
+        "--listen", "echo=tcp:0:interface=127.0.0.1",
+    )
+    reactor = MemoryReactorClock()
+    root = build_service(options, reactor)
+    assert isinstance(root, HubService)
+    assert [child.name for child in root] == ["echotest"]
+    assert root.hub.reactor is reactor
+    assert root.hub.data_dir == str(tmp_path / "data")
+    assert reactor.tcpServers == []  # nothing listens before the service starts
