@@ -1,0 +1,218 @@
+"""The address space: dotted names, pattern syntaxes and the token trie that matches them.
+
+Patterns (one syntax covers every protocol):
+
+- a literal token matches itself;
+- ``*`` as a whole token matches exactly one token (NATS);
+- ``*`` inside a token (``user*``, ``a*b``) is an MQKS mask: it matches any run of characters
+  within one token;
+- ``>`` or ``#`` as the last token matches one or more tokens (NATS ``>``, mq9 ``#``).
+
+:class:`AddressTrie` indexes patterns by token so matching an address only visits the nodes its
+tokens reach; :func:`pattern_matches` is the plain reference matcher used by property tests.
+This module imports neither Twisted nor zope.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from mqhub.errors import InvalidName
+
+MAX_ADDRESS = 1024
+_BAD = re.compile(r"[\s\x00]")
+
+
+def validate_address(address: str) -> None:
+    """Raise InvalidName unless ``address`` is a publishable address (no wildcards)."""
+    if not address or len(address) > MAX_ADDRESS or _BAD.search(address):
+        raise InvalidName("invalid address %r" % (address[:64],))
+    for token in address.split("."):
+        if not token or token == ">" or token == "#" or "*" in token:
+            raise InvalidName("invalid address %r" % (address[:64],))
+
+
+def validate_pattern(pattern: str) -> None:
+    """Raise InvalidName unless ``pattern`` is a valid subscription pattern."""
+    if not pattern or len(pattern) > MAX_ADDRESS or _BAD.search(pattern):
+        raise InvalidName("invalid pattern %r" % (pattern[:64],))
+    tokens = pattern.split(".")
+    for i, token in enumerate(tokens):
+        if not token:
+            raise InvalidName("invalid pattern %r" % (pattern[:64],))
+        if (token == ">" or token == "#") and i != len(tokens) - 1:
+            raise InvalidName("%r must be the last token" % token)
+        if len(token) > 1 and (">" in token or "#" in token):
+            raise InvalidName("invalid pattern %r" % (pattern[:64],))
+
+
+def is_pattern(text: str) -> bool:
+    """True when ``text`` contains a wildcard (``*``, a final ``>`` or ``#``)."""
+    if "*" in text:
+        return True
+    return text.endswith((">", "#")) and (len(text) == 1 or text[-2] == ".")
+
+
+def _mask_regex(token: str) -> "re.Pattern[str]":
+    """Compile an MQKS mask token (``*`` = any run of characters inside one token)."""
+    return re.compile("[^.]*".join(re.escape(p) for p in token.split("*")), re.DOTALL)
+
+
+def _token_matches(pt: str, token: str) -> bool:
+    """Reference matching of one pattern token against one address token."""
+    if pt == "*":
+        return True
+    if "*" in pt:
+        return _mask_regex(pt).fullmatch(token) is not None
+    return pt == token
+
+
+def pattern_matches(pattern: str, address: str) -> bool:
+    """Reference (brute-force) matcher: does ``pattern`` match ``address``?"""
+    pts = pattern.split(".")
+    ats = address.split(".")
+    for i, pt in enumerate(pts):
+        if pt in (">", "#") and i == len(pts) - 1:
+            return len(ats) > i
+        if i >= len(ats) or not _token_matches(pt, ats[i]):
+            return False
+    return len(ats) == len(pts)
+
+
+class _Node:
+    """One trie level: literal children, the ``*`` child, mask children and terminal values."""
+
+    __slots__ = ("children", "star", "masks", "values", "tail")
+
+    def __init__(self) -> None:
+        """Start empty."""
+        self.children: dict[str, _Node] = {}
+        self.star: Optional[_Node] = None
+        self.masks: dict[str, tuple[re.Pattern[str], _Node]] = {}
+        self.values: list[Any] = []      # patterns ending exactly here
+        self.tail: list[Any] = []        # patterns ending here with ``>``/``#``
+
+    def is_empty(self) -> bool:
+        """True when no pattern passes through this node."""
+        return not (self.children or self.star or self.masks or self.values or self.tail)
+
+
+class AddressTrie:
+    """Patterns indexed by token; ``match`` visits only the nodes an address's tokens reach."""
+
+    def __init__(self) -> None:
+        """Start with no patterns."""
+        self._root = _Node()
+        self._count = 0
+
+    def __len__(self) -> int:
+        """Number of (pattern, value) pairs stored."""
+        return self._count
+
+    def add(self, pattern: str, value: Any) -> None:
+        """Index ``value`` under ``pattern`` (a value may be added under many patterns)."""
+        node = self._root
+        tokens = pattern.split(".")
+        last = len(tokens) - 1
+        for i, token in enumerate(tokens):
+            if i == last and token in (">", "#"):
+                node.tail.append(value)
+                self._count += 1
+                return
+            if token == "*":
+                if node.star is None:
+                    node.star = _Node()
+                node = node.star
+            elif "*" in token:
+                entry = node.masks.get(token)
+                if entry is None:
+                    entry = node.masks[token] = (_mask_regex(token), _Node())
+                node = entry[1]
+            else:
+                child = node.children.get(token)
+                if child is None:
+                    child = node.children[token] = _Node()
+                node = child
+        node.values.append(value)
+        self._count += 1
+
+    def remove(self, pattern: str, value: Any) -> bool:
+        """Remove one ``value`` stored under ``pattern``; return whether it was there."""
+        tokens = pattern.split(".")
+        path: list[tuple[_Node, str]] = []
+        node = self._root
+        last = len(tokens) - 1
+        for i, token in enumerate(tokens):
+            if i == last and token in (">", "#"):
+                return self._discard(node.tail, value, path, node)
+            path.append((node, token))
+            if token == "*":
+                nxt = node.star
+            elif "*" in token:
+                entry = node.masks.get(token)
+                nxt = entry[1] if entry else None
+            else:
+                nxt = node.children.get(token)
+            if nxt is None:
+                return False
+            node = nxt
+        return self._discard(node.values, value, path, node)
+
+    def _discard(self, items: list[Any], value: Any, path: list[tuple[_Node, str]],
+                 node: _Node) -> bool:
+        """Drop ``value`` from ``items`` and prune empty nodes along ``path``."""
+        for i, v in enumerate(items):
+            if v is value or v == value:
+                del items[i]
+                break
+        else:
+            return False
+        self._count -= 1
+        while path and node.is_empty():
+            parent, token = path.pop()
+            if token == "*":
+                parent.star = None
+            elif "*" in token:
+                del parent.masks[token]
+            else:
+                del parent.children[token]
+            node = parent
+        return True
+
+    def match(self, address: str) -> list[Any]:
+        """Return the values of every pattern matching ``address`` (duplicates removed)."""
+        tokens = address.split(".")
+        n = len(tokens)
+        out: list[Any] = []
+        stack = [(self._root, 0)]
+        pop = stack.pop
+        push = stack.append
+        while stack:
+            node, i = pop()
+            if i == n:
+                if node.values:
+                    out.extend(node.values)
+                continue
+            if node.tail:
+                out.extend(node.tail)
+            token = tokens[i]
+            child = node.children.get(token)
+            if child is not None:
+                push((child, i + 1))
+            if node.star is not None:
+                push((node.star, i + 1))
+            if node.masks:
+                for rx, mnode in node.masks.values():
+                    if rx.fullmatch(token) is not None:
+                        push((mnode, i + 1))
+        if len(out) > 1:
+            seen: set[int] = set()
+            uniq = []
+            for v in out:
+                k = id(v)
+                if k not in seen:
+                    seen.add(k)
+                    uniq.append(v)
+            return uniq
+        return out

@@ -1,0 +1,645 @@
+"""The Broker: queues, bindings, routes, publishing, parking and dead letters over one store.
+
+Protocol adapters hand the broker one batch per read (``publish_batch``); it resolves the route
+once per address (cached until the binding epoch changes), fills one WriteBatch and makes one
+store commit, and delivers to live targets synchronously. Durable state lives in store meta:
+``q/<queue>`` (settings, JSON), ``b/<queue>\\x1f<pattern>`` (bindings), ``park/<address>`` and
+``pause/<address>``; deferred messages are due rows ``dq/<queue>/<msg_id>`` until due.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import marshal
+import re
+from typing import Any, Iterable, Optional, Union
+
+from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
+
+from mqhub.core.address import pattern_matches, validate_address, validate_pattern
+from mqhub.core.deadletter import DeadLetter, dlq_name, from_dead
+from mqhub.core.ids import IdGenerator
+from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
+from mqhub.core.queue import Queue
+from mqhub.core.routing import Binding, Route, Router
+from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
+from mqhub.store.batch import WriteBatch
+from mqhub.store.records import Entry
+
+log = logging.getLogger(__name__)
+
+DUE_PREFIX = b"dq/"
+EXPIRY_PREFIX = b"qx/"
+PARK_PREFIX = "~park/"
+SEP = "\x1f"
+_NAME_BAD = re.compile(r"[\s\x00-\x1f]")
+
+Headers = Union[None, dict[str, str], list[Optional[dict[str, str]]]]
+
+
+def validate_queue_name(name: str) -> None:
+    """Raise InvalidName unless ``name`` may name a queue (1-255 chars, no space, no leading ``~``)."""
+    if not name or len(name) > 255 or _NAME_BAD.search(name) or name.startswith("~"):
+        raise InvalidName("invalid queue name %r" % (name[:64],))
+
+
+class Broker:
+    """The protocol-neutral broker core (see docs/core-api.md)."""
+
+    def __init__(self, store: Any, clock: Any, *, scheduler: Any = None,
+                 window: int = 10_000) -> None:
+        """:param store: an opened IMessageStore. :param clock: IReactorTime.
+        :param scheduler: the SchedulerService for durable delays and TTL sweeps (optional).
+        :param window: ready entries a durable queue keeps in memory.
+        """
+        self.store = store
+        self.clock = clock
+        self.scheduler = scheduler
+        self.window = window
+        self.ids = IdGenerator(clock)
+        self.router = Router()
+        self.last_ids: range = range(0)
+        self._queues: dict[str, Queue] = {}
+        self._hidden: dict[str, Queue] = {}
+        self._bindings: dict[int, Binding] = {}
+        self._queue_bindings: dict[tuple[str, str], Binding] = {}
+        self._next_binding = 0
+        self._pending: set[Deferred[Any]] = set()
+        self._mem_timers: set[Any] = set()
+        self._started = False
+        self._sweep_cursor = 0
+        if scheduler is not None:
+            scheduler.register(DUE_PREFIX, self._on_due)
+            scheduler.register(EXPIRY_PREFIX, self._on_queue_expiry)
+            scheduler.add_sweep("ttl", self.sweep_ttl, 1.0)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """Changes whenever bindings, parking or pauses change."""
+        return self.router.epoch
+
+    def start(self) -> Deferred[None]:
+        """Recover queues, bindings, parked addresses and dead-letter counts from the store."""
+        return self._recover()
+
+    @inlineCallbacks
+    def _recover(self) -> Any:
+        """The recovery steps of :meth:`start` (cold path)."""
+        for key, value in (yield self.store.scan_meta("q/")):
+            settings = json.loads(value)
+            name = key[2:]
+            self._queues[name] = Queue(self, name, window=self.window, **settings)
+        for prefix in ("park/", "pause/"):
+            for key, _ in (yield self.store.scan_meta(prefix)):
+                address = key[len(prefix):]
+                self._park_queue(address)
+                if prefix == "pause/":
+                    self.router.paused.add(address)
+        for key, _ in (yield self.store.scan_meta("b/")):
+            name, _, pattern = key[2:].partition(SEP)
+            q = self._queues.get(name)
+            if q is not None:
+                self._add_binding(pattern, q, None, None, None)
+        for q in list(self._queues.values()) + list(self._hidden.values()):
+            if q.durable:
+                count = yield self.store.count_entries(q.name)
+                q.dead_letter_count = yield self.store.count_entries(dlq_name(q.name))
+                q._recovered(count)
+            if q.expires_at and self.scheduler is None:
+                self._arm_memory_expiry(q)
+        self.router.changed()
+        self._started = True
+
+    def stop(self) -> Deferred[None]:
+        """Stop timers and fire when every pending store commit has fired."""
+        for t in list(self._mem_timers):
+            if t.active():
+                t.cancel()
+        self._mem_timers.clear()
+        for q in list(self._queues.values()) + list(self._hidden.values()):
+            if q._timer is not None and q._timer.active():
+                q._timer.cancel()
+            q._timer = None
+        pending = list(self._pending)
+        if not pending:
+            return succeed(None)
+        return DeferredList(pending, consumeErrors=True).addCallback(lambda _: None)
+
+    # -- store plumbing ------------------------------------------------------------------------
+
+    def _commit(self, batch: WriteBatch) -> Deferred[None]:
+        """Commit ``batch`` (background write: failures are logged)."""
+        if not batch:
+            return succeed(None)
+        d = self.store.commit(batch)
+        if d.called:
+            d.addErrback(self._log_failure)
+            return d
+        self._pending.add(d)
+        d.addBoth(self._done, d)
+        d.addErrback(self._log_failure)
+        return d
+
+    def _done(self, result: Any, d: Deferred[Any]) -> Any:
+        """A tracked commit fired."""
+        self._pending.discard(d)
+        return result
+
+    @staticmethod
+    def _log_failure(failure: Any) -> None:
+        """Log a background store failure."""
+        log.error("store commit failed: %s", failure.getErrorMessage())
+
+    def _queue_changed(self, queue: Queue, batch: Optional[WriteBatch] = None) -> None:
+        """Persist a durable queue's settings (into ``batch``, or in its own commit)."""
+        if not queue.durable or queue.name.startswith("~") or queue.deleted:
+            return
+        b = batch if batch is not None else WriteBatch()
+        b.put_meta("q/" + queue.name, json.dumps(queue.settings()).encode())
+        if batch is None:
+            self._commit(b)
+
+    # -- queues --------------------------------------------------------------------------------
+
+    def declare_queue(self, name: str, *, tier: str = TIER_DURABLE, max_size: int = 0,
+                      overflow: str = "drop_oldest", ttl: float = 0.0, max_attempts: int = 0,
+                      msg_timeout: float = 60.0, expires_at: float = 0.0,
+                      auto_delete: bool = False, expire_to_dead_letters: bool = False) -> Queue:
+        """Create the queue or return the existing one (whose settings are kept)."""
+        q = self._queues.get(name)
+        if q is not None:
+            return q
+        validate_queue_name(name)
+        q = Queue(self, name, tier=tier, max_size=max_size, overflow=overflow, ttl=ttl,
+                  max_attempts=max_attempts, msg_timeout=msg_timeout, expires_at=expires_at,
+                  auto_delete=auto_delete, expire_to_dead_letters=expire_to_dead_letters,
+                  window=self.window)
+        self._queues[name] = q
+        self._queue_changed(q)
+        if expires_at:
+            if self.scheduler is not None and q.durable:
+                self.scheduler.call_at(expires_at, EXPIRY_PREFIX + name.encode(), b"")
+            else:
+                self._arm_memory_expiry(q)
+        return q
+
+    def _arm_memory_expiry(self, q: Queue) -> None:
+        """Delete ``q`` at its ``expires_at`` using a plain clock timer."""
+        delay = max(0.0, q.expires_at - self.clock.seconds())
+        t = self.clock.callLater(delay, self._expire_queue, q)
+        self._mem_timers.add(t)
+
+    def _expire_queue(self, q: Queue) -> None:
+        """Delete ``q`` if it is still the live queue of its name and has expired."""
+        if self._queues.get(q.name) is q and q.expires_at and q.expires_at <= self.clock.seconds():
+            self.delete_queue(q.name)
+
+    def queue(self, name: str) -> Optional[Queue]:
+        """The queue called ``name``, or None."""
+        return self._queues.get(name)
+
+    def queues(self) -> list[Queue]:
+        """Every user queue (hidden parking queues excluded)."""
+        return list(self._queues.values())
+
+    def delete_queue(self, name: str) -> Deferred[None]:
+        """Unbind and forget the queue, dropping its messages and dead letters."""
+        q = self._queues.pop(name, None)
+        if q is None:
+            return succeed(None)
+        b = WriteBatch()
+        for key in [k for k in self._queue_bindings if k[1] == name]:
+            binding = self._queue_bindings.pop(key)
+            self.router.trie.remove(binding.pattern, binding)
+            self._bindings.pop(binding.id, None)
+            if q.durable:
+                b.delete_meta("b/" + name + SEP + binding.pattern)
+        self.router.changed()
+        q._close()
+        if q.durable:
+            b.purge_queue(name)
+            b.purge_queue(dlq_name(name))
+            b.delete_meta("q/" + name)
+            if q.expires_at:
+                b.delete_due(EXPIRY_PREFIX + name.encode())
+        return self._commit(b)
+
+    # -- bindings ------------------------------------------------------------------------------
+
+    def _add_binding(self, pattern: str, queue: Optional[Queue], target: Any,
+                     group: Optional[str], tag: Any) -> Binding:
+        """Create and index a binding (no validation, no persistence)."""
+        self._next_binding += 1
+        b = Binding(self._next_binding, pattern, queue, target, group, tag, self)
+        self._bindings[b.id] = b
+        if queue is not None:
+            self._queue_bindings[(pattern, queue.name)] = b
+        self.router.trie.add(pattern, b)
+        self.router.changed()
+        return b
+
+    def bind_queue(self, pattern: str, queue_name: str) -> Binding:
+        """Bind ``pattern`` to the queue (idempotent; persisted for durable queues)."""
+        existing = self._queue_bindings.get((pattern, queue_name))
+        if existing is not None:
+            return existing
+        validate_pattern(pattern)
+        q = self._queues.get(queue_name)
+        if q is None:
+            raise NoSuchQueue(queue_name)
+        b = self._add_binding(pattern, q, None, None, None)
+        if q.durable:
+            wb = WriteBatch()
+            wb.put_meta("b/" + queue_name + SEP + pattern, b"")
+            self._commit(wb)
+        for address in list(self.router.parking):
+            if pattern_matches(pattern, address):
+                self._drain_park(address)
+        return b
+
+    def subscribe(self, pattern: str, target: Any, *, group: Optional[str] = None,
+                  tag: Any = None) -> Binding:
+        """Bind ``pattern`` to a live IDeliveryTarget (never persisted)."""
+        validate_pattern(pattern)
+        return self._add_binding(pattern, None, target, group or None, tag)
+
+    def unbind(self, binding: Binding) -> None:
+        """Remove ``binding``."""
+        if self._bindings.pop(binding.id, None) is None:
+            return
+        self.router.trie.remove(binding.pattern, binding)
+        if binding.queue is not None:
+            self._queue_bindings.pop((binding.pattern, binding.queue.name), None)
+            if binding.queue.durable:
+                wb = WriteBatch()
+                wb.delete_meta("b/" + binding.queue.name + SEP + binding.pattern)
+                self._commit(wb)
+        self.router.changed()
+
+    def bindings(self, queue_name: Optional[str] = None) -> list[Binding]:
+        """Every binding, or those of one queue."""
+        if queue_name is None:
+            return list(self._bindings.values())
+        return [b for (_, n), b in self._queue_bindings.items() if n == queue_name]
+
+    def route(self, address: str) -> Route:
+        """The cached route of ``address`` (see :class:`mqhub.core.routing.Route`)."""
+        r = self.router.cache.get(address)
+        if r is None:
+            r = self.router.route(address)
+        return r
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def publish_batch(self, address: str, bodies: list[bytes], *, origin: str = "",
+                      headers: Headers = None, priority: int = 0, ttl: float = 0.0,
+                      expires_at: float = 0.0, deliver_at: float = 0.0,
+                      persist: bool = True) -> Deferred[None]:
+        """Publish ``bodies`` to ``address``; fire when every store write is durable."""
+        route = self.router.cache.get(address)
+        if route is None:
+            validate_address(address)
+            route = self.router.route(address)
+        n = len(bodies)
+        first = self.ids.reserve(n) if n else 0
+        ids = range(first, first + n)
+        self.last_ids = ids
+        if ttl:
+            expires_at = self.clock.seconds() + ttl
+        if type(headers) is list:
+            entries = [(i, priority, 0, deliver_at, expires_at, address, h, b, origin)
+                       for i, b, h in zip(ids, bodies, headers)]
+        else:
+            entries = [(i, priority, 0, deliver_at, expires_at, address, headers, b, origin)
+                       for i, b in zip(ids, bodies)]
+        return self._publish(route, address, entries, persist, deliver_at)
+
+    def publish_entries(self, address: str, entries: list[Entry], *,
+                        persist: bool = True) -> Deferred[None]:
+        """Publish prebuilt entry tuples (replays, moves) to ``address``."""
+        validate_address(address)
+        route = self.router.route(address)
+        deliver_at = max((e[3] for e in entries), default=0.0)
+        return self._publish(route, address, entries, persist, deliver_at)
+
+    def _publish(self, route: Route, address: str, entries: list[Entry], persist: bool,
+                 deliver_at: float) -> Deferred[None]:
+        """Route ``entries``: queues get a copy (one WriteBatch), live targets are called."""
+        queues = route.queues if route.park is None else (route.park,)
+        n = len(entries)
+        for q in queues:
+            if q.max_size and q.overflow == "reject" and q.room() < n:
+                raise QueueFull(q.name)
+        batch = None
+        if queues:
+            batch = WriteBatch()
+            now = self.clock.seconds()
+            if deliver_at > now:
+                for q in queues:
+                    self._defer(q, entries, deliver_at, batch, persist)
+            else:
+                for q in queues:
+                    q._put(entries, batch, persist, now)
+        if route.targets:
+            for b in route.targets:
+                try:
+                    b.target.deliver_batch(b, address, entries)
+                except Exception:
+                    log.exception("deliver_batch of %r failed", b.target)
+        if route.groups:
+            for i in range(len(route.groups)):
+                b = route.pick(i)
+                try:
+                    b.target.deliver_batch(b, address, entries)
+                except Exception:
+                    log.exception("deliver_batch of %r failed", b.target)
+        if batch:
+            d = self.store.commit(batch)
+            if not d.called:
+                self._pending.add(d)
+                d.addBoth(self._done, d)
+            return d
+        return succeed(None)
+
+    # -- delays --------------------------------------------------------------------------------
+
+    def _defer(self, queue: Queue, entries: list[Entry], when: float, batch: WriteBatch,
+               persist: bool = True) -> None:
+        """Hold ``entries`` for ``queue`` until ``when`` (due rows for durable queues)."""
+        queue.deferred += len(entries)
+        if queue.durable and persist and self.scheduler is not None:
+            prefix = DUE_PREFIX + queue.name.encode() + b"/"
+            inc = queue.incarnation
+            for e in entries:
+                batch.put_due(when, prefix + e[0].to_bytes(8, "big"), marshal.dumps((inc, e)))
+            sched = self.scheduler
+            self.clock.callLater(0, sched.note_due, when)
+        else:
+            delay = max(0.0, when - self.clock.seconds())
+            t = self.clock.callLater(delay, self._undefer_memory, queue, list(entries),
+                                     queue.incarnation)
+            self._mem_timers.add(t)
+
+    def _undefer_memory(self, queue: Queue, entries: list[Entry], incarnation: int) -> None:
+        """A memory-held delay came due."""
+        self._mem_timers = {t for t in self._mem_timers if t.active()}
+        if queue.deleted or queue.incarnation != incarnation:
+            return
+        queue.deferred = max(0, queue.deferred - len(entries))
+        b = WriteBatch()
+        queue._put(entries, b, True, self.clock.seconds())
+        self._commit(b)
+
+    def _on_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
+                now: float) -> None:
+        """Scheduler handler for ``dq/`` rows: move due entries into their queues."""
+        if not self._started:
+            for _, key, payload in rows:
+                batch.put_due(now + 1.0, key, payload)
+            return
+        per_queue: dict[str, list[Entry]] = {}
+        for _, key, payload in rows:
+            name = key[len(DUE_PREFIX):-9].decode("utf-8", "replace")
+            q = self._queues.get(name) or self._hidden.get(name)
+            try:
+                inc, entry = marshal.loads(payload)
+            except (ValueError, EOFError, TypeError):
+                log.error("dropping unreadable due row %r", key)
+                continue
+            if q is None or q.deleted or inc != q.incarnation:
+                continue
+            per_queue.setdefault(name, []).append(tuple(entry))
+        for name, entries in per_queue.items():
+            q = self._queues.get(name) or self._hidden[name]
+            q.deferred = max(0, q.deferred - len(entries))
+            entries.sort(key=lambda e: (-e[1], e[0]))
+            q._put(entries, batch, True, now)
+
+    def _on_queue_expiry(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
+                         now: float) -> None:
+        """Scheduler handler for ``qx/`` rows: delete queues whose own TTL ran out."""
+        if not self._started:
+            for _, key, payload in rows:
+                batch.put_due(now + 1.0, key, payload)
+            return
+        for _, key, _ in rows:
+            q = self._queues.get(key[len(EXPIRY_PREFIX):].decode("utf-8", "replace"))
+            if q is not None and q.expires_at and q.expires_at <= now:
+                self.delete_queue(q.name)
+
+    def sweep_ttl(self, now: float, budget: int) -> bool:
+        """Drop expired ready messages from queue windows, at most ``budget`` scanned; True = more."""
+        queues = [q for q in self._queues.values() if q._nready]
+        if not queues:
+            return False
+        used = 0
+        i = self._sweep_cursor % len(queues)
+        visited = 0
+        while visited < len(queues) and used < budget:
+            used += queues[i].sweep(now, budget - used)
+            i = (i + 1) % len(queues)
+            visited += 1
+        self._sweep_cursor = i
+        return visited < len(queues)
+
+    # -- parking and pausing -------------------------------------------------------------------
+
+    def _park_queue(self, address: str) -> Queue:
+        """The hidden parking queue of ``address`` (created on demand)."""
+        q = self.router.parking.get(address)
+        if q is None:
+            name = PARK_PREFIX + address
+            q = self._hidden.get(name)
+            if q is None:
+                q = self._hidden[name] = Queue(self, name, window=self.window)
+            self.router.parking[address] = q
+            self.router.changed()
+        return q
+
+    def park(self, address: str) -> None:
+        """Keep publishes to ``address`` while no queue is bound to it (NSQ topic without channels)."""
+        validate_address(address)
+        self._park_queue(address)
+        b = WriteBatch()
+        b.put_meta("park/" + address, b"1")
+        self._commit(b)
+
+    def unpark(self, address: str) -> Deferred[None]:
+        """Stop parking ``address``; parked messages go to the bound queues (or are dropped)."""
+        b = WriteBatch()
+        b.delete_meta("park/" + address)
+        self._commit(b)
+        return self._release(address)
+
+    def pause_address(self, address: str) -> None:
+        """Hold every publish to ``address`` in its parking queue until resumed."""
+        validate_address(address)
+        self._park_queue(address)
+        self.router.paused.add(address)
+        self.router.changed()
+        b = WriteBatch()
+        b.put_meta("pause/" + address, b"1")
+        self._commit(b)
+
+    def resume_address(self, address: str) -> Deferred[None]:
+        """Release a paused address: held messages go to the bound queues."""
+        self.router.paused.discard(address)
+        self.router.changed()
+        b = WriteBatch()
+        b.delete_meta("pause/" + address)
+        self._commit(b)
+        return self._drain_park(address)
+
+    def _release(self, address: str) -> Deferred[None]:
+        """Drain then forget the parking queue of ``address`` unless it is still paused."""
+        d = self._drain_park(address)
+
+        def forget(_: Any) -> None:
+            if address in self.router.paused:
+                return
+            q = self.router.parking.pop(address, None)
+            if q is not None:
+                self._hidden.pop(q.name, None)
+                if q.depth:
+                    q.empty()
+                self.router.changed()
+        return d.addCallback(forget)
+
+    def parked_depth(self, address: str) -> int:
+        """Messages held for ``address`` (parked or paused)."""
+        q = self.router.parking.get(address)
+        return q.depth if q is not None else 0
+
+    def _drain_park(self, address: str) -> Deferred[None]:
+        """Move everything held for ``address`` into the queues its route now reaches."""
+        q = self.router.parking.get(address)
+        if q is None or not q.depth:
+            return succeed(None)
+        route = self.router.route(address)
+        if route.park is not None or not route.queues:
+            return succeed(None)
+        dests = route.queues
+        now = self.clock.seconds()
+        entries = q._pop_ready(q._nready)
+        b = WriteBatch()
+        if entries:
+            b.delete_entries(q.name, [(e[1], e[0]) for e in entries])
+            for dest in dests:
+                dest._put(entries, b, True, now)
+        d = self._commit(b)
+        if q._stored_only and not q._paging:
+            q._paging = True
+            after = q._horizon
+
+            def got(page: list[Entry]) -> Any:
+                q._paging = False
+                if not page:
+                    q._stored_only = 0
+                    q._horizon = None
+                    return None
+                q._horizon = (page[-1][1], page[-1][0])
+                q._stored_only = max(0, q._stored_only - len(page))
+                for e in page:
+                    q._insert(e)
+                if not q._stored_only:
+                    q._horizon = None
+                return self._drain_park(address)
+            return d.addCallback(lambda _: self.store.read_entries(q.name, after, 1000)) \
+                    .addCallback(got)
+        return d
+
+    # -- dead letters --------------------------------------------------------------------------
+
+    def _get(self, queue_name: str) -> Queue:
+        """The queue or NoSuchQueue."""
+        q = self._queues.get(queue_name)
+        if q is None:
+            raise NoSuchQueue(queue_name)
+        return q
+
+    def dead_letters(self, queue_name: str, *, limit: int = 100,
+                     after: Optional[int] = None) -> Deferred[list[DeadLetter]]:
+        """List up to ``limit`` dead letters of the queue, oldest first, after msg id ``after``."""
+        q = self._get(queue_name)
+        if not q.durable:
+            items = [e for e in q._mem_dead if after is None or e[0] > after][:limit]
+            return succeed([DeadLetter.from_entry(e, queue_name) for e in items])
+        d = self.store.read_entries(dlq_name(queue_name),
+                                    None if after is None else (0, after), limit)
+        return d.addCallback(lambda es: [DeadLetter.from_entry(e, queue_name) for e in es])
+
+    @inlineCallbacks
+    def _all_dead(self, q: Queue) -> Any:
+        """Every stored dead-letter entry of ``q`` (cold path, read in pages)."""
+        if not q.durable:
+            return list(q._mem_dead)
+        out: list[Entry] = []
+        after = None
+        while True:
+            page = yield self.store.read_entries(dlq_name(q.name), after, 1000)
+            out.extend(page)
+            if len(page) < 1000:
+                return out
+            after = (page[-1][1], page[-1][0])
+
+    @inlineCallbacks
+    def replay_dead_letters(self, queue_name: str,
+                            msg_ids: Optional[Iterable[int]] = None) -> Any:
+        """Put dead letters back on their queue (attempts reset); fire with how many."""
+        q = self._get(queue_name)
+        wanted = None if msg_ids is None else set(msg_ids)
+        dead = yield self._all_dead(q)
+        chosen = [e for e in dead if wanted is None or e[0] in wanted]
+        if not chosen:
+            return 0
+        b = WriteBatch()
+        if q.durable:
+            b.delete_entries(dlq_name(queue_name), [(0, e[0]) for e in chosen])
+        else:
+            ids = {e[0] for e in chosen}
+            kept = [e for e in q._mem_dead if e[0] not in ids]
+            q._mem_dead.clear()
+            q._mem_dead.extend(kept)
+        entries = sorted((from_dead(e) for e in chosen), key=lambda e: (-e[1], e[0]))
+        q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
+        q._put(entries, b, True, self.clock.seconds())
+        yield self._commit(b)
+        return len(chosen)
+
+    @inlineCallbacks
+    def purge_dead_letters(self, queue_name: str,
+                           msg_ids: Optional[Iterable[int]] = None) -> Any:
+        """Delete dead letters (all, or the given ids); fire with how many were removed."""
+        q = self._get(queue_name)
+        dead = yield self._all_dead(q)
+        wanted = None if msg_ids is None else set(msg_ids)
+        chosen = [e for e in dead if wanted is None or e[0] in wanted]
+        if q.durable:
+            b = WriteBatch()
+            if wanted is None:
+                b.purge_queue(dlq_name(queue_name))
+            else:
+                b.delete_entries(dlq_name(queue_name), [(0, e[0]) for e in chosen])
+            yield self._commit(b)
+        else:
+            ids = {e[0] for e in chosen}
+            kept = [e for e in q._mem_dead if e[0] not in ids]
+            q._mem_dead.clear()
+            q._mem_dead.extend(kept)
+        q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
+        return len(chosen)
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for the admin surfaces and the manhole."""
+        return {"queues": len(self._queues), "parked": len(self.router.parking),
+                "bindings": len(self._bindings), "epoch": self.router.epoch,
+                "routes_cached": len(self.router.cache), "last_id": self.ids.last,
+                "pending_commits": len(self._pending)}
+
+
+__all__ = ["Broker", "validate_queue_name", "TIER_DURABLE", "TIER_MEMORY", "InvalidName"]

@@ -1,0 +1,52 @@
+"""The logical Message model (cold paths only) and the entry-tuple field names for hot paths.
+
+On the hot path a message is an entry tuple (:data:`mqhub.store.records.Entry`); this module
+re-exports its field indexes and offers :class:`Message` for admin surfaces, the manhole and tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from mqhub.core.ids import id_time
+from mqhub.store.records import (ADDRESS, ATTEMPTS, BODY, DELIVER_AT, EXPIRES_AT, HEADERS,
+                                 MSG_ID, ORIGIN, PRIORITY, Entry)
+
+__all__ = ["ADDRESS", "ATTEMPTS", "BODY", "DELIVER_AT", "EXPIRES_AT", "HEADERS", "MSG_ID",
+           "ORIGIN", "PRIORITY", "Entry", "Message", "TIER_DURABLE", "TIER_MEMORY", "TIERS"]
+
+TIER_MEMORY = "memory"
+TIER_DURABLE = "durable"
+TIERS = (TIER_MEMORY, TIER_DURABLE)
+
+
+@dataclass
+class Message:
+    """One message as a readable object (never built per message on the hot path)."""
+
+    msg_id: int
+    body: bytes
+    address: str = ""
+    headers: Optional[dict[str, str]] = field(default=None)
+    priority: int = 0
+    attempts: int = 0
+    deliver_at: float = 0.0
+    expires_at: float = 0.0
+    origin: str = ""
+
+    @property
+    def timestamp(self) -> float:
+        """POSIX time the message was published (taken from its id)."""
+        return id_time(self.msg_id)
+
+    @classmethod
+    def from_entry(cls, entry: Entry) -> "Message":
+        """Build a Message from an entry tuple."""
+        return cls(entry[MSG_ID], entry[BODY], entry[ADDRESS], entry[HEADERS], entry[PRIORITY],
+                   entry[ATTEMPTS], entry[DELIVER_AT], entry[EXPIRES_AT], entry[ORIGIN])
+
+    def to_entry(self) -> Entry:
+        """Return the entry tuple for this message."""
+        return (self.msg_id, self.priority, self.attempts, self.deliver_at, self.expires_at,
+                self.address, self.headers, self.body, self.origin)

@@ -1,0 +1,738 @@
+"""The Queue: the one work-queue primitive every protocol uses, and the Consumer that drains it.
+
+Ready entries are kept per priority in deques (a bounded window that is a prefix of the ready
+order); the rest of a durable queue's backlog stays in the store and is paged in as the window
+drains. In-flight entries sit in one dict keyed by msg_id with their consumer and deadline;
+deadlines are tracked per delivered batch in a heap, so one timer per queue serves them all.
+Every operation takes and returns lists (batch-oriented); no per-message Deferred is made.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from bisect import bisect_left
+from collections import deque
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+from mqhub.core.deadletter import (REASON_EXPIRED, REASON_MAX_ATTEMPTS, REASON_OVERFLOW,
+                                   REASON_REJECTED, dlq_name, to_dead)
+from mqhub.core.ids import EPOCH, SEQ_BITS
+from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
+from mqhub.errors import InvalidName
+from mqhub.store.batch import WriteBatch
+from mqhub.store.records import HEADERS, MSG_ID, PRIORITY, Entry, EntryKey
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mqhub.core.broker import Broker
+
+log = logging.getLogger(__name__)
+
+#: Header a message may carry to override its queue's ``max_attempts``.
+MAX_ATTEMPTS_HEADER = "mqhub-max-attempts"
+OVERFLOW_POLICIES = ("drop_oldest", "reject", "dead_letter")
+INF = float("inf")
+_MEM_DEAD_LIMIT = 10_000
+
+
+class Consumer:
+    """One consumer attached to a queue: its target, credit/ready limits and in-flight count.
+
+    ``ready`` is the most messages it may hold in flight (NSQ RDY, prefetch; -1 = no limit) and
+    ``credit`` the deliveries it may still receive (eMQP READY slots; -1 = no limit).
+    """
+
+    __slots__ = ("queue", "target", "ready", "credit", "in_flight", "timeout", "tag", "attached",
+                 "_ready_set")
+
+    def __init__(self, queue: "Queue", target: Any, ready: int, credit: int,
+                 timeout: float, tag: Any) -> None:
+        """Made by :meth:`Queue.attach` only."""
+        self.queue = queue
+        self.target = target
+        self._ready_set = ready > 0
+        self.ready = ready if ready > 0 else (-1 if credit > 0 else 0)
+        self.credit = credit if credit > 0 else -1
+        self.in_flight = 0
+        self.timeout = timeout
+        self.tag = tag
+        self.attached = True
+
+    def available(self) -> int:
+        """How many messages may be delivered now."""
+        r = self.ready
+        c = self.credit
+        a = (r - self.in_flight) if r >= 0 else 1 << 30
+        if 0 <= c < a:
+            a = c
+        return a
+
+    def set_ready(self, n: int) -> None:
+        """Deliver while fewer than ``n`` messages are in flight (NSQ RDY); 0 pauses the consumer."""
+        self._ready_set = True
+        self.ready = max(0, int(n))
+        self.queue.dispatch()
+
+    def add_credit(self, n: int) -> None:
+        """Allow ``n`` more deliveries (eMQP READY slots)."""
+        if self.credit < 0:
+            self.credit = 0
+        self.credit += max(0, int(n))
+        if not self._ready_set:
+            self.ready = -1
+        self.queue.dispatch()
+
+    def __repr__(self) -> str:
+        """Readable form."""
+        return "<Consumer %s ready=%s credit=%s in_flight=%d>" % (
+            self.queue.name, self.ready, self.credit, self.in_flight)
+
+
+class Queue:
+    """Ready entries ordered by (priority desc, msg_id asc), in-flight entries with deadlines."""
+
+    def __init__(self, broker: "Broker", name: str, *, tier: str = TIER_DURABLE,
+                 max_size: int = 0, overflow: str = "drop_oldest", ttl: float = 0.0,
+                 max_attempts: int = 0, msg_timeout: float = 60.0, expires_at: float = 0.0,
+                 auto_delete: bool = False, expire_to_dead_letters: bool = False,
+                 window: int = 10_000, incarnation: int = 0) -> None:
+        """Made by :meth:`Broker.declare_queue` (see docs/core-api.md for the settings)."""
+        if tier not in (TIER_DURABLE, TIER_MEMORY):
+            raise InvalidName("unknown tier %r" % (tier,))
+        if overflow not in OVERFLOW_POLICIES:
+            raise InvalidName("unknown overflow policy %r" % (overflow,))
+        self.broker = broker
+        self.name = name
+        self.tier = tier
+        self.durable = tier == TIER_DURABLE
+        self.max_size = int(max_size)
+        self.overflow = overflow
+        self.ttl = float(ttl)
+        self.max_attempts = int(max_attempts)
+        self.msg_timeout = float(msg_timeout)
+        self.expires_at = float(expires_at)
+        self.auto_delete = bool(auto_delete)
+        self.expire_to_dead_letters = bool(expire_to_dead_letters)
+        self.window = max(1, int(window))
+        self.incarnation = incarnation
+        self.paused = False
+        self.deleted = False
+        self.consumers: list[Consumer] = []
+        # ready window
+        self._ready: dict[int, deque[Entry]] = {}
+        self._prios: list[int] = []           # priorities with a deque, descending
+        self._nready = 0
+        self._stored_only = 0                 # durable entries in the store beyond the window
+        self._horizon: Optional[EntryKey] = None   # last key in the window when paged
+        self._paging = False
+        self._volatile = 0                    # persist=False entries in a durable queue's window
+        # in flight
+        self._inflight: dict[int, list[Any]] = {}
+        self._deadlines: list[tuple[float, int, list[int]]] = []
+        self._dseq = 0
+        self._timer: Any = None
+        self._timer_at = INF
+        self._rr = 0
+        self._dispatching = False
+        # counters
+        self.deferred = 0
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.expired_count = 0
+        self.dropped_count = 0
+        self.dead_letter_count = 0
+        self._mem_dead: deque[Entry] = deque(maxlen=_MEM_DEAD_LIMIT)
+
+    # -- settings ------------------------------------------------------------------------------
+
+    def settings(self) -> dict[str, Any]:
+        """The persisted settings of this queue."""
+        return {"tier": self.tier, "max_size": self.max_size, "overflow": self.overflow,
+                "ttl": self.ttl, "max_attempts": self.max_attempts,
+                "msg_timeout": self.msg_timeout, "expires_at": self.expires_at,
+                "auto_delete": self.auto_delete,
+                "expire_to_dead_letters": self.expire_to_dead_letters,
+                "incarnation": self.incarnation}
+
+    def configure(self, **settings: Any) -> None:
+        """Change settings (tier cannot change); persisted for durable queues."""
+        for key, value in settings.items():
+            if key not in ("max_size", "overflow", "ttl", "max_attempts", "msg_timeout",
+                           "expires_at", "auto_delete", "expire_to_dead_letters"):
+                raise InvalidName("cannot configure %r" % (key,))
+            if key == "overflow" and value not in OVERFLOW_POLICIES:
+                raise InvalidName("unknown overflow policy %r" % (value,))
+            setattr(self, key, value)
+        self.broker._queue_changed(self)
+
+    # -- counts --------------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Ready messages (in memory plus stored backlog), not counting in flight or deferred."""
+        return self._nready + self._stored_only
+
+    @property
+    def in_flight(self) -> int:
+        """Messages delivered and not yet acked."""
+        return len(self._inflight)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters in the shape the admin surfaces and NSQ /stats use."""
+        return {"name": self.name, "tier": self.tier, "depth": self.depth,
+                "in_memory": self._nready, "in_flight": len(self._inflight),
+                "deferred": self.deferred, "message_count": self.message_count,
+                "requeue_count": self.requeue_count, "timeout_count": self.timeout_count,
+                "expired_count": self.expired_count, "dropped_count": self.dropped_count,
+                "dead_letter_count": self.dead_letter_count,
+                "consumers": len(self.consumers), "paused": self.paused}
+
+    # -- window helpers ------------------------------------------------------------------------
+
+    def _deque(self, priority: int) -> deque[Entry]:
+        """The ready deque of ``priority`` (created on demand)."""
+        d = self._ready.get(priority)
+        if d is None:
+            d = self._ready[priority] = deque()
+            self._prios.append(priority)
+            self._prios.sort(reverse=True)
+        return d
+
+    def _insert(self, entry: Entry) -> None:
+        """Insert one entry at its place by msg_id within its priority (cold path: requeue)."""
+        d = self._deque(entry[PRIORITY])
+        mid = entry[MSG_ID]
+        if not d or d[-1][MSG_ID] < mid:
+            d.append(entry)
+        else:
+            ids = [e[MSG_ID] for e in d]
+            d.insert(bisect_left(ids, mid), entry)
+        self._nready += 1
+
+    def _after_horizon(self, entry: Entry) -> bool:
+        """True when ``entry`` sorts after the window's last key (it belongs to the stored backlog)."""
+        h = self._horizon
+        if h is None:
+            return self._stored_only > 0
+        p = entry[PRIORITY]
+        return p < h[0] or (p == h[0] and entry[MSG_ID] > h[1])
+
+    def _put(self, entries: list[Entry], batch: Optional[WriteBatch], persist: bool,
+             now: float) -> None:
+        """Add ``entries`` (already in id order) to the queue; store writes go into ``batch``."""
+        n = len(entries)
+        self.message_count += n
+        stored = self.durable and persist
+        if stored and batch is not None:
+            batch.put_entries(self.name, entries)
+        if stored and self._stored_only:
+            keep = [e for e in entries if not self._after_horizon(e)]
+            self._stored_only += n - len(keep)
+            entries = keep
+        elif not stored and self.durable:
+            self._volatile += n
+        if entries:
+            p = entries[0][PRIORITY]
+            d = self._deque(p)
+            last = d[-1][MSG_ID] if d else -1
+            if entries[-1][PRIORITY] == p and entries[0][MSG_ID] > last and all(
+                    e[PRIORITY] == p for e in entries):
+                d.extend(entries)
+                self._nready += len(entries)
+            else:
+                for e in entries:
+                    self._insert(e)
+        if self.max_size and self.depth > self.max_size:
+            self._overflow(self.depth - self.max_size, batch, now)
+        if self.durable and self._nready > self._effective_window() and not self._volatile:
+            self._evict()
+        self.dispatch()
+
+    def _effective_window(self) -> int:
+        """Window size; a bounded queue keeps its whole content in memory."""
+        return max(self.window, self.max_size) if self.max_size else self.window
+
+    def _evict(self) -> None:
+        """Drop the tail of the window to the stored backlog, keeping the window a prefix."""
+        excess = self._nready - self._effective_window()
+        for p in sorted(self._prios):
+            d = self._ready[p]
+            while d and excess > 0:
+                d.pop()
+                excess -= 1
+                self._nready -= 1
+                self._stored_only += 1
+            if excess <= 0:
+                break
+        for p in sorted(self._prios):
+            d = self._ready[p]
+            if d:
+                self._horizon = (p, d[-1][MSG_ID])
+                break
+
+    def _pop_ready(self, n: int) -> list[Entry]:
+        """Remove and return up to ``n`` ready entries in ready order."""
+        out: list[Entry] = []
+        for p in self._prios:
+            d = self._ready[p]
+            if not d:
+                continue
+            k = n - len(out)
+            if len(d) <= k:
+                out.extend(d)
+                d.clear()
+            else:
+                pop = d.popleft
+                out.extend([pop() for _ in range(k)])
+            if len(out) >= n:
+                break
+        self._nready -= len(out)
+        if self._volatile and out:
+            self._volatile = max(0, self._volatile - len(out))
+        return out
+
+    def _pop_oldest(self, n: int) -> list[Entry]:
+        """Remove the ``n`` oldest entries of the lowest priorities (overflow victims)."""
+        out: list[Entry] = []
+        for p in sorted(self._prios):
+            d = self._ready[p]
+            while d and len(out) < n:
+                out.append(d.popleft())
+            if len(out) >= n:
+                break
+        self._nready -= len(out)
+        return out
+
+    def _overflow(self, excess: int, batch: Optional[WriteBatch], now: float) -> None:
+        """Apply the overflow policy to ``excess`` entries beyond ``max_size``."""
+        victims = self._pop_oldest(excess)
+        if not victims:
+            return
+        if self.overflow == "dead_letter":
+            self._dead(victims, REASON_OVERFLOW, "queue full", batch, now)
+        else:
+            self.dropped_count += len(victims)
+            if self.durable and batch is not None:
+                batch.delete_entries(self.name, [(e[PRIORITY], e[MSG_ID]) for e in victims])
+
+    def room(self) -> int:
+        """How many more messages fit before ``max_size`` (a large number when unbounded)."""
+        if not self.max_size:
+            return 1 << 62
+        return self.max_size - self.depth
+
+    def _ttl_cut(self, now: float) -> int:
+        """Ids below this are older than the queue TTL (0 when the queue has no TTL)."""
+        if not self.ttl:
+            return 0
+        return int((now - self.ttl - EPOCH) * 1000.0) << SEQ_BITS
+
+    # -- paging --------------------------------------------------------------------------------
+
+    def _maybe_page(self) -> None:
+        """Read the next page of the stored backlog when the window runs low."""
+        if (self._paging or not self._stored_only or self.deleted
+                or self._nready > self._effective_window() // 2):
+            return
+        self._paging = True
+        limit = self._effective_window() - self._nready
+        incarnation = self.incarnation
+        d = self.broker.store.read_entries(self.name, self._horizon, max(1, limit))
+        d.addCallbacks(self._paged, self._page_failed, callbackArgs=(incarnation,))
+
+    def _paged(self, entries: list[Entry], incarnation: int) -> None:
+        """Append a page read from the store to the window."""
+        self._paging = False
+        if self.deleted or incarnation != self.incarnation:
+            return
+        inflight = self._inflight
+        fresh = [e for e in entries if e[MSG_ID] not in inflight]
+        if entries:
+            last = entries[-1]
+            self._horizon = (last[PRIORITY], last[MSG_ID])
+            self.broker.ids.observe(max(e[MSG_ID] for e in entries))
+        for e in fresh:
+            self._insert(e)
+        self._stored_only = max(0, self._stored_only - len(entries))
+        if len(entries) == 0 and self._stored_only:
+            # the rest is not committed yet (grouped commit): look again shortly
+            self.broker.clock.callLater(0.05, self._maybe_page)
+        if not self._stored_only:
+            self._horizon = None
+        self.dispatch()
+
+    def _page_failed(self, failure: Any) -> None:
+        """A page read failed: log it and try again later."""
+        self._paging = False
+        log.error("paging %s failed: %s", self.name, failure.getErrorMessage())
+        self.broker.clock.callLater(1.0, self._maybe_page)
+
+    def _recovered(self, count: int) -> None:
+        """Start-up: the store holds ``count`` entries; the window will be paged from the start."""
+        self._stored_only = count
+        self._horizon = None
+        self._maybe_page()
+
+    # -- consumers -----------------------------------------------------------------------------
+
+    def attach(self, target: Any, *, ready: int = 0, credit: int = 0,
+               timeout: Optional[float] = None, tag: Any = None) -> Consumer:
+        """Attach a consumer; ``target.deliver_batch(consumer, queue_name, entries)`` receives."""
+        c = Consumer(self, target, int(ready or 0), int(credit or 0),
+                     self.msg_timeout if timeout is None else float(timeout), tag)
+        self.consumers.append(c)
+        self.dispatch()
+        return c
+
+    def detach(self, consumer: Consumer, requeue: bool = True) -> None:
+        """Detach ``consumer``; its in-flight messages return to ready (attempts kept)."""
+        if not consumer.attached:
+            return
+        consumer.attached = False
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        mine = [mid for mid, rec in self._inflight.items() if rec[1] is consumer]
+        if mine and requeue:
+            self._requeue_ids(consumer, mine, 0.0, None, count=False)
+        if self.auto_delete and not self.consumers and not self.deleted:
+            self.broker.delete_queue(self.name)
+        else:
+            self.dispatch()
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        """Deliver ready entries to consumers with room, round robin, one batch per consumer."""
+        if self._dispatching or self.paused or self.deleted:
+            return
+        if not self._nready:
+            self._maybe_page()
+            return
+        consumers = self.consumers
+        if not consumers:
+            return
+        self._dispatching = True
+        try:
+            clock = self.broker.clock
+            now = clock.seconds()
+            ttl_cut = self._ttl_cut(now)
+            ncons = len(consumers)
+            start = self._rr % ncons
+            self._rr += 1
+            record = self.max_attempts > 0 and self.durable
+            for k in range(ncons):
+                if not self._nready:
+                    break
+                c = consumers[(start + k) % ncons]
+                avail = c.available()
+                if avail <= 0:
+                    continue
+                taken = self._pop_ready(avail)
+                expired = None
+                out = []
+                for e in taken:
+                    x = e[4]
+                    if (x and x <= now) or e[0] < ttl_cut:
+                        if expired is None:
+                            expired = []
+                        expired.append(e)
+                    else:
+                        out.append((e[0], e[1], e[2] + 1, e[3], x, e[5], e[6], e[7], e[8]))
+                if expired:
+                    self._expire(expired, now)
+                if not out:
+                    continue
+                deadline = now + c.timeout
+                inflight = self._inflight
+                for e in out:
+                    inflight[e[0]] = [e, c, deadline]
+                n = len(out)
+                c.in_flight += n
+                if c.credit > 0:
+                    c.credit -= n
+                self._push_deadline(deadline, [e[0] for e in out])
+                if record:
+                    b = WriteBatch()
+                    b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in out])
+                    self.broker._commit(b)
+                try:
+                    c.target.deliver_batch(c, self.name, out)
+                except Exception:
+                    log.exception("deliver_batch of %r failed", c.target)
+        finally:
+            self._dispatching = False
+        if self._stored_only:
+            self._maybe_page()
+
+    def _push_deadline(self, deadline: float, ids: list[int]) -> None:
+        """Track ``ids`` expiring at ``deadline`` and arm the queue timer if it is the earliest."""
+        self._dseq += 1
+        heapq.heappush(self._deadlines, (deadline, self._dseq, ids))
+        if deadline < self._timer_at:
+            self._arm(deadline)
+
+    def _arm(self, when: float) -> None:
+        """Arm the single in-flight timer for ``when``."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        clock = self.broker.clock
+        self._timer_at = when
+        self._timer = clock.callLater(max(0.0, when - clock.seconds()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        """Time out every in-flight message whose deadline has passed, then re-arm."""
+        self._timer = None
+        self._timer_at = INF
+        now = self.broker.clock.seconds()
+        heap = self._deadlines
+        expired: dict[Consumer, list[int]] = {}
+        inflight = self._inflight
+        while heap and heap[0][0] <= now:
+            _, _, ids = heapq.heappop(heap)
+            for mid in ids:
+                rec = inflight.get(mid)
+                if rec is not None and rec[2] <= now:
+                    expired.setdefault(rec[1], []).append(mid)
+        for consumer, ids in expired.items():
+            self.timeout_count += len(ids)
+            self._requeue_ids(consumer, ids, 0.0, "timeout", count=False)
+        if heap and not self.deleted:
+            self._arm(heap[0][0])
+
+    # -- message operations ---------------------------------------------------------------------
+
+    def _take(self, consumer: Consumer, msg_ids: Iterable[int]) -> tuple[list[Entry], list[int]]:
+        """Pop the in-flight records of ``msg_ids`` held by ``consumer``; return (entries, failed)."""
+        inflight = self._inflight
+        got: list[Entry] = []
+        failed: list[int] = []
+        for mid in msg_ids:
+            rec = inflight.get(mid)
+            if rec is None or rec[1] is not consumer:
+                failed.append(mid)
+                continue
+            del inflight[mid]
+            got.append(rec[0])
+        consumer.in_flight -= len(got)
+        return got, failed
+
+    def ack(self, consumer: Consumer, msg_ids: Iterable[int]) -> list[int]:
+        """Acknowledge (NSQ FIN); return the ids that were not in flight on ``consumer``."""
+        got, failed = self._take(consumer, msg_ids)
+        if got and self.durable:
+            b = WriteBatch()
+            b.delete_entries(self.name, [(e[1], e[0]) for e in got])
+            self.broker._commit(b)
+        if got:
+            self.dispatch()
+        return failed
+
+    def touch(self, consumer: Consumer, msg_ids: Iterable[int],
+              extend: Optional[float] = None) -> list[int]:
+        """Reset the deadline of in-flight messages to now + ``extend`` (default: consumer timeout)."""
+        now = self.broker.clock.seconds()
+        deadline = now + (consumer.timeout if extend is None else float(extend))
+        failed: list[int] = []
+        touched: list[int] = []
+        for mid in msg_ids:
+            rec = self._inflight.get(mid)
+            if rec is None or rec[1] is not consumer:
+                failed.append(mid)
+            else:
+                rec[2] = deadline
+                touched.append(mid)
+        if touched:
+            self._push_deadline(deadline, touched)
+        return failed
+
+    def requeue(self, consumer: Consumer, msg_ids: Iterable[int], delay: float = 0.0,
+                error: Optional[str] = None) -> list[int]:
+        """Return in-flight messages to ready (or deferred by ``delay`` seconds); dead-letter at max attempts."""
+        return self._requeue_ids(consumer, msg_ids, delay, error, count=True)
+
+    def _requeue_ids(self, consumer: Consumer, msg_ids: Iterable[int], delay: float,
+                     error: Optional[str], count: bool) -> list[int]:
+        """Shared by requeue, timeouts and detach."""
+        got, failed = self._take(consumer, msg_ids)
+        if not got:
+            return failed
+        if count:
+            self.requeue_count += len(got)
+        now = self.broker.clock.seconds()
+        b = WriteBatch()
+        dead: list[Entry] = []
+        back: list[Entry] = []
+        for e in got:
+            limit = self.max_attempts
+            h = e[HEADERS]
+            if h and MAX_ATTEMPTS_HEADER in h:
+                try:
+                    limit = int(h[MAX_ATTEMPTS_HEADER])
+                except (TypeError, ValueError):
+                    pass
+            if limit > 0 and e[2] >= limit and error != "detached":
+                dead.append(e)
+            else:
+                back.append(e)
+        if dead:
+            self._dead(dead, REASON_MAX_ATTEMPTS, error, b, now)
+        if back:
+            if self.durable:
+                b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in back])
+            if delay and delay > 0:
+                if self.durable:
+                    b.delete_entries(self.name, [(e[1], e[0]) for e in back])
+                self.broker._defer(self, back, now + delay, b)
+            else:
+                for e in back:
+                    self._insert(e)
+        if b:
+            self.broker._commit(b)
+        self.dispatch()
+        return failed
+
+    def reject(self, consumer: Consumer, msg_ids: Iterable[int], reason: str = REASON_REJECTED,
+               error: Optional[str] = None) -> list[int]:
+        """Dead-letter in-flight messages now with ``reason``; return ids not in flight."""
+        got, failed = self._take(consumer, msg_ids)
+        if got:
+            b = WriteBatch()
+            self._dead(got, reason, error, b, self.broker.clock.seconds())
+            self.broker._commit(b)
+            self.dispatch()
+        return failed
+
+    def _dead(self, entries: list[Entry], reason: str, error: Optional[str],
+              batch: Optional[WriteBatch], now: float) -> None:
+        """Move ``entries`` (already out of the window/in-flight) to this queue's dead letters."""
+        self.dead_letter_count += len(entries)
+        dead = [to_dead(e, self.name, reason, error, now) for e in entries]
+        if self.durable and batch is not None:
+            batch.delete_entries(self.name, [(e[1], e[0]) for e in entries])
+            batch.put_entries(dlq_name(self.name), dead)
+        else:
+            self._mem_dead.extend(dead)
+
+    def _expire(self, entries: list[Entry], now: float) -> None:
+        """Count and drop (or dead-letter) expired entries taken from the window."""
+        self.expired_count += len(entries)
+        b = WriteBatch()
+        if self.expire_to_dead_letters:
+            self._dead(entries, REASON_EXPIRED, "expired", b, now)
+        elif self.durable:
+            b.delete_entries(self.name, [(e[1], e[0]) for e in entries])
+        if b:
+            self.broker._commit(b)
+
+    def sweep(self, now: float, budget: int) -> int:
+        """Drop expired ready entries from the window, scanning at most ``budget``; return the scan count."""
+        ttl_cut = self._ttl_cut(now)
+        scanned = 0
+        expired: list[Entry] = []
+        for p in self._prios:
+            d = self._ready[p]
+            if not d:
+                continue
+            if len(d) > budget - scanned:
+                # big window: only the head (oldest) can be past the queue TTL cheaply
+                while d and scanned < budget and (
+                        d[0][0] < ttl_cut or (d[0][4] and d[0][4] <= now)):
+                    expired.append(d.popleft())
+                    scanned += 1
+                scanned = budget
+                break
+            keep = []
+            for e in d:
+                x = e[4]
+                if (x and x <= now) or e[0] < ttl_cut:
+                    expired.append(e)
+                else:
+                    keep.append(e)
+            scanned += len(d)
+            if len(keep) != len(d):
+                d.clear()
+                d.extend(keep)
+        if expired:
+            self._nready -= len(expired)
+            self._expire(expired, now)
+        return scanned
+
+    # -- pull (mq9 QUERY) ----------------------------------------------------------------------
+
+    def peek(self, limit: int) -> list[Entry]:
+        """Return up to ``limit`` ready entries in order without changing anything."""
+        out: list[Entry] = []
+        for p in self._prios:
+            for e in self._ready[p]:
+                if len(out) >= limit:
+                    return out
+                out.append(e)
+        return out
+
+    def take(self, limit: int) -> list[Entry]:
+        """Remove and return up to ``limit`` ready entries (read and marked consumed)."""
+        now = self.broker.clock.seconds()
+        taken = self._pop_ready(limit)
+        ttl_cut = self._ttl_cut(now)
+        out = [e for e in taken if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
+        if len(out) != len(taken):
+            self._expire([e for e in taken if (e[4] and e[4] <= now) or e[0] < ttl_cut], now)
+        if out and self.durable:
+            b = WriteBatch()
+            b.delete_entries(self.name, [(e[1], e[0]) for e in out])
+            self.broker._commit(b)
+        self._maybe_page()
+        return out
+
+    # -- admin ---------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop delivering to consumers (messages keep arriving)."""
+        self.paused = True
+
+    def unpause(self) -> None:
+        """Resume delivering."""
+        self.paused = False
+        self.dispatch()
+
+    def empty(self) -> Any:
+        """Drop every ready, stored, in-flight and deferred message; fire when stored."""
+        self._clear()
+        self.incarnation += 1
+        b = WriteBatch()
+        if self.durable:
+            b.purge_queue(self.name)
+        self.broker._queue_changed(self, b)
+        return self.broker._commit(b)
+
+    def _clear(self) -> None:
+        """Forget all messages in memory and every consumer's in-flight count."""
+        for d in self._ready.values():
+            d.clear()
+        self._nready = 0
+        self._stored_only = 0
+        self._horizon = None
+        self._volatile = 0
+        self._inflight.clear()
+        self._deadlines.clear()
+        self.deferred = 0
+        for c in self.consumers:
+            c.in_flight = 0
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        self._timer_at = INF
+
+    def _close(self) -> None:
+        """The queue is deleted: drop everything, detach consumers silently."""
+        self.deleted = True
+        self._clear()
+        for c in self.consumers:
+            c.attached = False
+        self.consumers = []
+
+    def __repr__(self) -> str:
+        """Readable form."""
+        return "<Queue %s %s depth=%d in_flight=%d>" % (self.name, self.tier, self.depth,
+                                                       len(self._inflight))

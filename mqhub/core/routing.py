@@ -1,0 +1,115 @@
+"""Bindings (address pattern -> queue or live subscriber) and the cached routes a publish uses.
+
+A :class:`Route` is resolved once per address and cached until the binding epoch changes, so a
+publish costs one dict lookup; resolving walks the token trie and never scans all bindings.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from mqhub.core.address import AddressTrie
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mqhub.core.queue import Queue
+
+MAX_CACHED_ROUTES = 100_000
+
+
+class Binding:
+    """One subscription: ``pattern`` to a queue, or to a live ``target`` (IDeliveryTarget)."""
+
+    __slots__ = ("id", "pattern", "queue", "target", "group", "tag", "broker")
+
+    def __init__(self, bid: int, pattern: str, queue: Optional["Queue"], target: Any,
+                 group: Optional[str], tag: Any, broker: Any) -> None:
+        """Made by the broker only (``bind_queue`` / ``subscribe``)."""
+        self.id = bid
+        self.pattern = pattern
+        self.queue = queue
+        self.target = target
+        self.group = group
+        self.tag = tag
+        self.broker = broker
+
+    def __repr__(self) -> str:
+        """Readable form for the manhole."""
+        to = ("queue %s" % self.queue.name) if self.queue is not None else repr(self.target)
+        return "<Binding %d %s -> %s%s>" % (self.id, self.pattern, to,
+                                            " group %s" % self.group if self.group else "")
+
+
+class Route:
+    """Everything a publish to one address reaches; immutable except the group rotation."""
+
+    __slots__ = ("epoch", "address", "queues", "targets", "groups", "park", "empty", "_rr")
+
+    def __init__(self, epoch: int, address: str, queues: tuple["Queue", ...],
+                 targets: tuple[Binding, ...], groups: tuple[tuple[Binding, ...], ...],
+                 park: Optional["Queue"]) -> None:
+        """Made by :class:`Router` only."""
+        self.epoch = epoch
+        self.address = address
+        self.queues = queues
+        self.targets = targets
+        self.groups = groups
+        self.park = park
+        self.empty = not (queues or targets or groups or park is not None)
+        self._rr = [0] * len(groups)
+
+    def pick(self, i: int) -> Binding:
+        """Return the member of group ``i`` that gets the next batch (round robin)."""
+        members = self.groups[i]
+        n = self._rr[i]
+        self._rr[i] = n + 1
+        return members[n % len(members)]
+
+
+class Router:
+    """The trie of bindings plus the per-address route cache and the binding epoch."""
+
+    def __init__(self) -> None:
+        """Start with no bindings."""
+        self.trie = AddressTrie()
+        self.epoch = 0
+        self.cache: dict[str, Route] = {}
+        self.parking: dict[str, "Queue"] = {}     # address -> its parking queue (parked or paused)
+        self.paused: set[str] = set()
+
+    def changed(self) -> None:
+        """Bindings, parking or pauses changed: new epoch, empty cache."""
+        self.epoch += 1
+        self.cache.clear()
+
+    def route(self, address: str) -> Route:
+        """Return the (cached) route of ``address``."""
+        r = self.cache.get(address)
+        if r is None:
+            r = self.resolve(address)
+            if len(self.cache) >= MAX_CACHED_ROUTES:
+                self.cache.clear()
+            self.cache[address] = r
+        return r
+
+    def resolve(self, address: str) -> Route:
+        """Resolve ``address`` against the trie (uncached)."""
+        queues: list[Any] = []
+        targets: list[Binding] = []
+        groups: dict[str, list[Binding]] = {}
+        seen: set[int] = set()
+        for b in self.trie.match(address):
+            if b.queue is not None:
+                if id(b.queue) not in seen:
+                    seen.add(id(b.queue))
+                    queues.append(b.queue)
+            elif b.group:
+                groups.setdefault(b.group, []).append(b)
+            else:
+                targets.append(b)
+        park = self.parking.get(address)
+        if park is not None and not (address in self.paused or not queues):
+            park = None
+        if park is not None:
+            queues = []
+        return Route(self.epoch, address, tuple(queues), tuple(targets),
+                     tuple(tuple(g) for g in groups.values()), park)
