@@ -1,0 +1,1 @@
+"""Crash-recovery and snapshot tests of the durable store (real child processes)."""
