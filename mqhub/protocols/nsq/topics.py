@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
 
 from mqhub.protocols.nsq.codec import is_ephemeral
 from mqhub.store.batch import WriteBatch
@@ -127,9 +127,9 @@ class TopicRegistry:
         ds = [self.broker.delete_queue(q.name) for q in list(topic.channels.values())]
         topic.channels.clear()
         ds.append(self._empty_parked(topic))
-        self.broker.unpark(topic.address)
+        ds.append(maybeDeferred(self.broker.unpark, topic.address))
         if topic.paused:
-            ds.append(self.broker.resume_address(topic.address))
+            ds.append(maybeDeferred(self.broker.resume_address, topic.address))
         batch = WriteBatch()
         batch.delete_meta(META_PREFIX + name)
         ds.append(self.store.commit(batch))
@@ -139,8 +139,12 @@ class TopicRegistry:
         """Drop the messages the topic holds for channels that do not exist yet."""
         empty = getattr(self.broker, "empty_parked", None)
         if empty is not None:
-            return empty(topic.address)  # type: ignore[no-any-return]
-        return succeed(None)
+            return maybeDeferred(empty, topic.address)
+        # The core has no public call for this yet: empty the address's parking queue.
+        parked = self.broker.router.parking.get(topic.address)
+        if parked is None:
+            return succeed(None)
+        return maybeDeferred(parked.empty)
 
     def empty_topic(self, name: str) -> Deferred[Any]:
         """Drop the topic's own backlog (messages not yet handed to a channel)."""
@@ -152,9 +156,9 @@ class TopicRegistry:
         topic = self.topics[name]
         topic.paused = paused
         if paused:
-            d = self.broker.pause_address(topic.address)
+            d = maybeDeferred(self.broker.pause_address, topic.address)
         else:
-            d = self.broker.resume_address(topic.address)
+            d = maybeDeferred(self.broker.resume_address, topic.address)
         if not topic.ephemeral:
             batch = WriteBatch()
             batch.put_meta(META_PREFIX + name, b"paused" if paused else b"")

@@ -1,0 +1,477 @@
+"""NSQ server behaviour over StringTransport, a memory hub and a Clock (no reactor, no sockets)."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+from mqhub.protocols.nsq import codec as w
+from mqhub.protocols.nsq.auth import SecretsFile
+from mqhub.protocols.nsq.config import NsqConfig
+from mqhub.protocols.nsq.topics import queue_name, topic_address
+from tests.protocols.nsq.harness import Harness
+
+OK = w.Response(b"OK")
+
+
+def test_pub_ok_only_after_commit_and_in_order() -> None:
+    """Pipelined PUBs are confirmed only once the store commit happened, in command order."""
+    h = Harness()
+    p = h.client()
+    commits = h.hub.store.commits
+    p.send(b"".join(w.encode_pub("orders", b"m%d" % i) for i in range(50)) + w.encode_pub("other", b"x"))
+    assert p.frames() == []  # nothing confirmed before the group commit
+    h.settle()
+    assert p.frames() == [OK] * 51
+    # 50 PUBs to one topic and one to another: two publish batches, one grouped store commit
+    assert h.hub.store.commits - commits <= 2
+    assert h.service.registry.topic_depth(h.service.registry.get_topic("orders")) == 50
+
+
+def test_topic_buffers_until_first_channel_then_fans_out() -> None:
+    """A topic keeps messages until its first channel; later messages reach every channel."""
+    h = Harness()
+    p = h.client()
+    p.send(w.encode_mpub("t", [b"a", b"b", b"c"]))
+    h.settle()
+    assert p.frames() == [OK]
+    c1 = h.consumer("t", "one", rdy=10)
+    h.settle()
+    assert [f.body for f in c1.frames()] == [b"a", b"b", b"c"]
+    c2 = h.consumer("t", "two", rdy=10)
+    p.send(w.encode_pub("t", b"d"))
+    h.settle()
+    assert [f.body for f in c1.frames()] == [b"d"]
+    assert [f.body for f in c2.frames()] == [b"d"]
+
+
+def test_messages_frames_carry_id_attempts_timestamp() -> None:
+    """A delivered message has a 16-hex-char id, attempts 1 and the publish time in ns."""
+    h = Harness()
+    c = h.consumer("t", "c", rdy=1)
+    p = h.client()
+    p.send(w.encode_pub("t", b"body"))
+    h.settle()
+    (msg,) = c.frames()
+    assert isinstance(msg, w.Message)
+    assert len(msg.msg_id) == 16 and int(msg.msg_id, 16) > 0
+    assert msg.attempts == 1 and msg.body == b"body"
+    assert abs(msg.timestamp_ns - int(h.clock.seconds() * 1e9)) < 2_000_000
+
+
+def test_rdy_flow_control_and_fin_refills() -> None:
+    """Only RDY messages are in flight; each FIN lets one more through; RDY 0 pauses."""
+    h = Harness()
+    p = h.client()
+    p.send(w.encode_mpub("t", [b"%d" % i for i in range(5)]))
+    c = h.consumer("t", "c", rdy=2)
+    h.settle()
+    first = c.frames()
+    assert [f.body for f in first] == [b"0", b"1"]
+    c.send(w.encode_fin(first[0].msg_id))
+    h.settle()
+    assert [f.body for f in c.frames()] == [b"2"]
+    c.send(w.encode_rdy(0), w.encode_fin(first[1].msg_id))
+    h.settle()
+    assert c.frames() == []
+    c.send(w.encode_rdy(5))
+    h.settle()
+    assert [f.body for f in c.frames()] == [b"3", b"4"]
+
+
+def test_competing_consumers_share_a_channel() -> None:
+    """Within one channel each message goes to exactly one client."""
+    h = Harness()
+    a = h.consumer("t", "c", rdy=100)
+    b = h.consumer("t", "c", rdy=100)
+    p = h.client()
+    p.send(w.encode_mpub("t", [b"%d" % i for i in range(20)]))
+    h.settle()
+    got_a = [f.body for f in a.frames()]
+    got_b = [f.body for f in b.frames()]
+    assert sorted(got_a + got_b, key=int) == [b"%d" % i for i in range(20)]
+    assert not set(got_a) & set(got_b)
+
+
+def test_fin_unknown_is_non_fatal_and_bad_id_is_fatal() -> None:
+    """FIN of an id not in flight gets E_FIN_FAILED and the connection stays; a short id is fatal."""
+    h = Harness()
+    c = h.consumer("t", "c", rdy=1)
+    c.send(w.encode_fin(b"00000000000000ff"), w.encode_fin(b"zzzzzzzzzzzzzzzz"))
+    assert c.frames() == [
+        w.ErrorFrame("E_FIN_FAILED", "FIN 00000000000000ff failed ID not in flight"),
+        w.ErrorFrame("E_FIN_FAILED", "FIN zzzzzzzzzzzzzzzz failed ID not in flight"),
+    ]
+    assert not c.closed
+    c.send(w.encode_req(b"00000000000000ff", 0), w.encode_touch(b"00000000000000ff"), b"NOP\n")
+    assert c.frames() == [
+        w.ErrorFrame("E_REQ_FAILED", "REQ 00000000000000ff failed ID not in flight"),
+        w.ErrorFrame("E_TOUCH_FAILED", "TOUCH 00000000000000ff failed ID not in flight"),
+    ]
+    assert not c.closed
+    c.send(b"FIN 123\n")
+    assert c.frames() == [w.ErrorFrame("E_INVALID", "invalid message ID")]
+    assert c.closed
+
+
+def test_req_with_delay_redelivers_later_with_attempts() -> None:
+    """REQ with a timeout defers the message; it comes back after the delay with attempts 2."""
+    h = Harness()
+    c = h.consumer("t", "c", rdy=5)
+    p = h.client()
+    p.send(w.encode_pub("t", b"job"))
+    h.settle()
+    (msg,) = c.frames()
+    c.send(w.encode_req(msg.msg_id, 2000))
+    h.settle()
+    h.clock.advance(1.5)
+    assert c.frames() == []
+    for _ in range(10):
+        h.clock.advance(0.2)
+    (again,) = c.frames()
+    assert again.msg_id == msg.msg_id and again.attempts == 2 and again.body == b"job"
+    c.send(w.encode_req(again.msg_id, 0))
+    h.settle()
+    (third,) = c.frames()
+    assert third.attempts == 3
+
+
+def test_msg_timeout_redelivers_and_touch_extends() -> None:
+    """A message not FINed within msg_timeout is redelivered; TOUCH resets the deadline."""
+    h = Harness()
+    c = h.consumer("t", "c", rdy=5, identify={"msg_timeout": 1000})
+    p = h.client()
+    p.send(w.encode_pub("t", b"slow"))
+    h.settle()
+    (msg,) = c.frames()
+    h.clock.advance(0.8)
+    c.send(w.encode_touch(msg.msg_id))
+    h.clock.advance(0.8)
+    assert c.frames() == []  # touched at 0.8: deadline now 1.8
+    for _ in range(10):
+        h.clock.advance(0.1)
+    (again,) = c.frames()
+    assert again.msg_id == msg.msg_id and again.attempts == 2
+    stats = h.service.registry.get_channel("t", "c").stats()
+    assert stats["timeout_count"] == 1
+
+
+def test_dpub_defers_delivery() -> None:
+    """DPUB is confirmed at once (durably) and delivered only after its delay."""
+    h = Harness()
+    c = h.consumer("t", "c", rdy=5)
+    p = h.client()
+    p.send(w.encode_dpub("t", 3000, b"later"))
+    h.settle()
+    assert p.frames() == [OK]
+    h.clock.advance(2.0)
+    assert c.frames() == []
+    for _ in range(20):
+        h.clock.advance(0.1)
+    assert [f.body for f in c.frames()] == [b"later"]
+
+
+def test_commands_in_wrong_state_are_fatal() -> None:
+    """RDY/FIN/REQ/TOUCH/CLS before SUB, and SUB twice, get nsqd's fatal E_INVALID."""
+    h = Harness()
+    for raw, verb in [(b"RDY 1\n", "RDY"), (w.encode_fin(b"0" * 16), "FIN"),
+                      (w.encode_req(b"0" * 16, 0), "REQ"), (w.encode_touch(b"0" * 16), "TOUCH"),
+                      (b"CLS\n", "CLS")]:
+        c = h.client()
+        c.send(raw)
+        assert c.frames() == [w.ErrorFrame("E_INVALID", f"cannot {verb} in current state")]
+        assert c.closed
+    c = h.consumer("t", "c")
+    c.send(w.encode_sub("t", "c"))
+    assert c.frames() == [w.ErrorFrame("E_INVALID", "cannot SUB in current state")]
+    assert c.closed
+    c = h.consumer("t", "c")
+    c.send(w.encode_identify({}))
+    assert c.frames() == [w.ErrorFrame("E_INVALID", "cannot IDENTIFY in current state")]
+
+
+def test_rdy_out_of_range_is_fatal() -> None:
+    """RDY above max_rdy_count (or negative) closes the connection with nsqd's text."""
+    h = Harness()
+    c = h.consumer("t", "c")
+    c.send(b"RDY 2501\n")
+    assert c.frames() == [w.ErrorFrame("E_INVALID", "RDY count 2501 out of range 0-2500")]
+    assert c.closed
+    c = h.consumer("t", "c")
+    c.send(b"RDY 2500\n")
+    assert c.frames() == [] and not c.closed
+
+
+def test_malformed_input_closes_only_that_connection() -> None:
+    """Garbage on one connection is fatal for it; another client's publishes and deliveries go on."""
+    h = Harness()
+    good = h.consumer("t", "c", rdy=10)
+    producer = h.client()
+    bad = h.client()
+    producer.send(w.encode_pub("t", b"1"))
+    bad.send(b"PUB bad!topic\n\x00\x00\x00\x01x")
+    producer.send(w.encode_pub("t", b"2"))
+    h.settle()
+    assert bad.frames() == [w.ErrorFrame("E_BAD_TOPIC", 'PUB topic name "bad!topic" is not valid')]
+    assert bad.closed
+    assert producer.frames() == [OK, OK] and not producer.closed
+    assert [f.body for f in good.frames()] == [b"1", b"2"]
+
+
+def test_oversize_body_gets_bad_message() -> None:
+    """A PUB over max_msg_size is refused with E_BAD_MESSAGE before its body is read."""
+    h = Harness(NsqConfig(max_msg_size=100, hostname="h"))
+    c = h.client()
+    c.send(b"PUB t\n\x00\x00\x00\x65")
+    assert c.frames() == [w.ErrorFrame("E_BAD_MESSAGE", "PUB message too big 101 > 100")]
+    assert c.closed
+
+
+def test_good_commands_before_a_bad_one_are_answered_first() -> None:
+    """PUBs pipelined ahead of a malformed command still get their OK before the error."""
+    h = Harness()
+    c = h.client()
+    c.send(w.encode_pub("t", b"a") + w.encode_pub("t", b"b") + b"WHAT\n")
+    h.settle()
+    assert c.frames() == [OK, OK, w.ErrorFrame("E_INVALID", "invalid command WHAT")]
+    assert c.closed
+    assert h.service.registry.topic_depth(h.service.registry.get_topic("t")) == 2
+
+
+def test_bad_magic() -> None:
+    """A client that does not open with '  V2' gets E_BAD_PROTOCOL and is closed."""
+    h = Harness()
+    c = h.client(magic=False)
+    c.send(b"GET / HTTP/1.1\r\n\r\n")
+    assert c.frames() == [w.ErrorFrame("E_BAD_PROTOCOL", "")]
+    assert c.closed
+
+
+def test_identify_feature_negotiation_has_nsqd_fields() -> None:
+    """IDENTIFY with feature_negotiation answers nsqd's 13 fields echoing negotiated values."""
+    h = Harness()
+    c = h.client()
+    c.send(w.encode_identify({"feature_negotiation": True, "msg_timeout": 5000, "sample_rate": 50,
+                              "output_buffer_size": 1024, "output_buffer_timeout": 100,
+                              "tls_v1": True, "snappy": True, "client_id": "me"}))
+    (frame,) = c.frames()
+    data = json.loads(frame.data)
+    assert list(data) == ["max_rdy_count", "version", "max_msg_timeout", "msg_timeout", "tls_v1",
+                          "deflate", "deflate_level", "max_deflate_level", "snappy", "sample_rate",
+                          "auth_required", "output_buffer_size", "output_buffer_timeout"]
+    assert data["max_rdy_count"] == 2500 and data["max_msg_timeout"] == 900000
+    assert data["msg_timeout"] == 5000 and data["sample_rate"] == 50
+    assert data["output_buffer_size"] == 1024 and data["output_buffer_timeout"] == 100
+    assert data["tls_v1"] is False  # no certificate configured: declined
+    assert data["snappy"] is False  # no snappy library: declined
+    assert data["auth_required"] is False
+    c.send(w.encode_identify({"client_id": "again"}))
+    assert c.frames() == [OK]  # without negotiation: plain OK, and IDENTIFY may be repeated
+
+
+def test_identify_bad_values_are_fatal_bad_body() -> None:
+    """Out-of-range IDENTIFY values and bad JSON get E_BAD_BODY and close."""
+    h = Harness()
+    for body, text in [({"heartbeat_interval": 500}, "IDENTIFY heartbeat interval (500) is invalid"),
+                       ({"msg_timeout": 999}, "IDENTIFY msg timeout (999) is invalid"),
+                       ({"sample_rate": 100}, "IDENTIFY sample rate (100) is invalid"),
+                       ({"output_buffer_size": 10}, "IDENTIFY output buffer size (10) is invalid")]:
+        c = h.client()
+        c.send(w.encode_identify(body))
+        assert c.frames() == [w.ErrorFrame("E_BAD_BODY", text)]
+        assert c.closed
+    c = h.client()
+    c.send(b"IDENTIFY\n\x00\x00\x00\x03{x}")
+    assert c.frames() == [w.ErrorFrame("E_BAD_BODY", "IDENTIFY failed to decode JSON body")]
+
+
+def test_heartbeats_and_idle_close() -> None:
+    """Heartbeats go out every interval; a client silent for two intervals is closed."""
+    h = Harness()
+    c = h.client()
+    c.send(w.encode_identify({"heartbeat_interval": 1000}))
+    assert c.frames() == [OK]
+    h.clock.advance(1.0)
+    assert c.frames() == [w.Response(b"_heartbeat_")]
+    c.send(b"NOP\n")
+    h.clock.advance(1.0)
+    assert c.frames() == [w.Response(b"_heartbeat_")]
+    assert not c.closed
+    h.clock.advance(1.0)
+    assert c.closed
+    assert c.frames() == []  # no error frame on an idle close, like nsqd
+
+
+def test_sub_refused_with_heartbeats_disabled() -> None:
+    """SUB needs heartbeats."""
+    h = Harness()
+    c = h.client()
+    c.send(w.encode_identify({"heartbeat_interval": -1}), w.encode_sub("t", "c"))
+    assert c.frames() == [OK, w.ErrorFrame("E_INVALID", "cannot SUB with heartbeats disabled")]
+
+
+def test_cls_stops_delivery() -> None:
+    """CLS answers CLOSE_WAIT, leaves the socket open and sends no more messages."""
+    h = Harness()
+    c = h.consumer("t", "c", rdy=10)
+    c.send(b"CLS\n")
+    assert c.frames() == [w.Response(b"CLOSE_WAIT")]
+    p = h.client()
+    p.send(w.encode_pub("t", b"x"))
+    h.settle()
+    assert c.frames() == [] and not c.closed
+    c.send(b"RDY 5\n")  # ignored after CLS
+    h.settle()
+    assert c.frames() == []
+
+
+def test_disconnect_returns_in_flight_messages() -> None:
+    """Messages in flight on a client that goes away are delivered to another client."""
+    h = Harness()
+    a = h.consumer("t", "c", rdy=10)
+    p = h.client()
+    p.send(w.encode_mpub("t", [b"1", b"2"]))
+    h.settle()
+    assert len(a.frames()) == 2
+    a.lose()
+    b = h.consumer("t", "c", rdy=10)
+    h.settle()
+    got = b.frames()
+    assert sorted(f.body for f in got) == [b"1", b"2"]
+    assert all(f.attempts == 2 for f in got)
+
+
+def test_ephemeral_channel_and_topic_removed_with_last_client() -> None:
+    """#ephemeral channels are memory-tier and go with their last client; so does an ephemeral topic."""
+    h = Harness()
+    c = h.consumer("e#ephemeral", "c#ephemeral", rdy=1)
+    reg = h.service.registry
+    queue = reg.get_channel("e#ephemeral", "c#ephemeral")
+    assert queue.tier == "memory"
+    c.lose()
+    h.settle()
+    assert reg.get_topic("e#ephemeral") is None
+    assert h.hub.broker.queue(queue_name("e#ephemeral", "c#ephemeral")) is None
+    d = h.consumer("t", "c#ephemeral")
+    assert reg.get_channel("t", "c#ephemeral").tier == "memory"
+    d.lose()
+    h.settle()
+    assert reg.get_topic("t") is not None and reg.get_channel("t", "c#ephemeral") is None
+
+
+def test_cross_protocol_publish_reaches_nsq_channels() -> None:
+    """A publish on address 'orders' by any protocol reaches NSQ topic orders' channels."""
+    h = Harness()
+    c = h.consumer("orders", "billing", rdy=10)
+    h.hub.broker.publish_batch("orders", [b"from-nats"], origin="mq9")
+    h.settle()
+    assert [f.body for f in c.frames()] == [b"from-nats"]
+    assert topic_address("a..b#ephemeral") == "a.~.b~ephemeral"
+
+
+def test_pause_topic_and_channel() -> None:
+    """A paused topic or channel holds its messages until unpaused."""
+    h = Harness()
+    c = h.consumer("t", "c", rdy=10)
+    reg = h.service.registry
+    reg.pause_topic("t", True)
+    p = h.client()
+    p.send(w.encode_pub("t", b"held"))
+    h.settle()
+    assert p.frames() == [OK] and c.frames() == []
+    reg.pause_topic("t", False)
+    h.settle()
+    assert [f.body for f in c.frames()] == [b"held"]
+    reg.get_channel("t", "c").pause()
+    p.send(w.encode_pub("t", b"again"))
+    h.settle()
+    assert c.frames() == []
+    reg.get_channel("t", "c").unpause()
+    h.settle()
+    assert [f.body for f in c.frames()] == [b"again"]
+
+
+def test_max_channel_consumers() -> None:
+    """Over the consumer limit SUB fails with E_SUB_FAILED."""
+    h = Harness(NsqConfig(max_channel_consumers=1, hostname="h"))
+    h.consumer("t", "c")
+    c = h.client()
+    c.send(w.encode_sub("t", "c"))
+    assert c.frames() == [w.ErrorFrame("E_SUB_FAILED", "SUB failed consumers for t:c exceeds limit of 1")]
+    assert c.closed
+
+
+def test_deflate_stream() -> None:
+    """After deflate negotiation both directions are raw DEFLATE with sync flushes."""
+    h = Harness()
+    c = h.client()
+    c.send(w.encode_identify({"feature_negotiation": True, "deflate": True, "deflate_level": 9}))
+    raw = c.transport.value()
+    c.transport.clear()
+    decoder = w.ClientCodec()
+    size = int.from_bytes(raw[:4], "big")
+    decoder.receive_data(raw[:4 + size])
+    (reply,) = decoder.frames()
+    negotiated = json.loads(reply.data)
+    assert negotiated["deflate"] is True and negotiated["deflate_level"] == 6
+    inflate = zlib.decompressobj(-15)
+    decoder.receive_data(inflate.decompress(raw[4 + size:]))
+    assert decoder.frames() == [OK]
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    c.send(deflate.compress(w.encode_pub("t", b"z" * 1000)) + deflate.flush(zlib.Z_SYNC_FLUSH))
+    h.settle()
+    decoder.receive_data(inflate.decompress(c.transport.value()))
+    assert decoder.frames() == [OK]
+
+
+def test_auth_with_secrets_file() -> None:
+    """With a secrets file: auth_required, AUTH first, grants per topic, nsqd's errors."""
+    secrets = SecretsFile.parse({"secrets": {
+        "good": {"identity": "alice", "authorizations": [
+            {"topic": "^orders$", "channels": ["^billing$"], "permissions": ["publish", "subscribe"]}]},
+        "none": {"identity": "bob", "authorizations": []},
+    }})
+    h = Harness(secrets=secrets)
+    c = h.client()
+    c.send(w.encode_identify({"feature_negotiation": True}))
+    assert json.loads(c.frames()[0].data)["auth_required"] is True
+    c.send(w.encode_pub("orders", b"x"))
+    assert c.frames() == [w.ErrorFrame("E_AUTH_FIRST", "AUTH required before PUB")] and c.closed
+    c = h.client()
+    c.send(w.encode_auth(b"wrong"))
+    assert c.frames() == [w.ErrorFrame("E_AUTH_FAILED", "AUTH failed")] and c.closed
+    c = h.client()
+    c.send(w.encode_auth(b"none"))
+    assert c.frames() == [w.ErrorFrame("E_UNAUTHORIZED", "AUTH no authorizations found")]
+    c = h.client()
+    c.send(w.encode_auth(b"good"))
+    assert json.loads(c.frames()[0].data) == {"identity": "alice", "identity_url": "",
+                                              "permission_count": 1}
+    c.send(w.encode_pub("orders", b"x"))
+    h.settle()
+    assert c.frames() == [OK]
+    c.send(w.encode_pub("secret", b"x"))
+    assert c.frames() == [w.ErrorFrame("E_UNAUTHORIZED", 'AUTH failed for PUB on "secret" ""')]
+    c = h.client()
+    c.send(w.encode_auth(b"good"), w.encode_sub("orders", "other"))
+    assert c.frames()[-1] == w.ErrorFrame("E_UNAUTHORIZED", 'AUTH failed for SUB on "orders" "other"')
+    h2 = Harness()
+    c = h2.client()
+    c.send(w.encode_auth(b"good"))
+    assert c.frames() == [w.ErrorFrame("E_AUTH_DISABLED", "AUTH disabled")]
+
+
+def test_publish_failure_is_fatal_and_never_ok() -> None:
+    """When the store refuses a batch the client gets E_PUB_FAILED, never OK."""
+    h = Harness()
+    c = h.client()
+    c.send(w.encode_pub("t", b"first"))
+    h.settle()
+    assert c.frames() == [OK]
+    h.hub.store.close()
+    c.send(w.encode_pub("t", b"lost"))
+    h.settle()
+    frames = c.frames()
+    assert OK not in frames
+    assert frames and isinstance(frames[0], w.ErrorFrame) and frames[0].code == "E_PUB_FAILED"
+    assert c.closed
