@@ -48,8 +48,11 @@ def take_snapshot(data_dir: str, out_dir: str, *, now: Optional[float] = None) -
     lock_fd = os.open(os.path.join(data_dir, "segments.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_SH)
-        env = lmdb.open(index, readonly=True, max_dbs=len(codec.DB_NAMES) + 2, lock=True,
-                        readahead=False)
+        try:
+            env = lmdb.open(index, readonly=True, max_dbs=len(codec.DB_NAMES) + 2, lock=True,
+                            readahead=False)
+        except lmdb.Error as e:
+            raise StoreError(f"cannot open the store in {data_dir!r}: {e}") from e
         try:
             manifest = _copy_in_one_txn(env, data_dir, out_index, out_segments)
         except lmdb.Error as e:

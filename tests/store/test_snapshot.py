@@ -79,8 +79,8 @@ def test_snapshot_refuses_a_missing_store_and_an_existing_snapshot(tmp_path: Any
     b.put_meta("m", b"v")
     store.commit(b)
     clock.advance(0)
+    store.close()  # py-lmdb opens an environment once per process; the CLI runs in another
     take_snapshot(str(tmp_path / "d"), str(tmp_path / "out"), now=123.0)
-    store.close()
     with pytest.raises(StoreError):
         take_snapshot(str(tmp_path / "d"), str(tmp_path / "out"))
     with SnapshotReader(str(tmp_path / "out")) as snap:
