@@ -124,6 +124,7 @@ class NatsServer(Factory):
         self._next_cid = 0
         self.mq9: Any = None
         self.bridge: Any = None
+        self.core_epoch = -1
         self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0}
 
     # factory -----------------------------------------------------------------------------
@@ -463,10 +464,14 @@ class NatsConnection(Protocol):
         """Parse everything of this read, route it, then write every touched connection once."""
         if self.closing:
             return
+        srv = self.server
+        bridge = srv.bridge
+        if bridge is not None and bridge.epoch != srv.core_epoch:
+            srv.core_epoch = bridge.epoch
+            srv.changed()
         parser = self.parser
         parser.receive_data(data)
         events = parser.events()
-        srv = self.server
         try:
             if self.fast:
                 self._fast(events)

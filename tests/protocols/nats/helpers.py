@@ -73,3 +73,29 @@ class Client:
     def closed(self) -> bool:
         """True once the server closed (or aborted) this connection."""
         return not self.transport.connected or not self.proto.connected
+
+
+def make_mq9_server(hub: Optional[Hub] = None, **plugin_options: Any) -> NatsServer:
+    """A NatsServer with its mq9 layer (as the plugin builds it), recovered and sweeping."""
+    from mqhub.protocols.nats.service import build_server
+
+    if hub is None:
+        hub = make_hub()
+        hub.clock.advance(1_800_000_000)
+    srv = build_server(hub, plugin_options)
+    d = srv.mq9.start()
+    assert d.called
+    return srv
+
+
+def request(client: Client, subject: str, payload: bytes, inbox: str = "_INBOX.t.1") -> Any:
+    """Send a request with a reply inbox (subscribed once per client) and return the JSON reply."""
+    import json
+
+    if not getattr(client, "_inbox_sub", False):
+        client.send(b"SUB _INBOX.t.* 99\r\n")
+        client._inbox_sub = True  # type: ignore[attr-defined]
+    client.send(codec.encode_pub(subject, payload, inbox))
+    replies = [e for e in client.events() if e[0] == codec.OP_MSG and e[1] == inbox]
+    assert len(replies) == 1, replies
+    return json.loads(replies[0][4])

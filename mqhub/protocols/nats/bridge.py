@@ -1,0 +1,137 @@
+"""The bridge between NATS subscriptions and the core's address space.
+
+Every NATS SUB is also a live binding in the core (``broker.subscribe``), so a message another
+protocol publishes to a matching address reaches the NATS subscriber, rendered as MSG/HMSG.
+A NATS publish is delivered to NATS subscribers by the server's own fast path; only when the
+core has *foreign* bindings on the subject (another protocol's subscriber or a queue) is the
+message also handed to ``broker.publish_batch`` with ``origin="nats"``, and the NATS target
+skips entries of NATS origin so nobody gets a message twice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from mqhub.errors import MqhubError
+from mqhub.interfaces import IDeliveryTarget
+from mqhub.protocols.nats import codec
+from mqhub.store.records import BODY, HEADERS, ORIGIN
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mqhub.protocols.nats.server import NatsServer, Subscription
+
+log = Logger()
+ORIGIN_NAME = "nats"
+REPLY_HEADER = "mqhub-reply"
+
+
+@implementer(IDeliveryTarget)
+class NatsTarget:
+    """The IDeliveryTarget of every NATS subscription (the binding's tag is the Subscription)."""
+
+    protocol_name = ORIGIN_NAME
+
+    def __init__(self, server: "NatsServer") -> None:
+        """Deliver through ``server``."""
+        self.server = server
+
+    def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
+        """Render foreign messages for the binding's NATS subscription and write them."""
+        sub: Optional["Subscription"] = getattr(binding, "tag", None)
+        if sub is None:
+            return
+        srv = self.server
+        for entry in messages:
+            if entry[ORIGIN] == ORIGIN_NAME:
+                continue
+            headers = entry[HEADERS]
+            reply = None
+            hdr = None
+            if headers:
+                if REPLY_HEADER in headers:
+                    headers = dict(headers)
+                    reply = headers.pop(REPLY_HEADER)
+                if headers:
+                    hdr = codec.build_headers(headers)
+            srv.deliver(sub, address, reply, hdr, entry[BODY])
+        srv.flush()
+
+
+class CoreBridge:
+    """Binds NATS subscriptions in the core and forwards NATS publishes to foreign bindings."""
+
+    def __init__(self, server: "NatsServer", broker: Any) -> None:
+        """Attach to ``broker`` (a :class:`mqhub.core.broker.Broker`)."""
+        self.server = server
+        self.broker = broker
+        self.target = NatsTarget(server)
+        self._foreign: dict[str, bool] = {}
+        self._epoch = -1
+
+    def bind(self, sub: "Subscription") -> None:
+        """Register ``sub`` as a live binding (subjects the core refuses stay NATS-only)."""
+        try:
+            sub.core_handle = self.broker.subscribe(sub.subject, self.target, group=sub.queue,
+                                                    tag=sub)
+        except MqhubError as exc:
+            log.debug("nats: {subject} not bound in the core: {error}", subject=sub.subject,
+                      error=exc)
+            sub.core_handle = None
+
+    def unbind(self, sub: "Subscription") -> None:
+        """Remove ``sub``'s binding."""
+        handle, sub.core_handle = sub.core_handle, None
+        if handle is not None:
+            self.broker.unbind(handle)
+
+    @property
+    def epoch(self) -> int:
+        """The core's binding epoch."""
+        return int(self.broker.epoch)
+
+    def has_foreign(self, subject: str) -> bool:
+        """True when a non-NATS binding (queue, other protocol's subscriber) matches ``subject``."""
+        epoch = self.broker.epoch
+        if epoch != self._epoch:
+            self._foreign.clear()
+            self._epoch = epoch
+        hit = self._foreign.get(subject)
+        if hit is not None:
+            return hit
+        try:
+            route = self.broker.route(subject)
+        except MqhubError:
+            hit = False
+        else:
+            mine = self.target
+            hit = bool(route.queues) or route.park is not None \
+                or any(b.target is not mine for b in route.targets) \
+                or any(any(m.target is not mine for m in g) for g in route.groups)
+        if len(self._foreign) > 65536:
+            self._foreign.clear()
+        self._foreign[subject] = hit
+        return hit
+
+    def publish(self, subject: str, reply: Optional[str], hdr: Optional[bytes],
+                payload: bytes) -> int:
+        """Hand one NATS message to the core for its foreign bindings; returns 1."""
+        headers: Optional[dict[str, str]] = None
+        if hdr:
+            try:
+                headers = dict(codec.parse_headers(hdr)[2]) or None
+            except codec.ProtocolError:
+                headers = None
+        if reply:
+            headers = dict(headers or {})
+            headers[REPLY_HEADER] = reply
+        try:
+            d = self.broker.publish_batch(subject, [payload], origin=ORIGIN_NAME, headers=headers)
+        except MqhubError as exc:
+            log.warn("nats: core refused a publish to {subject}: {error}", subject=subject,
+                     error=exc)
+            return 0
+        d.addErrback(lambda f: log.failure("nats: core publish failed", f))
+        return 1

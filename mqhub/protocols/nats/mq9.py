@@ -1,0 +1,684 @@
+"""mq9: agent mailboxes on ``$mq9.AI.*`` NATS subjects (the original mq9 text + DESIGN.md §7).
+
+- ``$mq9.AI.MAILBOX.CREATE`` → ``{mail_id, token, inbox, type, ttl}``;
+  ``$mq9.AI.MAILBOX.QUERY.{id}`` with ``{"token"}`` → ``{mail_id, unread, messages}``.
+- ``$mq9.AI.INBOX.{id}.urgent|normal|notify``: stored first (urgent/normal durable with default
+  TTLs 86400 s / 3600 s, notify memory-tier; everything durable in a ``latest`` mailbox), then
+  pushed to the mailbox's subscribers; without a subscriber it waits (unread).
+- A SUB on ``$mq9.AI.INBOX.{id}.*`` (or ``.>``, or one priority) gets the unread backlog in
+  priority order (urgent → normal → notify, FIFO within each), then live messages.
+- ``$mq9.AI.BROADCAST.{domain}.{event}`` is plain NATS (``#`` at the end of a SUB means ``>``);
+  with header ``mq9-persist: true`` the message is also stored for its TTL and replayed to
+  late subscribers: once per queue group, or once per distinct SUB subject without a group.
+- Every mq9 error is a JSON ``{"error": "..."}`` reply on the request's reply subject.
+
+Mailboxes keep their unread messages in memory (a mirror of the store, rebuilt on start); each
+read's writes go to the store as one batch, and pushes happen only after that batch commits.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+from typing import TYPE_CHECKING, Any, Optional
+
+from twisted.internet.defer import succeed
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.sublist import subject_matches
+from mqhub.store.batch import WriteBatch
+from mqhub.store.records import BODY, EXPIRES_AT, HEADERS, MSG_ID, PRIORITY
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mqhub.protocols.nats.server import NatsConnection, NatsServer, Subscription
+
+log = Logger()
+
+INBOX = "$mq9.AI.INBOX."
+MAILBOX = "$mq9.AI.MAILBOX."
+BROADCAST = "$mq9.AI.BROADCAST."
+
+#: priority name -> (store priority, default TTL seconds or 0, durable in a standard mailbox)
+PRIORITIES: dict[str, tuple[int, float, bool]] = {
+    "urgent": (2, 86400.0, True),
+    "normal": (1, 3600.0, True),
+    "notify": (0, 0.0, False),
+}
+PRIORITY_NAMES = {2: "urgent", 1: "normal", 0: "notify"}
+DEFAULT_MAILBOX_TTL = 86400
+DEFAULT_BROADCAST_TTL = 3600.0
+QUERY_LIMIT = 1000
+RESERVED_REPLY = "mqhub-reply"
+
+META_MAILBOX = "mq9/mb/"
+META_BCAST_KEYS = "mq9/bk/"
+BCAST_QUEUE = "mq9/bc"
+
+
+def mailbox_queue(mail_id: str) -> str:
+    """Store queue name holding a mailbox's durable messages."""
+    return "mq9/box/" + mail_id
+
+
+class Mailbox:
+    """One mailbox: its settings and its unread messages per priority (entry tuples)."""
+
+    __slots__ = ("mail_id", "token", "kind", "ttl", "created", "expires_at", "unread")
+
+    def __init__(self, mail_id: str, token: str, kind: str, ttl: int, created: float) -> None:
+        """Record the settings; ``ttl`` 0 means the mailbox never expires."""
+        self.mail_id = mail_id
+        self.token = token
+        self.kind = kind
+        self.ttl = ttl
+        self.created = created
+        self.expires_at = created + ttl if ttl else 0.0
+        self.unread: dict[int, list[tuple]] = {2: [], 1: [], 0: []}
+
+    def record(self) -> bytes:
+        """The metadata value persisted for this mailbox."""
+        return json.dumps({"token": self.token, "type": self.kind, "ttl": self.ttl,
+                           "created": self.created}).encode()
+
+    @classmethod
+    def from_record(cls, mail_id: str, data: bytes) -> "Mailbox":
+        """Rebuild a mailbox from its metadata value."""
+        d = json.loads(data)
+        return cls(mail_id, d["token"], d["type"], int(d["ttl"]), float(d["created"]))
+
+    def count(self) -> int:
+        """Number of unread messages."""
+        u = self.unread
+        return len(u[2]) + len(u[1]) + len(u[0])
+
+
+def _headers_dict(hdr: Optional[bytes]) -> Optional[dict[str, str]]:
+    """A header block as a dict (last value wins), or None."""
+    if not hdr:
+        return None
+    try:
+        _, _, items = codec.parse_headers(hdr)
+    except codec.ProtocolError:
+        return None
+    return dict(items) if items else None
+
+
+def _header(headers: Optional[dict[str, str]], name: str) -> Optional[str]:
+    """Case-insensitive header lookup."""
+    if not headers:
+        return None
+    low = name.lower()
+    for k, v in headers.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def _ttl_header(headers: Optional[dict[str, str]]) -> float:
+    """The ``mq9-ttl`` header as positive seconds, or 0."""
+    raw = _header(headers, "mq9-ttl")
+    if raw is None:
+        return 0.0
+    try:
+        ttl = float(raw)
+    except ValueError:
+        return 0.0
+    return ttl if ttl > 0 else 0.0
+
+
+class Mq9:
+    """The mq9 layer of one NATS server.
+
+    :param server: the :class:`NatsServer` (used to deliver and to find subscribers).
+    :param store: the hub's IMessageStore.
+    :param clock: the hub's clock.
+    :param ids: an id source with ``next_id()`` (and optionally ``observe(msg_id)``).
+    """
+
+    def __init__(self, server: "NatsServer", store: Any, clock: Any, ids: Any,
+                 sweep_interval: float = 1.0) -> None:
+        """Start with no mailboxes; call :meth:`start` to recover from the store."""
+        self.server = server
+        self.store = store
+        self.clock = clock
+        self.ids = ids
+        self._next_id = ids.next_id
+        self.sweep_interval = sweep_interval
+        self.mailboxes: dict[str, Mailbox] = {}
+        self.subs: dict[str, list["Subscription"]] = {}
+        self.filters: dict[int, tuple[int, ...]] = {}
+        self._rr: dict[str, dict[str, int]] = {}
+        self.broadcasts: list[tuple[tuple, set[str]]] = []
+        self._batch = WriteBatch()
+        self._ops: list[tuple] = []
+        self._kick_call: Any = None
+        self._sweeper: Optional[LoopingCall] = None
+        self._subject_cache: dict[str, Optional[tuple[str, str]]] = {}
+        self.stats = {"stored": 0, "pushed": 0, "expired": 0, "queried": 0}
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Any:
+        """Recover mailboxes, unread messages and persisted broadcasts; start the TTL sweep."""
+        d = self.store.scan_meta(META_MAILBOX)
+        d.addCallback(self._recover_mailboxes)
+        d.addCallback(lambda _: self.store.read_entries(BCAST_QUEUE, None, 1 << 30))
+        d.addCallback(self._recover_broadcasts)
+        d.addCallback(self._start_sweep)
+        return d
+
+    def _recover_mailboxes(self, rows: list[tuple[str, bytes]]) -> Any:
+        """Load each mailbox and its stored messages."""
+        pending = []
+        for key, value in rows:
+            mail_id = key[len(META_MAILBOX):]
+            try:
+                box = Mailbox.from_record(mail_id, value)
+            except (ValueError, KeyError):
+                log.warn("mq9: unreadable mailbox record {key}", key=key)
+                continue
+            self.mailboxes[mail_id] = box
+            d = self.store.read_entries(mailbox_queue(mail_id), None, 1 << 30)
+            d.addCallback(self._load_entries, box)
+            pending.append(d)
+        from twisted.internet.defer import gatherResults
+        return gatherResults(pending, consumeErrors=True) if pending else succeed(None)
+
+    def _load_entries(self, entries: list[tuple], box: Mailbox) -> None:
+        """Put recovered entries back in a mailbox (a ``latest`` box keeps only the newest)."""
+        if box.kind == "latest" and len(entries) > 1:
+            newest = max(entries, key=lambda e: e[MSG_ID])
+            stale = [(e[PRIORITY], e[MSG_ID]) for e in entries if e is not newest]
+            self._batch.delete_entries(mailbox_queue(box.mail_id), stale)
+            entries = [newest]
+        for e in entries:
+            box.unread[e[PRIORITY]].append(e)
+            self._observe(e[MSG_ID])
+        for lst in box.unread.values():
+            lst.sort(key=lambda e: e[MSG_ID])
+
+    def _recover_broadcasts(self, entries: list[tuple]) -> Any:
+        """Load persisted broadcasts and the consumers that already received each."""
+        for e in entries:
+            self._observe(e[MSG_ID])
+            self.broadcasts.append((e, set()))
+        if not entries:
+            return None
+        d = self.store.scan_meta(META_BCAST_KEYS)
+
+        def keys(rows: list[tuple[str, bytes]]) -> None:
+            by_id = {str(e[MSG_ID]): seen for e, seen in self.broadcasts}
+            for key, value in rows:
+                seen = by_id.get(key[len(META_BCAST_KEYS):])
+                if seen is not None:
+                    seen.update(json.loads(value))
+        d.addCallback(keys)
+        return d
+
+    def _observe(self, msg_id: int) -> None:
+        """Tell the id generator about a recovered id, when it can listen."""
+        observe = getattr(self.ids, "observe", None)
+        if observe is not None:
+            observe(msg_id)
+
+    def _start_sweep(self, _: Any = None) -> None:
+        """Run the TTL sweep every ``sweep_interval`` seconds."""
+        if self.sweep_interval > 0 and self._sweeper is None:
+            self._sweeper = LoopingCall(self.sweep)
+            self._sweeper.clock = self.clock
+            self._sweeper.start(self.sweep_interval, now=False)
+
+    def stop(self) -> Any:
+        """Stop the sweep and commit what is pending."""
+        if self._sweeper is not None and self._sweeper.running:
+            self._sweeper.stop()
+        self._sweeper = None
+        if self._kick_call is not None and self._kick_call.active():
+            self._kick_call.cancel()
+        self._kick_call = None
+        return self._commit()
+
+    # what mq9 owns -----------------------------------------------------------------------
+
+    def claims(self, subject: str) -> bool:
+        """True for publishes mq9 handles itself: MAILBOX.* and INBOX.*."""
+        return subject.startswith(INBOX) or subject.startswith(MAILBOX)
+
+    def persist_requested(self, hdr: bytes) -> bool:
+        """True when a header block asks for ``mq9-persist: true``."""
+        if b"mq9-persist" not in hdr.lower():
+            return False
+        return (_header(_headers_dict(hdr), "mq9-persist") or "").strip().lower() == "true"
+
+    def claims_subscription(self, sub: "Subscription") -> bool:
+        """True for ``$mq9.AI.INBOX.{literal id}.{urgent|normal|notify|*|>}`` subscriptions."""
+        subject = sub.subject
+        if not subject.startswith(INBOX):
+            return False
+        parts = subject[len(INBOX):].split(".")
+        if len(parts) != 2 or parts[0] in ("*", ">"):
+            return False
+        return parts[1] in PRIORITIES or parts[1] in ("*", ">")
+
+    # subscriptions -------------------------------------------------------------------------
+
+    def subscribe(self, sub: "Subscription") -> None:
+        """Attach a mailbox subscriber and push the unread backlog it covers."""
+        mail_id, last = sub.subject[len(INBOX):].split(".")
+        prios = (2, 1, 0) if last in ("*", ">") else (PRIORITIES[last][0],)
+        self.filters[id(sub)] = prios
+        self.subs.setdefault(mail_id, []).append(sub)
+        box = self.mailboxes.get(mail_id)
+        if box is not None and box.count():
+            self._drain(box)
+            self.kick()
+
+    def unsubscribe(self, sub: "Subscription") -> None:
+        """Detach a mailbox subscriber."""
+        mail_id = sub.subject[len(INBOX):].split(".")[0]
+        lst = self.subs.get(mail_id)
+        if lst and sub in lst:
+            lst.remove(sub)
+            if not lst:
+                del self.subs[mail_id]
+                self._rr.pop(mail_id, None)
+        self.filters.pop(id(sub), None)
+
+    def broadcast_subscribed(self, sub: "Subscription") -> None:
+        """Replay persisted broadcasts to a new subscriber whose group/subject has not had them."""
+        if not self.broadcasts:
+            return
+        now = self.clock.seconds()
+        key = self._consumer_key(sub)
+        for entry, seen in self.broadcasts:
+            if key in seen or (entry[EXPIRES_AT] and entry[EXPIRES_AT] <= now):
+                continue
+            if not subject_matches(sub.subject, entry[5]):
+                continue
+            seen.add(key)
+            hdrs = entry[HEADERS]
+            self.server.deliver(sub, entry[5], None, codec.build_headers(hdrs) if hdrs else None,
+                                entry[BODY])
+            self._batch.put_meta(META_BCAST_KEYS + str(entry[MSG_ID]),
+                                 json.dumps(sorted(seen)).encode())
+        self.kick()
+
+    @staticmethod
+    def _consumer_key(sub: "Subscription") -> str:
+        """Who counts as "already received" for a persisted broadcast."""
+        return "q:" + sub.queue if sub.queue is not None else "s:" + sub.wire_subject
+
+    # publishes ---------------------------------------------------------------------------
+
+    def publish(self, pub: Optional["NatsConnection"], subject: str, reply: Optional[str],
+                hdr: Optional[bytes], payload: bytes) -> int:
+        """Handle one mq9 publish; returns 1 (mq9 always "responds", so no 503)."""
+        if subject.startswith(INBOX):
+            self._inbox(subject, reply, hdr, payload)
+        elif subject.startswith(MAILBOX):
+            self._mailbox_request(subject, reply, payload)
+        elif subject.startswith(BROADCAST):
+            return self._persisted_broadcast(pub, subject, reply, hdr, payload)
+        return 1
+
+    def _parse_inbox(self, subject: str) -> Optional[tuple[str, str]]:
+        """``(mail_id, priority name)`` of an INBOX subject, or None (cached)."""
+        cache = self._subject_cache
+        hit = cache.get(subject, False)
+        if hit is not False:
+            return hit  # type: ignore[return-value]
+        parts = subject[len(INBOX):].split(".")
+        res = (parts[0], parts[1]) if len(parts) == 2 and parts[1] in PRIORITIES else None
+        if len(cache) > 100000:
+            cache.clear()
+        cache[subject] = res
+        return res
+
+    def _inbox(self, subject: str, reply: Optional[str], hdr: Optional[bytes],
+               payload: bytes) -> None:
+        """Store one mailbox message; it is pushed after the read's batch commits."""
+        parsed = self._parse_inbox(subject)
+        if parsed is None:
+            self._error(reply, f"invalid mq9 inbox subject: {subject}")
+            return
+        mail_id, pname = parsed
+        box = self.mailboxes.get(mail_id)
+        if box is None:
+            self._error(reply, f"mailbox {mail_id} does not exist")
+            return
+        prio, default_ttl, durable = PRIORITIES[pname]
+        headers = _headers_dict(hdr) if hdr is not None else None
+        if reply:
+            headers = dict(headers or {})
+            headers[RESERVED_REPLY] = reply
+        now = self.clock.seconds()
+        ttl = _ttl_header(headers) or default_ttl
+        expires = now + ttl if ttl else 0.0
+        if box.expires_at and (not expires or box.expires_at < expires):
+            expires = box.expires_at
+        msg_id = self._next_id()
+        entry = (msg_id, prio, 0, 0.0, expires, subject, headers, payload, "nats")
+        if durable or box.kind == "latest":
+            self._batch.put_entries(mailbox_queue(mail_id), (entry,))
+            self.stats["stored"] += 1
+        self._ops.append((0, box, entry, durable or box.kind == "latest"))
+
+    def _mailbox_request(self, subject: str, reply: Optional[str], payload: bytes) -> None:
+        """MAILBOX.CREATE and MAILBOX.QUERY.{id}."""
+        rest = subject[len(MAILBOX):]
+        try:
+            req = json.loads(payload) if payload.strip() else {}
+        except ValueError as exc:
+            self._error(reply, f"invalid JSON request: {exc}")
+            return
+        if not isinstance(req, dict):
+            self._error(reply, "request must be a JSON object")
+            return
+        if rest == "CREATE":
+            self._create(reply, req)
+        elif rest.startswith("QUERY.") and rest.count(".") == 1 and len(rest) > 6:
+            self._ops.append((1, rest[6:], req, reply))
+        else:
+            self._error(reply, f"unknown mq9 request: {subject}")
+
+    def _create(self, reply: Optional[str], req: dict[str, Any]) -> None:
+        """Create a mailbox (its record commits with this read's batch, then the reply goes)."""
+        kind = req.get("type", "standard")
+        if kind not in ("standard", "latest"):
+            self._error(reply, "type must be 'standard' or 'latest'")
+            return
+        ttl = req.get("ttl", DEFAULT_MAILBOX_TTL)
+        if ttl is None:
+            ttl = DEFAULT_MAILBOX_TTL
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0:
+            self._error(reply, "ttl must be a non-negative number of seconds")
+            return
+        mail_id = "m" + secrets.token_hex(12)
+        token = "tok-" + secrets.token_urlsafe(24)
+        box = Mailbox(mail_id, token, kind, int(ttl), self.clock.seconds())
+        self.mailboxes[mail_id] = box
+        self._batch.put_meta(META_MAILBOX + mail_id, box.record())
+        body = {"mail_id": mail_id, "token": token, "inbox": INBOX + mail_id, "type": kind,
+                "ttl": int(ttl)}
+        self._reply(reply, body)
+
+    def _persisted_broadcast(self, pub: Optional["NatsConnection"], subject: str,
+                             reply: Optional[str], hdr: Optional[bytes], payload: bytes) -> int:
+        """Store a broadcast with ``mq9-persist: true``; it is delivered after the commit."""
+        headers = _headers_dict(hdr)
+        now = self.clock.seconds()
+        ttl = _ttl_header(headers) or DEFAULT_BROADCAST_TTL
+        entry = (self._next_id(), 0, 0, 0.0, now + ttl, subject, headers, payload, "nats")
+        self._batch.put_entries(BCAST_QUEUE, (entry,))
+        seen: set[str] = set()
+        self.broadcasts.append((entry, seen))
+        self._ops.append((2, pub, entry, seen, reply, hdr))
+        return 1
+
+    # replies -----------------------------------------------------------------------------
+
+    def _reply(self, reply: Optional[str], body: dict[str, Any]) -> None:
+        """Send a JSON reply after this read's batch commits (nothing without a reply subject)."""
+        if reply:
+            self._ops.append((3, reply, json.dumps(body, separators=(",", ":")).encode()))
+
+    def _error(self, reply: Optional[str], text: str) -> None:
+        """Reply ``{"error": text}``; never a -ERR."""
+        self._reply(reply, {"error": text})
+
+    # commit and push -----------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Arrange a commit on the next turn for writes made outside a read."""
+        if self._kick_call is None:
+            self._kick_call = self.clock.callLater(0, self._kicked)
+
+    def _kicked(self) -> None:
+        """Commit pending writes that no read picked up."""
+        self._kick_call = None
+        self.end_turn()
+
+    def end_turn(self) -> None:
+        """Commit this read's batch; run its operations (pushes, replies) once durable."""
+        if not self._batch and not self._ops:
+            return
+        ops, self._ops = self._ops, []
+        d = self._commit()
+        if ops:
+            d.addCallback(self._run_ops, ops)
+            d.addErrback(self._failed, ops)
+
+    def _commit(self) -> Any:
+        """Hand the pending batch to the store."""
+        batch, self._batch = self._batch, WriteBatch()
+        if not batch:
+            return succeed(None)
+        return self.store.commit(batch)
+
+    def _failed(self, failure: Any, ops: list[tuple]) -> None:
+        """A commit failed: tell requesters; stored messages were not confirmed to anyone."""
+        log.failure("mq9: store commit failed", failure)
+        for op in ops:
+            if op[0] == 1:
+                self._send(op[3], {"error": "store unavailable"})
+        self.server.flush()
+
+    def _run_ops(self, _: Any, ops: list[tuple]) -> None:
+        """Apply committed operations in order, then push and write."""
+        touched: dict[str, Mailbox] = {}
+        for op in ops:
+            kind = op[0]
+            if kind == 0:
+                box, entry = op[1], op[2]
+                if self.mailboxes.get(box.mail_id) is not box:
+                    continue
+                if box.kind == "latest":
+                    self._clear(box)
+                box.unread[entry[PRIORITY]].append(entry)
+                touched[box.mail_id] = box
+            elif kind == 1:
+                for box in touched.values():
+                    self._drain(box)
+                touched.clear()
+                self._query(op[1], op[2], op[3])
+            elif kind == 2:
+                self._deliver_broadcast(op[1], op[2], op[3], op[4], op[5])
+            else:
+                self.server.publish(None, op[1], None, None, op[2])
+        for box in touched.values():
+            self._drain(box)
+        if self._batch:
+            self._commit().addErrback(lambda f: log.failure("mq9: store commit failed", f))
+        self.server.flush()
+
+    def _clear(self, box: Mailbox) -> None:
+        """Drop every unread message of a mailbox (``latest`` overwrite)."""
+        keys = []
+        for lst in box.unread.values():
+            keys.extend((e[PRIORITY], e[MSG_ID]) for e in lst)
+            lst.clear()
+        if keys:
+            self._batch.delete_entries(mailbox_queue(box.mail_id), keys)
+
+    def _drain(self, box: Mailbox) -> None:
+        """Push unread messages to the mailbox's subscribers, highest priority first."""
+        subs = self.subs.get(box.mail_id)
+        if not subs:
+            return
+        now = self.clock.seconds()
+        deliver = self.server.deliver
+        queue = mailbox_queue(box.mail_id)
+        deleted: list[tuple[int, int]] = []
+        filters = self.filters
+        for prio in (2, 1, 0):
+            entries = box.unread[prio]
+            if not entries:
+                continue
+            receivers = [s for s in subs if prio in filters.get(id(s), ())
+                         and s.conn.connected]
+            if not receivers:
+                continue
+            plain = [s for s in receivers if s.queue is None]
+            groups: dict[str, list[Any]] = {}
+            for s in receivers:
+                if s.queue is not None:
+                    groups.setdefault(s.queue, []).append(s)
+            members = list(groups.values())
+            rr = self._rr.setdefault(box.mail_id, {}) if members else {}
+            box.unread[prio] = []
+            for e in entries:
+                if prio:
+                    deleted.append((prio, e[MSG_ID]))
+                elif box.kind == "latest":
+                    deleted.append((0, e[MSG_ID]))
+                if e[EXPIRES_AT] and e[EXPIRES_AT] <= now:
+                    self.stats["expired"] += 1
+                    continue
+                headers = e[HEADERS]
+                reply = None
+                hdr = None
+                if headers:
+                    if RESERVED_REPLY in headers:
+                        headers = dict(headers)
+                        reply = headers.pop(RESERVED_REPLY)
+                    if headers:
+                        hdr = codec.build_headers(headers)
+                for s in plain:
+                    deliver(s, e[5], reply, hdr, e[BODY])
+                for grp in members:
+                    rr[grp[0].queue] = k = rr.get(grp[0].queue, -1) + 1
+                    deliver(grp[k % len(grp)], e[5], reply, hdr, e[BODY])
+                self.stats["pushed"] += 1
+            subs = self.subs.get(box.mail_id)   # a max-limited SUB may have gone
+            if not subs:
+                break
+        if deleted:
+            self._batch.delete_entries(queue, deleted)
+
+    def _query(self, mail_id: str, req: dict[str, Any], reply: Optional[str]) -> None:
+        """Answer QUERY: every unread message (up to ``limit``), which becomes read."""
+        box = self.mailboxes.get(mail_id)
+        if box is None:
+            self._send(reply, {"error": f"mailbox {mail_id} does not exist"})
+            return
+        token = req.get("token")
+        if not isinstance(token, str) or not secrets.compare_digest(token, box.token):
+            self._send(reply, {"error": "invalid token"})
+            return
+        limit = req.get("limit", QUERY_LIMIT)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+            limit = QUERY_LIMIT
+        now = self.clock.seconds()
+        unread = box.count()
+        items = []
+        deleted = []
+        for prio in (2, 1, 0):
+            entries = box.unread[prio]
+            take = 0
+            for e in entries:
+                if len(items) >= limit:
+                    break
+                take += 1
+                if prio or box.kind == "latest":
+                    deleted.append((prio, e[MSG_ID]))
+                if e[EXPIRES_AT] and e[EXPIRES_AT] <= now:
+                    unread -= 1
+                    continue
+                items.append(_item(e))
+            del entries[:take]
+        if deleted:
+            self._batch.delete_entries(mailbox_queue(mail_id), deleted)
+        self.stats["queried"] += len(items)
+        self._send(reply, {"mail_id": mail_id, "unread": unread, "messages": items})
+
+    def _send(self, reply: Optional[str], body: dict[str, Any]) -> None:
+        """Publish a JSON reply now (used after the commit)."""
+        if reply:
+            self.server.publish(None, reply, None, None,
+                                json.dumps(body, separators=(",", ":")).encode())
+
+    def _deliver_broadcast(self, pub: Optional["NatsConnection"], entry: tuple, seen: set[str],
+                           reply: Optional[str], hdr: Optional[bytes]) -> None:
+        """Deliver a committed persisted broadcast and remember who got it."""
+        srv = self.server
+        subject = entry[5]
+        plain, groups = srv.sublist.match(subject)
+        echo_off = pub is not None and not pub.echo
+        for sub in plain:
+            if echo_off and sub.conn is pub:
+                continue
+            srv.deliver(sub, subject, reply, hdr, entry[BODY])
+            seen.add(self._consumer_key(sub))
+        for name, members in groups.items():
+            live = [m for m in members if m.conn.connected and not (echo_off and m.conn is pub)]
+            if live:
+                srv.deliver(live[entry[MSG_ID] % len(live)], subject, reply, hdr, entry[BODY])
+                seen.add("q:" + name)
+        if srv.bridge is not None and srv.bridge.has_foreign(subject):
+            srv.bridge.publish(subject, reply, hdr, entry[BODY])
+        if seen:
+            self._batch.put_meta(META_BCAST_KEYS + str(entry[MSG_ID]),
+                                 json.dumps(sorted(seen)).encode())
+
+    # expiry ------------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Remove expired mailboxes (with everything in them), messages and broadcasts."""
+        now = self.clock.seconds()
+        batch = self._batch
+        for mail_id, box in list(self.mailboxes.items()):
+            if box.expires_at and box.expires_at <= now:
+                del self.mailboxes[mail_id]
+                batch.purge_queue(mailbox_queue(mail_id))
+                batch.delete_meta(META_MAILBOX + mail_id)
+                self.stats["expired"] += box.count()
+                continue
+            for prio, entries in box.unread.items():
+                if not entries:
+                    continue
+                keep = [e for e in entries if not e[EXPIRES_AT] or e[EXPIRES_AT] > now]
+                if len(keep) != len(entries):
+                    gone = [(prio, e[MSG_ID]) for e in entries
+                            if e[EXPIRES_AT] and e[EXPIRES_AT] <= now]
+                    if prio or box.kind == "latest":
+                        batch.delete_entries(mailbox_queue(mail_id), gone)
+                    self.stats["expired"] += len(gone)
+                    box.unread[prio] = keep
+        if self.broadcasts:
+            alive = []
+            for entry, seen in self.broadcasts:
+                if entry[EXPIRES_AT] and entry[EXPIRES_AT] <= now:
+                    batch.delete_entries(BCAST_QUEUE, [(entry[PRIORITY], entry[MSG_ID])])
+                    batch.delete_meta(META_BCAST_KEYS + str(entry[MSG_ID]))
+                else:
+                    alive.append((entry, seen))
+            self.broadcasts = alive
+        if batch:
+            self.end_turn()
+
+
+def _item(entry: tuple) -> dict[str, Any]:
+    """A QUERY message item: payload as UTF-8 text, or base64 with ``encoding: base64``."""
+    headers = dict(entry[HEADERS] or {})
+    reply = headers.pop(RESERVED_REPLY, None)
+    body = entry[BODY]
+    try:
+        payload, encoding = body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        payload, encoding = base64.b64encode(body).decode(), "base64"
+    item: dict[str, Any] = {
+        "msg_id": str(entry[MSG_ID]), "subject": entry[5],
+        "priority": PRIORITY_NAMES[entry[PRIORITY]], "payload": payload, "encoding": encoding,
+        "headers": headers, "ts": int(_id_ms(entry[MSG_ID])),
+    }
+    if reply:
+        item["reply_to"] = reply
+    return item
+
+
+def _id_ms(msg_id: int) -> float:
+    """Milliseconds since the epoch encoded in a hub id (ms since 2020-01-01 << 22)."""
+    return (msg_id >> 22) + 1577836800000

@@ -1,0 +1,115 @@
+"""Entry point of the ``mq9`` plugin (alias ``nats``): build the NATS server and its listener."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from twisted.application.service import MultiService, Service
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.logger import Logger
+
+from mqhub.errors import PluginError
+from mqhub.listener import ListenerService
+from mqhub.protocols.nats.bridge import CoreBridge
+from mqhub.protocols.nats.mq9 import Mq9
+from mqhub.protocols.nats.server import NatsServer, NatsSettings
+
+log = Logger()
+
+#: plugin option -> NatsSettings keyword (values arrive as strings)
+_OPTIONS = ("max_payload", "max_pending", "ping_interval", "ping_max", "auth_timeout", "token",
+            "user", "password", "server_name", "max_control_line")
+
+
+class _Ids:
+    """A fallback id source when the hub has no broker core (time-ordered, increasing)."""
+
+    def __init__(self, clock: Any) -> None:
+        """Use ``clock`` for the time part."""
+        from mqhub.core.ids import IdGenerator
+        self._gen = IdGenerator(clock)
+        self.next_id = self._gen.next_id
+        self.observe = self._gen.observe
+
+
+def tls_context(cert: str, key: Optional[str]) -> Any:
+    """A server TLS context from PEM files (key may be inside the cert file)."""
+    from twisted.internet import ssl
+
+    with open(cert, "rb") as f:
+        pem = f.read()
+    if key:
+        with open(key, "rb") as f:
+            pem += b"\n" + f.read()
+    return ssl.PrivateCertificate.loadPEM(pem).options()
+
+
+def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
+    """Build the NatsServer, its mq9 layer and (when the hub has a core) the core bridge."""
+    kw: dict[str, Any] = {k: plugin_options[k] for k in _OPTIONS if k in plugin_options}
+    if "pass" in plugin_options:
+        kw["password"] = plugin_options["pass"]
+    if plugin_options.get("tls_cert"):
+        try:
+            kw["tls_context"] = tls_context(plugin_options["tls_cert"],
+                                            plugin_options.get("tls_key"))
+        except Exception as exc:
+            raise PluginError(f"mq9: cannot load TLS certificate: {exc}") from exc
+    try:
+        settings = NatsSettings(**kw)
+    except (TypeError, ValueError) as exc:
+        raise PluginError(f"mq9: bad option: {exc}") from exc
+    server = NatsServer(hub, settings)
+    broker = getattr(hub, "broker", None)
+    ids = broker.ids if broker is not None and hasattr(broker, "ids") else _Ids(hub.clock)
+    server.mq9 = Mq9(server, hub.store, hub.clock, ids,
+                     sweep_interval=float(plugin_options.get("sweep_interval", 1.0)))
+    if broker is not None:
+        server.bridge = CoreBridge(server, broker)
+    return server
+
+
+class NatsService(MultiService):
+    """Recovers mq9 from the store, then listens; stops listening, then commits mq9."""
+
+    def __init__(self, server: NatsServer, listener: Service) -> None:
+        """Own ``listener`` as the only child."""
+        super().__init__()
+        self.server = server
+        self.listener = listener
+        self.addService(listener)
+        self.ready: Deferred[None] = Deferred()
+
+    def startService(self) -> None:
+        """Recover mailboxes, then start the listener."""
+        Service.startService(self)
+        d = maybeDeferred(self.server.mq9.start)
+
+        def go(_: Any) -> None:
+            if self.running:
+                self.listener.startService()
+            self.ready.callback(None)
+
+        d.addCallback(go)
+        d.addErrback(lambda f: log.failure("mq9: recovery failed", f))
+
+    def stopService(self) -> Deferred[None]:
+        """Stop the listener (closing connections), then flush mq9's pending writes."""
+        Service.stopService(self)
+        d = maybeDeferred(self.listener.stopService) if self.listener.running else succeed(None)
+        d.addBoth(lambda _: self.server.mq9.stop())
+        return d
+
+
+def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> NatsService:
+    """Build (not start) the NATS/mq9 service listening on ``endpoints["tcp"]``."""
+    plugin_options = dict(options.get("plugin_options") or {})
+    server = build_server(hub, plugin_options)
+    endpoint = endpoints.get("tcp") or "tcp:4222:interface=127.0.0.1"
+    try:
+        server.settings.port = int(endpoint.split(":")[1])
+    except (IndexError, ValueError):
+        pass
+    listener = ListenerService(endpoint, server, reactor=getattr(hub, "reactor", None))
+    listener.setName("mq9-tcp")
+    return NatsService(server, listener)

@@ -1,0 +1,246 @@
+"""mq9 mailbox semantics over StringTransport with a MemoryStore and a Clock."""
+
+from __future__ import annotations
+
+import json
+
+from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.codec import OP_HMSG, OP_MSG
+from mqhub.protocols.nats.mq9 import mailbox_queue
+from mqhub.testing import result_of
+from tests.protocols.nats.helpers import Client, make_hub, make_mq9_server, request
+
+
+def create(c: Client, **req: object) -> dict:
+    """CREATE a mailbox and return the reply."""
+    return request(c, "$mq9.AI.MAILBOX.CREATE", json.dumps(req).encode())
+
+
+def bodies(events: list[tuple]) -> list[bytes]:
+    """Payloads of MSG/HMSG events."""
+    return [e[4] if e[0] == OP_MSG else e[5] for e in events if e[0] in (OP_MSG, OP_HMSG)]
+
+
+def stored(srv, mail_id: str) -> int:
+    """How many entries the store holds for a mailbox."""
+    return result_of(srv.hub.store.count_entries(mailbox_queue(mail_id)))
+
+
+def send(c: Client, mail_id: str, prio: str, body: bytes) -> None:
+    """Publish one INBOX message."""
+    c.send(codec.encode_pub(f"$mq9.AI.INBOX.{mail_id}.{prio}", body))
+
+
+def test_create_both_types_and_defaults() -> None:
+    srv = make_mq9_server()
+    c = Client(srv)
+    box = create(c)
+    assert box["type"] == "standard" and box["ttl"] == 86400
+    assert len(box["mail_id"]) >= 20 and box["mail_id"] == box["mail_id"].lower()
+    assert box["inbox"] == "$mq9.AI.INBOX." + box["mail_id"] and box["token"]
+    latest = create(c, type="latest", ttl=60)
+    assert latest["type"] == "latest" and latest["ttl"] == 60
+    assert latest["mail_id"] != box["mail_id"]
+    assert create(c, type="weird") == {"error": "type must be 'standard' or 'latest'"}
+    assert "error" in create(c, ttl=-5)
+    assert "error" in request(c, "$mq9.AI.MAILBOX.CREATE", b"{not json")
+    assert "error" in request(c, "$mq9.AI.MAILBOX.NOPE", b"{}")
+    assert not c.closed            # mq9 errors never -ERR
+
+
+def test_offline_backlog_delivered_in_priority_order_then_live() -> None:
+    srv = make_mq9_server()
+    sender = Client(srv)
+    box = create(sender)
+    mid = box["mail_id"]
+    send(sender, mid, "notify", b"n1")
+    send(sender, mid, "normal", b"a1")
+    send(sender, mid, "urgent", b"u1")
+    send(sender, mid, "normal", b"a2")
+    send(sender, mid, "urgent", b"u2")
+    assert stored(srv, mid) == 4                 # notify is memory-tier
+    agent = Client(srv)
+    agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    evs = agent.events()
+    assert bodies(evs) == [b"u1", b"u2", b"a1", b"a2", b"n1"]
+    assert evs[0][1] == f"$mq9.AI.INBOX.{mid}.urgent" and evs[0][2] == "1"
+    assert stored(srv, mid) == 0                 # delivered = read
+    send(sender, mid, "normal", b"live")
+    assert bodies(agent.events()) == [b"live"]
+    assert stored(srv, mid) == 0
+    again = Client(srv)                          # nothing is replayed twice
+    again.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    assert again.events() == []
+
+
+def test_single_priority_subscription() -> None:
+    srv = make_mq9_server()
+    c = Client(srv)
+    mid = create(c)["mail_id"]
+    send(c, mid, "normal", b"a")
+    send(c, mid, "urgent", b"u")
+    c.send(f"SUB $mq9.AI.INBOX.{mid}.urgent 5\r\n".encode())
+    assert bodies(c.events()) == [b"u"]
+    send(c, mid, "normal", b"b")
+    assert c.events() == []
+    q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", json.dumps({"token": create.__name__}).encode())
+    assert q == {"error": "invalid token"}
+
+
+def test_query_with_right_and_wrong_token() -> None:
+    srv = make_mq9_server()
+    c = Client(srv)
+    box = create(c)
+    mid = box["mail_id"]
+    send(c, mid, "normal", b'{"type":"task"}')
+    c.send(codec.encode_hpub(f"$mq9.AI.INBOX.{mid}.urgent", codec.build_headers({"k": "v"}),
+                             b"\xff\x00"))
+    assert request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", b'{"token":"nope"}') == {
+        "error": "invalid token"}
+    assert request(c, "$mq9.AI.MAILBOX.QUERY.mnosuch", b'{"token":"x"}') == {
+        "error": "mailbox mnosuch does not exist"}
+    q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", json.dumps({"token": box["token"]}).encode())
+    assert q["mail_id"] == mid and q["unread"] == 2
+    first, second = q["messages"]
+    assert first["priority"] == "urgent" and first["encoding"] == "base64"
+    assert first["payload"] == "/wA=" and first["headers"] == {"k": "v"}
+    assert second == {**second, "priority": "normal", "payload": '{"type":"task"}',
+                      "encoding": "utf-8", "subject": f"$mq9.AI.INBOX.{mid}.normal"}
+    assert stored(srv, mid) == 0
+    q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", json.dumps({"token": box["token"]}).encode())
+    assert q == {"mail_id": mid, "unread": 0, "messages": []}
+
+
+def test_latest_keeps_only_newest() -> None:
+    srv = make_mq9_server()
+    c = Client(srv)
+    box = create(c, type="latest")
+    mid = box["mail_id"]
+    for i in range(5):
+        send(c, mid, "normal", b"status %d" % i)
+    send(c, mid, "notify", b"status 5")
+    assert stored(srv, mid) == 1
+    c.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    assert bodies(c.events()) == [b"status 5"]
+
+
+def test_message_ttl_and_mailbox_ttl_expiry() -> None:
+    srv = make_mq9_server()
+    c = Client(srv)
+    box = create(c, ttl=100)
+    mid = box["mail_id"]
+    c.send(codec.encode_hpub(f"$mq9.AI.INBOX.{mid}.normal", codec.build_headers({"mq9-ttl": "5"}),
+                             b"short"))
+    send(c, mid, "urgent", b"long")
+    srv.hub.clock.advance(6)
+    assert stored(srv, mid) == 1
+    q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", json.dumps({"token": box["token"]}).encode())
+    assert [m["payload"] for m in q["messages"]] == ["long"]
+    send(c, mid, "urgent", b"doomed")
+    srv.hub.clock.advance(100)
+    assert mid not in srv.mq9.mailboxes and stored(srv, mid) == 0
+    assert result_of(srv.hub.store.get_meta("mq9/mb/" + mid)) is None
+    err = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", json.dumps({"token": box["token"]}).encode())
+    assert err == {"error": f"mailbox {mid} does not exist"}
+    c.send(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.urgent", b"x", "_INBOX.t.2"))
+    replies = [e for e in c.events() if e[0] == OP_MSG]
+    assert json.loads(replies[0][4]) == {"error": f"mailbox {mid} does not exist"}
+
+
+def test_unknown_mailbox_without_reply_is_dropped_quietly() -> None:
+    srv = make_mq9_server()
+    c = Client(srv)
+    c.send(b"PUB $mq9.AI.INBOX.mnope.urgent 1\r\nx\r\nPUB $mq9.AI.INBOX.bad 1\r\nx\r\nPING\r\n")
+    assert c.events() == [(codec.OP_PONG,)]
+    assert not c.closed
+
+
+def test_queue_group_on_mailbox_and_reply_subject_kept() -> None:
+    srv = make_mq9_server()
+    c = Client(srv)
+    mid = create(c)["mail_id"]
+    w1, w2 = Client(srv), Client(srv)
+    w1.send(f"SUB $mq9.AI.INBOX.{mid}.* workers 1\r\n".encode())
+    w2.send(f"SUB $mq9.AI.INBOX.{mid}.normal workers 1\r\n".encode())
+    for i in range(10):
+        c.send(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.normal", b"%d" % i, "answer.here"))
+    e1, e2 = w1.events(), w2.events()
+    assert len(e1) + len(e2) == 10 and e1 and e2
+    assert all(e[3] == "answer.here" for e in e1 + e2)
+
+
+def test_broadcast_wildcards_hash_and_queue_groups() -> None:
+    srv = make_mq9_server()
+    pub = Client(srv)
+    dom, evt, allb, hashb = Client(srv), Client(srv), Client(srv), Client(srv)
+    dom.send(b"SUB $mq9.AI.BROADCAST.system.* 1\r\n")
+    evt.send(b"SUB $mq9.AI.BROADCAST.*.anomaly 1\r\n")
+    allb.send(b"SUB $mq9.AI.BROADCAST.> 1\r\n")
+    hashb.send(b"SUB $mq9.AI.BROADCAST.# 1\r\n")
+    w = [Client(srv) for _ in range(3)]
+    for c in w:
+        c.send(b"SUB $mq9.AI.BROADCAST.task.available task.workers 1\r\n")
+    pub.send(codec.encode_pub("$mq9.AI.BROADCAST.system.anomaly", b"a"))
+    pub.send(codec.encode_pub("$mq9.AI.BROADCAST.task.available", b"t"))
+    assert bodies(dom.events()) == [b"a"]
+    assert bodies(evt.events()) == [b"a"]
+    assert bodies(allb.events()) == [b"a", b"t"]
+    hev = hashb.events()
+    assert bodies(hev) == [b"a", b"t"] and hev[0][1] == "$mq9.AI.BROADCAST.system.anomaly"
+    assert sum(len(c.events()) for c in w) == 1
+    late = Client(srv)
+    late.send(b"SUB $mq9.AI.BROADCAST.> 1\r\n")
+    assert late.events() == []                 # not persisted: nothing replayed
+
+
+def test_persisted_broadcast_replayed_once_per_group_and_subject() -> None:
+    srv = make_mq9_server()
+    pub = Client(srv)
+    online = Client(srv)
+    online.send(b"SUB $mq9.AI.BROADCAST.task.* 1\r\n")
+    hdr = codec.build_headers({"mq9-persist": "true"})
+    pub.send(codec.encode_hpub("$mq9.AI.BROADCAST.task.available", hdr, b"job"))
+    assert bodies(online.events()) == [b"job"]
+    w1 = Client(srv)
+    w1.send(b"SUB $mq9.AI.BROADCAST.task.available workers 1\r\n")
+    assert bodies(w1.events()) == [b"job"]
+    w2 = Client(srv)
+    w2.send(b"SUB $mq9.AI.BROADCAST.task.available workers 1\r\n")
+    assert w2.events() == []                   # the group already had it
+    same = Client(srv)
+    same.send(b"SUB $mq9.AI.BROADCAST.task.* 1\r\n")
+    assert same.events() == []                 # this subject already had it
+    other = Client(srv, {"headers": False, "no_responders": False})
+    other.send(b"SUB $mq9.AI.BROADCAST.# 1\r\n")
+    assert other.events() == [(OP_MSG, "$mq9.AI.BROADCAST.task.available", "1", None, b"job")]
+    srv.hub.clock.advance(3601)                # default persisted-broadcast TTL
+    fresh = Client(srv)
+    fresh.send(b"SUB $mq9.AI.BROADCAST.task.> 1\r\n")
+    assert fresh.events() == []
+
+
+def test_mailboxes_and_backlog_survive_restart_on_the_same_store() -> None:
+    hub = make_hub()
+    hub.clock.advance(1_800_000_000)
+    srv = make_mq9_server(hub)
+    c = Client(srv)
+    box = create(c)
+    mid = box["mail_id"]
+    send(c, mid, "normal", b"n")
+    send(c, mid, "urgent", b"u")
+    send(c, mid, "notify", b"gone")            # memory tier: lost on restart
+    srv.mq9.stop()
+    srv2 = make_mq9_server(hub)
+    agent = Client(srv2)
+    agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    assert bodies(agent.events()) == [b"u", b"n"]
+    q = request(agent, f"$mq9.AI.MAILBOX.QUERY.{mid}",
+                json.dumps({"token": box["token"]}).encode())
+    assert q["unread"] == 0
+
+
+def test_mq9_requests_do_not_trigger_no_responders() -> None:
+    srv = make_mq9_server()
+    c = Client(srv)
+    reply = request(c, "$mq9.AI.MAILBOX.CREATE", b"")
+    assert "mail_id" in reply
