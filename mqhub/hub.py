@@ -6,9 +6,9 @@ plugins get it in ``make_service`` and keep a reference (like twisted.words' rea
 Strategy: twistd ignores the Deferred ``startService`` returns, and ``MultiService`` stops its
 children all at once. HubService therefore sequences both by hand:
 
-- start: ``store.open()`` (synchronous recovery) → scheduler → ``broker.start()`` (a Deferred:
-  queues rebuilt) → listener children. No port is bound before the broker has recovered
-  (``privilegedStartService`` does not start the children).
+- start: ``store.open()`` (synchronous recovery) → ``broker.start()`` (a Deferred: queues
+  rebuilt) → scheduler (its due entries now find their queues) → listener children. No port is
+  bound before the broker has recovered (``privilegedStartService`` does not start children).
 - stop: listeners (stop accepting, close connections) → scheduler → broker → ``store.close()``,
   each step bounded so that SIGTERM ends the process within seconds even if a step hangs.
 """
@@ -144,15 +144,23 @@ class HubService(MultiService):
         d.addCallbacks(self.started.callback, self._start_failed)
 
     def _start_core(self) -> Deferred[None]:
-        """store.open() → scheduler.startService() → broker.start()."""
+        """store.open() → broker.start() (recovery) → scheduler.startService().
+
+        The scheduler starts after the broker has recovered so that a due entry (a delayed
+        message, a queue expiry) always finds the queue it belongs to.
+        """
         hub = self.hub
         hub.store.open()
         log.info("store open ({store})", store=type(hub.store).__name__)
-        if hub.scheduler is not None:
-            hub.scheduler.startService()
-        if hub.broker is None:
-            return succeed(None)
-        return maybeDeferred(hub.broker.start)
+        recovered: Deferred[Any] = succeed(None)
+        if hub.broker is not None:
+            recovered = maybeDeferred(hub.broker.start)
+
+        def start_scheduler(_: object) -> None:
+            if hub.scheduler is not None and self.running:
+                hub.scheduler.startService()
+
+        return recovered.addCallback(start_scheduler)
 
     def _start_listeners(self) -> None:
         """Start every child; one that fails is logged and the others still start."""
@@ -199,7 +207,7 @@ class HubService(MultiService):
         Service.stopService(self)
         hub = self.hub
         d = self._bounded("listeners", self._stop_listeners)
-        if hub.scheduler is not None:
+        if hub.scheduler is not None and hub.scheduler.running:
             d.addCallback(lambda _: self._bounded("scheduler", hub.scheduler.stopService))
         stop_broker = getattr(hub.broker, "stop", None)
         if stop_broker is not None:

@@ -28,7 +28,7 @@ def _split_assignment(value: str, flag: str) -> tuple[str, str]:
     left, sep, right = value.partition("=")
     if not sep or not left or not right:
         raise usage.UsageError(f"{flag} expects NAME=VALUE, got {value!r}")
-    return left.strip(), right.strip()
+    return left.strip(), right
 
 
 class Options(usage.Options):

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from mqhub.discovery import load_plugins
+from tests.plugins import isolated_plugin_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -86,7 +87,8 @@ class BrokerProcess:
         self.plugin_paths = [str(Path(p).resolve()) for p in plugin_paths]
         self.extra_args = list(extra_args)
         self.env = env
-        found = load_plugins(self.plugin_paths)
+        with isolated_plugin_path():  # this test process keeps mqhub's own plugin path
+            found = load_plugins(self.plugin_paths)
         self.protocols = [found.aliases.get(p, p) for p in protocols]
         self.ports: dict[tuple[str, str], int] = {}
         self.endpoints: dict[tuple[str, str], str] = {}

@@ -107,8 +107,8 @@ def make_root(
     return root, clock
 
 
-def test_start_order_store_scheduler_broker_then_listeners() -> None:
-    """Start runs store.open, scheduler, broker.start, and only then the listeners."""
+def test_start_order_store_broker_scheduler_then_listeners() -> None:
+    """Start runs store.open, broker.start (recovery), scheduler, and only then the listeners."""
     events: list[str] = []
     root, _ = make_root(events)
     root.privilegedStartService()
@@ -116,8 +116,8 @@ def test_start_order_store_scheduler_broker_then_listeners() -> None:
     root.startService()
     assert events == [
         "store.open",
-        "scheduler.start",
         "broker.start",
+        "scheduler.start",
         "nsq.privileged",
         "nsq.start",
         "mq9.privileged",
@@ -127,12 +127,12 @@ def test_start_order_store_scheduler_broker_then_listeners() -> None:
 
 
 def test_listeners_wait_for_broker_recovery() -> None:
-    """While broker.start() has not fired, no listener is started."""
+    """While broker.start() has not fired, neither the scheduler nor any listener starts."""
     events: list[str] = []
     recovery: Deferred[None] = Deferred()
     root, _ = make_root(events, broker_start=recovery)
     root.startService()
-    assert events == ["store.open", "scheduler.start", "broker.start"]
+    assert events == ["store.open", "broker.start"]
     recovery.callback(None)
     assert events[-2:] == ["mq9.privileged", "mq9.start"]
 

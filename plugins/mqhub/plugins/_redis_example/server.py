@@ -20,6 +20,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from mqhub.core.address import validate_address
 from mqhub.errors import InvalidName, MqhubError
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.store.records import BODY
@@ -296,6 +297,7 @@ class RespProtocol(Protocol):
         """
         broker = self._broker()
         address = channel.decode("utf-8")
+        validate_address(address)
         route = broker.route(address)
         receivers = len(route.targets) + len(route.groups) + len(route.queues)
         done = broker.publish_batch(address, bodies, origin=self.protocol_name)
@@ -340,8 +342,6 @@ class RespProtocol(Protocol):
         for channel in args:
             if channel not in self.channels:
                 address = channel.decode("utf-8", errors="strict")
-                from mqhub.core.address import validate_address
-
                 validate_address(address)
                 self.channels[channel] = broker.subscribe(address, self, tag=("message", channel))
             self._reply([b"subscribe", channel, self._count()], push=True)

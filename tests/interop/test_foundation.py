@@ -1,0 +1,132 @@
+"""The real ``twistd -n mqhub`` process: help, drop-ins, broken plugins, SIGTERM, JSON logs."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.interop.broker import REPO_ROOT, BrokerProcess, port_accepts, twistd_command
+from tests.plugins import EXAMPLE_PLUGINS, TEST_PLUGINS
+
+pytestmark = pytest.mark.interop
+
+MakeBroker = Callable[..., BrokerProcess]
+
+
+def twistd_help(*args: str) -> str:
+    """Output of ``twistd mqhub [args] --help``."""
+    result = subprocess.run(
+        [*twistd_command(), "mqhub", *args, "--help"],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, check=True,
+    )
+    return result.stdout
+
+
+def echo_broker(make_broker: MakeBroker, *protocols: str, **kwargs: object) -> BrokerProcess:
+    """A broker serving the test-only echo protocol from tests/plugins."""
+    return make_broker(list(protocols or ["echotest"]), plugin_paths=[TEST_PLUGINS], **kwargs)
+
+
+def talk(sock: socket.socket, line: bytes) -> bytes:
+    """Send one line and read the echoed line back."""
+    sock.sendall(line + b"\n")
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = sock.recv(4096)
+        assert chunk, "connection closed"
+        reply += chunk
+    return reply
+
+
+def test_twistd_help_lists_every_builtin_protocol() -> None:
+    """``twistd mqhub --help`` lists the five protocols with descriptions and endpoints."""
+    text = twistd_help()
+    for name in ("nsq", "mq9", "emqp", "mqks", "vibemq"):
+        assert f"\n  {name}" in text
+    assert "alias nats" in text
+    assert "tcp = tcp:4222:interface=127.0.0.1" in text
+    assert "frontend = tcp://127.0.0.1:47291" in text
+    assert "\n  redis" not in text
+
+
+def test_twistd_help_with_plugin_path_lists_the_example() -> None:
+    """With ``--plugin-path plugins`` the Redis example is listed too."""
+    text = twistd_help("--plugin-path", str(EXAMPLE_PLUGINS))
+    assert "\n  redis (alias resp): Redis RESP" in text
+    assert "tcp = tcp:6380:interface=127.0.0.1" in text
+
+
+def test_unknown_protocol_exits_with_usage_error(tmp_path: Path) -> None:
+    """An unknown protocol name stops twistd before it starts, listing the names."""
+    result = subprocess.run(
+        [*twistd_command(), "-n", "--pidfile=", "mqhub", "--protocols", "kafka",
+         "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+    )
+    assert result.returncode != 0
+    assert "unknown protocol 'kafka'; available: emqp, mq9, mqks, nsq, vibemq" in (
+        result.stdout + result.stderr
+    )
+
+
+def test_broken_and_refusing_plugins_do_not_stop_the_others(make_broker: MakeBroker) -> None:
+    """A broken drop-in file is reported by name, a refusing plugin in one line, echo still serves."""
+    broker = echo_broker(
+        make_broker, "echotest", "refusetest",
+        wait_for=[("echotest", "tcp")],
+        extra_args=["--option", "echo.prefix=> "],
+    )
+    with socket.create_connection(("127.0.0.1", broker.port("echotest"))) as sock:
+        assert talk(sock, b"hello") == b"> hello\n"
+    log = broker.output()
+    assert "broken_testing.py failed to load: RuntimeError: this drop-in is broken on purpose" in log
+    assert "refusetest: protocol refusetest is not implemented yet" in log
+    assert not port_accepts(broker.port("refusetest"))
+
+
+def test_sigterm_with_connected_clients_exits_zero_quickly(make_broker: MakeBroker) -> None:
+    """SIGTERM with clients connected: exit status 0 within 5 s, connections closed, store closed."""
+    broker = echo_broker(make_broker)
+    clients = [socket.create_connection(("127.0.0.1", broker.port("echotest"))) for _ in range(5)]
+    for n, sock in enumerate(clients):
+        assert talk(sock, b"ping %d" % n) == b"ping %d\n" % n
+    started = time.monotonic()
+    status = broker.stop(timeout=10.0)
+    elapsed = time.monotonic() - started
+    assert status == 0
+    assert elapsed < 5.0
+    for sock in clients:
+        sock.settimeout(2.0)
+        assert sock.recv(10) == b""  # the broker closed the connection
+        sock.close()
+    log = broker.output()
+    assert "received SIGTERM: stopping" in log
+    assert log.index("listeners stopped") < log.index("store closed")
+
+
+def test_restart_on_same_ports_and_data_dir(make_broker: MakeBroker) -> None:
+    """A stopped broker starts again on the same ports and data directory."""
+    broker = echo_broker(make_broker)
+    port = broker.port("echotest")
+    broker.restart()
+    assert broker.port("echotest") == port
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        assert talk(sock, b"again") == b"again\n"
+    assert broker.kill() == -9
+
+
+def test_json_log_format_writes_one_object_per_line(make_broker: MakeBroker) -> None:
+    """``--log-format json``: every line of the log is a JSON object."""
+    broker = echo_broker(make_broker, extra_args=["--log-format", "json"])
+    assert broker.stop() == 0
+    lines = [line for line in broker.output().splitlines() if line.strip()]
+    events = [json.loads(line) for line in lines]
+    namespaces = {e.get("log_namespace") for e in events}
+    assert "mqhub.hub" in namespaces
+    assert any(e.get("log_format") == "store closed" for e in events)
