@@ -296,20 +296,21 @@ class NatsServer(Factory):
                 return
 
     def flush(self) -> None:
-        """Write every touched connection's output with one write each."""
+        """Write every touched connection's output with one write each.
+
+        The dirty list is emptied in place: hot loops hold a reference to it.
+        """
         dirty = self.dirty
-        if not dirty:
-            return
-        self.dirty = []
-        for conn in dirty:
-            out = conn.out
-            if not out:
-                continue
-            data = b"".join(out)
-            out.clear()
-            conn.write_out(data)
-        if self.dirty:   # writes may close slow consumers, which never re-dirty; be safe
-            self.flush()
+        while dirty:
+            conns = dirty[:]
+            dirty.clear()
+            for conn in conns:
+                out = conn.out
+                if not out:
+                    continue
+                data = b"".join(out)
+                out.clear()
+                conn.write_out(data)
 
     def end_turn(self) -> None:
         """Finish one read: let mq9 commit its group, then write all output."""

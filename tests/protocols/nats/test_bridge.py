@@ -1,0 +1,74 @@
+"""NATS subscriptions live in the core's address space: other protocols reach them and back."""
+
+from __future__ import annotations
+
+from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.codec import OP_HMSG, OP_MSG
+from mqhub.protocols.nats.service import build_server
+from mqhub.testing import CollectingTarget, memory_hub, result_of
+from tests.protocols.nats.helpers import Client
+
+
+def make() -> tuple:
+    """A memory hub with a started core and a NATS server bridged to it."""
+    hub = memory_hub()
+    srv = build_server(hub, {})
+    result_of(srv.mq9.start())
+    return hub, srv
+
+
+def test_foreign_publish_reaches_nats_subscribers_with_headers() -> None:
+    hub, srv = make()
+    sub = Client(srv)
+    plain = Client(srv, {"headers": False, "no_responders": False})
+    sub.send(b"SUB orders.* 1\r\nSUB orders.> q 2\r\n")
+    plain.send(b"SUB orders.new 4\r\n")
+    result_of(hub.broker.publish_batch("orders.new", [b"o1", b"o2"], origin="nsq",
+                                       headers={"X-Id": "7"}))
+    evs = sub.events()
+    assert sorted((e[0], e[2], e[5]) for e in evs) == sorted(
+        [(OP_HMSG, "1", b"o1"), (OP_HMSG, "1", b"o2"), (OP_HMSG, "2", b"o1"),
+         (OP_HMSG, "2", b"o2")])
+    assert codec.parse_headers(evs[0][4])[2] == [("X-Id", "7")]
+    assert plain.events() == [(OP_MSG, "orders.new", "4", None, b"o1"),
+                              (OP_MSG, "orders.new", "4", None, b"o2")]
+
+
+def test_nats_publish_reaches_foreign_bindings_once() -> None:
+    hub, srv = make()
+    target = CollectingTarget("nsq")
+    hub.broker.subscribe("metrics.>", target)
+    q = hub.broker.declare_queue("metrics-q", tier="memory")
+    hub.broker.bind_queue("metrics.cpu", "metrics-q")
+    nats_sub = Client(srv)
+    nats_sub.send(b"SUB metrics.cpu 1\r\n")
+    pub = Client(srv)
+    pub.send(codec.encode_pub("metrics.cpu", b"42") + codec.encode_pub("metrics.cpu", b"43")
+             + codec.encode_hpub("metrics.cpu", codec.build_headers({"u": "pct"}), b"44"))
+    assert target.bodies == [b"42", b"43", b"44"]
+    assert target.entries[2][6] == {"u": "pct"} and target.entries[0][8] == "nats"
+    assert q.depth == 3
+    assert [e[4] if e[0] == OP_MSG else e[5] for e in nats_sub.events()] == [b"42", b"43", b"44"]
+
+
+def test_no_foreign_binding_means_no_core_publish() -> None:
+    hub, srv = make()
+    calls = []
+    orig = hub.broker.publish_batch
+    hub.broker.publish_batch = lambda *a, **k: (calls.append(a), orig(*a, **k))[1]
+    s = Client(srv)
+    s.send(b"SUB local 1\r\n")
+    Client(srv).send(codec.encode_pub("local", b"x"))
+    assert len(s.events()) == 1 and calls == []
+
+
+def test_unsubscribe_removes_core_binding() -> None:
+    hub, srv = make()
+    s = Client(srv)
+    s.send(b"SUB gone 1\r\n")
+    assert len(hub.broker.route("gone").targets) == 1
+    s.send(b"UNSUB 1\r\n")
+    assert hub.broker.route("gone").empty
+    s.send(b"SUB gone 2\r\n")
+    s.transport.loseConnection()
+    assert hub.broker.route("gone").empty
