@@ -1,0 +1,610 @@
+"""The eMQP router: eventmq's broker behaviour on top of the hub's core, without sockets.
+
+:class:`EmqpRouter` is handed whole batches of received multipart messages per socket
+(``frontend_received``, ``backend_received``, ``pubin_received``) and sends through three
+callables, so unit tests drive it with plain lists and a ``task.Clock``. The Twisted/ZeroMQ
+glue is in :mod:`mqhub.protocols.emqp.service`.
+
+Jobs are durable core queue entries: eMQP queue ``Q`` is the core queue (and address)
+``emqp.jobs.Q``. The router attaches one consumer per queue and grants it credit only for free
+worker slots it has already chosen by eventmq's rule (highest weight with a free slot, equal
+weights rotate), so the core never delivers a job no worker can take.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Optional
+
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from mqhub.errors import InvalidName, MqhubError
+from mqhub.interfaces import IDeliveryTarget
+from mqhub.protocols.emqp import frames as F
+from mqhub.scheduler.spec import ScheduleSpec
+from mqhub.store.records import BODY, HEADERS, MSG_ID
+
+Frames = list[bytes]
+Send = Callable[[Frames], None]
+
+JOB_PREFIX = "emqp.jobs."
+SCHEDULE_KEY_PREFIX = b"emqp/s/"
+DEFAULT_QUEUES: list[tuple[int, str]] = [(10, "default")]
+#: In-flight deadline handed to the core; the router itself decides about lost jobs.
+CONSUMER_TIMEOUT = 7 * 86400.0
+#: Attempts a ``guarantee`` job without ``retry-count`` gets after lost workers.
+GUARANTEE_ATTEMPTS = 4
+
+H_MSGID = "emqp-msgid"
+H_CLIENT = "emqp-client"
+H_HEADERS = "emqp-headers"
+H_REPLY = "emqp-reply"
+H_MAX = "mqhub-max-attempts"
+
+log = Logger(namespace="mqhub.emqp")
+
+
+class Worker:
+    """A jobmanager connected to the backend (one ZeroMQ identity)."""
+
+    __slots__ = ("peer", "queues", "slots", "last_seen", "inflight", "leaving")
+
+    def __init__(self, peer: bytes, queues: list[tuple[int, str]], now: float) -> None:
+        """Register ``peer`` serving ``queues`` (``(weight, name)`` in INFORM order), no slots."""
+        self.peer = peer
+        self.queues = queues
+        self.slots = 0
+        self.last_seen = now
+        #: request msgid -> (queue name, core msg id, client peer or b"", wants reply, retryable)
+        self.inflight: dict[bytes, tuple[str, int, bytes, bool, bool]] = {}
+        self.leaving = False
+
+
+class DropLog:
+    """Rate-limited log of dropped messages: at most ``per_second`` lines, the rest counted."""
+
+    def __init__(self, clock: Any, per_second: int = 20) -> None:
+        """:param clock: IReactorTime for the one-second windows."""
+        self.clock = clock
+        self.per_second = per_second
+        self.window = -1
+        self.lines = 0
+        self.suppressed = 0
+        self.total = 0
+
+    def drop(self, socket: str, peer: bytes, reason: str) -> None:
+        """Count one dropped message and log it unless this second's budget is spent."""
+        self.total += 1
+        second = int(self.clock.seconds())
+        if second != self.window:
+            if self.suppressed:
+                log.warn("eMQP: {n} more dropped messages not logged", n=self.suppressed)
+            self.window, self.lines, self.suppressed = second, 0, 0
+        if self.lines < self.per_second:
+            self.lines += 1
+            log.warn("eMQP {socket}: dropped message from {peer}: {reason}", socket=socket,
+                     peer=F.peer_label(peer), reason=reason)
+        else:
+            self.suppressed += 1
+
+
+def _valid_job(body: bytes) -> bool:
+    """True when ``body`` is an eventmq job (a JSON list whose second item is an object)."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(value, list) and len(value) >= 2 and isinstance(value[1], dict)
+
+
+@implementer(IDeliveryTarget)
+class EmqpRouter:
+    """eventmq's router, scheduler front and pub/sub relay on the hub core (see module doc)."""
+
+    protocol_name = "emqp"
+
+    def __init__(self, hub: Any, send_frontend: Send, send_backend: Send,
+                 send_pub: Optional[Send] = None, *, heartbeat_interval: float = 3.0,
+                 heartbeat_timeout: float = 15.0,
+                 default_queues: Optional[list[tuple[int, str]]] = None,
+                 forward_schedules: bool = False, max_body: int = F.DEFAULT_MAX_BODY) -> None:
+        """Build the router; nothing runs until :meth:`start`.
+
+        :param hub: the Hub (clock, broker, scheduler).
+        :param send_frontend: sends a routed message on the frontend ROUTER.
+        :param send_backend: sends a routed message on the backend ROUTER.
+        :param send_pub: sends ``[topic, message]`` on the PUB socket (None: no pub/sub).
+        :param heartbeat_interval: seconds between HEARTBEATs to workers and schedulers.
+        :param heartbeat_timeout: a worker or scheduler silent this long is removed.
+        :param default_queues: queues of a worker whose INFORM names none.
+        :param forward_schedules: hand SCHEDULE to a connected emq-scheduler (as the original)
+            instead of the hub's SchedulerService.
+        :param max_body: largest accepted frame.
+        """
+        self.hub = hub
+        self.clock = hub.clock
+        self.broker = hub.broker
+        self.scheduler = hub.scheduler
+        self.send_frontend = send_frontend
+        self.send_backend = send_backend
+        self.send_pub = send_pub
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.default_queues = list(default_queues or DEFAULT_QUEUES)
+        self.forward_schedules = forward_schedules
+        self.max_body = max_body
+        self.ids = F.MsgIds()
+        self.drops = DropLog(self.clock)
+        self.workers: dict[bytes, Worker] = {}
+        self.schedulers: dict[bytes, float] = {}
+        #: eMQP queue -> [[weight, worker peer], ...] sorted by weight, highest first
+        self.routes: dict[str, list[tuple[int, bytes]]] = {}
+        self.consumers: dict[str, Any] = {}
+        #: jobs the core delivered when no slot was planned; sent on the next free slot
+        self.held: dict[str, list[tuple]] = {}
+        self._plan: list[Worker] = []
+        self._heartbeat: Optional[LoopingCall] = None
+        self.stats = {"requests": 0, "dispatched": 0, "replies": 0, "retries": 0,
+                      "published": 0, "scheduled_runs": 0}
+        if self.scheduler is not None and hasattr(self.scheduler, "register"):
+            self.scheduler.register(SCHEDULE_KEY_PREFIX, self._schedule_due)
+
+    # lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Attach to recovered job queues and start heartbeating."""
+        for queue in self.broker.queues():
+            if queue.name.startswith(JOB_PREFIX):
+                self._consumer(queue.name[len(JOB_PREFIX):])
+        self._heartbeat = LoopingCall(self._beat)
+        self._heartbeat.clock = self.clock
+        self._heartbeat.start(self.heartbeat_interval, now=False)
+
+    def stop(self) -> None:
+        """Stop heartbeating and detach (in-flight jobs return to their queues)."""
+        if self._heartbeat is not None and self._heartbeat.running:
+            self._heartbeat.stop()
+        for qname, consumer in list(self.consumers.items()):
+            queue = self.broker.queue(JOB_PREFIX + qname)
+            if queue is not None:
+                queue.detach(consumer, requeue=True)
+        self.consumers.clear()
+
+    # queues ----------------------------------------------------------------------------------
+
+    def _consumer(self, qname: str) -> Any:
+        """The dispatcher's consumer on eMQP queue ``qname`` (declared and bound on first use)."""
+        consumer = self.consumers.get(qname)
+        if consumer is None:
+            name = JOB_PREFIX + qname
+            queue = self.broker.declare_queue(name, tier="durable")
+            self.broker.bind_queue(name, name)
+            consumer = queue.attach(self, credit=0, timeout=CONSUMER_TIMEOUT, tag=qname)
+            self.consumers[qname] = consumer
+        return consumer
+
+    def _known(self, qname: str) -> bool:
+        """True when a worker has INFORMed ``qname`` or it holds recovered jobs."""
+        return qname in self.routes or qname in self.consumers
+
+    # receiving: frontend ---------------------------------------------------------------------
+
+    def frontend_received(self, messages: list[Frames]) -> None:
+        """Handle every message one read of the frontend ROUTER returned."""
+        jobs: dict[str, tuple[list[bytes], list[dict[str, str]]]] = {}
+        now = self.clock.seconds()
+        for frames in messages:
+            try:
+                cmd = F.parse_routed(frames, self.max_body)
+                name = cmd.name
+                if name == b"REQUEST":
+                    self._take_request(cmd, jobs)
+                elif name == b"HEARTBEAT":
+                    if cmd.peer in self.schedulers:
+                        self.schedulers[cmd.peer] = now
+                elif name == b"INFORM":
+                    self._inform_scheduler(cmd, now)
+                elif name == b"SCHEDULE" or name == b"UNSCHEDULE":
+                    self._schedule_command(cmd)
+                elif name == b"DISCONNECT" or name == b"KBYE":
+                    self._frontend_bye(cmd)
+                else:
+                    raise F.ProtocolError(F.E_COMMAND, f"{name.decode()} on the frontend")
+                if cmd.peer in self.schedulers:
+                    self.schedulers[cmd.peer] = now
+            except F.ProtocolError as exc:
+                self.drops.drop("frontend", frames[0] if frames else b"", str(exc))
+        for qname, (bodies, headers) in jobs.items():
+            self._enqueue(qname, bodies, headers)
+
+    def _take_request(self, cmd: F.Command, jobs: dict) -> None:
+        """Validate one REQUEST and add it to this read's batch for its queue."""
+        queue_raw, headers_raw, body = cmd.body
+        qname = queue_raw.decode() or "default"
+        if not self._known(qname):
+            qname = "default"
+        if not _valid_job(body):
+            raise F.ProtocolError(F.E_BAD_VALUE, "REQUEST body is not an eventmq job")
+        h = F.parse_headers(headers_raw)
+        meta = {H_MSGID: cmd.msgid.decode(), H_CLIENT: cmd.peer.hex(),
+                H_HEADERS: headers_raw.decode()}
+        if h.reply_requested:
+            meta[H_REPLY] = "1"
+        if h.retry_count > 0:
+            meta[H_MAX] = str(h.retry_count + 1)
+        elif h.guarantee:
+            meta[H_MAX] = str(GUARANTEE_ATTEMPTS)
+        batch = jobs.get(qname)
+        if batch is None:
+            batch = jobs[qname] = ([], [])
+        batch[0].append(body)
+        batch[1].append(meta)
+        self.stats["requests"] += 1
+
+    def _enqueue(self, qname: str, bodies: list[bytes], headers: list[dict[str, str]]) -> None:
+        """Store one batch of jobs on eMQP queue ``qname`` and hand out what free slots allow."""
+        try:
+            self._consumer(qname)
+            d = self.broker.publish_batch(JOB_PREFIX + qname, bodies, origin="emqp",
+                                          headers=headers)
+        except MqhubError as exc:
+            log.error("eMQP: {n} jobs for queue {q} refused: {e}", n=len(bodies), q=qname, e=exc)
+            return
+        d.addErrback(lambda f: log.failure("eMQP: storing jobs failed", f))
+        self._pump(qname)
+
+    def _inform_scheduler(self, cmd: F.Command, now: float) -> None:
+        """INFORM on the frontend: an emq-scheduler announcing itself; ACK it."""
+        if cmd.body[1] != b"scheduler":
+            raise F.ProtocolError(F.E_BAD_VALUE, "only schedulers INFORM on the frontend")
+        self.schedulers.pop(cmd.peer, None)
+        self.schedulers[cmd.peer] = now  # most recent last
+        self.send_frontend(F.ack(cmd.peer, self.ids.next(), cmd.msgid))
+
+    def _frontend_bye(self, cmd: F.Command) -> None:
+        """DISCONNECT or KBYE from a frontend peer ends that peer only (never the broker)."""
+        self.schedulers.pop(cmd.peer, None)
+        if cmd.name == b"DISCONNECT":
+            self.send_frontend(F.kbye(cmd.peer, self.ids.next()))
+            log.info("eMQP: frontend peer {p} disconnected", p=F.peer_label(cmd.peer))
+
+    # receiving: backend ----------------------------------------------------------------------
+
+    def backend_received(self, messages: list[Frames]) -> None:
+        """Handle every message one read of the backend ROUTER returned."""
+        now = self.clock.seconds()
+        acks: dict[str, list[int]] = {}
+        retries: dict[str, list[int]] = {}
+        freed: set[bytes] = set()
+        for frames in messages:
+            try:
+                cmd = F.parse_routed(frames, self.max_body)
+                name = cmd.name
+                if name == b"INFORM":
+                    self._inform_worker(cmd, now)
+                    continue
+                worker = self.workers.get(cmd.peer)
+                if worker is None:
+                    raise F.ProtocolError(F.E_BAD_VALUE, f"{name.decode()} from an unknown worker")
+                worker.last_seen = now
+                if name == b"READY":
+                    if not worker.leaving:
+                        worker.slots += 1
+                        freed.add(worker.peer)
+                elif name == b"REPLY":
+                    self._reply(worker, cmd, acks, retries)
+                elif name == b"HEARTBEAT":
+                    pass
+                elif name == b"KBYE" or name == b"DISCONNECT":
+                    self._worker_leaving(worker, cmd.name == b"DISCONNECT")
+                else:
+                    raise F.ProtocolError(F.E_COMMAND, f"{name.decode()} on the backend")
+            except F.ProtocolError as exc:
+                self.drops.drop("backend", frames[0] if frames else b"", str(exc))
+        self._settle(acks, retries)
+        touched: list[str] = list(retries)
+        for peer in freed:
+            worker = self.workers.get(peer)
+            if worker is not None:
+                touched.extend(name for _, name in worker.queues)
+        for qname in dict.fromkeys(touched):
+            self._pump(qname)
+
+    def _inform_worker(self, cmd: F.Command, now: float) -> None:
+        """INFORM from a jobmanager: (re)register it with no slots, ACK, and heartbeat it."""
+        queues = F.parse_inform_queues(cmd.body[0]) or list(self.default_queues)
+        good: list[tuple[int, str]] = []
+        for weight, qname in queues:
+            try:
+                self._consumer(qname)
+            except (InvalidName, MqhubError) as exc:
+                log.warn("eMQP: worker queue {q} skipped: {e}", q=qname, e=exc)
+                continue
+            good.append((weight, qname))
+        old = self.workers.get(cmd.peer)
+        if old is not None:
+            self._remove_worker(old)
+        worker = Worker(cmd.peer, good, now)
+        self.workers[cmd.peer] = worker
+        for weight, qname in good:
+            lst = self.routes.setdefault(qname, [])
+            lst.append((weight, cmd.peer))
+            lst.sort(key=lambda item: -item[0])
+        self.send_backend(F.ack(cmd.peer, self.ids.next(), cmd.msgid))
+        # eventmq's jobmanager starts its processes on the broker's first HEARTBEAT
+        self.send_backend(F.heartbeat(cmd.peer, self.ids.next(), self.clock.seconds()))
+        log.info("eMQP: worker {p} serves {q}", p=F.peer_label(cmd.peer), q=good)
+
+    def _reply(self, worker: Worker, cmd: F.Command, acks: dict, retries: dict) -> None:
+        """A job's result: forward it if the client asked, then finish or retry the job."""
+        if len(cmd.body) != 2:
+            raise F.ProtocolError(F.E_ARITY, "worker REPLY needs a result and a request id")
+        result, req = cmd.body
+        job = worker.inflight.pop(req, None)
+        if job is None:
+            raise F.ProtocolError(F.E_BAD_VALUE, "REPLY for a job not in flight on this worker")
+        qname, core_id, client, wants, retryable = job
+        self.stats["replies"] += 1
+        if retryable and F.is_failure(result):
+            retries.setdefault(qname, []).append(core_id)
+        else:
+            acks.setdefault(qname, []).append(core_id)
+        if wants and client:
+            self.send_frontend(F.reply_result(client, self.ids.next(), result, req))
+        if worker.leaving and not worker.inflight:
+            self._remove_worker(worker)
+
+    def _settle(self, acks: dict[str, list[int]], retries: dict[str, list[int]]) -> None:
+        """Ack finished jobs and requeue failed retryable ones, one core call per queue."""
+        for qname, ids in acks.items():
+            consumer = self.consumers.get(qname)
+            if consumer is not None:
+                consumer.queue.ack(consumer, ids)
+        for qname, ids in retries.items():
+            consumer = self.consumers.get(qname)
+            if consumer is not None:
+                self.stats["retries"] += len(ids)
+                consumer.queue.requeue(consumer, ids, error="job failed")
+
+    def _worker_leaving(self, worker: Worker, reply_kbye: bool) -> None:
+        """KBYE/DISCONNECT from a worker: no new jobs; its running jobs may still reply."""
+        if reply_kbye:
+            self.send_backend(F.kbye(worker.peer, self.ids.next()))
+        worker.leaving = True
+        worker.slots = 0
+        self._unroute(worker)
+        if not worker.inflight:
+            self._remove_worker(worker)
+
+    def _unroute(self, worker: Worker) -> None:
+        """Remove ``worker`` from every queue's worker list."""
+        for _, qname in worker.queues:
+            lst = self.routes.get(qname)
+            if lst:
+                lst[:] = [item for item in lst if item[1] != worker.peer]
+
+    def _remove_worker(self, worker: Worker) -> None:
+        """Forget ``worker``; its unfinished jobs are retried when allowed, else finished."""
+        self._unroute(worker)
+        if self.workers.get(worker.peer) is worker:
+            del self.workers[worker.peer]
+        acks: dict[str, list[int]] = {}
+        retries: dict[str, list[int]] = {}
+        for qname, core_id, _client, _wants, retryable in worker.inflight.values():
+            (retries if retryable else acks).setdefault(qname, []).append(core_id)
+        worker.inflight.clear()
+        worker.slots = 0
+        self._settle(acks, retries)
+        for qname in retries:
+            self._pump(qname)
+
+    # dispatch --------------------------------------------------------------------------------
+
+    def _pick(self, qname: str) -> Optional[Worker]:
+        """eventmq's choice: highest weight with a free slot; equal weights rotate."""
+        lst = self.routes.get(qname)
+        if not lst:
+            return None
+        workers = self.workers
+        for i, (_, peer) in enumerate(lst):
+            worker = workers.get(peer)
+            if worker is not None and worker.slots > 0:
+                if len(lst) > 1:
+                    moved = lst[:i + 1]
+                    del lst[:i + 1]
+                    lst.extend(moved)
+                    lst.sort(key=lambda item: -item[0])
+                worker.slots -= 1
+                return worker
+        return None
+
+    def _pump(self, qname: str) -> None:
+        """Send held jobs, then grant the queue's consumer credit for chosen free slots."""
+        held = self.held.get(qname)
+        while held:
+            worker = self._pick(qname)
+            if worker is None:
+                return
+            self._send_job(worker, qname, held.pop(0))
+        consumer = self.consumers.get(qname)
+        if consumer is None:
+            return
+        queue = consumer.queue
+        if consumer.credit > 0:
+            return  # credit granted earlier still waits for entries paged in from the store
+        while queue.depth > 0:
+            plan: list[Worker] = []
+            want = queue.depth
+            while len(plan) < want:
+                worker = self._pick(qname)
+                if worker is None:
+                    break
+                plan.append(worker)
+            if not plan:
+                return
+            self._plan = plan
+            consumer.add_credit(len(plan))
+            leftover, self._plan = self._plan, []
+            for worker in leftover:  # not delivered now: give the slots back
+                worker.slots += 1
+            if leftover:
+                return
+
+    def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
+        """Core delivery of jobs to the dispatcher: send each to a planned (or best) worker."""
+        qname = binding.tag
+        plan = self._plan
+        for entry in messages:
+            worker = plan.pop(0) if plan else self._pick(qname)
+            if worker is None:
+                self.held.setdefault(qname, []).append(entry)
+            else:
+                self._send_job(worker, qname, entry)
+
+    def _send_job(self, worker: Worker, qname: str, entry: tuple) -> None:
+        """Forward one job to ``worker`` and acknowledge the dispatch to its client."""
+        meta = entry[HEADERS]
+        body = entry[BODY]
+        if meta is not None and H_MSGID in meta:
+            msgid = meta[H_MSGID].encode()
+            headers = meta.get(H_HEADERS, "").encode()
+            client = bytes.fromhex(meta.get(H_CLIENT, ""))
+            wants = H_REPLY in meta
+            retryable = H_MAX in meta
+        else:  # published by another protocol to emqp.jobs.<queue>
+            msgid, headers, client, wants = self.ids.next(), b"", b"", False
+            retryable = meta is not None and H_MAX in meta
+            if not _valid_job(body):
+                consumer = self.consumers[qname]
+                consumer.queue.reject(consumer, [entry[MSG_ID]], reason="rejected",
+                                      error="not an eventmq job")
+                worker.slots += 1
+                return
+        worker.inflight[msgid] = (qname, entry[MSG_ID], client, wants, retryable)
+        # always ask for the result: it tells exactly which job finished
+        self.send_backend(F.request(worker.peer, msgid, qname.encode(),
+                                    F.add_header(headers, b"reply-requested"), body))
+        if client:
+            self.send_frontend(F.reply_ack(client, self.ids.next(), msgid))
+        self.stats["dispatched"] += 1
+
+    # heartbeats ------------------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Heartbeat every worker and scheduler; remove the ones silent for too long."""
+        now = self.clock.seconds()
+        limit = now - self.heartbeat_timeout
+        for worker in list(self.workers.values()):
+            if worker.last_seen < limit:
+                log.info("eMQP: worker {p} silent, removed", p=F.peer_label(worker.peer))
+                self._remove_worker(worker)
+            elif not worker.leaving:
+                self._safe(self.send_backend, F.heartbeat(worker.peer, self.ids.next(), now))
+        for peer, seen in list(self.schedulers.items()):
+            if seen < limit:
+                del self.schedulers[peer]
+            else:
+                self._safe(self.send_frontend, F.heartbeat(peer, self.ids.next(), now))
+
+    @staticmethod
+    def _safe(send: Send, frames: Frames) -> None:
+        """Send, logging (not raising) a failure to reach one peer."""
+        try:
+            send(frames)
+        except Exception as exc:  # noqa: BLE001 - one unreachable peer must not stop the loop
+            log.debug("eMQP: send to {p} failed: {e}", p=F.peer_label(frames[0]), e=exc)
+
+    def peer_unreachable(self, peer: bytes) -> None:
+        """The backend could not route to ``peer``: treat the worker as gone."""
+        worker = self.workers.get(peer)
+        if worker is not None:
+            self._remove_worker(worker)
+
+    # schedules -------------------------------------------------------------------------------
+
+    def _schedule_command(self, cmd: F.Command) -> None:
+        """SCHEDULE/UNSCHEDULE: install in (or cancel from) the hub's SchedulerService."""
+        unschedule = cmd.name == b"UNSCHEDULE"
+        spec = F.parse_schedule(cmd.body, unschedule)
+        if self.forward_schedules:
+            self._forward_schedule(cmd, unschedule)
+            return
+        key = SCHEDULE_KEY_PREFIX + spec.schedule_id.encode()
+        if unschedule:
+            self.scheduler.cancel(key).addErrback(
+                lambda f: log.failure("eMQP: UNSCHEDULE failed", f))
+            for peer in self.schedulers:  # old schedules an emq-scheduler may still hold
+                self.send_frontend(F.schedule_frames(peer, cmd.name, cmd.msgid, cmd.body))
+            return
+        h = F.parse_headers(spec.headers)
+        try:
+            if spec.interval > 0:
+                sched = ScheduleSpec(interval=float(spec.interval), nohaste=h.nohaste,
+                                     run_count=h.run_count)
+            else:
+                sched = ScheduleSpec(cron=spec.cron, nohaste=h.nohaste, run_count=h.run_count)
+        except ValueError as exc:
+            raise F.ProtocolError(F.E_BAD_VALUE, f"bad schedule: {exc}") from None
+        payload = json.dumps({"queue": spec.queue, "body": spec.body}).encode()
+        self.scheduler.schedule(sched, key, payload).addErrback(
+            lambda f: log.failure("eMQP: SCHEDULE failed", f))
+
+    def _forward_schedule(self, cmd: F.Command, unschedule: bool) -> None:
+        """The original's way: SCHEDULE to the newest scheduler peer, UNSCHEDULE to all."""
+        if not self.schedulers:
+            log.warn("eMQP: {c} with no scheduler connected, dropped", c=cmd.name.decode())
+            return
+        peers = list(self.schedulers) if unschedule else [list(self.schedulers)[-1]]
+        for peer in peers:
+            self.send_frontend(F.schedule_frames(peer, cmd.name, cmd.msgid, cmd.body))
+
+    def _schedule_due(self, rows: list[tuple[float, bytes, bytes]], batch: Any, now: float) -> None:
+        """SchedulerService handler: each due schedule run becomes one job on its queue."""
+        jobs: dict[str, tuple[list[bytes], list[Optional[dict[str, str]]]]] = {}
+        for _when, _key, payload in rows:
+            try:
+                data = json.loads(payload)
+                qname = data["queue"] if self._known(data["queue"]) else "default"
+                body = data["body"].encode()
+            except (ValueError, KeyError, TypeError, AttributeError):
+                log.warn("eMQP: unreadable schedule payload skipped")
+                continue
+            batch_for = jobs.setdefault(qname, ([], []))
+            batch_for[0].append(body)
+            batch_for[1].append({H_MSGID: self.ids.next().decode(), H_HEADERS: ""})
+            self.stats["scheduled_runs"] += 1
+        for qname, (bodies, headers) in jobs.items():
+            self._enqueue(qname, bodies, headers)  # type: ignore[arg-type]
+
+    # pub/sub ---------------------------------------------------------------------------------
+
+    def pubin_received(self, messages: list[Frames]) -> None:
+        """PUBLISH on the pub/sub ROUTER: out on PUB as ``[topic, message]`` and into the hub."""
+        topics: dict[bytes, list[bytes]] = {}
+        for frames in messages:
+            try:
+                cmd = F.parse_routed(frames, self.max_body)
+                if cmd.name != b"PUBLISH":
+                    raise F.ProtocolError(F.E_COMMAND, f"{cmd.name.decode()} on pub-in")
+                topic, message = cmd.body
+                if not topic:
+                    raise F.ProtocolError(F.E_BAD_VALUE, "empty topic")
+            except F.ProtocolError as exc:
+                self.drops.drop("pub-in", frames[0] if frames else b"", str(exc))
+                continue
+            if self.send_pub is not None:
+                self.send_pub([topic, message])
+            topics.setdefault(topic, []).append(message)
+            self.stats["published"] += 1
+        for topic, bodies in topics.items():
+            try:
+                d = self.broker.publish_batch(topic.decode(), bodies, origin="emqp")
+            except InvalidName:
+                continue  # not a hub address: PUB subscribers only
+            except MqhubError as exc:
+                log.warn("eMQP: publish to {t} refused by the hub: {e}", t=topic, e=exc)
+                continue
+            d.addErrback(lambda f: log.failure("eMQP: publish failed", f))

@@ -1,0 +1,192 @@
+"""The eMQP plugin's Service: txzmq ROUTER/PUB sockets around :class:`EmqpRouter`.
+
+ZeroMQ sockets are not Twisted stream endpoints, so ``make_service`` returns a Service that
+binds them in ``startService``. Each socket read drains up to :data:`READ_BATCH` multipart
+messages and hands them to the router as one batch (one core call and one store commit per
+read).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Optional
+
+import zmq
+from twisted.application.service import IService, Service
+from twisted.logger import Logger
+from txzmq import ZmqEndpoint, ZmqEndpointType, ZmqFactory
+from txzmq.connection import ZmqConnection
+
+from mqhub.errors import PluginError
+from mqhub.protocols.emqp.router import EmqpRouter
+
+log = Logger(namespace="mqhub.emqp")
+
+#: Most messages taken from one socket per reactor read.
+READ_BATCH = 4096
+ROLES = ("frontend", "backend", "pub-in", "pub-out")
+
+
+class BatchSocket(ZmqConnection):
+    """A txzmq socket that hands every message of one read to ``on_batch`` as a list."""
+
+    socketType = zmq.ROUTER
+
+    def __init__(self, factory: ZmqFactory, socket_type: int, address: str,
+                 on_batch: Optional[Callable[[list[list[bytes]]], None]],
+                 on_unreachable: Optional[Callable[[bytes], None]] = None) -> None:
+        """Create the socket of ``socket_type`` and bind it to ``address``."""
+        self.socketType = socket_type
+        self.on_batch = on_batch
+        self.on_unreachable = on_unreachable
+        super().__init__(factory)
+        if socket_type == zmq.ROUTER:
+            self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.addEndpoints([ZmqEndpoint(ZmqEndpointType.bind, address)])
+
+    def doRead(self) -> None:
+        """Drain up to READ_BATCH messages and deliver them in one call."""
+        if self.read_scheduled is not None:
+            if not self.read_scheduled.called:
+                self.read_scheduled.cancel()
+            self.read_scheduled = None
+        if self.factory is None or self.on_batch is None:
+            return
+        sock = self.socket
+        batch: list[list[bytes]] = []
+        more = False
+        while True:
+            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+                break
+            try:
+                batch.append(sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            if len(batch) >= READ_BATCH:
+                more = True
+                break
+        if batch:
+            try:
+                self.on_batch(batch)
+            except Exception:  # noqa: BLE001 - a bug must not stop the socket
+                log.failure("eMQP: handling a batch failed")
+        if more and self.factory is not None:
+            self.read_scheduled = self.factory.reactor.callLater(0, self.doRead)
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Send one multipart message; an unroutable peer is reported, never raised."""
+        try:
+            self.socket.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH and self.on_unreachable is not None:
+                self.on_unreachable(frames[0])
+            else:
+                log.debug("eMQP: send failed: {e}", e=exc)
+        if self.read_scheduled is None and self.factory is not None:
+            # ZeroMQ may not signal the fd again after a send: look once more.
+            self.read_scheduled = self.factory.reactor.callLater(0, self.doRead)
+
+
+class EmqpService(Service):
+    """Owns the ZeroMQ context, the four sockets and the router."""
+
+    name = "emqp"
+
+    def __init__(self, hub: Any, endpoints: dict[str, str], settings: dict[str, Any]) -> None:
+        """Build the router now (its schedule handler must exist before the scheduler fires);
+        the sockets are made in startService."""
+        self.hub = hub
+        self.endpoints = endpoints
+        self.factory: Optional[ZmqFactory] = None
+        self.sockets: dict[str, BatchSocket] = {}
+        self.router = EmqpRouter(hub, self._sender("frontend"), self._sender("backend"),
+                                 self._sender("pub-out"), **settings)
+
+    def _sender(self, role: str) -> Callable[[list[bytes]], None]:
+        """A send function for ``role`` that drops messages while the socket is closed."""
+        def send(frames: list[bytes]) -> None:
+            sock = self.sockets.get(role)
+            if sock is not None:
+                sock.send_frames(frames)
+        return send
+
+    def startService(self) -> None:
+        """Bind the sockets, start the router (recovered queues, heartbeats)."""
+        super().startService()
+        factory = ZmqFactory()
+        factory.reactor = self.hub.clock
+        factory.lingerPeriod = 0
+        self.factory = factory
+        router = self.router
+        try:
+            front = BatchSocket(factory, zmq.ROUTER, self.endpoints["frontend"],
+                                router.frontend_received)
+            back = BatchSocket(factory, zmq.ROUTER, self.endpoints["backend"],
+                               router.backend_received, router.peer_unreachable)
+            pub_in = BatchSocket(factory, zmq.ROUTER, self.endpoints["pub-in"],
+                                 router.pubin_received)
+            pub_out = BatchSocket(factory, zmq.PUB, self.endpoints["pub-out"], None)
+        except zmq.ZMQError as exc:
+            factory.shutdown()
+            self.factory = None
+            raise PluginError(f"emqp cannot bind: {exc}") from exc
+        self.sockets = {"frontend": front, "backend": back, "pub-in": pub_in, "pub-out": pub_out}
+        router.start()
+        log.info("eMQP listening: {e}", e=self.endpoints)
+
+    def stopService(self) -> None:
+        """Stop the router and close the sockets."""
+        super().stopService()
+        self.router.stop()
+        if self.factory is not None:
+            self.factory.shutdown()
+            self.factory = None
+        self.sockets = {}
+
+
+def _flag(value: Any) -> bool:
+    """Truth of an option string (``true/1/yes/on``)."""
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def router_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """Translate ``--option emqp.KEY=VALUE`` settings into EmqpRouter keyword arguments."""
+    raw = options.get("plugin_options") or {}
+    if isinstance(raw.get("emqp"), dict):
+        raw = raw["emqp"]
+    out: dict[str, Any] = {}
+    try:
+        if "heartbeat_interval" in raw:
+            out["heartbeat_interval"] = float(raw["heartbeat_interval"])
+        if "heartbeat_timeout" in raw:
+            out["heartbeat_timeout"] = float(raw["heartbeat_timeout"])
+        if "max_body" in raw:
+            out["max_body"] = int(raw["max_body"])
+        if "queues" in raw:
+            queues = json.loads(raw["queues"])
+            out["default_queues"] = [(int(w), str(n)) for w, n in queues]
+    except (ValueError, TypeError) as exc:
+        raise PluginError(f"emqp: bad option: {exc}") from exc
+    if "schedules" in raw:
+        mode = str(raw["schedules"])
+        if mode not in ("internal", "forward"):
+            raise PluginError("emqp.schedules must be internal or forward")
+        out["forward_schedules"] = mode == "forward"
+    return out
+
+
+def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> IService:
+    """Build (not start) the eMQP service for ``hub`` on the ZeroMQ ``endpoints``.
+
+    :raises PluginError: on a missing role or a bad ``--option emqp.*`` value.
+    """
+    missing = [role for role in ROLES if role not in endpoints]
+    if missing:
+        raise PluginError(f"emqp: no endpoint for {', '.join(missing)}")
+    for role in ROLES:
+        if not endpoints[role].startswith(("tcp://", "ipc://", "inproc://")):
+            raise PluginError(f"emqp.{role} takes a ZeroMQ address, got {endpoints[role]!r}")
+    return EmqpService(hub, dict(endpoints), router_settings(options))
