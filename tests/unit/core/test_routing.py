@@ -1,0 +1,130 @@
+"""Routing through the broker: cached routes, epochs, live targets, queue groups, cross-protocol."""
+
+from __future__ import annotations
+
+import pytest
+from zope.interface.verify import verifyObject
+
+from mqhub.errors import InvalidName, NoSuchQueue
+from mqhub.hub import Hub
+from mqhub.interfaces import IDeliveryTarget
+from mqhub.store.records import HEADERS, ORIGIN
+from mqhub.testing import CollectingTarget, result_of
+
+
+def test_route_is_cached_until_bindings_change(hub: Hub) -> None:
+    """The same Route object serves an address until the epoch changes."""
+    b = hub.broker
+    t = CollectingTarget()
+    r1 = b.route("x.y")
+    assert r1.empty and b.route("x.y") is r1
+    e0 = b.epoch
+    sub = b.subscribe("x.*", t)
+    assert b.epoch != e0
+    r2 = b.route("x.y")
+    assert r2 is not r1 and r2.targets == (sub,)
+    b.unbind(sub)
+    assert b.route("x.y").targets == ()
+
+
+def test_live_subscribers_with_wildcards_get_one_batch_each(hub: Hub) -> None:
+    """Each matching live binding is called once per publish batch."""
+    b = hub.broker
+    star, full, other = CollectingTarget(), CollectingTarget(), CollectingTarget()
+    b.subscribe("orders.*", star, tag="sid1")
+    b.subscribe("orders.>", full)
+    b.subscribe("users.>", other)
+    result_of(b.publish_batch("orders.eu", [b"1", b"2"], origin="nats"))
+    result_of(b.publish_batch("orders.eu.de", [b"3"], origin="nats"))
+    assert star.bodies == [b"1", b"2"] and len(star.batches) == 1
+    assert star.batches[0][0].tag == "sid1" and star.batches[0][1] == "orders.eu"
+    assert full.bodies == [b"1", b"2", b"3"] and other.entries == []
+
+
+def test_queue_group_members_compete(hub: Hub) -> None:
+    """In a queue group each batch goes to exactly one member, in turn."""
+    b = hub.broker
+    m1, m2, solo = CollectingTarget(), CollectingTarget(), CollectingTarget()
+    b.subscribe("jobs", m1, group="workers")
+    b.subscribe("jobs", m2, group="workers")
+    b.subscribe("jobs", solo)
+    for i in range(4):
+        b.publish_batch("jobs", [b"%d" % i])
+    assert sorted(m1.bodies + m2.bodies) == [b"0", b"1", b"2", b"3"]
+    assert len(m1.bodies) == 2 and len(m2.bodies) == 2
+    assert len(solo.bodies) == 4
+
+
+def test_cross_protocol_delivery_keeps_body_headers_origin(hub: Hub) -> None:
+    """A message from one adapter reaches another's binding with body, headers and origin."""
+    b = hub.broker
+    nats_side = CollectingTarget("nats")
+    verifyObject(IDeliveryTarget, nats_side)
+    b.subscribe("events.>", nats_side)
+    q = b.declare_queue("ch")
+    b.bind_queue("events.created", "ch")
+    nsq_side = CollectingTarget("nsq")
+    q.attach(nsq_side, ready=10)
+    result_of(b.publish_batch("events.created", [b"\x00bin\n"], origin="emqp",
+                              headers={"trace": "t1"}))
+    for got in (nats_side.entries[0], nsq_side.entries[0]):
+        assert got[7] == b"\x00bin\n" and got[HEADERS] == {"trace": "t1"} and got[ORIGIN] == "emqp"
+    assert nats_side.entries[0][0] == nsq_side.entries[0][0]
+
+
+def test_per_message_headers(hub: Hub) -> None:
+    """headers may be a list with one dict per body."""
+    t = CollectingTarget()
+    hub.broker.subscribe("h", t)
+    hub.broker.publish_batch("h", [b"a", b"b"], headers=[{"n": "1"}, None])
+    assert [e[HEADERS] for e in t.entries] == [{"n": "1"}, None]
+
+
+def test_bad_names(hub: Hub) -> None:
+    """Invalid addresses, patterns and queue names raise; unknown queues too."""
+    b = hub.broker
+    with pytest.raises(InvalidName):
+        b.publish_batch("a..b", [b"x"])
+    with pytest.raises(InvalidName):
+        b.subscribe("a.>.b", CollectingTarget())
+    with pytest.raises(InvalidName):
+        b.declare_queue("~hidden")
+    with pytest.raises(InvalidName):
+        b.declare_queue("has space")
+    with pytest.raises(NoSuchQueue):
+        b.bind_queue("a", "missing")
+
+
+def test_a_failing_target_does_not_stop_others(hub: Hub) -> None:
+    """One adapter raising in deliver_batch neither breaks the publish nor other targets."""
+
+    class Broken(CollectingTarget):
+        def deliver_batch(self, binding, address, messages):  # type: ignore[no-untyped-def]
+            raise RuntimeError("adapter bug")
+
+    ok = CollectingTarget()
+    hub.broker.subscribe("z", Broken())
+    hub.broker.subscribe("z", ok)
+    assert result_of(hub.broker.publish_batch("z", [b"1"])) is None
+    assert ok.bodies == [b"1"]
+
+
+def test_mq9_hash_wildcard(hub: Hub) -> None:
+    """mq9's trailing ``#`` means ``>``."""
+    t = CollectingTarget()
+    hub.broker.subscribe("$mq9.AI.BROADCAST.#", t)
+    hub.broker.publish_batch("$mq9.AI.BROADCAST.ops.alert", [b"x"])
+    assert t.bodies == [b"x"]
+
+
+def test_delete_queue_unbinds_and_purges(hub: Hub) -> None:
+    """Deleting a queue removes its bindings, entries and dead letters."""
+    b = hub.broker
+    b.declare_queue("q", max_size=1, overflow="dead_letter")
+    b.bind_queue("a", "q")
+    b.publish_batch("a", [b"1", b"2"])
+    assert hub.store.stats()["entries"] == 2
+    result_of(b.delete_queue("q"))
+    assert b.queue("q") is None and b.route("a").empty
+    assert hub.store.stats()["entries"] == 0
+    assert result_of(hub.store.scan_meta("b/")) == [] and result_of(hub.store.scan_meta("q/")) == []
