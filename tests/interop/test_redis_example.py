@@ -132,3 +132,43 @@ def test_errors_keep_the_connection_usable(broker: BrokerProcess) -> None:
         conn.publish("bad..name", b"x")
     assert conn.ping() is True
     conn.close()
+
+
+def test_redis_and_nats_share_the_address_space(make_broker: MakeBroker) -> None:
+    """A Redis PUBLISH reaches a nats-py subscriber, and a NATS publish reaches a Redis SUBSCRIBEr."""
+    import asyncio
+
+    import nats
+
+    broker = make_broker(["redis", "nats"], plugin_paths=[EXAMPLE_PLUGINS],
+                         extra_args=["--durability", "none"])
+    redis_conn = client(broker)
+    redis_sub = client(broker).pubsub()
+    redis_sub.subscribe("chat.room")
+    wait_subscribed(redis_sub, 1)
+
+    async def exchange() -> list[bytes]:
+        nc = await nats.connect(f"nats://127.0.0.1:{broker.port('mq9')}")
+        received: list[bytes] = []
+        done = asyncio.Event()
+
+        async def on_message(msg: Any) -> None:
+            received.append(msg.data)
+            done.set()
+
+        await nc.subscribe("chat.room", cb=on_message)
+        await nc.flush()
+        assert redis_conn.publish("chat.room", b"from redis") == 2
+        await asyncio.wait_for(done.wait(), 5.0)
+        done.clear()
+        await nc.publish("chat.room", b"from nats")
+        await asyncio.wait_for(done.wait(), 5.0)  # NATS echoes to its own subscription
+        await nc.close()
+        return received
+
+    assert asyncio.run(exchange()) == [b"from redis", b"from nats"]
+    assert next_message(redis_sub)["data"] == b"from redis"
+    message = next_message(redis_sub)
+    assert (message["channel"], message["data"]) == (b"chat.room", b"from nats")
+    redis_sub.close()
+    redis_conn.close()

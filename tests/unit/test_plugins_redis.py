@@ -68,7 +68,7 @@ def test_codec_whole_bytewise_and_random_splits(resp: ModuleType) -> None:
     rng = random.Random(7)
     for _ in range(50):
         cuts = sorted(rng.sample(range(1, len(STREAM)), 6))
-        pieces = [STREAM[a:b] for a, b in zip([0, *cuts], [*cuts, len(STREAM)])]
+        pieces = [STREAM[a:b] for a, b in zip([0, *cuts], [*cuts, len(STREAM)], strict=True)]
         assert events(resp, pieces) == EXPECTED
 
 
