@@ -16,7 +16,10 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	$(PIP) install -q -e '.[dev]' --config-settings editable_mode=compat
 	# eventmq 0.3.13 pins a pyzmq that does not build on 3.11: its needs come from the dev extra.
 	$(PIP) install -q --no-deps eventmq
-	$(PY) -c "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))" >/dev/null 2>&1 || true
+	# Rebuild the plugin caches now (site-packages may be read-only at run time) and fail
+	# loudly if twistd cannot see the mqhub drop-in.
+	$(PY) -c "from twisted.application.service import IServiceMaker; from twisted.plugin import getPlugins; assert 'mqhub' in {m.tapname for m in getPlugins(IServiceMaker)}, 'twistd cannot find the mqhub plugin'"
+	$(PY) -c "import mqhub.plugins; from mqhub.interfaces import IProtocolPlugin; from twisted.plugin import getPlugins; list(getPlugins(IProtocolPlugin, mqhub.plugins))"
 	touch $(STAMP)
 
 node: venv
