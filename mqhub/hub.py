@@ -108,8 +108,6 @@ class HubService(MultiService):
     :ivar stop_budget: seconds allowed for each stop step (listeners, scheduler, broker, store).
     """
 
-    name = "mqhub"
-
     def __init__(
         self,
         hub: Hub,
@@ -118,6 +116,7 @@ class HubService(MultiService):
     ) -> None:
         """:param on_start_failure: called when recovery fails (the tap stops the reactor)."""
         super().__init__()
+        self.setName("mqhub")
         self.hub = hub
         self.started: Deferred[None] = Deferred()
         self._on_start_failure = on_start_failure

@@ -9,4 +9,4 @@ and so does any ``sys.path`` entry holding a ``mqhub/plugins`` folder without ``
 
 from twisted.plugin import pluginPackagePaths
 
-__path__.extend(pluginPackagePaths(__name__))  # type: ignore[name-defined]  # noqa: F821
+__path__.extend(pluginPackagePaths(__name__))  # noqa: F821
