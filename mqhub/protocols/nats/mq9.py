@@ -155,6 +155,7 @@ class Mq9:
         self._batch = WriteBatch()
         self._ops: list[tuple] = []
         self._kick_call: Any = None
+        self._inflight = 0
         self._sweeper: Optional[LoopingCall] = None
         self._subject_cache: dict[str, Optional[tuple[str, str]]] = {}
         self.stats = {"stored": 0, "pushed": 0, "expired": 0, "queried": 0}
@@ -345,7 +346,7 @@ class Mq9:
             self._error(reply, f"invalid mq9 inbox subject: {subject}")
             return
         mail_id, pname = parsed
-        box = self.mailboxes.get(mail_id)
+        box = self._live(mail_id)
         if box is None:
             self._error(reply, f"mailbox {mail_id} does not exist")
             return
@@ -365,6 +366,13 @@ class Mq9:
             self._batch.put_entries(mailbox_queue(mail_id), (entry,))
             self.stats["stored"] += 1
         self._ops.append((0, box, entry, durable or box.kind == "latest"))
+
+    def _live(self, mail_id: str) -> Optional[Mailbox]:
+        """The mailbox ``mail_id`` unless it is unknown or past its TTL (sweep pending)."""
+        box = self.mailboxes.get(mail_id)
+        if box is not None and box.expires_at and box.expires_at <= self.clock.seconds():
+            return None
+        return box
 
     def _mailbox_request(self, subject: str, reply: Optional[str], payload: bytes) -> None:
         """MAILBOX.CREATE and MAILBOX.QUERY.{id}."""
@@ -442,21 +450,49 @@ class Mq9:
         self.end_turn()
 
     def end_turn(self) -> None:
-        """Commit this read's batch; run its operations (pushes, replies) once durable."""
+        """Commit this read's batch; run its operations (pushes, replies) once durable.
+
+        Operations always run in commit order: while a commit is in flight, even a batch
+        without writes goes through the store so its operations (a PONG barrier) wait.
+        """
         if not self._batch and not self._ops:
             return
         ops, self._ops = self._ops, []
-        d = self._commit()
+        batch, self._batch = self._batch, WriteBatch()
+        if batch or self._inflight:
+            self._inflight += 1
+            d = self.store.commit(batch)
+            d.addBoth(self._landed)
+        else:
+            d = succeed(None)
         if ops:
             d.addCallback(self._run_ops, ops)
             d.addErrback(self._failed, ops)
 
+    def _landed(self, result: Any) -> Any:
+        """One commit finished (successfully or not)."""
+        self._inflight -= 1
+        return result
+
+    def barrier(self, conn: "NatsConnection") -> bool:
+        """Queue a PONG for ``conn`` behind every pending mq9 write; False when none is pending.
+
+        This makes a client's flush() (PING/PONG) a durability barrier for its mq9 publishes.
+        """
+        if not (self._batch or self._ops or self._inflight):
+            return False
+        self._ops.append((4, conn))
+        return True
+
     def _commit(self) -> Any:
-        """Hand the pending batch to the store."""
+        """Hand the pending batch to the store now (used outside reads: stop, deletes)."""
         batch, self._batch = self._batch, WriteBatch()
         if not batch:
             return succeed(None)
-        return self.store.commit(batch)
+        self._inflight += 1
+        d = self.store.commit(batch)
+        d.addBoth(self._landed)
+        return d
 
     def _failed(self, failure: Any, ops: list[tuple]) -> None:
         """A commit failed: tell requesters; stored messages were not confirmed to anyone."""
@@ -464,6 +500,8 @@ class Mq9:
         for op in ops:
             if op[0] == 1:
                 self._send(op[3], {"error": "store unavailable"})
+            elif op[0] == 4 and op[1].connected:
+                op[1].out_ctl(codec.PONG)
         self.server.flush()
 
     def _run_ops(self, _: Any, ops: list[tuple]) -> None:
@@ -486,6 +524,9 @@ class Mq9:
                 self._query(op[1], op[2], op[3])
             elif kind == 2:
                 self._deliver_broadcast(op[1], op[2], op[3], op[4], op[5])
+            elif kind == 4:
+                if op[1].connected:
+                    op[1].out_ctl(codec.PONG)
             else:
                 self.server.publish(None, op[1], None, None, op[2])
         for box in touched.values():
@@ -560,7 +601,7 @@ class Mq9:
 
     def _query(self, mail_id: str, req: dict[str, Any], reply: Optional[str]) -> None:
         """Answer QUERY: every unread message (up to ``limit``), which becomes read."""
-        box = self.mailboxes.get(mail_id)
+        box = self._live(mail_id)
         if box is None:
             self._send(reply, {"error": f"mailbox {mail_id} does not exist"})
             return

@@ -549,7 +549,9 @@ class NatsConnection(Protocol):
             elif op == OP_UNSUB:
                 self._unsub(ev[1], ev[2])
             elif op == OP_PING:
-                self.out_ctl(codec.PONG)
+                mq9 = self.server.mq9
+                if mq9 is None or not mq9.barrier(self):
+                    self.out_ctl(codec.PONG)
                 continue
             elif op == OP_PONG:
                 self.pings_out = 0

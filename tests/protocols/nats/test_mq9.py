@@ -244,3 +244,33 @@ def test_mq9_requests_do_not_trigger_no_responders() -> None:
     c = Client(srv)
     reply = request(c, "$mq9.AI.MAILBOX.CREATE", b"")
     assert "mail_id" in reply
+
+
+def test_pong_waits_for_the_commit_of_mq9_writes() -> None:
+    from twisted.internet.task import Clock
+
+    from mqhub.hub import Hub
+    from mqhub.store.memory import MemoryStore
+
+    clock = Clock()
+    clock.advance(1_800_000_000)
+    store = MemoryStore(clock=clock)      # commits group on the next turn, like LMDB
+    store.open()
+    srv = make_mq9_server(Hub(clock=clock, store=store))
+    c = Client.__new__(Client)
+    Client.__init__(c, srv, handshake=False)
+    c.send(b'CONNECT {"verbose":false,"pedantic":false,"headers":true}\r\n'
+           b"SUB _INBOX.t.* 1\r\nPUB $mq9.AI.MAILBOX.CREATE _INBOX.t.1 0\r\n\r\nPING\r\n")
+    assert c.events() == []                       # neither reply nor PONG before the commit
+    clock.advance(0)
+    evs = c.events()
+    assert [e[0] for e in evs] == [OP_MSG, codec.OP_PONG]
+    mid = json.loads(evs[0][4])["mail_id"]
+    c.send(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.urgent", b"x") + b"PING\r\n")
+    assert c.events() == []
+    assert result_of(store.count_entries(mailbox_queue(mid))) == 0
+    clock.advance(0)
+    assert c.events() == [(codec.OP_PONG,)]
+    assert result_of(store.count_entries(mailbox_queue(mid))) == 1
+    c.send(b"PING\r\n")                           # nothing pending: answered at once
+    assert c.events() == [(codec.OP_PONG,)]
