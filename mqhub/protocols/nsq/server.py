@@ -277,7 +277,7 @@ class NsqProtocol(Protocol):
 
     def _fatal(self, exc: ProtocolError) -> None:
         """Send a fatal error after the pending responses, then close; read nothing more."""
-        log.debug("nsq: fatal {err} for {peer}", err=str(exc), peer=self._peer())
+        log.info("nsq: fatal {err} for {peer}", err=str(exc), peer=self._peer())
         self.transport.pauseProducing()
         self._respond(encode_error(exc.wire_text), close=True)
 
