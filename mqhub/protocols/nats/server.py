@@ -125,6 +125,10 @@ class NatsServer(Factory):
         self.mq9: Any = None
         self.bridge: Any = None
         self.core_epoch = -1
+        self.congested: set[NatsConnection] = set()
+        self.stalled: list[NatsConnection] = []
+        #: a subscriber with this much output waiting stalls its publishers (nats-server: 75 %)
+        self.stall_bytes = min(int(self.settings.max_pending * 0.75), 8 * 1024 * 1024)
         self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0}
 
     # factory -----------------------------------------------------------------------------
@@ -312,6 +316,21 @@ class NatsServer(Factory):
                 out.clear()
                 conn.write_out(data)
 
+    def stall(self, conn: "NatsConnection") -> None:
+        """Stop reading from a publisher while some subscriber's output is backed up."""
+        if conn not in self.stalled:
+            self.stalled.append(conn)
+            conn.transport.pauseProducing()
+
+    def uncongest(self, conn: "NatsConnection") -> None:
+        """``conn`` drained (or left): when nobody is backed up, resume stalled publishers."""
+        self.congested.discard(conn)
+        if not self.congested and self.stalled:
+            stalled, self.stalled = self.stalled, []
+            for pub in stalled:
+                if pub.connected:
+                    pub.transport.resumeProducing()
+
     def end_turn(self) -> None:
         """Finish one read: let mq9 commit its group, then write all output."""
         if self.mq9 is not None:
@@ -398,6 +417,9 @@ class NatsConnection(Protocol):
         for sub in subs.values():
             srv.remove_sub(sub)
         self.out.clear()
+        srv.uncongest(self)
+        if self in srv.stalled:
+            srv.stalled.remove(self)
 
     def close(self, text: Optional[str]) -> None:
         """Send ``-ERR 'text'`` (unless None) with pending output, then close."""
@@ -420,9 +442,10 @@ class NatsConnection(Protocol):
         self.paused = True
 
     def resumeProducing(self) -> None:
-        """The transport drained."""
+        """The transport drained: publishers stalled for this connection may go on."""
         self.paused = False
         self.paused_bytes = 0
+        self.server.uncongest(self)
 
     def stopProducing(self) -> None:
         """The transport is going away."""
@@ -434,6 +457,8 @@ class NatsConnection(Protocol):
             return
         if self.paused:
             self.paused_bytes += len(data)
+            if self.paused_bytes > self.server.stall_bytes:
+                self.server.congested.add(self)
             if self.paused_bytes > self.server.settings.max_pending:
                 self.server.stats["slow_consumers"] += 1
                 log.warn("nats: slow consumer cid={cid} closed", cid=self.cid)
@@ -480,6 +505,8 @@ class NatsConnection(Protocol):
                 self._general(events, 0)
         finally:
             srv.end_turn()
+        if srv.congested and self.connected and self not in srv.congested:
+            srv.stall(self)
 
     def _fast(self, events: list[tuple]) -> None:
         """Process events for a connection with verbose/pedantic off and echo on."""

@@ -251,3 +251,15 @@ def test_closing_connection_drops_its_subscriptions() -> None:
     assert srv.sublist.count == 0
     pub.send(b"PUB a 1\r\nx\r\n")
     assert not pub.closed
+
+
+def test_publishers_stall_while_a_subscriber_is_backed_up() -> None:
+    srv = make_server(max_pending=1_000_000)
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB s 1\r\n")
+    sub.proto.pauseProducing()
+    pub.send(codec.encode_pub("s", b"x" * 1000) * 800)      # ~ 800 KB > 75 % of max_pending
+    assert pub.transport.producerState == "paused" and not sub.closed
+    sub.proto.resumeProducing()
+    assert pub.transport.producerState == "producing"
+    assert len(sub.events()) == 800
