@@ -182,37 +182,50 @@ class AddressTrie:
 
     def match(self, address: str) -> list[Any]:
         """Return the values of every pattern matching ``address`` (duplicates removed)."""
-        tokens = address.split(".")
-        n = len(tokens)
         out: list[Any] = []
-        stack = [(self._root, 0)]
-        pop = stack.pop
-        push = stack.append
-        while stack:
-            node, i = pop()
-            if i == n:
-                if node.values:
-                    out.extend(node.values)
+        nodes = [self._root]
+        for token in address.split("."):
+            if len(nodes) == 1:
+                node = nodes[0]
+                if node.tail:
+                    out.extend(node.tail)
+                child = node.children.get(token)
+                star = node.star
+                if node.masks or star is not None:
+                    nodes = [child] if child is not None else []
+                    if star is not None:
+                        nodes.append(star)
+                    if node.masks:
+                        for rx, mnode in node.masks.values():
+                            if rx.fullmatch(token) is not None:
+                                nodes.append(mnode)
+                    if not nodes:
+                        break
+                elif child is None:
+                    nodes = []
+                    break
+                else:
+                    nodes[0] = child
                 continue
-            if node.tail:
-                out.extend(node.tail)
-            token = tokens[i]
-            child = node.children.get(token)
-            if child is not None:
-                push((child, i + 1))
-            if node.star is not None:
-                push((node.star, i + 1))
-            if node.masks:
-                for rx, mnode in node.masks.values():
-                    if rx.fullmatch(token) is not None:
-                        push((mnode, i + 1))
+            nxt: list[_Node] = []
+            for node in nodes:
+                if node.tail:
+                    out.extend(node.tail)
+                child = node.children.get(token)
+                if child is not None:
+                    nxt.append(child)
+                if node.star is not None:
+                    nxt.append(node.star)
+                if node.masks:
+                    for rx, mnode in node.masks.values():
+                        if rx.fullmatch(token) is not None:
+                            nxt.append(mnode)
+            nodes = nxt
+            if not nodes:
+                break
+        for node in nodes:
+            if node.values:
+                out.extend(node.values)
         if len(out) > 1:
-            seen: set[int] = set()
-            uniq = []
-            for v in out:
-                k = id(v)
-                if k not in seen:
-                    seen.add(k)
-                    uniq.append(v)
-            return uniq
+            return list(dict.fromkeys(out))
         return out

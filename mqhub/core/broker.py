@@ -59,6 +59,8 @@ class Broker:
         self.window = window
         self.ids = IdGenerator(clock)
         self.router = Router()
+        #: address -> Route cache (read-only for adapters; cleared in place on epoch changes)
+        self.routes = self.router.cache
         self.last_ids: range = range(0)
         self._queues: dict[str, Queue] = {}
         self._hidden: dict[str, Queue] = {}
@@ -287,7 +289,7 @@ class Broker:
 
     def route(self, address: str) -> Route:
         """The cached route of ``address`` (see :class:`mqhub.core.routing.Route`)."""
-        r = self.router.cache.get(address)
+        r = self.routes.get(address)
         if r is None:
             r = self.router.route(address)
         return r
@@ -299,7 +301,7 @@ class Broker:
                       expires_at: float = 0.0, deliver_at: float = 0.0,
                       persist: bool = True) -> Deferred[None]:
         """Publish ``bodies`` to ``address``; fire when every store write is durable."""
-        route = self.router.cache.get(address)
+        route = self.routes.get(address)
         if route is None:
             validate_address(address)
             route = self.router.route(address)
@@ -315,7 +317,7 @@ class Broker:
         else:
             entries = [(i, priority, 0, deliver_at, expires_at, address, headers, b, origin)
                        for i, b in zip(ids, bodies)]
-        return self._publish(route, address, entries, persist, deliver_at)
+        return self._publish(route, address, entries, persist, deliver_at, True)
 
     def publish_entries(self, address: str, entries: list[Entry], *,
                         persist: bool = True) -> Deferred[None]:
@@ -326,7 +328,7 @@ class Broker:
         return self._publish(route, address, entries, persist, deliver_at)
 
     def _publish(self, route: Route, address: str, entries: list[Entry], persist: bool,
-                 deliver_at: float) -> Deferred[None]:
+                 deliver_at: float, uniform: bool = False) -> Deferred[None]:
         """Route ``entries``: queues get a copy (one WriteBatch), live targets are called."""
         queues = route.queues if route.park is None else (route.park,)
         n = len(entries)
@@ -342,7 +344,7 @@ class Broker:
                     self._defer(q, entries, deliver_at, batch, persist)
             else:
                 for q in queues:
-                    q._put(entries, batch, persist, now)
+                    q._put(entries, batch, persist, now, uniform)
         if route.targets:
             for b in route.targets:
                 try:

@@ -127,7 +127,10 @@ class Queue:
         self._paging = False
         self._volatile = 0                    # persist=False entries in a durable queue's window
         # in flight
-        self._inflight: dict[int, list[Any]] = {}
+        self._inflight: dict[int, Entry] = {}
+        # msg_id -> (consumer, deadline); one tuple shared by every message of a delivered batch
+        self._owner: dict[int, tuple[Consumer, float]] = {}
+        self._may_expire = False              # some entry with expires_at was added
         self._deadlines: list[tuple[float, int, list[int]]] = []
         self._dseq = 0
         self._timer: Any = None
@@ -219,8 +222,11 @@ class Queue:
         return p < h[0] or (p == h[0] and entry[MSG_ID] > h[1])
 
     def _put(self, entries: list[Entry], batch: Optional[WriteBatch], persist: bool,
-             now: float) -> None:
-        """Add ``entries`` (already in id order) to the queue; store writes go into ``batch``."""
+             now: float, uniform: bool = False) -> None:
+        """Add ``entries`` (in id order) to the queue; store writes go into ``batch``.
+
+        ``uniform`` promises every entry has the same priority and expiry (a publish batch).
+        """
         n = len(entries)
         self.message_count += n
         stored = self.durable and persist
@@ -233,11 +239,14 @@ class Queue:
         elif not stored and self.durable:
             self._volatile += n
         if entries:
+            if not self._may_expire and (entries[0][4] if uniform
+                                         else any(e[4] for e in entries)):
+                self._may_expire = True
             p = entries[0][PRIORITY]
             d = self._deque(p)
             last = d[-1][MSG_ID] if d else -1
-            if entries[-1][PRIORITY] == p and entries[0][MSG_ID] > last and all(
-                    e[PRIORITY] == p for e in entries):
+            if entries[0][MSG_ID] > last and (uniform or all(
+                    e[PRIORITY] == p for e in entries)):
                 d.extend(entries)
                 self._nready += len(entries)
             else:
@@ -352,6 +361,8 @@ class Queue:
             last = entries[-1]
             self._horizon = (last[PRIORITY], last[MSG_ID])
             self.broker.ids.observe(max(e[MSG_ID] for e in entries))
+        if not self._may_expire and any(e[4] for e in fresh):
+            self._may_expire = True
         for e in fresh:
             self._insert(e)
         self._stored_only = max(0, self._stored_only - len(entries))
@@ -392,7 +403,7 @@ class Queue:
         consumer.attached = False
         if consumer in self.consumers:
             self.consumers.remove(consumer)
-        mine = [mid for mid, rec in self._inflight.items() if rec[1] is consumer]
+        mine = [mid for mid, rec in self._owner.items() if rec[0] is consumer]
         if mine and requeue:
             self._requeue_ids(consumer, mine, 0.0, None, count=False)
         if self.auto_delete and not self.consumers and not self.deleted:
@@ -429,29 +440,25 @@ class Queue:
                 if avail <= 0:
                     continue
                 taken = self._pop_ready(avail)
-                expired = None
-                out = []
-                for e in taken:
-                    x = e[4]
-                    if (x and x <= now) or e[0] < ttl_cut:
-                        if expired is None:
-                            expired = []
-                        expired.append(e)
-                    else:
-                        out.append((e[0], e[1], e[2] + 1, e[3], x, e[5], e[6], e[7], e[8]))
-                if expired:
-                    self._expire(expired, now)
-                if not out:
-                    continue
+                if self._may_expire or ttl_cut:
+                    expired = [e for e in taken
+                               if (e[4] and e[4] <= now) or e[0] < ttl_cut]
+                    if expired:
+                        self._expire(expired, now)
+                        taken = [e for e in taken
+                                 if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
+                    if not taken:
+                        continue
+                out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
                 deadline = now + c.timeout
-                inflight = self._inflight
-                for e in out:
-                    inflight[e[0]] = [e, c, deadline]
+                ids = [e[0] for e in out]
+                self._inflight.update(zip(ids, out))
+                self._owner.update(dict.fromkeys(ids, (c, deadline)))
                 n = len(out)
                 c.in_flight += n
                 if c.credit > 0:
                     c.credit -= n
-                self._push_deadline(deadline, [e[0] for e in out])
+                self._push_deadline(deadline, ids)
                 if record:
                     b = WriteBatch()
                     b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in out])
@@ -487,13 +494,13 @@ class Queue:
         now = self.broker.clock.seconds()
         heap = self._deadlines
         expired: dict[Consumer, list[int]] = {}
-        inflight = self._inflight
+        owner = self._owner
         while heap and heap[0][0] <= now:
             _, _, ids = heapq.heappop(heap)
             for mid in ids:
-                rec = inflight.get(mid)
-                if rec is not None and rec[2] <= now:
-                    expired.setdefault(rec[1], []).append(mid)
+                rec = owner.get(mid)
+                if rec is not None and rec[1] <= now:
+                    expired.setdefault(rec[0], []).append(mid)
         for consumer, ids in expired.items():
             self.timeout_count += len(ids)
             self._requeue_ids(consumer, ids, 0.0, "timeout", count=False)
@@ -504,16 +511,27 @@ class Queue:
 
     def _take(self, consumer: Consumer, msg_ids: Iterable[int]) -> tuple[list[Entry], list[int]]:
         """Pop the in-flight records of ``msg_ids`` held by ``consumer``; return (entries, failed)."""
+        ids = msg_ids if isinstance(msg_ids, list) else list(msg_ids)
+        owner = self._owner
+        recs = set(map(owner.get, ids))
+        if len(recs) == 1 and len(set(ids)) == len(ids):
+            rec = recs.pop()
+            if rec is not None and rec[0] is consumer:
+                got = list(map(self._inflight.pop, ids))
+                for mid in ids:
+                    del owner[mid]
+                consumer.in_flight -= len(got)
+                return got, []
         inflight = self._inflight
-        got: list[Entry] = []
+        got = []
         failed: list[int] = []
-        for mid in msg_ids:
-            rec = inflight.get(mid)
-            if rec is None or rec[1] is not consumer:
+        for mid in ids:
+            rec = owner.get(mid)
+            if rec is None or rec[0] is not consumer:
                 failed.append(mid)
                 continue
-            del inflight[mid]
-            got.append(rec[0])
+            del owner[mid]
+            got.append(inflight.pop(mid))
         consumer.in_flight -= len(got)
         return got, failed
 
@@ -535,12 +553,14 @@ class Queue:
         deadline = now + (consumer.timeout if extend is None else float(extend))
         failed: list[int] = []
         touched: list[int] = []
+        rec = (consumer, deadline)
+        owner = self._owner
         for mid in msg_ids:
-            rec = self._inflight.get(mid)
-            if rec is None or rec[1] is not consumer:
+            old = owner.get(mid)
+            if old is None or old[0] is not consumer:
                 failed.append(mid)
             else:
-                rec[2] = deadline
+                owner[mid] = rec
                 touched.append(mid)
         if touched:
             self._push_deadline(deadline, touched)
@@ -715,6 +735,7 @@ class Queue:
         self._horizon = None
         self._volatile = 0
         self._inflight.clear()
+        self._owner.clear()
         self._deadlines.clear()
         self.deferred = 0
         for c in self.consumers:

@@ -93,23 +93,27 @@ class Router:
 
     def resolve(self, address: str) -> Route:
         """Resolve ``address`` against the trie (uncached)."""
+        matched = self.trie.match(address)
         queues: list[Any] = []
         targets: list[Binding] = []
-        groups: dict[str, list[Binding]] = {}
-        seen: set[int] = set()
-        for b in self.trie.match(address):
-            if b.queue is not None:
-                if id(b.queue) not in seen:
-                    seen.add(id(b.queue))
-                    queues.append(b.queue)
+        groups: Optional[dict[str, list[Binding]]] = None
+        for b in matched:
+            q = b.queue
+            if q is not None:
+                if q not in queues:
+                    queues.append(q)
             elif b.group:
+                if groups is None:
+                    groups = {}
                 groups.setdefault(b.group, []).append(b)
             else:
                 targets.append(b)
-        park = self.parking.get(address)
-        if park is not None and not (address in self.paused or not queues):
-            park = None
-        if park is not None:
-            queues = []
+        park = None
+        if self.parking:
+            park = self.parking.get(address)
+            if park is not None and not (address in self.paused or not queues):
+                park = None
+            if park is not None:
+                queues = []
         return Route(self.epoch, address, tuple(queues), tuple(targets),
-                     tuple(tuple(g) for g in groups.values()), park)
+                     tuple(tuple(g) for g in groups.values()) if groups else (), park)
