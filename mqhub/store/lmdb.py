@@ -24,6 +24,7 @@ import fcntl
 import logging
 import os
 import queue as queue_mod
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -393,7 +394,8 @@ class LmdbStore:
             self._safe_rollback(mark)
             self.failed_groups += 1
             raise StoreError(f"store write failed: {e}") from e
-        except (ValueError, TypeError, AttributeError, KeyError, OverflowError) as e:
+        except (ValueError, TypeError, AttributeError, KeyError, OverflowError,
+                struct.error) as e:
             txn.abort()
             self._safe_rollback(mark)
             if len(batches) == 1:
@@ -522,10 +524,10 @@ class LmdbStore:
                 continue
             removed = 0
             pack = ENTRY_KEY.pack
-            pop = txn.pop
+            pop = txn.cursor(db=entries).pop
             for priority, msg_id in keys:
                 k = pack(qid, 9 - priority, msg_id)
-                v = pop(k, db=entries)
+                v = pop(k)
                 if v is not None:
                     removed += 1
                     if v[0]:
@@ -562,16 +564,26 @@ class LmdbStore:
         threshold = self._threshold
         plain: list[tuple[bytes, bytes]] = []
         special: list[tuple[bytes, Entry]] = []
+        prefixes: dict[tuple[int, float, str, str], bytes] = {}
         for e in items:
             msg_id, priority, attempts, d_at, e_at, address, headers, body, origin = e
-            if priority.__class__ is not int or not 0 <= priority <= 9:
+            if not 0 <= priority <= 9:
                 raise ValueError(f"priority {priority!r} is outside 0..9")
             k = pack_key(qid, 9 - priority, msg_id)
             if e_at or archive or len(body) > threshold:
                 special.append((k, e))
                 continue
-            meta = encode_meta(address, headers, origin)
-            plain.append((k, pack_head(0, attempts, d_at, 0.0, len(meta)) + meta + body))
+            if headers is None:
+                # value prefix shared by a publish batch: same attempts/deliver_at/address/origin
+                ck = (attempts, d_at, address, origin)
+                pre = prefixes.get(ck)
+                if pre is None:
+                    meta = encode_meta(address, None, origin)
+                    pre = prefixes[ck] = pack_head(0, attempts, d_at, 0.0, len(meta)) + meta
+            else:
+                meta = encode_meta(address, headers, origin)
+                pre = pack_head(0, attempts, d_at, 0.0, len(meta)) + meta
+            plain.append((k, pre + body))
         added = 0
         if plain:
             consumed, added = txn.cursor(db=entries).putmulti(plain, overwrite=False)
@@ -750,7 +762,7 @@ class LmdbStore:
         row = txn.get(U64.pack(msg_id), db=self._dbs[b"messages"])
         if row is None:
             raise StoreError(f"message {msg_id} has no stored body")
-        seg, off, size, _ = MSG_REF.unpack(row)
+        seg, off, size, _ = MSG_REF.unpack_from(row)
         return self._segments.read(seg, off, size)
 
     def count_entries(self, queue: str) -> Deferred[int]:
