@@ -591,7 +591,7 @@ class Queue:
                     limit = int(h[MAX_ATTEMPTS_HEADER])
                 except (TypeError, ValueError):
                     pass
-            if limit > 0 and e[2] >= limit and error != "detached":
+            if limit > 0 and e[2] >= limit:
                 dead.append(e)
             else:
                 back.append(e)
