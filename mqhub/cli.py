@@ -6,6 +6,7 @@ Later work adds ``export``, ``analytics`` and ``stats`` as further ``@main.comma
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,19 +55,27 @@ def bench(name: str | None, args: tuple[str, ...]) -> None:
         raise SystemExit(result)
 
 
+def _store_dir(data_dir: Path) -> Path:
+    """The store inside a broker's --data-dir (DIR/store), or DIR itself if it is a store."""
+    inner = data_dir / "store"
+    return inner if (inner / "index").is_dir() else data_dir
+
+
 @main.command()
-@click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False),
+@click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The broker's data directory (--data-dir of twistd mqhub).")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Directory to write the snapshot into.")
-def snapshot(data_dir: str, out_dir: str) -> None:
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to write the snapshot into (must not hold one already).")
+def snapshot(data_dir: Path, out_dir: Path) -> None:
     """Take a consistent snapshot of a store (safe while the broker runs)."""
+    from mqhub.errors import StoreError
+    from mqhub.store.snapshot import take_snapshot
+
     try:
-        from mqhub.store.snapshot import take_snapshot
-    except ImportError as exc:
-        raise click.ClickException(f"snapshots are not available: {exc}") from exc
-    result = take_snapshot(data_dir, out_dir)
-    click.echo(f"snapshot written to {out_dir}" + (f": {result}" if result is not None else ""))
+        manifest = take_snapshot(str(_store_dir(data_dir)), str(out_dir))
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps({"snapshot": str(out_dir), "manifest": manifest}, default=str))
 
 
 if __name__ == "__main__":  # pragma: no cover

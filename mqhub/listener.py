@@ -22,6 +22,8 @@ from twisted.python.failure import Failure
 class _TrackingFactory(WrappingFactory):
     """WrappingFactory that can tell when its last connection has gone."""
 
+    noisy = False  # ListenerService logs its own one-line "listening on" message
+
     def __init__(self, wrapped: Any) -> None:
         """Wrap ``wrapped`` (a server factory)."""
         super().__init__(wrapped)

@@ -88,7 +88,7 @@ def test_publish_reaches_subscriber_and_pattern_subscriber(broker: BrokerProcess
 
 
 def test_unsubscribe_stops_delivery(broker: BrokerProcess) -> None:
-    """After UNSUBSCRIBE and PUNSUBSCRIBE, nothing is routed to the client any more."""
+    """After UNSUBSCRIBE and PUNSUBSCRIBE are confirmed, nothing is routed to the client any more."""
     sub = client(broker).pubsub()
     sub.subscribe("a.b")
     sub.psubscribe("a.*")
@@ -97,13 +97,21 @@ def test_unsubscribe_stops_delivery(broker: BrokerProcess) -> None:
     assert publisher.publish("a.b", b"1") == 2
     sub.unsubscribe("a.b")
     sub.punsubscribe("a.*")
+    received, confirmations = [], []
     deadline = time.monotonic() + 5.0
-    while publisher.publish("a.b", b"2") != 0:
-        assert time.monotonic() < deadline, "bindings were not removed"
-    received = []
-    while (message := sub.get_message(timeout=0.3)) is not None:
-        received.append(message)
-    assert [m["data"] for m in received if m["type"] in ("message", "pmessage")] == [b"1", b"1"]
+    while len(confirmations) < 2:
+        assert time.monotonic() < deadline, "unsubscribe not confirmed"
+        message = sub.get_message(timeout=0.2)
+        if message is None:
+            continue
+        if message["type"] in ("unsubscribe", "punsubscribe"):
+            confirmations.append((message["type"], message["data"]))
+        else:
+            received.append((message["type"], message["data"]))
+    assert sorted(received) == [("message", b"1"), ("pmessage", b"1")]
+    assert confirmations == [("unsubscribe", 1), ("punsubscribe", 0)]
+    assert publisher.publish("a.b", b"2") == 0
+    assert sub.get_message(timeout=0.3) is None
     sub.close()
     publisher.close()
 
@@ -172,3 +180,21 @@ def test_redis_and_nats_share_the_address_space(make_broker: MakeBroker) -> None
     assert (message["channel"], message["data"]) == (b"chat.room", b"from nats")
     redis_sub.close()
     redis_conn.close()
+
+
+def test_sigterm_with_subscribed_clients_exits_zero(broker: BrokerProcess) -> None:
+    """SIGTERM while redis-py clients are subscribed: exit 0 within 5 s, clients see the close."""
+    subscribers = []
+    for n in range(4):
+        pubsub = client(broker, 2 + n % 2).pubsub()
+        pubsub.subscribe(f"room.{n}")
+        wait_subscribed(pubsub, 1)
+        subscribers.append(pubsub)
+    started = time.monotonic()
+    assert broker.stop(timeout=10.0) == 0
+    assert time.monotonic() - started < 5.0
+    for pubsub in subscribers:
+        with pytest.raises(redis.ConnectionError):
+            pubsub.connection.read_response()
+        pubsub.reset()
+    assert "store closed" in broker.output()

@@ -1,0 +1,73 @@
+"""The ``mqhub`` console command (click): help, bench and snapshot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from twisted.internet.task import Clock
+
+from mqhub import cli
+from mqhub.store.batch import WriteBatch
+from mqhub.testing import result_of
+
+
+def test_help_lists_subcommands() -> None:
+    """``mqhub --help`` lists the commands that exist."""
+    result = CliRunner().invoke(cli.main, ["--help"])
+    assert result.exit_code == 0
+    assert "bench" in result.output and "snapshot" in result.output
+
+
+def test_bench_runs_main_with_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mqhub bench NAME ARGS`` runs benchmarks/NAME_bench.py's main(argv) with ARGS."""
+    (tmp_path / "demo_bench.py").write_text(
+        "import json, sys\n"
+        "def main(argv):\n"
+        "    print(json.dumps({'argv': argv}))\n"
+        "    return 0\n"
+    )
+    monkeypatch.setattr(cli, "BENCH_DIR", tmp_path)
+    runner = CliRunner()
+    listing = runner.invoke(cli.main, ["bench"])
+    assert listing.output.strip() == "benchmarks: demo"
+    result = runner.invoke(cli.main, ["bench", "demo", "--seconds", "3", "-x"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"argv": ["--seconds", "3", "-x"]}
+
+
+def test_bench_unknown_name_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown benchmark fails and says which exist."""
+    monkeypatch.setattr(cli, "BENCH_DIR", tmp_path)
+    result = CliRunner().invoke(cli.main, ["bench", "nope"])
+    assert result.exit_code == 2
+    assert "no benchmark 'nope'" in result.output
+
+
+def test_snapshot_of_a_broker_data_dir(tmp_path: Path) -> None:
+    """``mqhub snapshot`` copies the store found in DATA_DIR/store and prints the manifest."""
+    from mqhub.store.lmdb import LmdbStore
+
+    clock = Clock()
+    store = LmdbStore(str(tmp_path / "data" / "store"), clock=clock, durability="none")
+    store.open()
+    batch = WriteBatch()
+    batch.put_meta("q/demo", b"{}")
+    committed = store.commit(batch)
+    clock.advance(0)  # the group commit of this turn
+    result_of(committed)
+    closed = store.close()
+    clock.advance(0)
+    result_of(closed)
+    out = tmp_path / "snap"
+    result = CliRunner().invoke(cli.main, ["snapshot", "--data-dir", str(tmp_path / "data"),
+                                           "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["snapshot"] == str(out)
+    assert (out / "manifest.json").is_file()
+    again = CliRunner().invoke(cli.main, ["snapshot", "--data-dir", str(tmp_path / "data"),
+                                          "--out", str(out)])
+    assert again.exit_code == 1
+    assert "already holds a snapshot" in again.output
