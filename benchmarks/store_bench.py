@@ -134,12 +134,12 @@ def bench_thread(path: str, mode: str, body: bytes, group: int, seconds: float) 
 def bench_raw(path: str, sync: bool, body: bytes, group: int, seconds: float) -> float:
     """Raw py-lmdb: prebuilt values, one putmulti and one commit per group."""
     os.makedirs(path, exist_ok=True)
-    env = lmdb.open(path, map_size=1 << 30, max_dbs=2, sync=sync, metasync=sync)
+    env = lmdb.open(path, map_size=4 << 30, max_dbs=2, sync=sync, metasync=sync)
     db = env.open_db(b"x")
     pack = struct.Struct(">IBQ").pack
     n = 0
     start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    while time.perf_counter() - start < seconds and n * len(body) < 1 << 30:
         items = [(pack(1, 9, i), body) for i in range(n, n + group)]
         with env.begin(write=True) as txn:
             txn.cursor(db=db).putmulti(items)

@@ -8,6 +8,8 @@ queued batch in one LMDB transaction and fires their Deferreds once, after that 
 durable in the configured mode. The write runs inline in the reactor (fastest when fsync is
 cheap) or in one pipelined writer thread (``writer="thread"``: the reactor keeps accepting the
 next group while the thread commits the previous one; best when fsync takes milliseconds).
+The default, ``writer="auto"``, commits inline and moves to the thread while the average
+commit takes longer than 2 ms, so a slow disk never stalls the reactor for long.
 
 Durability: ``sync`` fsyncs segments then LMDB on every group commit; ``batch`` commits without
 fsync and fsyncs every ``batch_interval`` seconds (confirmed writes survive a process crash, an
@@ -46,7 +48,9 @@ from mqhub.store.segments import CorruptRecord, SegmentLog, list_segments
 log = logging.getLogger("mqhub.store.lmdb")
 
 DURABILITY_MODES = ("sync", "batch", "none")
-WRITER_MODES = ("inline", "thread")
+WRITER_MODES = ("inline", "thread", "auto")
+#: ``auto`` moves commits to the writer thread when a commit takes longer than this on average
+AUTO_THREAD_AFTER = 0.002
 LOCK_NAME = "segments.lock"
 
 
@@ -74,16 +78,19 @@ class LmdbStore:
     """The durable store: LMDB sub-databases plus append-only segment files."""
 
     def __init__(self, path: str, *, clock: Any, durability: str = "sync",
-                 writer: str = "inline", map_size: int = 256 << 20,
+                 writer: str = "auto", map_size: int = 256 << 20,
                  segment_threshold: int = 64 << 10, segment_size: int = 64 << 20,
                  compress: bool = False, batch_interval: float = 0.05,
-                 call_from_thread: Optional[Callable[..., None]] = None) -> None:
+                 call_from_thread: Optional[Callable[..., None]] = None,
+                 auto_threshold: float = AUTO_THREAD_AFTER) -> None:
         """Configure (nothing is opened until :meth:`open`).
 
         :param path: data directory (created if missing).
         :param clock: IReactorTime used to group commits per turn and to time ``batch`` syncs.
         :param durability: ``sync``, ``batch`` or ``none``.
-        :param writer: ``inline`` (commit in the reactor) or ``thread`` (pipelined writer thread).
+        :param writer: ``inline`` (commit in the reactor), ``thread`` (pipelined writer
+            thread) or ``auto`` (inline while commits are fast, the thread while their moving
+            average exceeds AUTO_THREAD_AFTER; inline when the clock has no callFromThread).
         :param segment_threshold: bodies longer than this go to segment files.
         :param call_from_thread: how the writer thread hands results back (defaults to
             ``clock.callFromThread``, i.e. the reactor's).
@@ -119,6 +126,10 @@ class LmdbStore:
         self._jobs: queue_mod.Queue[Any] = queue_mod.Queue()
         self._thread: Optional[threading.Thread] = None
         self._lock_fd: Optional[int] = None
+        self._mirror_lock = threading.Lock()
+        self._threaded = False
+        self._auto_threshold = auto_threshold
+        self._avg_commit = 0.0
         self.commits = 0
         self.batches = 0
         self.failed_groups = 0
@@ -162,13 +173,32 @@ class LmdbStore:
         self._lock_fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
         self._open = True
         if self.writer == "thread":
-            if self._call_from_thread is None:
-                self._call_from_thread = self._clock.callFromThread
+            self._start_thread()
+        if self.durability == "batch":
+            self._sync_call = self._clock.callLater(self._batch_interval, self._periodic_sync)
+
+    def _start_thread(self) -> None:
+        """Start the writer thread and route group commits to it."""
+        if self._call_from_thread is None:
+            self._call_from_thread = self._clock.callFromThread
+        if self._thread is None:
             self._thread = threading.Thread(target=self._writer_loop, name="mqhub-store-writer",
                                             daemon=True)
             self._thread.start()
-        if self.durability == "batch":
-            self._sync_call = self._clock.callLater(self._batch_interval, self._periodic_sync)
+        self._threaded = True
+
+    def _adapt(self) -> None:
+        """``auto`` writer: follow the commit latency (moving average) between inline and thread."""
+        self._avg_commit = 0.8 * self._avg_commit + 0.2 * self.last_commit_seconds
+        if self.writer != "auto":
+            return
+        if not self._threaded and self._avg_commit > self._auto_threshold:
+            if self._call_from_thread is not None or hasattr(self._clock, "callFromThread"):
+                log.info("store commits average %.1f ms: moving them to the writer thread",
+                         self._avg_commit * 1000)
+                self._start_thread()
+        elif self._threaded and self._avg_commit < self._auto_threshold / 4:
+            self._threaded = False
 
     def _recover_segments(self) -> None:
         """Check the active segment against the index; drop entries whose bodies are damaged.
@@ -287,19 +317,28 @@ class LmdbStore:
         if not self._pending or self._writing:
             return
         group, self._pending = self._pending, []
-        if self.writer == "thread":
+        if self._threaded:
             self._writing = True
             self._jobs.put(group)
             return
         self._fire(group, self._run_group([b for b, _ in group]))
+        self._adapt()
 
     def _run_group(self, batches: list[WriteBatch]) -> Any:
-        """Write ``batches`` in one transaction, growing the map as needed; return errors."""
+        """Write ``batches`` in one transaction, growing the map as needed; return errors.
+
+        In the writer thread a full map is raised instead: only the reactor thread, where no
+        read transaction can be open at that moment, may resize the map. Every WriteBatch
+        operation is idempotent, so a group re-submitted after a resize applies correctly
+        even if some of its batches were already committed one by one.
+        """
         while True:
             try:
                 self._write_group(batches)
                 return None
             except _MapFull:
+                if threading.current_thread() is self._thread:
+                    raise
                 self._grow_map()
             except StoreError as e:
                 return e
@@ -353,6 +392,7 @@ class LmdbStore:
             return
         self._writing = False
         self._fire(group, result)
+        self._adapt()
         if self._closing is not None:
             self._finish_close()
         elif self._pending and self._flush_call is None:
@@ -424,6 +464,14 @@ class LmdbStore:
 
     def _after_commit(self, t: _Txn) -> None:
         """Apply a committed transaction's changes to the in-memory mirrors."""
+        with self._mirror_lock:
+            self._update_mirrors(t)
+        if t.seg_delta or t.seg_end:
+            if self.durability == "sync":
+                self._do_unlinks()
+
+    def _update_mirrors(self, t: _Txn) -> None:
+        """Counts, queue ids and segment counters after commit (under the mirror lock)."""
         self._next_qid = t.next_qid
         for name, qid in t.qids.items():
             self._qids[name] = qid
@@ -443,11 +491,14 @@ class LmdbStore:
                     del self._seg_live[seg]
                     self._seg_end.pop(seg, None)
                     self._unlink_pending.add(seg)
-            if self.durability == "sync":
-                self._do_unlinks()
 
     def _do_unlinks(self) -> None:
         """Delete unreferenced segments once no snapshot holds the segment lock."""
+        with self._mirror_lock:
+            self._unlink_locked()
+
+    def _unlink_locked(self) -> None:
+        """Body of :meth:`_do_unlinks` (mirror lock held)."""
         if not self._unlink_pending or self._lock_fd is None:
             return
         try:
@@ -465,7 +516,7 @@ class LmdbStore:
     def _periodic_sync(self) -> None:
         """``batch`` mode: fsync everything committed so far, then re-arm."""
         self._sync_call = self._clock.callLater(self._batch_interval, self._periodic_sync)
-        if self.writer == "thread":
+        if self._threaded:
             self._jobs.put("sync")
         else:
             try:
@@ -809,7 +860,8 @@ class LmdbStore:
         closed = self._check_open()
         if closed is not None:
             return closed
-        names = {qid: name for name, qid in self._qids.items()}
+        with self._mirror_lock:
+            names = {qid: name for name, qid in self._qids.items()}
         out: list[tuple[str, EntryKey, float]] = []
         with self._env.begin(db=self._dbs[b"expiry"]) as txn:
             for k in txn.cursor().iternext(values=False):
@@ -846,20 +898,26 @@ class LmdbStore:
 
     def stats(self) -> dict[str, Any]:
         """Return counters for introspection."""
+        with self._mirror_lock:
+            entries = sum(self._counts.values())
+            segments = set(self._seg_live) | {self._segments.active}
+            segment_messages = sum(self._seg_live.values())
         out: dict[str, Any] = {
             "kind": "lmdb",
             "durability": self.durability,
             "writer": self.writer,
+            "writer_now": "thread" if self._threaded else "inline",
+            "avg_commit_ms": round(self._avg_commit * 1000.0, 3),
             "queues": len(self._counts),
-            "entries": sum(self._counts.values()),
+            "entries": entries,
             "commits": self.commits,
             "batches": self.batches,
             "failed_groups": self.failed_groups,
             "pending_batches": len(self._pending),
             "map_size": self._map_size,
             "map_grows": self.map_grows,
-            "segments": len(self._seg_live) + (0 if self._segments.active in self._seg_live else 1),
-            "segment_messages": sum(self._seg_live.values()),
+            "segments": len(segments),
+            "segment_messages": segment_messages,
             "last_commit_ms": round(self.last_commit_seconds * 1000.0, 3),
             "recovered_truncated_bytes": self.recovered_truncated_bytes,
             "recovered_dropped_entries": self.recovered_dropped_entries,

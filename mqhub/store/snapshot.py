@@ -33,9 +33,11 @@ _COPY_CHUNK = 1 << 20
 def take_snapshot(data_dir: str, out_dir: str, *, now: Optional[float] = None) -> dict[str, Any]:
     """Write a consistent snapshot of the store in ``data_dir`` to ``out_dir``; return the manifest.
 
-    Safe while the broker writes. ``out_dir`` must not already hold a snapshot.
+    Safe while the broker writes. ``out_dir`` must not already hold a snapshot. ``data_dir``
+    is the store's directory or the broker's ``--data-dir`` (whose store lives in ``store/``).
     :raises StoreError: when ``data_dir`` holds no store or the copy fails.
     """
+    data_dir = resolve_store_dir(data_dir)
     index = os.path.join(data_dir, "index")
     if not os.path.exists(os.path.join(index, "data.mdb")):
         raise StoreError(f"no store in {data_dir!r}")
@@ -69,6 +71,15 @@ def take_snapshot(data_dir: str, out_dir: str, *, now: Optional[float] = None) -
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(out_dir, MANIFEST))
     return manifest
+
+
+def resolve_store_dir(data_dir: str) -> str:
+    """Return the store directory for a store or broker data directory."""
+    if not os.path.exists(os.path.join(data_dir, "index", "data.mdb")):
+        nested = os.path.join(data_dir, "store")
+        if os.path.exists(os.path.join(nested, "index", "data.mdb")):
+            return nested
+    return data_dir
 
 
 def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str) -> dict[str, Any]:

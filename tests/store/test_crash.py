@@ -12,7 +12,8 @@ from mqhub.store.lmdb import LmdbStore
 from tests.store.child import StoreChild
 from tests.store.crash_child import body_for
 
-MODES = [("sync", "inline"), ("sync", "thread"), ("batch", "inline"), ("none", "inline")]
+MODES = [("sync", "inline"), ("sync", "thread"), ("batch", "inline"), ("sync", "auto"),
+         ("none", "inline")]
 
 
 def read_all(store: LmdbStore, clock: Clock, queue: str) -> dict[int, bytes]:

@@ -279,3 +279,36 @@ def test_thread_writer_pipelines_groups(tmp_path: Any) -> None:
     closed: list[object] = []
     store.close().addCallback(closed.append)
     assert closed == [None]
+
+
+def test_auto_writer_moves_slow_commits_to_the_thread(tmp_path: Any) -> None:
+    """writer='auto' commits inline until the commit latency average passes its threshold,
+    then hands groups to the writer thread; with a plain Clock and no hand-back it stays inline."""
+    plain = LmdbStore(str(tmp_path / "p"), clock=Clock(), auto_threshold=0.0)
+    plain.open()
+    h = Harness(plain, plain._clock)
+    commit(h, lambda b: b.put_meta("k", b"v"))
+    commit(h, lambda b: b.put_meta("k", b"w"))
+    assert plain.stats()["writer_now"] == "inline"
+    plain.close()
+
+    results: queue.SimpleQueue[tuple[Any, tuple[Any, ...]]] = queue.SimpleQueue()
+    clock = Clock()
+    store = LmdbStore(str(tmp_path / "d"), clock=clock, auto_threshold=0.0,
+                      call_from_thread=lambda f, *a: results.put((f, a)))
+    store.open()
+    fired: list[object] = []
+    b = WriteBatch()
+    b.put_entries("q", [make_entry(1, b"one")])
+    store.commit(b).addCallback(fired.append)
+    clock.advance(0)
+    assert fired == [None] and results.empty()  # first group: inline
+    assert store.stats()["writer_now"] == "thread"
+    b = WriteBatch()
+    b.put_entries("q", [make_entry(2, b"two")])
+    store.commit(b).addCallback(fired.append)
+    clock.advance(0)
+    f, a = results.get(timeout=10)  # second group: committed by the thread
+    f(*a)
+    assert fired == [None, None]
+    store.close()
