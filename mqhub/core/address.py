@@ -83,7 +83,7 @@ def pattern_matches(pattern: str, address: str) -> bool:
 class _Node:
     """One trie level: literal children, the ``*`` child, mask children and terminal values."""
 
-    __slots__ = ("children", "star", "masks", "values", "tail")
+    __slots__ = ("children", "star", "masks", "values", "tail", "wild")
 
     def __init__(self) -> None:
         """Start empty."""
@@ -92,6 +92,15 @@ class _Node:
         self.masks: dict[str, tuple[re.Pattern[str], _Node]] = {}
         self.values: list[Any] = []      # patterns ending exactly here
         self.tail: list[Any] = []        # patterns ending here with ``>``/``#``
+        self.wild: list[tuple[Optional[re.Pattern[str]], _Node]] = []   # star then masks
+
+    def rebuild(self) -> None:
+        """Recompute ``wild`` (the ``*`` child first, then mask children) after a change."""
+        wild: list[tuple[Optional[re.Pattern[str]], _Node]] = []
+        if self.star is not None:
+            wild.append((None, self.star))
+        wild.extend(self.masks.values())
+        self.wild = wild
 
     def is_empty(self) -> bool:
         """True when no pattern passes through this node."""
@@ -123,11 +132,13 @@ class AddressTrie:
             if token == "*":
                 if node.star is None:
                     node.star = _Node()
+                    node.rebuild()
                 node = node.star
             elif "*" in token:
                 entry = node.masks.get(token)
                 if entry is None:
                     entry = node.masks[token] = (_mask_regex(token), _Node())
+                    node.rebuild()
                 node = entry[1]
             else:
                 child = node.children.get(token)
@@ -173,8 +184,10 @@ class AddressTrie:
             parent, token = path.pop()
             if token == "*":
                 parent.star = None
+                parent.rebuild()
             elif "*" in token:
                 del parent.masks[token]
+                parent.rebuild()
             else:
                 del parent.children[token]
             node = parent
@@ -183,49 +196,52 @@ class AddressTrie:
     def match(self, address: str) -> list[Any]:
         """Return the values of every pattern matching ``address`` (duplicates removed)."""
         out: list[Any] = []
-        nodes = [self._root]
+        node = self._root
+        nodes: Optional[list[_Node]] = None
         for token in address.split("."):
-            if len(nodes) == 1:
-                node = nodes[0]
+            if nodes is None:
+                # one node on the frontier (the common case): no list juggling
                 if node.tail:
                     out.extend(node.tail)
-                child = node.children.get(token)
-                star = node.star
-                if node.masks or star is not None:
+                if node.wild:
+                    child = node.children.get(token)
                     nodes = [child] if child is not None else []
-                    if star is not None:
-                        nodes.append(star)
-                    if node.masks:
-                        for rx, mnode in node.masks.values():
-                            if rx.fullmatch(token) is not None:
-                                nodes.append(mnode)
-                    if not nodes:
+                    for rx, wnode in node.wild:
+                        if rx is None or rx.fullmatch(token) is not None:
+                            nodes.append(wnode)
+                    if len(nodes) == 1:
+                        node = nodes[0]
+                        nodes = None
+                    elif not nodes:
                         break
-                elif child is None:
+                    continue
+                child = node.children.get(token)
+                if child is None:
                     nodes = []
                     break
-                else:
-                    nodes[0] = child
+                node = child
                 continue
             nxt: list[_Node] = []
-            for node in nodes:
-                if node.tail:
-                    out.extend(node.tail)
-                child = node.children.get(token)
+            for n in nodes:
+                if n.tail:
+                    out.extend(n.tail)
+                child = n.children.get(token)
                 if child is not None:
                     nxt.append(child)
-                if node.star is not None:
-                    nxt.append(node.star)
-                if node.masks:
-                    for rx, mnode in node.masks.values():
-                        if rx.fullmatch(token) is not None:
-                            nxt.append(mnode)
+                if n.wild:
+                    for rx, wnode in n.wild:
+                        if rx is None or rx.fullmatch(token) is not None:
+                            nxt.append(wnode)
+            if not nxt:
+                return out if len(out) < 2 else list(dict.fromkeys(out))
             nodes = nxt
-            if not nodes:
-                break
-        for node in nodes:
+        if nodes is None:
             if node.values:
                 out.extend(node.values)
+        else:
+            for n in nodes:
+                if n.values:
+                    out.extend(n.values)
         if len(out) > 1:
             return list(dict.fromkeys(out))
         return out

@@ -113,3 +113,13 @@ def test_same_value_under_two_patterns_is_reported_once() -> None:
     trie.add("a.*", v)
     trie.add("a.>", v)
     assert trie.match("a.b") == [v]
+
+
+def test_value_under_tails_at_two_levels_is_reported_once() -> None:
+    """A value under ``>`` and ``a.>`` matches once, also when the walk stops early."""
+    trie = AddressTrie()
+    v = object()
+    trie.add(">", v)
+    trie.add("a.>", v)
+    assert trie.match("a.b.c") == [v]
+    assert trie.match("a.zz") == [v]
