@@ -4,52 +4,60 @@ Protocol plugins that serve a stream endpoint return this from ``make_service`` 
 in a MultiService). Unlike ``strports.service`` it binds in ``startService`` only (HubService
 starts listeners once the broker has recovered), and its ``stopService`` closes every open
 connection and fires when they are gone, aborting the stragglers after ``drain_timeout``.
+
+Connections are tracked without wrapping them: the factory handed to the endpoint only records
+each protocol it builds (in a WeakSet), so protocols see their real transport (TLS handshake
+callbacks, producer registration) and the hot path pays nothing.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
+from twisted.internet.protocol import Factory
 from twisted.logger import Logger
-from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 
+#: How often stopService checks whether the closed connections are gone.
+POLL_INTERVAL = 0.02
 
-class _TrackingFactory(WrappingFactory):
-    """WrappingFactory that can tell when its last connection has gone."""
+
+class _TrackingFactory(Factory):
+    """Delegates to the protocol's own factory and remembers every protocol it builds."""
 
     noisy = False  # ListenerService logs its own one-line "listening on" message
 
     def __init__(self, wrapped: Any) -> None:
-        """Wrap ``wrapped`` (a server factory)."""
-        super().__init__(wrapped)
-        self._idle_waiters: list[Deferred[None]] = []
+        """Track the protocols ``wrapped`` builds."""
+        self.wrapped = wrapped
+        self.built: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    def unregisterProtocol(self, p: ProtocolWrapper) -> None:
-        """Forget ``p`` and wake the waiters when none are left."""
-        super().unregisterProtocol(p)
-        if not self.protocols:
-            waiters, self._idle_waiters = self._idle_waiters, []
-            for d in waiters:
-                d.callback(None)
+    def doStart(self) -> None:
+        """Start the wrapped factory."""
+        self.wrapped.doStart()
 
-    def release_waiters(self) -> None:
-        """Fire every waiter now (connections were aborted and will not be waited for)."""
-        waiters, self._idle_waiters = self._idle_waiters, []
-        for d in waiters:
-            d.callback(None)
+    def doStop(self) -> None:
+        """Stop the wrapped factory."""
+        self.wrapped.doStop()
 
-    def wait_idle(self) -> Deferred[None]:
-        """Fire once no connection is open."""
-        if not self.protocols:
-            return succeed(None)
-        d: Deferred[None] = Deferred()
-        self._idle_waiters.append(d)
-        return d
+    def buildProtocol(self, addr: Any) -> Any:
+        """Build with the wrapped factory and remember the protocol."""
+        protocol = self.wrapped.buildProtocol(addr)
+        if protocol is not None:
+            self.built.add(protocol)
+        return protocol
+
+    def open_connections(self) -> list[Any]:
+        """Protocols whose transport is still connected."""
+        return [
+            p for p in list(self.built)
+            if getattr(p, "transport", None) is not None and getattr(p.transport, "connected", False)
+        ]
 
 
 class ListenerService(Service):
@@ -116,37 +124,42 @@ class ListenerService(Service):
     @property
     def connections(self) -> list[Any]:
         """The protocols of the open connections."""
-        return [w.wrappedProtocol for w in self._tracking.protocols]
+        return self._tracking.open_connections()
 
     def stopService(self) -> Deferred[None]:
         """Stop accepting, close every connection, and fire when all are closed (bounded)."""
         Service.stopService(self)
         port, self.port = self.port, None
         stopped: Deferred[Any] = succeed(None) if port is None else maybeDeferred(port.stopListening)
-
-        def close_all(_: object) -> Deferred[None]:
-            for wrapper in list(self._tracking.protocols):
-                wrapper.transport.loseConnection()
-            idle = self._tracking.wait_idle()
-            if not idle.called:
-                timer = self._get_reactor().callLater(self.drain_timeout, self._abort_all)
-
-                def cancel_timer(result: object) -> object:
-                    if timer.active():
-                        timer.cancel()
-                    return result
-
-                idle.addBoth(cancel_timer)
-            return idle
-
-        stopped.addBoth(close_all)
+        stopped.addBoth(self._close_all)
         return stopped
 
-    def _abort_all(self) -> None:
-        """Abort connections that did not close in time, and stop waiting for them."""
-        for wrapper in list(self._tracking.protocols):
-            self.log.warn("{name}: aborting a connection that did not close", name=self.name)
-            abort = getattr(wrapper.transport, "abortConnection", None)
+    def _close_all(self, _: object) -> Deferred[None]:
+        """Ask every connection to close; fire once none is left or after aborting the rest."""
+        for protocol in self._tracking.open_connections():
+            protocol.transport.loseConnection()
+        clock = self._get_reactor()
+        deadline = clock.seconds() + self.drain_timeout
+        done: Deferred[None] = Deferred()
+
+        def check() -> None:
+            remaining = self._tracking.open_connections()
+            if not remaining:
+                done.callback(None)
+            elif clock.seconds() >= deadline:
+                self._abort(remaining)
+                done.callback(None)
+            else:
+                clock.callLater(POLL_INTERVAL, check)
+
+        check()
+        return done
+
+    def _abort(self, remaining: list[Any]) -> None:
+        """Abort connections that did not close in time."""
+        self.log.warn("{name}: aborting {n} connection(s) that did not close", name=self.name,
+                      n=len(remaining))
+        for protocol in remaining:
+            abort = getattr(protocol.transport, "abortConnection", None)
             if abort is not None:
                 abort()
-        self._tracking.release_waiters()

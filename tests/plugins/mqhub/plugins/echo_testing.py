@@ -32,9 +32,12 @@ class EchoTesting:
         prefix = options["plugin_options"].get("echotest", {}).get("prefix", "").encode()
 
         class Echo(LineReceiver):
+            """Write every line back, prefixed."""
+
             delimiter = b"\n"
 
             def lineReceived(self, line: bytes) -> None:
+                """Echo ``line``."""
                 self.sendLine(prefix + line)
 
         return ListenerService(endpoints["tcp"], Factory.forProtocol(Echo), reactor=hub.reactor)
