@@ -17,7 +17,8 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from twisted.internet.task import Clock
 from zope.interface import implementer
@@ -29,7 +30,7 @@ from mqhub.testing import START_TIME, memory_hub, result_of
 def emit(figure: str, value: float, unit: str, out: Any = None) -> None:
     """Print one figure line."""
     fmt = "%.0f" if abs(value) >= 100 else "%.3g"
-    print("%s %s %s" % (figure, fmt % value, unit), file=out or sys.stdout, flush=True)
+    print(f"{figure} {fmt % value} {unit}", file=out or sys.stdout, flush=True)
 
 
 @implementer(IDeliveryTarget)
@@ -76,7 +77,7 @@ def bench_routing(bindings: int, lookups: int) -> None:
     hub = memory_hub()
     broker = hub.broker
     rnd = random.Random(7)
-    words = ["w%d" % i for i in range(100)]
+    words = [f"w{i}" for i in range(100)]
     sink = _Sink()
     addresses = []
     for i in range(bindings):
@@ -103,7 +104,7 @@ def bench_routing(bindings: int, lookups: int) -> None:
             resolve(a)
         return len(probe) / (time.perf_counter() - t0)
 
-    emit("route_uncached_%dk_bindings" % (bindings // 1000), _best(3, uncached), "routes/s")
+    emit(f"route_uncached_{bindings // 1000}k_bindings", _best(3, uncached), "routes/s")
     route = broker.route
     for a in probe:
         route(a)
@@ -151,21 +152,21 @@ def _put_get_ack(tier: str, store: Any, clock: Clock, total: int, batch: int,
 
 def bench_queues(tmp: str, batch: int) -> None:
     """Memory-tier and durable put + get + ack throughput."""
-    emit("queue_memory_put_get_ack_b%d" % batch,
+    emit(f"queue_memory_put_get_ack_b{batch}",
          _best(3, lambda: _put_get_ack("memory", None, _clock(), 600_000, batch, 1)), "msg/s")
-    emit("queue_durable_memorystore_put_get_ack_b%d" % batch,
+    emit(f"queue_durable_memorystore_put_get_ack_b{batch}",
          _best(2, lambda: _put_get_ack("durable", None, _clock(), 300_000, batch, 1)), "msg/s")
     fs = _fsync_ms(tmp)
     emit("disk_fsync_median", fs, "ms")
     for mode, per_turn, total in (("sync", 1, 60_000), ("sync", 8, 240_000),
                                   ("batch", 1, 240_000)):
-        path = os.path.join(tmp, "q-%s-%d" % (mode, per_turn))
+        path = os.path.join(tmp, f"q-{mode}-{per_turn}")
         clock = _clock()
         store = _lmdb(path, clock, mode)
         rate = _put_get_ack("durable", store, clock, total, batch, per_turn)
         result_of(store.close())
         shutil.rmtree(path, ignore_errors=True)
-        emit("queue_durable_lmdb_%s_put_get_ack_b%dx%d" % (mode, batch, per_turn), rate, "msg/s")
+        emit(f"queue_durable_lmdb_{mode}_put_get_ack_b{batch}x{per_turn}", rate, "msg/s")
 
 
 def _fsync_ms(tmp: str) -> float:
@@ -292,7 +293,7 @@ def bench_delayed(tmp: str, delayed: int) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the core benchmark and print ``<figure> <value> <unit>`` lines."""
     parser = argparse.ArgumentParser(prog="mqhub bench core", description=__doc__)
     parser.add_argument("--bindings", type=int, default=10_000)

@@ -7,7 +7,7 @@ reactor.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -24,7 +24,7 @@ from mqhub.store.memory import MemoryStore
 START_TIME = 1767225600.0
 
 
-def memory_hub(clock: Optional[Clock] = None, *, store: Any = None, start: bool = True,
+def memory_hub(clock: Clock | None = None, *, store: Any = None, start: bool = True,
                **broker_kw: Any) -> Hub:
     """A Hub with a Clock, an opened MemoryStore (or ``store``), a started Broker and scheduler.
 

@@ -16,7 +16,7 @@ This module imports neither Twisted nor zope.
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 from mqhub.errors import InvalidName
 
@@ -27,24 +27,24 @@ _BAD = re.compile(r"[\s\x00]")
 def validate_address(address: str) -> None:
     """Raise InvalidName unless ``address`` is a publishable address (no wildcards)."""
     if not address or len(address) > MAX_ADDRESS or _BAD.search(address):
-        raise InvalidName("invalid address %r" % (address[:64],))
+        raise InvalidName(f"invalid address {address[:64]!r}")
     for token in address.split("."):
         if not token or token == ">" or token == "#" or "*" in token:
-            raise InvalidName("invalid address %r" % (address[:64],))
+            raise InvalidName(f"invalid address {address[:64]!r}")
 
 
 def validate_pattern(pattern: str) -> None:
     """Raise InvalidName unless ``pattern`` is a valid subscription pattern."""
     if not pattern or len(pattern) > MAX_ADDRESS or _BAD.search(pattern):
-        raise InvalidName("invalid pattern %r" % (pattern[:64],))
+        raise InvalidName(f"invalid pattern {pattern[:64]!r}")
     tokens = pattern.split(".")
     for i, token in enumerate(tokens):
         if not token:
-            raise InvalidName("invalid pattern %r" % (pattern[:64],))
+            raise InvalidName(f"invalid pattern {pattern[:64]!r}")
         if (token == ">" or token == "#") and i != len(tokens) - 1:
-            raise InvalidName("%r must be the last token" % token)
+            raise InvalidName(f"{token!r} must be the last token")
         if len(token) > 1 and (">" in token or "#" in token):
-            raise InvalidName("invalid pattern %r" % (pattern[:64],))
+            raise InvalidName(f"invalid pattern {pattern[:64]!r}")
 
 
 def is_pattern(text: str) -> bool:
@@ -54,7 +54,7 @@ def is_pattern(text: str) -> bool:
     return text.endswith((">", "#")) and (len(text) == 1 or text[-2] == ".")
 
 
-def _mask_regex(token: str) -> "re.Pattern[str]":
+def _mask_regex(token: str) -> re.Pattern[str]:
     """Compile an MQKS mask token (``*`` = any run of characters inside one token)."""
     return re.compile("[^.]*".join(re.escape(p) for p in token.split("*")), re.DOTALL)
 
@@ -88,15 +88,15 @@ class _Node:
     def __init__(self) -> None:
         """Start empty."""
         self.children: dict[str, _Node] = {}
-        self.star: Optional[_Node] = None
+        self.star: _Node | None = None
         self.masks: dict[str, tuple[re.Pattern[str], _Node]] = {}
         self.values: list[Any] = []      # patterns ending exactly here
         self.tail: list[Any] = []        # patterns ending here with ``>``/``#``
-        self.wild: list[tuple[Optional[re.Pattern[str]], _Node]] = []   # star then masks
+        self.wild: list[tuple[re.Pattern[str] | None, _Node]] = []   # star then masks
 
     def rebuild(self) -> None:
         """Recompute ``wild`` (the ``*`` child first, then mask children) after a change."""
-        wild: list[tuple[Optional[re.Pattern[str]], _Node]] = []
+        wild: list[tuple[re.Pattern[str] | None, _Node]] = []
         if self.star is not None:
             wild.append((None, self.star))
         wild.extend(self.masks.values())
@@ -197,7 +197,7 @@ class AddressTrie:
         """Return the values of every pattern matching ``address`` (duplicates removed)."""
         out: list[Any] = []
         node = self._root
-        nodes: Optional[list[_Node]] = None
+        nodes: list[_Node] | None = None
         for token in address.split("."):
             if nodes is None:
                 # one node on the frontier (the common case): no list juggling

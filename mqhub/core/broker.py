@@ -13,7 +13,8 @@ import json
 import logging
 import marshal
 import re
-from typing import Any, Iterable, Optional, Union
+from collections.abc import Iterable
+from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
 
@@ -35,13 +36,13 @@ PARK_PREFIX = "~park/"
 SEP = "\x1f"
 _NAME_BAD = re.compile(r"[\s\x00-\x1f]")
 
-Headers = Union[None, dict[str, str], list[Optional[dict[str, str]]]]
+Headers = None | dict[str, str] | list[dict[str, str] | None]
 
 
 def validate_queue_name(name: str) -> None:
     """Raise InvalidName unless ``name`` may name a queue (1-255 chars, no space, no leading ``~``)."""
     if not name or len(name) > 255 or _NAME_BAD.search(name) or name.startswith("~"):
-        raise InvalidName("invalid queue name %r" % (name[:64],))
+        raise InvalidName(f"invalid queue name {name[:64]!r}")
 
 
 class Broker:
@@ -155,7 +156,7 @@ class Broker:
         """Log a background store failure."""
         log.error("store commit failed: %s", failure.getErrorMessage())
 
-    def _queue_changed(self, queue: Queue, batch: Optional[WriteBatch] = None) -> None:
+    def _queue_changed(self, queue: Queue, batch: WriteBatch | None = None) -> None:
         """Persist a durable queue's settings (into ``batch``, or in its own commit)."""
         if not queue.durable or queue.name.startswith("~") or queue.deleted:
             return
@@ -199,7 +200,7 @@ class Broker:
         if self._queues.get(q.name) is q and q.expires_at and q.expires_at <= self.clock.seconds():
             self.delete_queue(q.name)
 
-    def queue(self, name: str) -> Optional[Queue]:
+    def queue(self, name: str) -> Queue | None:
         """The queue called ``name``, or None."""
         return self._queues.get(name)
 
@@ -231,8 +232,8 @@ class Broker:
 
     # -- bindings ------------------------------------------------------------------------------
 
-    def _add_binding(self, pattern: str, queue: Optional[Queue], target: Any,
-                     group: Optional[str], tag: Any) -> Binding:
+    def _add_binding(self, pattern: str, queue: Queue | None, target: Any,
+                     group: str | None, tag: Any) -> Binding:
         """Create and index a binding (no validation, no persistence)."""
         self._next_binding += 1
         b = Binding(self._next_binding, pattern, queue, target, group, tag, self)
@@ -262,7 +263,7 @@ class Broker:
                 self._drain_park(address)
         return b
 
-    def subscribe(self, pattern: str, target: Any, *, group: Optional[str] = None,
+    def subscribe(self, pattern: str, target: Any, *, group: str | None = None,
                   tag: Any = None) -> Binding:
         """Bind ``pattern`` to a live IDeliveryTarget (never persisted)."""
         validate_pattern(pattern)
@@ -281,7 +282,7 @@ class Broker:
                 self._commit(wb)
         self.router.changed()
 
-    def bindings(self, queue_name: Optional[str] = None) -> list[Binding]:
+    def bindings(self, queue_name: str | None = None) -> list[Binding]:
         """Every binding, or those of one queue."""
         if queue_name is None:
             return list(self._bindings.values())
@@ -311,12 +312,13 @@ class Broker:
         self.last_ids = ids
         if ttl:
             expires_at = self.clock.seconds() + ttl
-        if type(headers) is list:
+        entries: list[Entry]
+        if isinstance(headers, list):
             entries = [(i, priority, 0, deliver_at, expires_at, address, h, b, origin)
-                       for i, b, h in zip(ids, bodies, headers)]
+                       for i, b, h in zip(ids, bodies, headers, strict=False)]
         else:
             entries = [(i, priority, 0, deliver_at, expires_at, address, headers, b, origin)
-                       for i, b in zip(ids, bodies)]
+                       for i, b in zip(ids, bodies, strict=False)]
         return self._publish(route, address, entries, persist, deliver_at, True)
 
     def publish_entries(self, address: str, entries: list[Entry], *,
@@ -563,7 +565,7 @@ class Broker:
         return q
 
     def dead_letters(self, queue_name: str, *, limit: int = 100,
-                     after: Optional[int] = None) -> Deferred[list[DeadLetter]]:
+                     after: int | None = None) -> Deferred[list[DeadLetter]]:
         """List up to ``limit`` dead letters of the queue, oldest first, after msg id ``after``."""
         q = self._get(queue_name)
         if not q.durable:
@@ -589,7 +591,7 @@ class Broker:
 
     @inlineCallbacks
     def replay_dead_letters(self, queue_name: str,
-                            msg_ids: Optional[Iterable[int]] = None) -> Any:
+                            msg_ids: Iterable[int] | None = None) -> Any:
         """Put dead letters back on their queue (attempts reset); fire with how many."""
         q = self._get(queue_name)
         wanted = None if msg_ids is None else set(msg_ids)
@@ -613,7 +615,7 @@ class Broker:
 
     @inlineCallbacks
     def purge_dead_letters(self, queue_name: str,
-                           msg_ids: Optional[Iterable[int]] = None) -> Any:
+                           msg_ids: Iterable[int] | None = None) -> Any:
         """Delete dead letters (all, or the given ids); fire with how many were removed."""
         q = self._get(queue_name)
         dead = yield self._all_dead(q)

@@ -8,9 +8,8 @@ and replay strip again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
-from mqhub.store.records import ADDRESS, ATTEMPTS, BODY, HEADERS, MSG_ID, ORIGIN, PRIORITY, Entry
+from mqhub.store.records import Entry
 
 DLQ_PREFIX = "~dlq/"
 H_REASON = "mqhub-dlq-reason"
@@ -31,20 +30,20 @@ def dlq_name(queue: str) -> str:
     return DLQ_PREFIX + queue
 
 
-def to_dead(entry: Entry, queue: str, reason: str, error: Optional[str], now: float) -> Entry:
+def to_dead(entry: Entry, queue: str, reason: str, error: str | None, now: float) -> Entry:
     """Return the dead-letter entry for ``entry`` (priority 0 so the list is in arrival order)."""
-    headers = dict(entry[HEADERS] or ())
+    msg_id, priority, attempts, _, _, address, old, body, origin = entry
+    headers = dict(old or ())
     headers[H_REASON] = reason
-    headers[H_PRIORITY] = str(entry[PRIORITY])
+    headers[H_PRIORITY] = str(priority)
     headers[H_TIME] = repr(now)
     headers[H_QUEUE] = queue
     if error is not None:
         headers[H_ERROR] = str(error)[:1024]
-    return (entry[MSG_ID], 0, entry[ATTEMPTS], 0.0, 0.0, entry[ADDRESS], headers, entry[BODY],
-            entry[ORIGIN])
+    return (msg_id, 0, attempts, 0.0, 0.0, address, headers, body, origin)
 
 
-def _clean(headers: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
+def _clean(headers: dict[str, str] | None) -> dict[str, str] | None:
     """Headers without the reserved dead-letter keys (None when nothing is left)."""
     if not headers:
         return None
@@ -54,10 +53,9 @@ def _clean(headers: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
 
 def from_dead(dead: Entry) -> Entry:
     """Return the entry to put back on the queue when replaying ``dead`` (attempts reset)."""
-    headers = dead[HEADERS] or {}
-    priority = int(headers.get(H_PRIORITY, "0") or 0)
-    return (dead[MSG_ID], priority, 0, 0.0, 0.0, dead[ADDRESS], _clean(dead[HEADERS]),
-            dead[BODY], dead[ORIGIN])
+    msg_id, _, _, _, _, address, headers, body, origin = dead
+    priority = int((headers or {}).get(H_PRIORITY, "0") or 0)
+    return (msg_id, priority, 0, 0.0, 0.0, address, _clean(headers), body, origin)
 
 
 @dataclass
@@ -68,23 +66,22 @@ class DeadLetter:
     queue: str
     address: str
     body: bytes
-    headers: Optional[dict[str, str]]
+    headers: dict[str, str] | None
     priority: int
     attempts: int
     reason: str
-    last_error: Optional[str]
+    last_error: str | None
     origin: str
     dead_at: float
 
     @classmethod
-    def from_entry(cls, dead: Entry, queue: str) -> "DeadLetter":
+    def from_entry(cls, dead: Entry, queue: str) -> DeadLetter:
         """Build the record from a stored dead-letter entry."""
-        h = dead[HEADERS] or {}
-        return cls(dead[MSG_ID], h.get(H_QUEUE, queue), dead[ADDRESS], dead[BODY],
-                   _clean(dead[HEADERS]), int(h.get(H_PRIORITY, "0") or 0), dead[ATTEMPTS],
-                   h.get(H_REASON, ""), h.get(H_ERROR), dead[ORIGIN],
-                   float(h.get(H_TIME, "0") or 0.0))
-
+        msg_id, _, attempts, _, _, address, headers, body, origin = dead
+        h = headers or {}
+        return cls(msg_id, h.get(H_QUEUE, queue), address, body, _clean(headers),
+                   int(h.get(H_PRIORITY, "0") or 0), attempts, h.get(H_REASON, ""),
+                   h.get(H_ERROR), origin, float(h.get(H_TIME, "0") or 0.0))
 
 __all__ = ["DeadLetter", "dlq_name", "to_dead", "from_dead", "DLQ_PREFIX", "REASON_EXPIRED",
            "REASON_MAX_ATTEMPTS", "REASON_OVERFLOW", "REASON_REJECTED"]

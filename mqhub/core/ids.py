@@ -56,7 +56,7 @@ def id_time(msg_id: int) -> float:
 
 def format_id(msg_id: int) -> str:
     """Render ``msg_id`` as 16 lowercase hex characters (NSQ's message-id width)."""
-    return "%016x" % msg_id
+    return f"{msg_id:016x}"
 
 
 def parse_id(text: str | bytes) -> int:

@@ -7,11 +7,20 @@ re-exports its field indexes and offers :class:`Message` for admin surfaces, the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from mqhub.core.ids import id_time
-from mqhub.store.records import (ADDRESS, ATTEMPTS, BODY, DELIVER_AT, EXPIRES_AT, HEADERS,
-                                 MSG_ID, ORIGIN, PRIORITY, Entry)
+from mqhub.store.records import (
+    ADDRESS,
+    ATTEMPTS,
+    BODY,
+    DELIVER_AT,
+    EXPIRES_AT,
+    HEADERS,
+    MSG_ID,
+    ORIGIN,
+    PRIORITY,
+    Entry,
+)
 
 __all__ = ["ADDRESS", "ATTEMPTS", "BODY", "DELIVER_AT", "EXPIRES_AT", "HEADERS", "MSG_ID",
            "ORIGIN", "PRIORITY", "Entry", "Message", "TIER_DURABLE", "TIER_MEMORY", "TIERS"]
@@ -28,7 +37,7 @@ class Message:
     msg_id: int
     body: bytes
     address: str = ""
-    headers: Optional[dict[str, str]] = field(default=None)
+    headers: dict[str, str] | None = field(default=None)
     priority: int = 0
     attempts: int = 0
     deliver_at: float = 0.0
@@ -41,10 +50,11 @@ class Message:
         return id_time(self.msg_id)
 
     @classmethod
-    def from_entry(cls, entry: Entry) -> "Message":
+    def from_entry(cls, entry: Entry) -> Message:
         """Build a Message from an entry tuple."""
-        return cls(entry[MSG_ID], entry[BODY], entry[ADDRESS], entry[HEADERS], entry[PRIORITY],
-                   entry[ATTEMPTS], entry[DELIVER_AT], entry[EXPIRES_AT], entry[ORIGIN])
+        msg_id, priority, attempts, deliver_at, expires_at, address, headers, body, origin = entry
+        return cls(msg_id, body, address, headers, priority, attempts, deliver_at, expires_at,
+                   origin)
 
     def to_entry(self) -> Entry:
         """Return the entry tuple for this message."""

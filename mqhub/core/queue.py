@@ -13,15 +13,22 @@ import heapq
 import logging
 from bisect import bisect_left
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from mqhub.core.deadletter import (REASON_EXPIRED, REASON_MAX_ATTEMPTS, REASON_OVERFLOW,
-                                   REASON_REJECTED, dlq_name, to_dead)
+from mqhub.core.deadletter import (
+    REASON_EXPIRED,
+    REASON_MAX_ATTEMPTS,
+    REASON_OVERFLOW,
+    REASON_REJECTED,
+    dlq_name,
+    to_dead,
+)
 from mqhub.core.ids import EPOCH, SEQ_BITS
 from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
 from mqhub.errors import InvalidName
 from mqhub.store.batch import WriteBatch
-from mqhub.store.records import HEADERS, MSG_ID, PRIORITY, Entry, EntryKey
+from mqhub.store.records import Entry, EntryKey
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.core.broker import Broker
@@ -45,7 +52,7 @@ class Consumer:
     __slots__ = ("queue", "target", "ready", "credit", "in_flight", "timeout", "tag", "attached",
                  "_ready_set")
 
-    def __init__(self, queue: "Queue", target: Any, ready: int, credit: int,
+    def __init__(self, queue: Queue, target: Any, ready: int, credit: int,
                  timeout: float, tag: Any) -> None:
         """Made by :meth:`Queue.attach` only."""
         self.queue = queue
@@ -84,23 +91,23 @@ class Consumer:
 
     def __repr__(self) -> str:
         """Readable form."""
-        return "<Consumer %s ready=%s credit=%s in_flight=%d>" % (
-            self.queue.name, self.ready, self.credit, self.in_flight)
+        return (f"<Consumer {self.queue.name} ready={self.ready} credit={self.credit} "
+                f"in_flight={self.in_flight}>")
 
 
 class Queue:
     """Ready entries ordered by (priority desc, msg_id asc), in-flight entries with deadlines."""
 
-    def __init__(self, broker: "Broker", name: str, *, tier: str = TIER_DURABLE,
+    def __init__(self, broker: Broker, name: str, *, tier: str = TIER_DURABLE,
                  max_size: int = 0, overflow: str = "drop_oldest", ttl: float = 0.0,
                  max_attempts: int = 0, msg_timeout: float = 60.0, expires_at: float = 0.0,
                  auto_delete: bool = False, expire_to_dead_letters: bool = False,
                  window: int = 10_000, incarnation: int = 0) -> None:
         """Made by :meth:`Broker.declare_queue` (see docs/core-api.md for the settings)."""
         if tier not in (TIER_DURABLE, TIER_MEMORY):
-            raise InvalidName("unknown tier %r" % (tier,))
+            raise InvalidName(f"unknown tier {tier!r}")
         if overflow not in OVERFLOW_POLICIES:
-            raise InvalidName("unknown overflow policy %r" % (overflow,))
+            raise InvalidName(f"unknown overflow policy {overflow!r}")
         self.broker = broker
         self.name = name
         self.tier = tier
@@ -123,7 +130,7 @@ class Queue:
         self._prios: list[int] = []           # priorities with a deque, descending
         self._nready = 0
         self._stored_only = 0                 # durable entries in the store beyond the window
-        self._horizon: Optional[EntryKey] = None   # last key in the window when paged
+        self._horizon: EntryKey | None = None   # last key in the window when paged
         self._paging = False
         self._volatile = 0                    # persist=False entries in a durable queue's window
         # in flight
@@ -163,9 +170,9 @@ class Queue:
         for key, value in settings.items():
             if key not in ("max_size", "overflow", "ttl", "max_attempts", "msg_timeout",
                            "expires_at", "auto_delete", "expire_to_dead_letters"):
-                raise InvalidName("cannot configure %r" % (key,))
+                raise InvalidName(f"cannot configure {key!r}")
             if key == "overflow" and value not in OVERFLOW_POLICIES:
-                raise InvalidName("unknown overflow policy %r" % (value,))
+                raise InvalidName(f"unknown overflow policy {value!r}")
             setattr(self, key, value)
         self.broker._queue_changed(self)
 
@@ -204,12 +211,12 @@ class Queue:
 
     def _insert(self, entry: Entry) -> None:
         """Insert one entry at its place by msg_id within its priority (cold path: requeue)."""
-        d = self._deque(entry[PRIORITY])
-        mid = entry[MSG_ID]
-        if not d or d[-1][MSG_ID] < mid:
+        d = self._deque(entry[1])
+        mid = entry[0]
+        if not d or d[-1][0] < mid:
             d.append(entry)
         else:
-            ids = [e[MSG_ID] for e in d]
+            ids = [e[0] for e in d]
             d.insert(bisect_left(ids, mid), entry)
         self._nready += 1
 
@@ -218,10 +225,10 @@ class Queue:
         h = self._horizon
         if h is None:
             return self._stored_only > 0
-        p = entry[PRIORITY]
-        return p < h[0] or (p == h[0] and entry[MSG_ID] > h[1])
+        p = entry[1]
+        return p < h[0] or (p == h[0] and entry[0] > h[1])
 
-    def _put(self, entries: list[Entry], batch: Optional[WriteBatch], persist: bool,
+    def _put(self, entries: list[Entry], batch: WriteBatch | None, persist: bool,
              now: float, uniform: bool = False) -> None:
         """Add ``entries`` (in id order) to the queue; store writes go into ``batch``.
 
@@ -242,11 +249,11 @@ class Queue:
             if not self._may_expire and (entries[0][4] if uniform
                                          else any(e[4] for e in entries)):
                 self._may_expire = True
-            p = entries[0][PRIORITY]
+            p = entries[0][1]
             d = self._deque(p)
-            last = d[-1][MSG_ID] if d else -1
-            if entries[0][MSG_ID] > last and (uniform or all(
-                    e[PRIORITY] == p for e in entries)):
+            last = d[-1][0] if d else -1
+            if entries[0][0] > last and (uniform or all(
+                    e[1] == p for e in entries)):
                 d.extend(entries)
                 self._nready += len(entries)
             else:
@@ -277,7 +284,7 @@ class Queue:
         for p in sorted(self._prios):
             d = self._ready[p]
             if d:
-                self._horizon = (p, d[-1][MSG_ID])
+                self._horizon = (p, d[-1][0])
                 break
 
     def _pop_ready(self, n: int) -> list[Entry]:
@@ -313,7 +320,7 @@ class Queue:
         self._nready -= len(out)
         return out
 
-    def _overflow(self, excess: int, batch: Optional[WriteBatch], now: float) -> None:
+    def _overflow(self, excess: int, batch: WriteBatch | None, now: float) -> None:
         """Apply the overflow policy to ``excess`` entries beyond ``max_size``."""
         victims = self._pop_oldest(excess)
         if not victims:
@@ -323,7 +330,7 @@ class Queue:
         else:
             self.dropped_count += len(victims)
             if self.durable and batch is not None:
-                batch.delete_entries(self.name, [(e[PRIORITY], e[MSG_ID]) for e in victims])
+                batch.delete_entries(self.name, [(e[1], e[0]) for e in victims])
 
     def room(self) -> int:
         """How many more messages fit before ``max_size`` (a large number when unbounded)."""
@@ -356,11 +363,11 @@ class Queue:
         if self.deleted or incarnation != self.incarnation:
             return
         inflight = self._inflight
-        fresh = [e for e in entries if e[MSG_ID] not in inflight]
+        fresh = [e for e in entries if e[0] not in inflight]
         if entries:
             last = entries[-1]
-            self._horizon = (last[PRIORITY], last[MSG_ID])
-            self.broker.ids.observe(max(e[MSG_ID] for e in entries))
+            self._horizon = (last[1], last[0])
+            self.broker.ids.observe(max(e[0] for e in entries))
         if not self._may_expire and any(e[4] for e in fresh):
             self._may_expire = True
         for e in fresh:
@@ -388,7 +395,7 @@ class Queue:
     # -- consumers -----------------------------------------------------------------------------
 
     def attach(self, target: Any, *, ready: int = 0, credit: int = 0,
-               timeout: Optional[float] = None, tag: Any = None) -> Consumer:
+               timeout: float | None = None, tag: Any = None) -> Consumer:
         """Attach a consumer; ``target.deliver_batch(consumer, queue_name, entries)`` receives."""
         c = Consumer(self, target, int(ready or 0), int(credit or 0),
                      self.msg_timeout if timeout is None else float(timeout), tag)
@@ -452,7 +459,7 @@ class Queue:
                 out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
                 deadline = now + c.timeout
                 ids = [e[0] for e in out]
-                self._inflight.update(zip(ids, out))
+                self._inflight.update(zip(ids, out, strict=False))
                 self._owner.update(dict.fromkeys(ids, (c, deadline)))
                 n = len(out)
                 c.in_flight += n
@@ -547,7 +554,7 @@ class Queue:
         return failed
 
     def touch(self, consumer: Consumer, msg_ids: Iterable[int],
-              extend: Optional[float] = None) -> list[int]:
+              extend: float | None = None) -> list[int]:
         """Reset the deadline of in-flight messages to now + ``extend`` (default: consumer timeout)."""
         now = self.broker.clock.seconds()
         deadline = now + (consumer.timeout if extend is None else float(extend))
@@ -567,12 +574,12 @@ class Queue:
         return failed
 
     def requeue(self, consumer: Consumer, msg_ids: Iterable[int], delay: float = 0.0,
-                error: Optional[str] = None) -> list[int]:
+                error: str | None = None) -> list[int]:
         """Return in-flight messages to ready (or deferred by ``delay`` seconds); dead-letter at max attempts."""
         return self._requeue_ids(consumer, msg_ids, delay, error, count=True)
 
     def _requeue_ids(self, consumer: Consumer, msg_ids: Iterable[int], delay: float,
-                     error: Optional[str], count: bool) -> list[int]:
+                     error: str | None, count: bool) -> list[int]:
         """Shared by requeue, timeouts and detach."""
         got, failed = self._take(consumer, msg_ids)
         if not got:
@@ -585,7 +592,7 @@ class Queue:
         back: list[Entry] = []
         for e in got:
             limit = self.max_attempts
-            h = e[HEADERS]
+            h = e[6]
             if h and MAX_ATTEMPTS_HEADER in h:
                 try:
                     limit = int(h[MAX_ATTEMPTS_HEADER])
@@ -613,7 +620,7 @@ class Queue:
         return failed
 
     def reject(self, consumer: Consumer, msg_ids: Iterable[int], reason: str = REASON_REJECTED,
-               error: Optional[str] = None) -> list[int]:
+               error: str | None = None) -> list[int]:
         """Dead-letter in-flight messages now with ``reason``; return ids not in flight."""
         got, failed = self._take(consumer, msg_ids)
         if got:
@@ -623,8 +630,8 @@ class Queue:
             self.dispatch()
         return failed
 
-    def _dead(self, entries: list[Entry], reason: str, error: Optional[str],
-              batch: Optional[WriteBatch], now: float) -> None:
+    def _dead(self, entries: list[Entry], reason: str, error: str | None,
+              batch: WriteBatch | None, now: float) -> None:
         """Move ``entries`` (already out of the window/in-flight) to this queue's dead letters."""
         self.dead_letter_count += len(entries)
         dead = [to_dead(e, self.name, reason, error, now) for e in entries]
@@ -755,5 +762,4 @@ class Queue:
 
     def __repr__(self) -> str:
         """Readable form."""
-        return "<Queue %s %s depth=%d in_flight=%d>" % (self.name, self.tier, self.depth,
-                                                       len(self._inflight))
+        return f"<Queue {self.name} {self.tier} depth={self.depth} in_flight={len(self._inflight)}>"

@@ -6,7 +6,7 @@ publish costs one dict lookup; resolving walks the token trie and never scans al
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from mqhub.core.address import AddressTrie
 
@@ -21,8 +21,8 @@ class Binding:
 
     __slots__ = ("id", "pattern", "queue", "target", "group", "tag", "broker")
 
-    def __init__(self, bid: int, pattern: str, queue: Optional["Queue"], target: Any,
-                 group: Optional[str], tag: Any, broker: Any) -> None:
+    def __init__(self, bid: int, pattern: str, queue: Queue | None, target: Any,
+                 group: str | None, tag: Any, broker: Any) -> None:
         """Made by the broker only (``bind_queue`` / ``subscribe``)."""
         self.id = bid
         self.pattern = pattern
@@ -34,9 +34,9 @@ class Binding:
 
     def __repr__(self) -> str:
         """Readable form for the manhole."""
-        to = ("queue %s" % self.queue.name) if self.queue is not None else repr(self.target)
-        return "<Binding %d %s -> %s%s>" % (self.id, self.pattern, to,
-                                            " group %s" % self.group if self.group else "")
+        to = (f"queue {self.queue.name}") if self.queue is not None else repr(self.target)
+        group = f" group {self.group}" if self.group else ""
+        return f"<Binding {self.id} {self.pattern} -> {to}{group}>"
 
 
 class Route:
@@ -44,9 +44,9 @@ class Route:
 
     __slots__ = ("epoch", "address", "queues", "targets", "groups", "park", "empty", "_rr")
 
-    def __init__(self, epoch: int, address: str, queues: tuple["Queue", ...],
+    def __init__(self, epoch: int, address: str, queues: tuple[Queue, ...],
                  targets: tuple[Binding, ...], groups: tuple[tuple[Binding, ...], ...],
-                 park: Optional["Queue"]) -> None:
+                 park: Queue | None) -> None:
         """Made by :class:`Router` only."""
         self.epoch = epoch
         self.address = address
@@ -73,7 +73,7 @@ class Router:
         self.trie = AddressTrie()
         self.epoch = 0
         self.cache: dict[str, Route] = {}
-        self.parking: dict[str, "Queue"] = {}     # address -> its parking queue (parked or paused)
+        self.parking: dict[str, Queue] = {}     # address -> its parking queue (parked or paused)
         self.paused: set[str] = set()
 
     def changed(self) -> None:
@@ -96,7 +96,7 @@ class Router:
         matched = self.trie.match(address)
         queues: list[Any] = []
         targets: list[Binding] = []
-        groups: Optional[dict[str, list[Binding]]] = None
+        groups: dict[str, list[Binding]] | None = None
         for b in matched:
             q = b.queue
             if q is not None:

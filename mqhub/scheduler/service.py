@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
@@ -38,7 +39,7 @@ RETRY_UNHANDLED = 60.0
 class SchedulerService(Service):
     """Durable one-shot and repeating timers plus sliced sweeps (see the module docstring)."""
 
-    name = "scheduler"
+    name = "scheduler"  # type: ignore[assignment]
 
     def __init__(self, store: Any, clock: Any, *, slice_size: int = 1000,
                  sweep_budget: int = 10_000) -> None:
@@ -68,7 +69,7 @@ class SchedulerService(Service):
         self._handlers.append((prefix, handler))
         self._handlers.sort(key=lambda ph: -len(ph[0]))
 
-    def _handler_for(self, key: bytes) -> Optional[Handler]:
+    def _handler_for(self, key: bytes) -> Handler | None:
         """The handler with the longest prefix of ``key``."""
         for prefix, handler in self._handlers:
             if key.startswith(prefix):
@@ -239,7 +240,7 @@ class SchedulerService(Service):
         if not self.running:
             return succeed(None)
 
-        def arm(when: Optional[float]) -> None:
+        def arm(when: float | None) -> None:
             if when is not None and self.running and not self._firing:
                 self._set_timer(when)
         return self.store.next_due().addCallback(arm)

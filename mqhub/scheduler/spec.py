@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
-from typing import Optional
+from datetime import UTC, datetime
 
 from croniter import croniter
 
@@ -26,8 +25,8 @@ class ScheduleSpec:
     :ivar run_count: how many runs in total, then the schedule removes itself (-1 = forever).
     """
 
-    interval: Optional[float] = None
-    cron: Optional[str] = None
+    interval: float | None = None
+    cron: str | None = None
     nohaste: bool = False
     run_count: int = -1
 
@@ -38,7 +37,7 @@ class ScheduleSpec:
         if self.interval is not None and not (self.interval > 0 and math.isfinite(self.interval)):
             raise ValueError("interval must be a positive number of seconds")
         if self.cron is not None and not croniter.is_valid(self.cron):
-            raise ValueError("invalid cron expression %r" % (self.cron,))
+            raise ValueError(f"invalid cron expression {self.cron!r}")
         if self.run_count == 0 or self.run_count < -1:
             raise ValueError("run_count must be -1 (forever) or positive")
 
@@ -52,7 +51,7 @@ class ScheduleSpec:
         """The first run time strictly after ``t`` on this schedule's own grid."""
         if self.interval is not None:
             return t + self.interval
-        start = datetime.fromtimestamp(t, tz=timezone.utc)
+        start = datetime.fromtimestamp(t, tz=UTC)
         return float(croniter(self.cron, start).get_next(float))
 
     def next_time(self, ran_at: float, now: float) -> float:
@@ -70,7 +69,7 @@ class ScheduleSpec:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> "ScheduleSpec":
+    def decode(cls, data: bytes) -> ScheduleSpec:
         """Read the stored form back."""
         raw = json.loads(data)
         return cls(interval=raw.get("interval"), cron=raw.get("cron"),

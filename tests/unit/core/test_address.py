@@ -6,8 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqhub.core.address import (AddressTrie, is_pattern, pattern_matches, validate_address,
-                                validate_pattern)
+from mqhub.core.address import (
+    AddressTrie,
+    is_pattern,
+    pattern_matches,
+    validate_address,
+    validate_pattern,
+)
 from mqhub.errors import InvalidName
 
 TOKENS = ["a", "b", "c", "ab", "user", "users", "log", "x1"]

@@ -6,7 +6,8 @@ tmp_path that is closed and reopened.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from twisted.internet.task import Clock

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from mqhub.scheduler.spec import ScheduleSpec
 
-T0 = datetime(2026, 1, 1, 12, 0, 30, tzinfo=timezone.utc).timestamp()
+T0 = datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC).timestamp()
 
 
 def test_interval_first_and_next() -> None:
@@ -30,8 +30,8 @@ def test_cron_in_utc() -> None:
     """A cron schedule runs on its grid in UTC."""
     spec = ScheduleSpec(cron="*/5 * * * *", nohaste=True)
     first = spec.first_time(T0)
-    assert datetime.fromtimestamp(first, tz=timezone.utc) == datetime(2026, 1, 1, 12, 5,
-                                                                      tzinfo=timezone.utc)
+    assert datetime.fromtimestamp(first, tz=UTC) == datetime(2026, 1, 1, 12, 5,
+                                                                      tzinfo=UTC)
     nxt = spec.next_time(first, first)
     assert nxt - first == 300
     assert spec.next_time(first, first + 3600 + 1) == first + 3900
