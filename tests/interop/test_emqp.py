@@ -205,3 +205,28 @@ def test_publish_reaches_sub_socket_and_nats_subscriber(make_broker):
     assert got and set(got) == {b'{"score": 3}'}
     sub.close()
     publisher.zsocket.close(linger=0)
+
+
+def test_real_emq_scheduler_still_works_in_forward_mode(make_broker, jobs):
+    """With emqp.schedules=forward a real emq-scheduler gets the SCHEDULE and its REQUESTs run."""
+    from eventmq.client.messages import schedule
+
+    broker = make_broker(["emqp"], extra_args=["--option", "emqp.schedules=forward"])
+    jobs.scheduler(addr(broker, "frontend"))
+    jobs.jobmanager(addr(broker, "backend"))
+    client = Client(addr(broker, "frontend"))
+    try:
+        # the scheduler must have INFORMed before a SCHEDULE can be forwarded: resend until a run
+        def first_run() -> bool:
+            if 5 in jobs.results():
+                return True
+            schedule(client.sender, "emqjobs.work", interval_secs=1, args=[5])
+            time.sleep(0.3)
+            return False
+
+        wait_until(first_run, timeout=30, what="a run from emq-scheduler")
+        runs = jobs.results().count(5)
+        wait_until(lambda: jobs.results().count(5) >= runs + 2, timeout=15,
+                   what="interval runs from emq-scheduler")
+    finally:
+        client.close()
