@@ -129,7 +129,8 @@ class RespProtocol(Protocol):
         verb = command[0].upper()
         handler = self._handlers.get(verb)
         if handler is None:
-            args = " ".join(f"'{a.decode(errors='replace')}'" for a in command[1:3])
+            # redis-server's wording: every argument quoted and followed by a space
+            args = "".join(f"'{a.decode(errors='replace')[:128]}' " for a in command[1:8])
             self._reply(ErrorReply(
                 f"ERR unknown command '{command[0].decode(errors='replace')}', "
                 f"with args beginning with: {args}"
