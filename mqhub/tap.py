@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from typing import Any
 
 from twisted.logger import Logger
@@ -155,6 +156,13 @@ Examples:
                 parent["logger"] = "mqhub.logs.json_observer"
 
 
+def _exit_failed() -> None:
+    """End the process with status 1 after a failed start (logs flushed first)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def install_stop_signals(reactor: Any) -> None:
     """Make SIGTERM and SIGINT a graceful stop that exits with status 0.
 
@@ -191,8 +199,12 @@ def build_service(options: Options, reactor: Any) -> HubService:
     hub = build_hub({**dict(options), "data-dir": data_dir}, reactor, reactor=reactor)
 
     def stop_reactor(_: object) -> None:
+        """Recovery failed: shut down (the store still closes) and exit with status 1."""
+        reactor.addSystemEventTrigger("after", "shutdown", _exit_failed)
         if reactor.running:
             reactor.stop()
+        else:  # twistd starts the application before it runs the reactor
+            reactor.callWhenRunning(reactor.stop)
 
     root = HubService(hub, on_start_failure=stop_reactor)
     for plugin in options["plugins"]:

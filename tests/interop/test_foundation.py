@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.broker import REPO_ROOT, BrokerProcess, port_accepts, twistd_command
+from tests.interop.broker import REPO_ROOT, BrokerError, BrokerProcess, port_accepts, twistd_command
 from tests.plugins import EXAMPLE_PLUGINS, TEST_PLUGINS
 
 pytestmark = pytest.mark.interop
@@ -130,3 +130,18 @@ def test_json_log_format_writes_one_object_per_line(make_broker: MakeBroker) -> 
     namespaces = {e.get("log_namespace") for e in events}
     assert "mqhub.hub" in namespaces
     assert any(e.get("log_format") == "store closed" for e in events)
+
+
+def test_store_that_cannot_open_exits_one_without_listening(
+    make_broker: MakeBroker, tmp_path: Path
+) -> None:
+    """If recovery fails the broker never listens, logs why, and exits with status 1."""
+    data = tmp_path / "broken-data"
+    data.mkdir()
+    (data / "store").write_text("not a directory")
+    broker = echo_broker(make_broker, data_dir=data, start=False)
+    with pytest.raises(BrokerError):
+        broker.start()
+    assert broker.returncode == 1
+    assert "mqhub could not start" in broker.output()
+    assert not port_accepts(broker.port("echotest"))
