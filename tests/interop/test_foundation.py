@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -111,7 +112,7 @@ def test_sigterm_with_connected_clients_exits_zero_quickly(make_broker: MakeBrok
 
 
 def test_restart_on_same_ports_and_data_dir(make_broker: MakeBroker) -> None:
-    """A stopped broker starts again on the same ports and data directory."""
+    """A stopped or killed broker starts again on the same ports and data directory."""
     broker = echo_broker(make_broker)
     port = broker.port("echotest")
     broker.restart()
@@ -119,6 +120,9 @@ def test_restart_on_same_ports_and_data_dir(make_broker: MakeBroker) -> None:
     with socket.create_connection(("127.0.0.1", port)) as sock:
         assert talk(sock, b"again") == b"again\n"
     assert broker.kill() == -9
+    broker.start()
+    assert broker.stop(sig=signal.SIGINT) == 0  # Ctrl-C is a graceful stop too
+    assert "received SIGINT: stopping" in broker.output()
 
 
 def test_json_log_format_writes_one_object_per_line(make_broker: MakeBroker) -> None:
