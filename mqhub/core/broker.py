@@ -179,7 +179,7 @@ class Broker:
         q = Queue(self, name, tier=tier, max_size=max_size, overflow=overflow, ttl=ttl,
                   max_attempts=max_attempts, msg_timeout=msg_timeout, expires_at=expires_at,
                   auto_delete=auto_delete, expire_to_dead_letters=expire_to_dead_letters,
-                  window=self.window)
+                  window=self.window, incarnation=self.ids.next_id())
         self._queues[name] = q
         self._queue_changed(q)
         if expires_at:
@@ -307,6 +307,8 @@ class Broker:
             validate_address(address)
             route = self.router.route(address)
         n = len(bodies)
+        if not n:
+            return succeed(None)
         first = self.ids.reserve(n) if n else 0
         ids = range(first, first + n)
         self.last_ids = ids
@@ -436,7 +438,7 @@ class Broker:
 
     def sweep_ttl(self, now: float, budget: int) -> bool:
         """Drop expired ready messages from queue windows, at most ``budget`` scanned; True = more."""
-        queues = [q for q in self._queues.values() if q._nready]
+        queues = [q for q in self._queues.values() if q._nready and (q.ttl or q._may_expire)]
         if not queues:
             return False
         used = 0

@@ -26,7 +26,7 @@ from mqhub.core.deadletter import (
 )
 from mqhub.core.ids import EPOCH, SEQ_BITS
 from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
-from mqhub.errors import InvalidName
+from mqhub.errors import InvalidName, NoSuchQueue
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry, EntryKey
 
@@ -132,7 +132,7 @@ class Queue:
         self._stored_only = 0                 # durable entries in the store beyond the window
         self._horizon: EntryKey | None = None   # last key in the window when paged
         self._paging = False
-        self._volatile = 0                    # persist=False entries in a durable queue's window
+        self._volatile: set[int] = set()      # ids of persist=False entries in a durable queue
         # in flight
         self._inflight: dict[int, Entry] = {}
         # msg_id -> (consumer, deadline); one tuple shared by every message of a delivered batch
@@ -144,6 +144,7 @@ class Queue:
         self._timer_at = INF
         self._rr = 0
         self._dispatching = False
+        self._again = False
         # counters
         self.deferred = 0
         self.message_count = 0
@@ -244,7 +245,7 @@ class Queue:
             self._stored_only += n - len(keep)
             entries = keep
         elif not stored and self.durable:
-            self._volatile += n
+            self._volatile.update([e[0] for e in entries])
         if entries:
             if not self._may_expire and (entries[0][4] if uniform
                                          else any(e[4] for e in entries)):
@@ -261,7 +262,7 @@ class Queue:
                     self._insert(e)
         if self.max_size and self.depth > self.max_size:
             self._overflow(self.depth - self.max_size, batch, now)
-        if self.durable and self._nready > self._effective_window() and not self._volatile:
+        if self.durable and self._nready > self._effective_window():
             self._evict()
         self.dispatch()
 
@@ -270,22 +271,34 @@ class Queue:
         return max(self.window, self.max_size) if self.max_size else self.window
 
     def _evict(self) -> None:
-        """Drop the tail of the window to the stored backlog, keeping the window a prefix."""
+        """Drop the tail of the window to the stored backlog, keeping the window a prefix.
+
+        Entries that are not in the store (``persist=False``) are never evicted.
+        """
         excess = self._nready - self._effective_window()
+        volatile = self._volatile
         for p in sorted(self._prios):
             d = self._ready[p]
+            kept: list[Entry] = []
             while d and excess > 0:
-                d.pop()
+                e = d.pop()
+                if e[0] in volatile:
+                    kept.append(e)
+                    continue
                 excess -= 1
                 self._nready -= 1
                 self._stored_only += 1
+            if kept:
+                d.extend(reversed(kept))
             if excess <= 0:
                 break
         for p in sorted(self._prios):
             d = self._ready[p]
-            if d:
-                self._horizon = (p, d[-1][0])
-                break
+            for e in reversed(d):
+                if e[0] not in volatile:
+                    self._horizon = (p, e[0])
+                    return
+        self._horizon = None
 
     def _pop_ready(self, n: int) -> list[Entry]:
         """Remove and return up to ``n`` ready entries in ready order."""
@@ -305,7 +318,7 @@ class Queue:
                 break
         self._nready -= len(out)
         if self._volatile and out:
-            self._volatile = max(0, self._volatile - len(out))
+            self._volatile.difference_update([e[0] for e in out])
         return out
 
     def _pop_oldest(self, n: int) -> list[Entry]:
@@ -397,6 +410,8 @@ class Queue:
     def attach(self, target: Any, *, ready: int = 0, credit: int = 0,
                timeout: float | None = None, tag: Any = None) -> Consumer:
         """Attach a consumer; ``target.deliver_batch(consumer, queue_name, entries)`` receives."""
+        if self.deleted:
+            raise NoSuchQueue(self.name)
         c = Consumer(self, target, int(ready or 0), int(credit or 0),
                      self.msg_timeout if timeout is None else float(timeout), tag)
         self.consumers.append(c)
@@ -421,63 +436,79 @@ class Queue:
     # -- dispatch ------------------------------------------------------------------------------
 
     def dispatch(self) -> None:
-        """Deliver ready entries to consumers with room, round robin, one batch per consumer."""
-        if self._dispatching or self.paused or self.deleted:
+        """Deliver ready entries to consumers with room, round robin, one batch per consumer.
+
+        Re-entrant calls (an adapter acking inside ``deliver_batch``) are folded into one more
+        round of the running dispatch.
+        """
+        if self._dispatching:
+            self._again = True
             return
-        if not self._nready:
-            self._maybe_page()
-            return
-        consumers = self.consumers
-        if not consumers:
+        if self.paused or self.deleted:
             return
         self._dispatching = True
         try:
-            clock = self.broker.clock
-            now = clock.seconds()
-            ttl_cut = self._ttl_cut(now)
-            ncons = len(consumers)
-            start = self._rr % ncons
-            self._rr += 1
-            record = self.max_attempts > 0 and self.durable
-            for k in range(ncons):
+            self._again = True
+            while self._again:
+                self._again = False
                 if not self._nready:
+                    self._maybe_page()
+                    if not self._nready:
+                        break
+                if not self.consumers or self.paused or self.deleted:
                     break
-                c = consumers[(start + k) % ncons]
-                avail = c.available()
-                if avail <= 0:
-                    continue
-                taken = self._pop_ready(avail)
-                if self._may_expire or ttl_cut:
-                    expired = [e for e in taken
-                               if (e[4] and e[4] <= now) or e[0] < ttl_cut]
-                    if expired:
-                        self._expire(expired, now)
-                        taken = [e for e in taken
-                                 if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
-                    if not taken:
-                        continue
-                out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
-                deadline = now + c.timeout
-                ids = [e[0] for e in out]
-                self._inflight.update(zip(ids, out, strict=False))
-                self._owner.update(dict.fromkeys(ids, (c, deadline)))
-                n = len(out)
-                c.in_flight += n
-                if c.credit > 0:
-                    c.credit -= n
-                self._push_deadline(deadline, ids)
-                if record:
-                    b = WriteBatch()
-                    b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in out])
-                    self.broker._commit(b)
-                try:
-                    c.target.deliver_batch(c, self.name, out)
-                except Exception:
-                    log.exception("deliver_batch of %r failed", c.target)
+                self._dispatch_round()
         finally:
             self._dispatching = False
         if self._stored_only:
             self._maybe_page()
+
+    def _dispatch_round(self) -> None:
+        """One round over the consumers: each with room gets one batch."""
+        consumers = list(self.consumers)
+        now = self.broker.clock.seconds()
+        ttl_cut = self._ttl_cut(now)
+        ncons = len(consumers)
+        start = self._rr % ncons
+        self._rr += 1
+        record = self.max_attempts > 0 and self.durable
+        for k in range(ncons):
+            if not self._nready:
+                break
+            c = consumers[(start + k) % ncons]
+            if not c.attached:
+                continue
+            avail = c.available()
+            if avail <= 0:
+                continue
+            taken = self._pop_ready(avail)
+            if self._may_expire or ttl_cut:
+                expired = [e for e in taken if (e[4] and e[4] <= now) or e[0] < ttl_cut]
+                if expired:
+                    self._expire(expired, now)
+                    taken = [e for e in taken
+                             if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
+                    self._again = True
+                if not taken:
+                    continue
+            out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
+            deadline = now + c.timeout
+            ids = [e[0] for e in out]
+            self._inflight.update(zip(ids, out, strict=False))
+            self._owner.update(dict.fromkeys(ids, (c, deadline)))
+            n = len(out)
+            c.in_flight += n
+            if c.credit > 0:
+                c.credit -= n
+            self._push_deadline(deadline, ids)
+            if record:
+                b = WriteBatch()
+                b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in out])
+                self.broker._commit(b)
+            try:
+                c.target.deliver_batch(c, self.name, out)
+            except Exception:
+                log.exception("deliver_batch of %r failed", c.target)
 
     def _push_deadline(self, deadline: float, ids: list[int]) -> None:
         """Track ``ids`` expiring at ``deadline`` and arm the queue timer if it is the earliest."""
@@ -726,7 +757,7 @@ class Queue:
     def empty(self) -> Any:
         """Drop every ready, stored, in-flight and deferred message; fire when stored."""
         self._clear()
-        self.incarnation += 1
+        self.incarnation = self.broker.ids.next_id()
         b = WriteBatch()
         if self.durable:
             b.purge_queue(self.name)
@@ -740,7 +771,7 @@ class Queue:
         self._nready = 0
         self._stored_only = 0
         self._horizon = None
-        self._volatile = 0
+        self._volatile.clear()
         self._inflight.clear()
         self._owner.clear()
         self._deadlines.clear()

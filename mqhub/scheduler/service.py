@@ -303,7 +303,10 @@ class SchedulerService(Service):
             try:
                 handler(groups[handler], b, now)
             except Exception:
-                log.exception("due handler %r failed", handler)
+                log.exception("due handler %r failed; retrying its rows in %ss", handler,
+                              RETRY_UNHANDLED)
+                for _, key, payload in groups[handler]:
+                    b.put_due(now + RETRY_UNHANDLED, key, payload)
         self.fired += len(rows)
         reput = {k for _, k, _ in b.due_puts}
         for _, key, _ in rows:
