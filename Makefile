@@ -36,7 +36,7 @@ test-fast: venv
 	$(PY) -m pytest -q -x -m "not interop and not slow" tests
 
 lint: venv
-	$(VENV)/bin/ruff check mqhub tests benchmarks
+	$(VENV)/bin/ruff check mqhub tests benchmarks plugins
 
 typecheck: venv
 	$(VENV)/bin/mypy
