@@ -15,6 +15,10 @@ Durability: ``sync`` fsyncs segments then LMDB on every group commit; ``batch`` 
 fsync and fsyncs every ``batch_interval`` seconds (confirmed writes survive a process crash, an
 OS crash may lose the last interval); ``none`` never fsyncs until close.
 
+Bodies above ``segment_threshold`` (and every archive-tier put) are stored once per message in a
+segment file and shared by every entry with that ``msg_id``: a hub id names one message, so
+entries with the same id are expected to carry the same body.
+
 Failures: a full map grows the map and retries; any other LMDB or OS error (a full disk) fails
 that group's Deferreds with :class:`mqhub.errors.StoreError` and rolls back its segment appends,
 so nothing unstored is confirmed; reads keep working.
@@ -614,15 +618,18 @@ class LmdbStore:
         encode_meta = codec.encode_meta
         threshold = self._threshold
         plain: list[tuple[bytes, bytes]] = []
-        special: list[tuple[bytes, Entry]] = []
         prefixes: dict[tuple[int, float, str, str], bytes] = {}
+        added = 0
         for e in items:
             msg_id, priority, attempts, d_at, e_at, address, headers, body, origin = e
             if not 0 <= priority <= 9:
                 raise ValueError(f"priority {priority!r} is outside 0..9")
             k = pack_key(qid, 9 - priority, msg_id)
             if e_at or archive or len(body) > threshold:
-                special.append((k, e))
+                if plain:  # keep list order: a later put of the same key must win
+                    added += self._put_plain(t, plain)
+                    plain = []
+                added += self._put_special(t, k, e, archive)
                 continue
             if headers is None:
                 # value prefix shared by a publish batch: same attempts/deliver_at/address/origin
@@ -635,21 +642,25 @@ class LmdbStore:
                 meta = encode_meta(address, headers, origin)
                 pre = pack_head(0, attempts, d_at, 0.0, len(meta)) + meta
             plain.append((k, pre + body))
-        added = 0
         if plain:
-            consumed, added = txn.cursor(db=entries).putmulti(plain, overwrite=False)
-            if added < consumed:
-                # some keys existed: overwrite them, releasing what the old values referenced
-                for k, v in plain:
-                    cur = txn.get(k, db=entries)
-                    if cur != v:
-                        txn.put(k, v, db=entries)
-                        if cur[0]:
-                            self._release(t, k, cur)
-        for k, e in special:
-            added += self._put_special(t, k, e, archive)
+            added += self._put_plain(t, plain)
         if added:
             t.counts[queue] = self._count(t, queue) + added
+
+    def _put_plain(self, t: _Txn, plain: list[tuple[bytes, bytes]]) -> int:
+        """putmulti entries that need no index row; return how many keys are new."""
+        txn = t.txn
+        entries = self._dbs[b"entries"]
+        consumed, added = txn.cursor(db=entries).putmulti(plain, overwrite=False)
+        if added < consumed:
+            # some keys existed: overwrite them in order, releasing what old values referenced
+            for k, v in plain:
+                cur = txn.get(k, db=entries)
+                if cur != v:
+                    txn.put(k, v, db=entries)
+                    if cur[0]:
+                        self._release(t, k, cur)
+        return int(added)
 
     def _put_special(self, t: _Txn, k: bytes, e: Entry, archive: bool) -> int:
         """Store one entry with an expiry and/or a segment body; return 1 if it is new."""

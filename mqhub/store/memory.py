@@ -94,6 +94,8 @@ class MemoryStore:
             self._queues.pop(queue, None)
             self._order.pop(queue, None)
         for queue, entries in batch.puts.items():
+            if not entries:
+                continue
             q = self._queues.setdefault(queue, {})
             order = self._order.setdefault(queue, [])
             for entry in entries:
