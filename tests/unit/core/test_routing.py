@@ -128,3 +128,22 @@ def test_delete_queue_unbinds_and_purges(hub: Hub) -> None:
     assert b.queue("q") is None and b.route("a").empty
     assert hub.store.stats()["entries"] == 0
     assert result_of(hub.store.scan_meta("b/")) == [] and result_of(hub.store.scan_meta("q/")) == []
+
+
+def test_one_store_commit_per_publish_batch(hub: Hub) -> None:
+    """A batch to three durable queues is one WriteBatch and one commit, confirmed after it."""
+    from mqhub.store.memory import MemoryStore
+    from mqhub.testing import memory_hub
+    store = MemoryStore(clock=hub.clock)
+    store.open()
+    h = memory_hub(hub.clock, store=store)
+    for name in ("c1", "c2", "c3"):
+        h.broker.declare_queue(name)
+        h.broker.bind_queue("t", name)
+    h.clock.advance(0)
+    before = store.commits
+    d = h.broker.publish_batch("t", [b"%d" % i for i in range(200)])
+    assert not d.called, "confirmed before the store commit"
+    h.clock.advance(0)
+    assert d.called and store.commits == before + 1
+    assert store.stats()["entries"] == 600
