@@ -514,6 +514,13 @@ class Broker:
                 self.router.changed()
         return d.addCallback(forget)
 
+    def empty_parked(self, address: str) -> Deferred[None]:
+        """Drop every message held for ``address`` (NSQ topic empty); parking stays as it was."""
+        q = self.router.parking.get(address)
+        if q is None:
+            return succeed(None)
+        return q.empty()
+
     def parked_depth(self, address: str) -> int:
         """Messages held for ``address`` (parked or paused)."""
         q = self.router.parking.get(address)

@@ -91,3 +91,14 @@ def test_memory_tier_dead_letters(hub: Hub) -> None:
         ("max_attempts", "nope")]
     assert result_of(b.replay_dead_letters("m")) == 1
     assert t.bodies == [b"x", b"x"] and hub.store.stats()["entries"] == 0
+
+
+def test_empty_parked_drops_held_messages_only(hub: Hub) -> None:
+    """empty_parked clears the held backlog and keeps the address parked."""
+    b = hub.broker
+    b.park("t")
+    result_of(b.publish_batch("t", [b"1", b"2"]))
+    result_of(b.empty_parked("t"))
+    assert b.parked_depth("t") == 0 and hub.store.stats()["entries"] == 0
+    result_of(b.publish_batch("t", [b"3"]))
+    assert b.parked_depth("t") == 1
