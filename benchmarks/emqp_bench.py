@@ -1,0 +1,259 @@
+"""eMQP jobs/s: mqhub versus the original ``emq-router``, with the same synthetic fast workers.
+
+Run ``mqhub bench emqp [--jobs N] [--workers K] [--slots S] [--skip-original]``. Everything is
+on 127.0.0.1, each router in its own subprocess, the synthetic workers in another subprocess
+and the client in this one. A *job* counts when a worker has received its REQUEST and answered
+it (REPLY with the result, then READY, as eventmq's jobmanager does with ``reply-requested``).
+Prints ``<figure> <value> <unit>`` lines. Bounded: each run stops after ``--limit`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import zmq
+
+V = b"eMQP/1.0"
+# pyzmq's sugar layer makes an enum of every flag; the load generators call the backend
+# directly with int flags so that they, not the routers under test, are cheap.
+_SEND = zmq.backend.Socket.send
+_RECV = zmq.backend.Socket.recv
+_NB = int(zmq.NOBLOCK)
+_NB_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+
+
+def send(sock: zmq.Socket, frames: list[bytes]) -> None:
+    """Send a multipart message without the sugar layer's per-frame overhead."""
+    for f in frames[:-1]:
+        _SEND(sock, f, _NB_MORE)
+    _SEND(sock, frames[-1], _NB)
+
+
+def recv(sock: zmq.Socket) -> list[bytes]:
+    """Receive one multipart message (raises zmq.Again when none is waiting)."""
+    frame = _RECV(sock, _NB, False)
+    out = [frame.bytes]
+    while frame.more:
+        frame = _RECV(sock, 0, False)
+        out.append(frame.bytes)
+    return out
+BODY = json.dumps(["run", {"callable": "noop", "path": "bench", "args": [], "kwargs": {},
+                           "class_args": [], "class_kwargs": {}}]).encode()
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    """Wait until something accepts on ``port``."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+# synthetic workers (run in their own process) -----------------------------------------------
+
+def run_workers(backend: str, workers: int, slots: int, jobs: int, limit: float) -> None:
+    """``workers`` DEALERs, each INFORM + ``slots`` READYs; answer jobs until ``jobs`` are done.
+
+    Prints ``ready`` once every worker is ACKed, then ``done <count> <seconds>`` where seconds
+    run from the first REQUEST received to the last answer sent.
+    """
+    ctx = zmq.Context()
+    socks = []
+    poller = zmq.Poller()
+    for i in range(workers):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.IDENTITY, f"bench-worker-{i}-{os.getpid()}".encode())
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(backend)
+        s.send_multipart([b"", V, b"INFORM", b"inform-%d" % i, b'[[10, "default"]]', b"worker"])
+        socks.append(s)
+        poller.register(s, zmq.POLLIN)
+    acked: set[int] = set()
+    done = 0
+    first: Optional[float] = None
+    end = time.monotonic() + limit
+    seq = 0
+    while time.monotonic() < end and done < jobs:
+        for s, _ in poller.poll(200):
+            i = socks.index(s)
+            while True:
+                try:
+                    msg = recv(s)
+                except zmq.Again:
+                    break
+                cmd = msg[2]
+                if cmd == b"ACK" and i not in acked:
+                    acked.add(i)
+                    for k in range(slots):
+                        s.send_multipart([b"", V, b"READY", b"r-%d-%d" % (i, k)])
+                    if len(acked) == workers:
+                        print("ready", flush=True)
+                elif cmd == b"REQUEST":
+                    if first is None:
+                        first = time.monotonic()
+                    seq += 1
+                    if b"reply-requested" in msg[5]:
+                        send(s, [b"", V, b"REPLY", b"a%d" % seq, b'{"value": null}', msg[3]])
+                    send(s, [b"", V, b"READY", b"b%d" % seq])
+                    done += 1
+    elapsed = time.monotonic() - first if first is not None else 0.0
+    print(f"done {done} {elapsed:.6f}", flush=True)
+    for s in socks:
+        s.close()
+    ctx.term()
+
+
+# one measured run ---------------------------------------------------------------------------
+
+def measure(frontend: str, backend: str, jobs: int, workers: int, slots: int,
+            limit: float) -> tuple[int, float]:
+    """Start the workers, send ``jobs`` REQUESTs from one client; return (answered, seconds)."""
+    proc = subprocess.Popen([sys.executable, __file__, "--role", "workers", "--backend", backend,
+                             "--workers", str(workers), "--slots", str(slots),
+                             "--jobs", str(jobs), "--limit", str(limit)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"workers did not get ACKs: {line!r}")
+        time.sleep(0.2)  # let the READYs arrive
+        ctx = zmq.Context()
+        client = ctx.socket(zmq.DEALER)
+        client.setsockopt(zmq.IDENTITY, b"bench-client")
+        client.setsockopt(zmq.LINGER, 0)
+        client.setsockopt(zmq.SNDHWM, 0)
+        client.connect(frontend)
+        time.sleep(0.2)
+        start = time.monotonic()
+        for n in range(jobs):
+            send(client, [b"", V, b"REQUEST", b"job-%08d" % n, b"default", b"reply-requested",
+                          BODY])
+            if n % 256 == 0:  # drain acks/results so the client never blocks the router
+                while client.poll(0):
+                    client.recv_multipart()
+        while proc.poll() is None:
+            while client.poll(50):
+                client.recv_multipart()
+        out = proc.stdout.read().split()
+        total = time.monotonic() - start
+        client.close()
+        ctx.term()
+        answered = int(out[1]) if len(out) >= 2 else 0
+        return answered, total
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+# routers ------------------------------------------------------------------------------------
+
+def start_mqhub(tmp: Path, durability: str) -> tuple[subprocess.Popen[bytes], str, str]:
+    """``twistd -n mqhub --protocols emqp`` on free ports; returns (process, frontend, backend)."""
+    ports = {role: free_port() for role in ("frontend", "backend", "pub-in", "pub-out")}
+    twistd = Path(sys.executable).parent / "twistd"
+    args = [str(twistd), "-n", "--pidfile=", "mqhub", "--protocols", "emqp",
+            "--data-dir", str(tmp / f"data-{durability}"), "--durability", durability]
+    for role, port in ports.items():
+        args += ["--listen", f"emqp.{role}=tcp://127.0.0.1:{port}"]
+    log = open(tmp / f"mqhub-{durability}.log", "wb")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    wait_port(ports["backend"])
+    return proc, f"tcp://127.0.0.1:{ports['frontend']}", f"tcp://127.0.0.1:{ports['backend']}"
+
+
+def start_original(tmp: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    """The original ``emq-router`` on free ports (logs to /dev/null)."""
+    front, back, admin = free_port(), free_port(), free_port()
+    env = dict(os.environ)
+    env.update({"EVENTMQ_CONFIG_FILE": str(tmp / "none.conf"), "EVENTMQ_WAL": str(tmp / "wal.log"),
+                "EVENTMQ_FRONTEND_ADDR": f"tcp://127.0.0.1:{front}",
+                "EVENTMQ_BACKEND_ADDR": f"tcp://127.0.0.1:{back}",
+                "EVENTMQ_ADMINISTRATIVE_ADDR": f"tcp://127.0.0.1:{admin}"})
+    router = Path(sys.executable).parent / "emq-router"
+    proc = subprocess.Popen([str(router)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_port(back)
+    return proc, f"tcp://127.0.0.1:{front}", f"tcp://127.0.0.1:{back}"
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a router process (kill after 10 s)."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the comparison and print ``<figure> <value> <unit>`` lines."""
+    p = argparse.ArgumentParser(prog="mqhub bench emqp", description=__doc__)
+    p.add_argument("--jobs", type=int, default=20000, help="jobs per mqhub run")
+    p.add_argument("--original-jobs", type=int, default=3000, help="jobs for emq-router")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--slots", type=int, default=16, help="READY slots per worker")
+    p.add_argument("--limit", type=float, default=15.0, help="seconds per run at most")
+    p.add_argument("--durability", default="sync,none")
+    p.add_argument("--skip-original", action="store_true")
+    p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
+    p.add_argument("--backend", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.role == "workers":
+        run_workers(a.backend, a.workers, a.slots, a.jobs, a.limit)
+        return 0
+    tmp = Path(tempfile.mkdtemp(prefix="emqp-bench-"))
+    rates: dict[str, float] = {}
+    try:
+        for durability in a.durability.split(","):
+            proc, front, back = start_mqhub(tmp, durability)
+            try:
+                done, secs = measure(front, back, a.jobs, a.workers, a.slots, a.limit)
+            finally:
+                stop(proc)
+            rates[durability] = done / secs if secs else 0.0
+            print(f"emqp_mqhub_{durability}_jobs_per_s {rates[durability]:.0f} jobs/s")
+            print(f"emqp_mqhub_{durability}_jobs_answered {done} jobs")
+        if not a.skip_original:
+            proc, front, back = start_original(tmp)
+            try:
+                done, secs = measure(front, back, a.original_jobs, a.workers, a.slots, a.limit)
+            finally:
+                stop(proc)
+            original = done / secs if secs else 0.0
+            print(f"emqp_original_jobs_per_s {original:.0f} jobs/s")
+            print(f"emqp_original_jobs_answered {done} jobs")
+            if original:
+                for durability, rate in rates.items():
+                    print(f"emqp_speedup_{durability} {rate / original:.1f} x")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
