@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import lmdb
 from twisted.internet.task import Clock
@@ -80,7 +80,7 @@ def bench_inline(path: str, mode: str, body: bytes, group: int, seconds: float,
 def _read_all(store: LmdbStore, n: int) -> float:
     """Page through the whole queue 1000 entries at a time; return entries/s."""
     start = time.perf_counter()
-    after: Optional[tuple[int, int]] = None
+    after: tuple[int, int] | None = None
     total = 0
     while True:
         page: list[Any] = []
@@ -186,7 +186,7 @@ def bench_open(path: str, scale: int) -> tuple[float, float, int]:
     return seconds, rss, count
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the store benchmark and print one ``<figure> <value> <unit>`` line per figure."""
     p = argparse.ArgumentParser(prog="mqhub bench store", description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=0.8, help="time per append figure")
@@ -196,7 +196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     root = tempfile.mkdtemp(prefix="mqhub-bench-", dir=args.dir)
     try:
-        for n, (label, size) in enumerate(SIZES.items()):
+        for label, size in SIZES.items():
             body = os.urandom(size)
             for mode in MODES:
                 path = os.path.join(root, f"{mode}-{label}")

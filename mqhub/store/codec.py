@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Optional
 
 FORMAT_VERSION = 1
 
@@ -51,12 +50,12 @@ F64 = struct.Struct(">d")
 _ATTEMPTS = struct.Struct(">I")
 
 #: decoded meta blobs, shared by every entry with the same address/origin/headers
-_meta_decode_cache: dict[bytes, tuple[str, Optional[dict[str, str]], str]] = {}
+_meta_decode_cache: dict[bytes, tuple[str, dict[str, str] | None, str]] = {}
 _meta_encode_cache: dict[tuple[str, str], bytes] = {}
 _CACHE_LIMIT = 4096
 
 
-def encode_meta(address: str, headers: Optional[dict[str, str]], origin: str) -> bytes:
+def encode_meta(address: str, headers: dict[str, str] | None, origin: str) -> bytes:
     """Return the meta blob for ``address``, ``headers`` and ``origin``."""
     if not headers:
         cached = _meta_encode_cache.get((address, origin))
@@ -75,7 +74,7 @@ def encode_meta(address: str, headers: Optional[dict[str, str]], origin: str) ->
     return blob
 
 
-def decode_meta(blob: bytes) -> tuple[str, Optional[dict[str, str]], str]:
+def decode_meta(blob: bytes) -> tuple[str, dict[str, str] | None, str]:
     """Return ``(address, headers, origin)`` of a meta blob (cached; headers are copied)."""
     got = _meta_decode_cache.get(blob)
     if got is None:
@@ -110,7 +109,7 @@ def with_attempts(value: bytes, attempts: int) -> bytes:
     return value[:1] + _ATTEMPTS.pack(attempts) + value[5:]
 
 
-def decode_entry(key: bytes, value: bytes, body: Optional[bytes] = None) -> tuple:
+def decode_entry(key: bytes, value: bytes, body: bytes | None = None) -> tuple:
     """Decode one ``entries`` row into an entry tuple (``body`` overrides a segment body)."""
     _, pbyte, msg_id = ENTRY_KEY.unpack(key)
     flags, attempts, deliver_at, expires_at, mlen = VALUE_HEAD.unpack_from(value)

@@ -34,7 +34,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import lmdb
 from twisted.internet.defer import Deferred, fail, succeed
@@ -44,8 +44,19 @@ from mqhub.errors import StoreClosed, StoreError
 from mqhub.interfaces import IMessageStore
 from mqhub.store import codec
 from mqhub.store.batch import WriteBatch
-from mqhub.store.codec import (ENTRY_KEY, F64, FLAG_EXPIRES, FLAG_SEGMENT, HEAD_SIZE, MSG_REF,
-                               QUEUE_ROW, SEG_ROW, U32, U64, VALUE_HEAD)
+from mqhub.store.codec import (
+    ENTRY_KEY,
+    F64,
+    FLAG_EXPIRES,
+    FLAG_SEGMENT,
+    HEAD_SIZE,
+    MSG_REF,
+    QUEUE_ROW,
+    SEG_ROW,
+    U32,
+    U64,
+    VALUE_HEAD,
+)
 from mqhub.store.records import Entry, EntryKey
 from mqhub.store.segments import CorruptRecord, SegmentLog, list_segments
 
@@ -85,7 +96,7 @@ class LmdbStore:
                  writer: str = "auto", map_size: int = 256 << 20,
                  segment_threshold: int = 64 << 10, segment_size: int = 64 << 20,
                  compress: bool = False, batch_interval: float = 0.05,
-                 call_from_thread: Optional[Callable[..., None]] = None,
+                 call_from_thread: Callable[..., None] | None = None,
                  auto_threshold: float = AUTO_THREAD_AFTER) -> None:
         """Configure (nothing is opened until :meth:`open`).
 
@@ -126,10 +137,10 @@ class LmdbStore:
         self._sync_call: Any = None
         self._writing = False
         self._open = False
-        self._closing: Optional[Deferred[None]] = None
+        self._closing: Deferred[None] | None = None
         self._jobs: queue_mod.Queue[Any] = queue_mod.Queue()
-        self._thread: Optional[threading.Thread] = None
-        self._lock_fd: Optional[int] = None
+        self._thread: threading.Thread | None = None
+        self._lock_fd: int | None = None
         self._mirror_lock = threading.Lock()
         self._threaded = False
         self._auto_threshold = auto_threshold
@@ -154,8 +165,8 @@ class LmdbStore:
         info = self._env.info()
         self._map_size = max(self._map_size, info["map_size"])
         with self._env.begin(write=True) as txn:
-            for name in codec.DB_NAMES:
-                self._dbs[name] = self._env.open_db(name, txn=txn)
+            for db_name in codec.DB_NAMES:
+                self._dbs[db_name] = self._env.open_db(db_name, txn=txn)
             sysdb = self._dbs[b"sys"]
             fmt = txn.get(b"format", db=sysdb)
             if fmt is None:
@@ -352,7 +363,7 @@ class LmdbStore:
         if isinstance(result, _PerBatch):
             result = result.results
         if isinstance(result, list):
-            for (_, d), err in zip(group, result):
+            for (_, d), err in zip(group, result, strict=True):
                 if err is None:
                     d.callback(None)
                 else:
@@ -451,9 +462,9 @@ class LmdbStore:
         self.batches += len(batches)
         self.last_commit_seconds = time.perf_counter() - started
 
-    def _write_each(self, batches: list[WriteBatch]) -> list[Optional[StoreError]]:
+    def _write_each(self, batches: list[WriteBatch]) -> list[StoreError | None]:
         """Commit each batch alone; return each one's error or None."""
-        out: list[Optional[StoreError]] = []
+        out: list[StoreError | None] = []
         for batch in batches:
             r = self._run_group([batch])
             out.append(r)
@@ -536,7 +547,7 @@ class LmdbStore:
 
     # applying a batch ----------------------------------------------------------------------
 
-    def _qid(self, t: _Txn, queue: str, create: bool) -> Optional[int]:
+    def _qid(self, t: _Txn, queue: str, create: bool) -> int | None:
         """Return the id of ``queue``, allocating one inside ``t`` when ``create``."""
         qid = t.qids.get(queue)
         if qid is None:
@@ -609,8 +620,6 @@ class LmdbStore:
 
     def _put(self, t: _Txn, queue: str, items: list[Entry], archive: bool) -> None:
         """Store entries of one queue: a C-level putmulti for plain ones, a loop for the rest."""
-        txn = t.txn
-        entries = self._dbs[b"entries"]
         qid = self._qid(t, queue, True)
         assert qid is not None
         pack_key = ENTRY_KEY.pack
@@ -763,13 +772,13 @@ class LmdbStore:
 
     # reads ---------------------------------------------------------------------------------
 
-    def _check_open(self) -> Optional[Deferred[Any]]:
+    def _check_open(self) -> Deferred[Any] | None:
         """Return a failed Deferred when the store is closed, else None."""
         if not self._open:
             return fail(StoreClosed("store is closed"))
         return None
 
-    def read_entries(self, queue: str, after: Optional[EntryKey], limit: int) -> Deferred[list[Entry]]:
+    def read_entries(self, queue: str, after: EntryKey | None, limit: int) -> Deferred[list[Entry]]:
         """Fire with up to ``limit`` entries of ``queue`` after ``after``, in ready order."""
         closed = self._check_open()
         if closed is not None:
@@ -784,7 +793,7 @@ class LmdbStore:
         except StoreError as e:
             return fail(e)
 
-    def _read_entries(self, qid: int, after: Optional[EntryKey], limit: int) -> list[Entry]:
+    def _read_entries(self, qid: int, after: EntryKey | None, limit: int) -> list[Entry]:
         """Synchronous body of :meth:`read_entries`."""
         prefix = U32.pack(qid)
         out: list[Entry] = []
@@ -852,7 +861,7 @@ class LmdbStore:
             return fail(StoreError(f"store read failed: {e}"))
         return succeed(out)
 
-    def next_due(self) -> Deferred[Optional[float]]:
+    def next_due(self) -> Deferred[float | None]:
         """Fire with the earliest due time, or None."""
         closed = self._check_open()
         if closed is not None:
@@ -883,7 +892,7 @@ class LmdbStore:
                 out.append((names.get(qid, ""), (9 - pb, mid), when))
         return succeed(out)
 
-    def get_meta(self, key: str) -> Deferred[Optional[bytes]]:
+    def get_meta(self, key: str) -> Deferred[bytes | None]:
         """Fire with the metadata value under ``key``, or None."""
         closed = self._check_open()
         if closed is not None:
@@ -942,7 +951,7 @@ class LmdbStore:
 class _PerBatch(StoreError):
     """Internal: a group was retried batch by batch; carries each batch's result."""
 
-    def __init__(self, results: list[Optional[StoreError]]) -> None:
+    def __init__(self, results: list[StoreError | None]) -> None:
         """Keep the per-batch results."""
         super().__init__("group retried per batch")
         self.results = results

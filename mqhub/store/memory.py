@@ -9,7 +9,7 @@ LMDB store's group commit, so tests can observe "not yet confirmed".
 from __future__ import annotations
 
 import bisect
-from typing import Any, Optional
+from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
 from zope.interface import implementer
@@ -17,8 +17,16 @@ from zope.interface import implementer
 from mqhub.errors import StoreClosed, StoreError
 from mqhub.interfaces import IMessageStore
 from mqhub.store.batch import WriteBatch
-from mqhub.store.records import (ATTEMPTS, EXPIRES_AT, MAX_PRIORITY, MIN_PRIORITY, MSG_ID,
-                                 PRIORITY, Entry, EntryKey)
+from mqhub.store.records import (
+    ATTEMPTS,
+    EXPIRES_AT,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    MSG_ID,
+    PRIORITY,
+    Entry,
+    EntryKey,
+)
 
 
 def _order(key: EntryKey) -> tuple[int, int]:
@@ -111,21 +119,22 @@ class MemoryStore:
                 if old is not None:
                     q[key] = old[:ATTEMPTS] + (attempts,) + old[ATTEMPTS + 1:]  # type: ignore[assignment]
         for queue, keys in batch.deletes.items():
-            q = self._queues.get(queue)
-            if q is None:
+            found = self._queues.get(queue)
+            if found is None:
                 continue
+            q = found
             order = self._order[queue]
-            for key in keys:
-                if q.pop(tuple(key), None) is not None:  # type: ignore[call-overload]
-                    i = bisect.bisect_left(order, _order(key))
+            for priority, msg_id in keys:
+                if q.pop((priority, msg_id), None) is not None:
+                    i = bisect.bisect_left(order, (-priority, msg_id))
                     del order[i]
             if not q:
                 del self._queues[queue]
                 del self._order[queue]
-        for when, key, payload in batch.due_puts:
-            self._due[key] = (when, payload)
-        for key in batch.due_deletes:
-            self._due.pop(key, None)
+        for when, due_key, payload in batch.due_puts:
+            self._due[due_key] = (when, payload)
+        for due_key in batch.due_deletes:
+            self._due.pop(due_key, None)
         for mkey, value in batch.meta_puts:
             self._meta[mkey] = value
         for mkey in batch.meta_deletes:
@@ -133,7 +142,7 @@ class MemoryStore:
 
     # reads ---------------------------------------------------------------------------------
 
-    def read_entries(self, queue: str, after: Optional[EntryKey], limit: int) -> Deferred[list[Entry]]:
+    def read_entries(self, queue: str, after: EntryKey | None, limit: int) -> Deferred[list[Entry]]:
         """Fire with up to ``limit`` entries after ``after`` in ready order."""
         q = self._queues.get(queue)
         if not q:
@@ -157,7 +166,7 @@ class MemoryStore:
                       if when <= until)
         return succeed(rows[:limit])
 
-    def next_due(self) -> Deferred[Optional[float]]:
+    def next_due(self) -> Deferred[float | None]:
         """Fire with the earliest due time, or None."""
         return succeed(min((w for w, _ in self._due.values()), default=None))
 
@@ -170,7 +179,7 @@ class MemoryStore:
                       for key, e in q.items() if 0 < e[EXPIRES_AT] <= until)
         return succeed([(name, key, when) for when, name, key in rows[:limit]])
 
-    def get_meta(self, key: str) -> Deferred[Optional[bytes]]:
+    def get_meta(self, key: str) -> Deferred[bytes | None]:
         """Fire with the value under ``key`` or None."""
         return succeed(self._meta.get(key))
 

@@ -10,20 +10,20 @@ This module imports neither Twisted nor zope.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Final
 
-MSG_ID = 0
-PRIORITY = 1
-ATTEMPTS = 2
-DELIVER_AT = 3
-EXPIRES_AT = 4
-ADDRESS = 5
-HEADERS = 6
-BODY = 7
-ORIGIN = 8
+MSG_ID: Final = 0
+PRIORITY: Final = 1
+ATTEMPTS: Final = 2
+DELIVER_AT: Final = 3
+EXPIRES_AT: Final = 4
+ADDRESS: Final = 5
+HEADERS: Final = 6
+BODY: Final = 7
+ORIGIN: Final = 8
 
 #: One stored entry; see the module docstring for the field order.
-Entry = tuple[int, int, int, float, float, str, Optional[dict[str, str]], bytes, str]
+Entry = tuple[int, int, int, float, float, str, dict[str, str] | None, bytes, str]
 
 #: Position of an entry in its queue's ready order: (priority, msg_id).
 EntryKey = tuple[int, int]
@@ -41,7 +41,7 @@ def make_entry(
     attempts: int = 0,
     deliver_at: float = 0.0,
     expires_at: float = 0.0,
-    headers: Optional[dict[str, str]] = None,
+    headers: dict[str, str] | None = None,
     origin: str = "",
 ) -> Entry:
     """Build an entry tuple with keyword defaults (convenience for tests and cold paths)."""

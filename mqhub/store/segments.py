@@ -19,7 +19,6 @@ import re
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import Optional
 
 import brotli
 
@@ -80,7 +79,7 @@ def unframe(record: bytes) -> bytes:
     return payload
 
 
-def scan(path: str) -> Iterator[tuple[int, int, Optional[bytes]]]:
+def scan(path: str) -> Iterator[tuple[int, int, bytes | None]]:
     """Yield ``(offset, record_size, payload)`` for each record of a file, in order.
 
     Stops at the first torn or corrupt record, yielding ``(offset, 0, None)`` for it.
@@ -118,14 +117,14 @@ class SegmentLog:
         self.readonly = readonly
         self.active = 0
         self.active_size = 0
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
         self._readers: dict[int, int] = {}
         self._dirty: set[int] = set()
         self.truncated_bytes = 0
 
     # lifecycle -----------------------------------------------------------------------------
 
-    def open(self, committed_end: Optional[int] = None) -> Optional[int]:
+    def open(self, committed_end: int | None = None) -> int | None:
         """Open the directory and check the active (last) segment.
 
         :param committed_end: the active segment's length according to the index; bytes past

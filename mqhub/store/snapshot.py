@@ -17,7 +17,7 @@ import fcntl
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any
 
 import lmdb
 
@@ -30,7 +30,7 @@ MANIFEST = "manifest.json"
 _COPY_CHUNK = 1 << 20
 
 
-def take_snapshot(data_dir: str, out_dir: str, *, now: Optional[float] = None) -> dict[str, Any]:
+def take_snapshot(data_dir: str, out_dir: str, *, now: float | None = None) -> dict[str, Any]:
     """Write a consistent snapshot of the store in ``data_dir`` to ``out_dir``; return the manifest.
 
     Safe while the broker writes. ``out_dir`` must not already hold a snapshot. ``data_dir``

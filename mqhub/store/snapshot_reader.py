@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any
 
 import lmdb
 
@@ -69,7 +69,7 @@ class SnapshotReader:
         with self._env.begin(db=self._dbs[b"queues"]) as txn:
             return {codec.QUEUE_ROW.unpack(v)[0]: bytes(k).decode() for k, v in txn.cursor()}
 
-    def iter_entries(self, queue: Optional[str] = None) -> Iterator[tuple[str, tuple]]:
+    def iter_entries(self, queue: str | None = None) -> Iterator[tuple[str, tuple]]:
         """Yield ``(queue, entry)`` for every entry (of one queue), in queue then ready order."""
         names = self._queue_ids()
         prefix = b""

@@ -9,7 +9,6 @@ import sys
 from typing import Any
 
 import pytest
-
 from twisted.internet.task import Clock
 
 from mqhub.errors import StoreError
@@ -33,7 +32,8 @@ def test_snapshot_while_writing_matches_its_manifest(tmp_path: Any) -> None:
         for n in range(2):
             out = str(tmp_path / f"snap{n}")
             manifests.append(take_snapshot(data, out))
-            child.wait_for(lambda lines, k=len(child.lines): len(lines) > k + 20)
+            seen = len(child.lines)
+            child.wait_for(lambda lines, k=seen: len(lines) > k + 20)
     finally:
         child.kill()
     assert manifests[1]["entries"] != manifests[0]["entries"]  # writes went on in between

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from twisted.internet.task import Clock
 
 from mqhub.errors import StoreError
