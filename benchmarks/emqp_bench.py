@@ -126,6 +126,14 @@ def run_workers(backend: str, workers: int, slots: int, jobs: int, limit: float)
 
 # one measured run ---------------------------------------------------------------------------
 
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds used so far by process ``pid``."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
 def measure(frontend: str, backend: str, jobs: int, workers: int, slots: int,
             limit: float) -> tuple[int, float]:
     """Start the workers, send ``jobs`` REQUESTs from one client; return (answered, seconds)."""
@@ -232,18 +240,26 @@ def main(argv: Optional[list[str]] = None) -> int:
         for durability in a.durability.split(","):
             proc, front, back = start_mqhub(tmp, durability)
             try:
+                cpu0 = cpu_seconds(proc.pid)
                 done, secs = measure(front, back, a.jobs, a.workers, a.slots, a.limit)
+                cpu = cpu_seconds(proc.pid) - cpu0
             finally:
                 stop(proc)
+            if done:
+                print(f"emqp_mqhub_{durability}_router_cpu_per_job {cpu / done * 1e6:.0f} us")
             rates[durability] = done / secs if secs else 0.0
             print(f"emqp_mqhub_{durability}_jobs_per_s {rates[durability]:.0f} jobs/s")
             print(f"emqp_mqhub_{durability}_jobs_answered {done} jobs")
         if not a.skip_original:
             proc, front, back = start_original(tmp)
             try:
+                cpu0 = cpu_seconds(proc.pid)
                 done, secs = measure(front, back, a.original_jobs, a.workers, a.slots, a.limit)
+                cpu = cpu_seconds(proc.pid) - cpu0
             finally:
                 stop(proc)
+            if done:
+                print(f"emqp_original_router_cpu_per_job {cpu / done * 1e6:.0f} us")
             original = done / secs if secs else 0.0
             print(f"emqp_original_jobs_per_s {original:.0f} jobs/s")
             print(f"emqp_original_jobs_answered {done} jobs")

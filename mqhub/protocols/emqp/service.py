@@ -31,40 +31,99 @@ _SEND = zmq.backend.Socket.send
 _RECV = zmq.backend.Socket.recv
 _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+#: Most messages handled in one reactor call before yielding to other protocols.
+DRAIN_LIMIT = 16384
 ROLES = ("frontend", "backend", "pub-in", "pub-out")
 
 
+class Drainer:
+    """Reads every eMQP socket in turn until all are empty, in one reactor call.
+
+    A job crosses the broker as several messages on two sockets; draining them all in one loop
+    (bounded by DRAIN_LIMIT messages) saves a reactor turn per message, and a socket is always
+    re-read after the loop's last send, which ZeroMQ's edge-triggered fd requires.
+    """
+
+    def __init__(self, reactor: Any) -> None:
+        """:param reactor: IReactorTime for the follow-up call when the limit is hit."""
+        self.reactor = reactor
+        self.sockets: list[BatchSocket] = []
+        self.running = False
+        self.call: Any = None
+
+    def schedule(self) -> None:
+        """Arrange one drain on the next reactor turn (after a send outside a drain)."""
+        if self.call is None and not self.running:
+            self.call = self.reactor.callLater(0, self.drain)
+
+    def drain(self) -> None:
+        """Read and handle batches from every socket until a whole pass finds nothing."""
+        if self.call is not None:
+            if self.call.active():
+                self.call.cancel()
+            self.call = None
+        if self.running:
+            return
+        self.running = True
+        total = 0
+        try:
+            while True:
+                got = 0
+                for sock in self.sockets:
+                    got += sock.read_batch()
+                total += got
+                if not got:
+                    break
+                if total >= DRAIN_LIMIT:
+                    self.call = self.reactor.callLater(0, self.drain)
+                    break
+        finally:
+            self.running = False
+
+
 class BatchSocket(ZmqConnection):
-    """A txzmq socket that hands every message of one read to ``on_batch`` as a list."""
+    """A txzmq socket whose reads go through a shared :class:`Drainer` as message batches."""
 
     socketType = zmq.ROUTER
 
     def __init__(self, factory: ZmqFactory, socket_type: int, address: str,
                  on_batch: Optional[Callable[[list[list[bytes]]], None]],
+                 drainer: Drainer,
                  on_unreachable: Optional[Callable[[bytes], None]] = None) -> None:
         """Create the socket of ``socket_type`` and bind it to ``address``."""
         self.socketType = socket_type
         self.on_batch = on_batch
         self.on_unreachable = on_unreachable
+        self.drainer = drainer
         super().__init__(factory)
         if socket_type == zmq.ROUTER:
             self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
         self.addEndpoints([ZmqEndpoint(ZmqEndpointType.bind, address)])
+        if on_batch is not None:
+            drainer.sockets.append(self)
 
     def doRead(self) -> None:
-        """Drain up to READ_BATCH messages and deliver them in one call."""
+        """The fd signalled: drain every socket (or just clear the signal of a PUB socket)."""
         if self.read_scheduled is not None:
             if not self.read_scheduled.called:
                 self.read_scheduled.cancel()
             self.read_scheduled = None
-        if self.factory is None or self.on_batch is None:
+        if self.factory is None:
             return
+        if self.on_batch is None:
+            self.socket.get(zmq.EVENTS)  # lets ZeroMQ process commands and re-arm the fd
+            return
+        self.drainer.drain()
+
+    def read_batch(self) -> int:
+        """Receive up to READ_BATCH messages, hand them to ``on_batch``; return how many."""
         sock = self.socket
+        if sock is None or self.on_batch is None:
+            return 0
         recv = _RECV
         batch: list[list[bytes]] = []
-        more = False
         try:
             while True:
                 frame = recv(sock, _NOBLOCK, False)
@@ -74,7 +133,6 @@ class BatchSocket(ZmqConnection):
                     message.append(frame.bytes)
                 batch.append(message)
                 if len(batch) >= READ_BATCH:
-                    more = True
                     break
         except zmq.Again:
             pass
@@ -83,8 +141,7 @@ class BatchSocket(ZmqConnection):
                 self.on_batch(batch)
             except Exception:  # noqa: BLE001 - a bug must not stop the socket
                 log.failure("eMQP: handling a batch failed")
-        if more and self.factory is not None:
-            self.read_scheduled = self.factory.reactor.callLater(0, self.doRead)
+        return len(batch)
 
     def send_frames(self, frames: list[bytes]) -> None:
         """Send one multipart message; an unroutable peer is reported, never raised."""
@@ -102,9 +159,8 @@ class BatchSocket(ZmqConnection):
                 self.on_unreachable(frames[0])
             else:
                 log.debug("eMQP: send failed: {e}", e=exc)
-        if self.read_scheduled is None and self.factory is not None:
-            # ZeroMQ may not signal the fd again after a send: look once more.
-            self.read_scheduled = self.factory.reactor.callLater(0, self.doRead)
+        # ZeroMQ may not signal the fd again after a send: make sure every socket is re-read.
+        self.drainer.schedule()
 
 
 class EmqpService(Service):
@@ -119,6 +175,7 @@ class EmqpService(Service):
         self.endpoints = endpoints
         self.factory: Optional[ZmqFactory] = None
         self.sockets: dict[str, BatchSocket] = {}
+        self.drainer: Optional[Drainer] = None
         self.router = EmqpRouter(hub, self._sender("frontend"), self._sender("backend"),
                                  self._sender("pub-out"), **settings)
 
@@ -138,14 +195,15 @@ class EmqpService(Service):
         factory.lingerPeriod = 0
         self.factory = factory
         router = self.router
+        drainer = self.drainer = Drainer(self.hub.clock)
         try:
             front = BatchSocket(factory, zmq.ROUTER, self.endpoints["frontend"],
-                                router.frontend_received)
+                                router.frontend_received, drainer)
             back = BatchSocket(factory, zmq.ROUTER, self.endpoints["backend"],
-                               router.backend_received, router.peer_unreachable)
+                               router.backend_received, drainer, router.peer_unreachable)
             pub_in = BatchSocket(factory, zmq.ROUTER, self.endpoints["pub-in"],
-                                 router.pubin_received)
-            pub_out = BatchSocket(factory, zmq.PUB, self.endpoints["pub-out"], None)
+                                 router.pubin_received, drainer)
+            pub_out = BatchSocket(factory, zmq.PUB, self.endpoints["pub-out"], None, drainer)
         except zmq.ZMQError as exc:
             factory.shutdown()
             self.factory = None
@@ -161,6 +219,10 @@ class EmqpService(Service):
         if self.factory is not None:
             self.factory.shutdown()
             self.factory = None
+        if self.drainer is not None and self.drainer.call is not None:
+            if self.drainer.call.active():
+                self.drainer.call.cancel()
+            self.drainer.call = None
         self.sockets = {}
 
 
