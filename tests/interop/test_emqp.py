@@ -165,14 +165,15 @@ def test_binary_identity_garbage_and_disconnect_leave_broker_serving(emqp, jobs,
 
 
 def test_publish_reaches_sub_socket_and_nats_subscriber(make_broker):
-    """PUBLISH to the pub/sub ROUTER goes out on PUB as [topic, message] and to NATS subscribers."""
+    """PUBLISH to the pub/sub ROUTER goes out on PUB as [topic, message] and to NATS subscribers;
+    with pub_bridge, a NATS publish reaches the ZeroMQ SUB socket."""
     import asyncio
 
     import nats
     from eventmq.client.messages import send_publish_request
     from eventmq.sender import Sender
 
-    broker = make_broker(["emqp", "mq9"])
+    broker = make_broker(["emqp", "mq9"], extra_args=["--option", "emqp.pub_bridge=news.>"])
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"news")
@@ -197,12 +198,21 @@ def test_publish_reaches_sub_socket_and_nats_subscriber(make_broker):
             if zmq_got is None and sub.poll(100):
                 zmq_got = sub.recv_multipart()
             await asyncio.sleep(0.05)
-        await nc.close()
         assert zmq_got == [b"news.sport", b'{"score": 3}']
+        bridged = None
+        while time.monotonic() < end and bridged is None:
+            await nc.publish("news.tech", b"from nats")
+            await nc.flush()
+            while sub.poll(100):
+                frames = sub.recv_multipart()
+                if frames[0] == b"news.tech":
+                    bridged = frames
+        await nc.close()
+        assert bridged == [b"news.tech", b"from nats"]
         return got
 
     got = asyncio.run(scenario())
-    assert got and set(got) == {b'{"score": 3}'}
+    assert b'{"score": 3}' in got
     sub.close()
     publisher.zsocket.close(linger=0)
 

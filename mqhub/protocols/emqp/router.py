@@ -25,7 +25,7 @@ from mqhub.errors import InvalidName, MqhubError
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.emqp import frames as F
 from mqhub.scheduler.spec import ScheduleSpec
-from mqhub.store.records import BODY, HEADERS, MSG_ID
+from mqhub.store.records import BODY, HEADERS, MSG_ID, ORIGIN
 
 Frames = list[bytes]
 Send = Callable[[Frames], None]
@@ -101,6 +101,29 @@ def _valid_job(body: bytes) -> bool:
 
 
 @implementer(IDeliveryTarget)
+class PubBridge:
+    """Live hub subscription that copies other protocols' messages to the PUB socket.
+
+    A message published on address ``a.b`` by NATS, NSQ, ... goes out as ``[b"a.b", body]``;
+    messages that came from eMQP PUBLISH are skipped (they were sent on PUB already).
+    """
+
+    protocol_name = "emqp"
+
+    def __init__(self, send_pub: Send) -> None:
+        """:param send_pub: sends ``[topic, message]`` on the PUB socket."""
+        self.send_pub = send_pub
+
+    def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
+        """Forward every foreign message of the batch as one PUB message each."""
+        topic = address.encode()
+        send = self.send_pub
+        for entry in messages:
+            if entry[ORIGIN] != "emqp":
+                send([topic, entry[BODY]])
+
+
+@implementer(IDeliveryTarget)
 class EmqpRouter:
     """eventmq's router, scheduler front and pub/sub relay on the hub core (see module doc)."""
 
@@ -110,7 +133,8 @@ class EmqpRouter:
                  send_pub: Optional[Send] = None, *, heartbeat_interval: float = 3.0,
                  heartbeat_timeout: float = 15.0,
                  default_queues: Optional[list[tuple[int, str]]] = None,
-                 forward_schedules: bool = False, max_body: int = F.DEFAULT_MAX_BODY) -> None:
+                 forward_schedules: bool = False, max_body: int = F.DEFAULT_MAX_BODY,
+                 pub_bridge: tuple[str, ...] = ()) -> None:
         """Build the router; nothing runs until :meth:`start`.
 
         :param hub: the Hub (clock, broker, scheduler).
@@ -123,6 +147,8 @@ class EmqpRouter:
         :param forward_schedules: hand SCHEDULE to a connected emq-scheduler (as the original)
             instead of the hub's SchedulerService.
         :param max_body: largest accepted frame.
+        :param pub_bridge: hub address patterns whose messages from other protocols are copied
+            to the PUB socket (e.g. ``("news.>",)``).
         """
         self.hub = hub
         self.clock = hub.clock
@@ -147,6 +173,8 @@ class EmqpRouter:
         self.held: dict[str, list[tuple]] = {}
         self._plan: list[Worker] = []
         self._heartbeat: Optional[LoopingCall] = None
+        self.pub_bridge = tuple(pub_bridge)
+        self._bridge_bindings: list[Any] = []
         self.stats = {"requests": 0, "dispatched": 0, "replies": 0, "retries": 0,
                       "published": 0, "scheduled_runs": 0}
         if self.scheduler is not None and hasattr(self.scheduler, "register"):
@@ -159,6 +187,10 @@ class EmqpRouter:
         for queue in self.broker.queues():
             if queue.name.startswith(JOB_PREFIX):
                 self._consumer(queue.name[len(JOB_PREFIX):])
+        if self.send_pub is not None:
+            bridge = PubBridge(self.send_pub)
+            for pattern in self.pub_bridge:
+                self._bridge_bindings.append(self.broker.subscribe(pattern, bridge))
         self._heartbeat = LoopingCall(self._beat)
         self._heartbeat.clock = self.clock
         self._heartbeat.start(self.heartbeat_interval, now=False)
@@ -167,6 +199,9 @@ class EmqpRouter:
         """Stop heartbeating and detach (in-flight jobs return to their queues)."""
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
+        for binding in self._bridge_bindings:
+            self.broker.unbind(binding)
+        self._bridge_bindings.clear()
         for qname, consumer in list(self.consumers.items()):
             queue = self.broker.queue(JOB_PREFIX + qname)
             if queue is not None:

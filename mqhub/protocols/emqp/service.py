@@ -249,6 +249,17 @@ def router_settings(options: dict[str, Any]) -> dict[str, Any]:
             out["default_queues"] = [(int(w), str(n)) for w, n in queues]
     except (ValueError, TypeError) as exc:
         raise PluginError(f"emqp: bad option: {exc}") from exc
+    if "pub_bridge" in raw:
+        from mqhub.core.address import validate_pattern
+        from mqhub.errors import InvalidName
+
+        patterns = tuple(x.strip() for x in str(raw["pub_bridge"]).split(",") if x.strip())
+        for pattern in patterns:
+            try:
+                validate_pattern(pattern)
+            except InvalidName as exc:
+                raise PluginError(f"emqp.pub_bridge: {exc}") from exc
+        out["pub_bridge"] = patterns
     if "schedules" in raw:
         mode = str(raw["schedules"])
         if mode not in ("internal", "forward"):

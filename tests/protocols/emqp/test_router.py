@@ -351,3 +351,17 @@ def test_bad_inform_queues_get_no_ack(queues):
     rig = Rig()
     rig.router.backend_received([[b"w", b"", V, b"INFORM", b"i", queues, b"worker"]])
     assert rig.back == [] and b"w" not in rig.router.workers
+
+
+def test_pub_bridge_copies_foreign_messages_to_pub():
+    """With pub_bridge, messages other protocols publish reach PUB; eMQP's own are not doubled."""
+    from mqhub.testing import memory_hub
+
+    rig = Rig(memory_hub(), pub_bridge=("news.>",))
+    result_of(rig.hub.broker.publish_batch("news.tech", [b"from-nats"], origin="nats"))
+    result_of(rig.hub.broker.publish_batch("other", [b"x"], origin="nats"))
+    rig.router.pubin_received([[b"p", b"", V, b"PUBLISH", b"m1", b"news.sport", b"own"]])
+    assert rig.pub == [[b"news.tech", b"from-nats"], [b"news.sport", b"own"]]
+    rig.router.stop()
+    result_of(rig.hub.broker.publish_batch("news.tech", [b"late"], origin="nats"))
+    assert len(rig.pub) == 2
