@@ -482,7 +482,10 @@ class LmdbStore:
         with self._mirror_lock:
             self._update_mirrors(t)
         if t.seg_delta or t.seg_end:
-            if self.durability == "sync":
+            # batch mode deletes after its periodic fsync, so an index rolled back by an OS
+            # crash never points into a deleted file; sync is already on disk; none promises
+            # nothing across an OS crash and must not let segments pile up until close
+            if self.durability != "batch":
                 self._do_unlinks()
 
     def _update_mirrors(self, t: _Txn) -> None:
