@@ -69,6 +69,7 @@ class Broker:
         self._queue_bindings: dict[tuple[str, str], Binding] = {}
         self._next_binding = 0
         self._pending: set[Deferred[Any]] = set()
+        self._unsettled: dict[int, list[Queue]] = {}
         self._mem_timers: set[Any] = set()
         self._started = False
         self._sweep_cursor = 0
@@ -133,11 +134,23 @@ class Broker:
 
     # -- store plumbing ------------------------------------------------------------------------
 
+    def _unsettled_add(self, batch: WriteBatch, queue: Queue) -> None:
+        """``queue`` put entries into ``batch``; tell it when that batch is committed."""
+        self._unsettled.setdefault(id(batch), []).append(queue)
+
+    def _settle_batch(self, result: Any, batch: WriteBatch) -> Any:
+        """``batch`` was committed (or failed): settle the queues that put entries into it."""
+        for q in self._unsettled.pop(id(batch), ()):
+            q._settle()
+        return result
+
     def _commit(self, batch: WriteBatch) -> Deferred[None]:
         """Commit ``batch`` (background write: failures are logged)."""
         if not batch:
             return succeed(None)
         d = self.store.commit(batch)
+        if id(batch) in self._unsettled:
+            d.addBoth(self._settle_batch, batch)
         if d.called:
             d.addErrback(self._log_failure)
             return d
@@ -364,6 +377,8 @@ class Broker:
                     log.exception("deliver_batch of %r failed", b.target)
         if batch:
             d = self.store.commit(batch)
+            if id(batch) in self._unsettled:
+                d.addBoth(self._settle_batch, batch)
             if not d.called:
                 self._pending.add(d)
                 d.addBoth(self._done, d)
@@ -400,7 +415,7 @@ class Broker:
         self._commit(b)
 
     def _on_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
-                now: float) -> None:
+                now: float) -> Any:
         """Scheduler handler for ``dq/`` rows: move due entries into their queues."""
         if not self._started:
             for _, key, payload in rows:
@@ -423,6 +438,9 @@ class Broker:
             q.deferred = max(0, q.deferred - len(entries))
             entries.sort(key=lambda e: (-e[1], e[0]))
             q._put(entries, batch, True, now)
+        if id(batch) in self._unsettled:
+            return lambda: self._settle_batch(None, batch)
+        return None
 
     def _on_queue_expiry(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                          now: float) -> None:

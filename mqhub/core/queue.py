@@ -132,6 +132,8 @@ class Queue:
         self._stored_only = 0                 # durable entries in the store beyond the window
         self._horizon: EntryKey | None = None   # last key in the window when paged
         self._paging = False
+        self._unsettled = 0                   # this queue's put batches not yet committed
+        self._put_gen = 0                     # bumps whenever stored-only entries are added
         self._volatile: set[int] = set()      # ids of persist=False entries in a durable queue
         # in flight
         self._inflight: dict[int, Entry] = {}
@@ -221,6 +223,20 @@ class Queue:
             d.insert(bisect_left(ids, mid), entry)
         self._nready += 1
 
+    def _return(self, entries: list[Entry]) -> None:
+        """Put entries that are already stored back to ready (requeue, timeout, detach).
+
+        One that now sorts after the window's horizon stays in the store only and is paged in
+        again in order, so the window remains a prefix and nothing is read twice.
+        """
+        for e in entries:
+            if self._stored_only and self.durable and e[0] not in self._volatile \
+                    and self._after_horizon(e):
+                self._stored_only += 1
+                self._put_gen += 1
+            else:
+                self._insert(e)
+
     def _after_horizon(self, entry: Entry) -> bool:
         """True when ``entry`` sorts after the window's last key (it belongs to the stored backlog)."""
         h = self._horizon
@@ -240,9 +256,11 @@ class Queue:
         stored = self.durable and persist
         if stored and batch is not None:
             batch.put_entries(self.name, entries)
+            self._mark(batch)
         if stored and self._stored_only:
             keep = [e for e in entries if not self._after_horizon(e)]
             self._stored_only += n - len(keep)
+            self._put_gen += 1
             entries = keep
         elif not stored and self.durable:
             self._volatile.update([e[0] for e in entries])
@@ -288,6 +306,7 @@ class Queue:
                 excess -= 1
                 self._nready -= 1
                 self._stored_only += 1
+                self._put_gen += 1
             if kept:
                 d.extend(reversed(kept))
             if excess <= 0:
@@ -344,6 +363,7 @@ class Queue:
             self.dropped_count += len(victims)
             if self.durable and batch is not None:
                 batch.delete_entries(self.name, [(e[1], e[0]) for e in victims])
+                self._mark(batch)
 
     def room(self) -> int:
         """How many more messages fit before ``max_size`` (a large number when unbounded)."""
@@ -360,37 +380,68 @@ class Queue:
     # -- paging --------------------------------------------------------------------------------
 
     def _maybe_page(self) -> None:
-        """Read the next page of the stored backlog when the window runs low."""
-        if (self._paging or not self._stored_only or self.deleted
+        """Read the next page of the stored backlog when the window runs low.
+
+        No page is read while one of this queue's put batches is uncommitted: the store could
+        not show those entries yet, and the horizon must never move past an unread entry.
+        """
+        if (self._paging or not self._stored_only or self.deleted or self._unsettled
                 or self._nready > self._effective_window() // 2):
             return
         self._paging = True
         limit = self._effective_window() - self._nready
-        incarnation = self.incarnation
         d = self.broker.store.read_entries(self.name, self._horizon, max(1, limit))
-        d.addCallbacks(self._paged, self._page_failed, callbackArgs=(incarnation,))
+        d.addCallbacks(self._paged, self._page_failed,
+                       callbackArgs=(self.incarnation, self._put_gen))
 
-    def _paged(self, entries: list[Entry], incarnation: int) -> None:
-        """Append a page read from the store to the window."""
+    def _mark(self, batch: WriteBatch) -> None:
+        """``batch`` changes this queue's stored entries: no paging until it is committed."""
+        self._unsettled += 1
+        self.broker._unsettled_add(batch, self)
+
+    def _write(self, batch: WriteBatch) -> Any:
+        """Commit a batch of this queue's own writes (marking it unsettled until then)."""
+        if batch and self.durable:
+            self._mark(batch)
+        return self.broker._commit(batch)
+
+    def _settle(self) -> None:
+        """One of this queue's put batches was committed (or failed)."""
+        self._unsettled -= 1
+        if not self._unsettled and self._stored_only:
+            self.dispatch()
+
+    def _paged(self, entries: list[Entry], incarnation: int, gen: int) -> None:
+        """Append a page read from the store to the window.
+
+        Entries of the page that are in flight (delivered before the horizon moved back past
+        them) were never counted as stored-only; they are skipped and not counted.
+        """
         self._paging = False
         if self.deleted or incarnation != self.incarnation:
             return
+        if not entries:
+            if gen == self._put_gen and not self._unsettled:
+                # everything is committed and nothing follows the horizon: the count was stale
+                self._stored_only = 0
+                self._horizon = None
+            return
         inflight = self._inflight
         fresh = [e for e in entries if e[0] not in inflight]
-        if entries:
-            last = entries[-1]
-            self._horizon = (last[1], last[0])
-            self.broker.ids.observe(max(e[0] for e in entries))
+        last = entries[-1]
+        self._horizon = (last[1], last[0])
+        self.broker.ids.observe(max(e[0] for e in entries))
         if not self._may_expire and any(e[4] for e in fresh):
             self._may_expire = True
         for e in fresh:
             self._insert(e)
-        self._stored_only = max(0, self._stored_only - len(entries))
-        if len(entries) == 0 and self._stored_only:
-            # the rest is not committed yet (grouped commit): look again shortly
-            self.broker.clock.callLater(0.05, self._maybe_page)
+        self._stored_only = max(0, self._stored_only - len(fresh))
         if not self._stored_only:
             self._horizon = None
+        if self._stored_only and not fresh:
+            # the page held only in-flight entries: continue on the next turn, not recursively
+            self.broker.clock.callLater(0, self._maybe_page)
+            return
         self.dispatch()
 
     def _page_failed(self, failure: Any) -> None:
@@ -579,7 +630,7 @@ class Queue:
         if got and self.durable:
             b = WriteBatch()
             b.delete_entries(self.name, [(e[1], e[0]) for e in got])
-            self.broker._commit(b)
+            self._write(b)
         if got:
             self.dispatch()
         return failed
@@ -643,10 +694,9 @@ class Queue:
                     b.delete_entries(self.name, [(e[1], e[0]) for e in back])
                 self.broker._defer(self, back, now + delay, b)
             else:
-                for e in back:
-                    self._insert(e)
+                self._return(back)
         if b:
-            self.broker._commit(b)
+            self._write(b)
         self.dispatch()
         return failed
 
@@ -657,7 +707,7 @@ class Queue:
         if got:
             b = WriteBatch()
             self._dead(got, reason, error, b, self.broker.clock.seconds())
-            self.broker._commit(b)
+            self._write(b)
             self.dispatch()
         return failed
 
@@ -669,6 +719,7 @@ class Queue:
         if self.durable and batch is not None:
             batch.delete_entries(self.name, [(e[1], e[0]) for e in entries])
             batch.put_entries(dlq_name(self.name), dead)
+            self._mark(batch)
         else:
             self._mem_dead.extend(dead)
 
@@ -681,7 +732,7 @@ class Queue:
         elif self.durable:
             b.delete_entries(self.name, [(e[1], e[0]) for e in entries])
         if b:
-            self.broker._commit(b)
+            self._write(b)
 
     def sweep(self, now: float, budget: int) -> int:
         """Drop expired ready entries from the window, scanning at most ``budget``; return the scan count."""
@@ -739,7 +790,7 @@ class Queue:
         if out and self.durable:
             b = WriteBatch()
             b.delete_entries(self.name, [(e[1], e[0]) for e in out])
-            self.broker._commit(b)
+            self._write(b)
         self._maybe_page()
         return out
 
@@ -762,7 +813,7 @@ class Queue:
         if self.durable:
             b.purge_queue(self.name)
         self.broker._queue_changed(self, b)
-        return self.broker._commit(b)
+        return self._write(b)
 
     def _clear(self) -> None:
         """Forget all messages in memory and every consumer's in-flight count."""

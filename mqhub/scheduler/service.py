@@ -20,6 +20,7 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import LoopingCall
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.interfaces import IScheduler
@@ -29,7 +30,7 @@ from mqhub.store.batch import WriteBatch
 log = logging.getLogger(__name__)
 
 Row = tuple[float, bytes, bytes]
-Handler = Callable[[list[Row], WriteBatch, float], None]
+Handler = Callable[[list[Row], WriteBatch, float], Callable[[], None] | None]
 Sweep = Callable[[float, int], bool]
 INF = float("inf")
 RETRY_UNHANDLED = 60.0
@@ -64,7 +65,10 @@ class SchedulerService(Service):
     # -- registry ------------------------------------------------------------------------------
 
     def register(self, prefix: bytes, handler: Handler) -> None:
-        """Route due rows whose key starts with ``prefix`` to ``handler(rows, batch, now)``."""
+        """Route due rows whose key starts with ``prefix`` to ``handler(rows, batch, now)``.
+
+        A handler may return a callable; it is called once ``batch`` has been committed.
+        """
         self._handlers = [(p, h) for p, h in self._handlers if p != prefix]
         self._handlers.append((prefix, handler))
         self._handlers.sort(key=lambda ph: -len(ph[0]))
@@ -299,9 +303,12 @@ class SchedulerService(Service):
                 groups[handler] = []
                 order.append(handler)
             groups[handler].append(row)
+        after: list[Callable[[], None]] = []
         for handler in order:
             try:
-                handler(groups[handler], b, now)
+                done = handler(groups[handler], b, now)
+                if done is not None:
+                    after.append(done)
             except Exception:
                 log.exception("due handler %r failed; retrying its rows in %ss", handler,
                               RETRY_UNHANDLED)
@@ -313,7 +320,17 @@ class SchedulerService(Service):
             if key not in reput:
                 b.delete_due(key)
         full = len(rows) >= self.slice_size
-        return self.store.commit(b).addCallback(lambda _: full)
+
+        def committed(result: Any) -> bool:
+            for func in after:
+                try:
+                    func()
+                except Exception:
+                    log.exception("after-commit hook %r failed", func)
+            if isinstance(result, Failure):
+                log.error("scheduler slice commit failed: %s", result.getErrorMessage())
+            return full
+        return self.store.commit(b).addBoth(committed)
 
     def _advance_schedule(self, row: Row, b: WriteBatch, now: float) -> None:
         """Count one run of a schedule and put its next run (or remove it after run_count)."""
