@@ -196,11 +196,19 @@ class Broker:
         self._queues[name] = q
         self._queue_changed(q)
         if expires_at:
-            if self.scheduler is not None and q.durable:
-                self.scheduler.call_at(expires_at, EXPIRY_PREFIX + name.encode(), b"")
-            else:
-                self._arm_memory_expiry(q)
+            self._schedule_expiry(q)
         return q
+
+    def _schedule_expiry(self, q: Queue) -> None:
+        """(Re)arm the deletion of ``q`` at its ``expires_at`` (0 = cancel)."""
+        key = EXPIRY_PREFIX + q.name.encode()
+        if self.scheduler is not None and q.durable:
+            if q.expires_at:
+                self.scheduler.call_at(q.expires_at, key, b"")
+            else:
+                self.scheduler.cancel(key)
+        elif q.expires_at:
+            self._arm_memory_expiry(q)
 
     def _arm_memory_expiry(self, q: Queue) -> None:
         """Delete ``q`` at its ``expires_at`` using a plain clock timer."""

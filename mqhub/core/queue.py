@@ -178,6 +178,8 @@ class Queue:
                 raise InvalidName(f"unknown overflow policy {value!r}")
             setattr(self, key, value)
         self.broker._queue_changed(self)
+        if "expires_at" in settings:
+            self.broker._schedule_expiry(self)
 
     # -- counts --------------------------------------------------------------------------------
 

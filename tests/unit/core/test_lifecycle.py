@@ -87,3 +87,18 @@ def test_unpark_hands_over_or_drops(hub: Hub) -> None:
     result_of(b.unpark("t"))
     assert b.queue("ch").depth == 2 and b.parked_depth("t") == 0
     assert result_of(hub.store.scan_meta("park/")) == []
+
+
+def test_configure_moves_the_queue_expiry(hub: Hub) -> None:
+    """Changing expires_at re-arms the queue's deletion; 0 cancels it."""
+    b = hub.broker
+    q = b.declare_queue("box", expires_at=hub.clock.seconds() + 10)
+    q.configure(expires_at=hub.clock.seconds() + 100)
+    hub.clock.advance(50)
+    assert b.queue("box") is q
+    hub.clock.advance(51)
+    assert b.queue("box") is None
+    q2 = b.declare_queue("keep", expires_at=hub.clock.seconds() + 10)
+    q2.configure(expires_at=0.0)
+    hub.clock.advance(20)
+    assert b.queue("keep") is q2
