@@ -97,6 +97,10 @@ class IMessageStore(Interface):
     def next_due() -> Deferred[float | None]:
         """Fire with the earliest due time, or None when there is none."""
 
+    def read_expired(until: float, limit: int) -> Deferred[list[tuple[str, tuple[int, int], float]]]:
+        """Fire with up to ``limit`` ``(queue, (priority, msg_id), expires_at)`` of entries whose
+        ``expires_at`` (non-zero) is ``<= until``, earliest first (ties in any order)."""
+
     def get_meta(key: str) -> Deferred[bytes | None]:
         """Fire with the metadata value stored under ``key``, or None."""
 
