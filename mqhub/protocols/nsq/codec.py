@@ -239,6 +239,7 @@ class ServerCodec:
         self._need = 0  # bytes needed after _pos before parsing is worth retrying
         self._failed: ProtocolError | None = None
         self._names: dict[bytes, str] = {}
+        self._pub_lines: dict[bytes, str] = {}
         # MPUB in progress: [topic, remaining, bodies, total_bytes]; offsets are relative to _pos.
         self._mpub: list | None = None
         self._mpub_off = 0
@@ -322,6 +323,91 @@ class ServerCodec:
         if handler is None:
             raise ProtocolError("E_INVALID", f"invalid command {params[0].decode('utf-8', 'replace')}")
         return handler(params, nl + 1)
+
+    # -- batch fast paths (the hot path of the server: no event object per message) ------------
+
+    def _fast_ready(self) -> bool:
+        """True when the buffer may be read by the fast paths (no pending state)."""
+        return not (self._failed is not None or self._held or self._magic_pending
+                    or self._mpub is not None)
+
+    def read_pubs(self) -> tuple[str, list[bytes]]:
+        """Consume consecutive complete ``PUB`` commands to one topic at the front of the buffer.
+
+        Returns ``(topic, bodies)``; ``("", [])`` when the next command is not a well-formed
+        complete PUB, in which case :meth:`next_event` must be used (it also raises the right
+        error for a malformed one). Equivalent to a run of :class:`Pub` events.
+        """
+        if not self._fast_ready():
+            return "", []
+        buf = self._buf
+        pos = self._pos
+        if not buf.startswith(b"PUB ", pos):
+            return "", []
+        nl = buf.find(b"\n", pos, pos + 80)
+        if nl < 0:
+            return "", []
+        line = buf[pos:nl + 1]
+        topic = self._pub_lines.get(line)
+        if topic is None:
+            raw = line[4:-1]
+            if b" " in raw or b"\r" in raw:
+                return "", []
+            name = self._name(raw)
+            if name is None:
+                return "", []
+            if len(self._pub_lines) > 1024:
+                self._pub_lines.clear()
+            topic = self._pub_lines[line] = name
+        head = len(line)
+        limit = self.max_msg_size
+        n = len(buf)
+        unpack = _I32.unpack_from
+        bodies: list[bytes] = []
+        append = bodies.append
+        startswith = buf.startswith
+        while True:
+            start = pos + head
+            if n < start + 4:
+                break
+            size = unpack(buf, start)[0]
+            if size <= 0 or size > limit:
+                break
+            end = start + 4 + size
+            if end > n:
+                break
+            append(buf[start + 4:end])
+            pos = end
+            if not startswith(line, pos):
+                break
+        if bodies:
+            self._pos = pos
+            self._need = 0
+        return topic, bodies
+
+    def read_fins(self) -> list[bytes]:
+        """Consume consecutive ``FIN <16-byte id>\\n`` lines at the front of the buffer.
+
+        Returns the raw ids (empty when the next command is not such a line; then use
+        :meth:`next_event`). Equivalent to a run of :class:`Fin` events.
+        """
+        if not self._fast_ready():
+            return []
+        buf = self._buf
+        pos = self._pos
+        n = len(buf)
+        out: list[bytes] = []
+        startswith = buf.startswith
+        while n - pos >= 21 and startswith(b"FIN ", pos) and buf[pos + 20] == 10:
+            raw = buf[pos + 4:pos + 20]
+            if b" " in raw or raw[-1] == 13:
+                break
+            out.append(raw)
+            pos += 21
+        if out:
+            self._pos = pos
+            self._need = 0
+        return out
 
     def events(self) -> list[Command]:
         """Return every complete command buffered now (stops at NEED_DATA).
@@ -635,14 +721,29 @@ def render_id(msg_id: int) -> bytes:
     return b"%016x" % msg_id
 
 
+_HEX = b"0123456789abcdefABCDEF"
+
+
 def parse_id(raw: bytes) -> int | None:
-    """Inverse of :func:`render_id`; None when ``raw`` is not 16 hex digits."""
-    if len(raw) != 16:
+    """Inverse of :func:`render_id`; None when ``raw`` is not exactly 16 hex digits."""
+    if len(raw) != 16 or raw.translate(None, _HEX):
         return None
-    try:
-        return int(raw, 16)
-    except ValueError:
-        return None
+    return int(raw, 16)
+
+
+def parse_ids(raws: list[bytes]) -> tuple[list[int], list[bytes]]:
+    """Parse many ids at once: (hub ids, raw ids that are not 16 hex digits)."""
+    if not b"".join(raws).translate(None, _HEX) and all(len(r) == 16 for r in raws):
+        return [int(r, 16) for r in raws], []
+    good: list[int] = []
+    bad: list[bytes] = []
+    for raw in raws:
+        parsed = parse_id(raw)
+        if parsed is None:
+            bad.append(raw)
+        else:
+            good.append(parsed)
+    return good, bad
 
 
 # -- client side: commands out -----------------------------------------------------------------

@@ -20,6 +20,7 @@ Strategy:
 from __future__ import annotations
 
 import random
+import struct
 import zlib
 from collections import deque
 from typing import Any, Callable, Optional
@@ -47,6 +48,7 @@ STATE_CLOSING = "closing"
 _EPOCH_MS = 1577836800000  # mqhub.core.ids.EPOCH in milliseconds
 _SEQ_BITS = 22
 _OK = wire.OK_FRAME
+_MSG_HEAD = struct.Struct(">iiqH")
 
 
 def _timestamp_ns(msg_id: int) -> int:
@@ -122,6 +124,12 @@ class NsqProtocol(Protocol):
     def connectionMade(self) -> None:
         """Register the client and arm the heartbeat timer."""
         self.factory.clients.add(self)
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if no_delay is not None:  # small response frames must not wait for Nagle (Go's default too)
+            try:
+                no_delay(True)
+            except OSError:
+                pass
         self._last_read = self.clock.seconds()
         self._arm_heartbeat()
 
@@ -188,8 +196,33 @@ class NsqProtocol(Protocol):
         fins: list[bytes] = []
         Pub, Fin = wire.Pub, wire.Fin
         handlers = self._handlers
+        read_pubs, read_fins = codec.read_pubs, codec.read_fins
         try:
             while True:
+                topic, bodies = read_pubs()
+                if bodies:
+                    if fins:
+                        batch, fins = fins, []
+                        self._finish(batch)
+                    if topic != pub_topic and pub_bodies:
+                        flush, pub_bodies = pub_bodies, []
+                        self._publish("PUB", pub_topic, flush, 0, len(flush))
+                    pub_topic = topic
+                    if pub_bodies:
+                        pub_bodies.extend(bodies)
+                    else:
+                        pub_bodies = bodies
+                    continue
+                got = read_fins()
+                if got:
+                    if pub_bodies:
+                        flush, pub_bodies = pub_bodies, []
+                        self._publish("PUB", pub_topic, flush, 0, len(flush))
+                    if fins:
+                        fins.extend(got)
+                    else:
+                        fins = got
+                    continue
                 ev = codec.next_event()
                 if ev is NEED_DATA:
                     break
@@ -306,10 +339,16 @@ class NsqProtocol(Protocol):
             messages = keep
             if not messages:
                 return
-        tsns = _timestamp_ns
-        render = wire.render_id
-        frame = wire.encode_message
-        self._write(b"".join([frame(tsns(e[0]), e[2], render(e[0]), e[7]) for e in messages]))
+        pack = _MSG_HEAD.pack
+        parts: list[bytes] = []
+        append = parts.append
+        for e in messages:
+            mid = e[0]
+            body = e[7]
+            append(pack(len(body) + 30, 2, (_EPOCH_MS + (mid >> _SEQ_BITS)) * 1_000_000, e[2]))
+            append(b"%016x" % mid)
+            append(body)
+        self._write(b"".join(parts))
         self.message_count += len(messages)
 
     # publishing -------------------------------------------------------------------------------
@@ -451,15 +490,7 @@ class NsqProtocol(Protocol):
 
     def _ids(self, raw_ids: list[bytes]) -> tuple[list[int], list[bytes]]:
         """Split raw ids into parsed hub ids and ones that cannot be ours."""
-        good: list[int] = []
-        bad: list[bytes] = []
-        for raw in raw_ids:
-            parsed = wire.parse_id(raw)
-            if parsed is None:
-                bad.append(raw)
-            else:
-                good.append(parsed)
-        return good, bad
+        return wire.parse_ids(raw_ids)
 
     def _finish(self, raw_ids: list[bytes]) -> None:
         """FIN a run of ids with one core call; E_FIN_FAILED (non-fatal) for the unknown ones."""

@@ -283,3 +283,53 @@ def test_fuzz_mutated_commands(raw: bytes, at: int, junk: bytes) -> None:
         codec.events()
     except ProtocolError as exc:
         assert exc.fatal
+
+
+def fast_events(codec: ServerCodec) -> list[object]:
+    """Drain ``codec`` the way the server does: PUB/FIN fast paths first, then next_event."""
+    out: list[object] = []
+    while True:
+        topic, got = codec.read_pubs()
+        if got:
+            out.extend(c.Pub(topic, b) for b in got)
+            continue
+        fins = codec.read_fins()
+        if fins:
+            out.extend(c.Fin(f) for f in fins)
+            continue
+        ev = codec.next_event()
+        if ev is NEED_DATA:
+            return out
+        out.append(ev)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(commands, min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_fast_paths_match_events(events: list[c.Command], rng: random.Random) -> None:
+    """read_pubs/read_fins plus next_event decode exactly what next_event alone decodes."""
+    stream = c.MAGIC_V2 + b"".join(c.encode_command(e) for e in events)
+    cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(0, 10))))
+    codec = ServerCodec()
+    out: list[object] = []
+    for a, b in zip([0, *cuts], [*cuts, len(stream)]):
+        codec.receive_data(stream[a:b])
+        out.extend(fast_events(codec))
+    assert out == events
+
+
+def test_fast_paths_leave_bad_input_to_next_event() -> None:
+    """A bad PUB size or a FIN with a space is not taken by the fast paths; next_event raises."""
+    codec = ServerCodec(expect_magic=False)
+    codec.receive_data(c.encode_pub("t", b"ok") + b"PUB t\n\x00\x00\x00\x00")
+    assert codec.read_pubs() == ("t", [b"ok"])
+    assert codec.read_pubs() == ("", [])
+    with pytest.raises(ProtocolError) as info:
+        codec.next_event()
+    assert info.value.wire_text == b"E_BAD_MESSAGE PUB invalid message body size 0"
+    codec = ServerCodec(expect_magic=False)
+    codec.receive_data(b"FIN 0123456789abcdef\nFIN 0123456 89abcdef\n")
+    assert codec.read_fins() == [b"0123456789abcdef"]
+    assert codec.read_fins() == []
+    with pytest.raises(ProtocolError):
+        codec.next_event()
+    assert c.parse_ids([b"00000000000000ff", b"0000 00000000fff"]) == ([255], [b"0000 00000000fff"])

@@ -1,0 +1,256 @@
+"""NSQ end-to-end throughput: one pipelined producer and one consumer (RDY 1000), 127.0.0.1 only.
+
+Scenarios: PUB (pipelined, a window of 500-command chunks) and MPUB (200 messages per command),
+each with 16 B and 1 KiB bodies. By default it starts its own ``twistd -n mqhub --protocols nsq``
+with ``--durability sync`` (every message fsync'd in LMDB before its ``OK``); ``--address
+HOST:PORT`` aims the same run at any nsqd-compatible server (e.g. a reference nsqd).
+
+Producer and consumer are raw-socket clients, each in its own process. The consumer subscribes
+first, FINs every message (FINs batched per read). Figures (``<figure> <value> <unit>``):
+
+- ``<mode>_<size>_publish``: messages confirmed (OK) per second at the producer;
+- ``<mode>_<size>_e2e``: messages consumed per second, from the producer's first byte to the
+  consumer's last message.
+
+    python benchmarks/nsq_bench.py [--duration 4] [--address 127.0.0.1:4150]
+    mqhub bench nsq
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any, Optional
+
+HOST = "127.0.0.1"
+MAGIC = b"  V2"
+_HEAD = struct.Struct(">ii")
+_I32 = struct.Struct(">i")
+OK_FRAME = _HEAD.pack(6, 0) + b"OK"
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """Poll until ``port`` accepts, or fail if the server died or the deadline passed."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+def start_mqhub(data_dir: str, durability: str) -> tuple[subprocess.Popen, int]:
+    """Start ``twistd -n mqhub --protocols nsq`` on free loopback ports."""
+    tcp, http = free_port(), free_port()
+    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+    cmd = [twistd] if os.path.exists(twistd) else [
+        sys.executable, "-c", "import sys; from twisted.scripts.twistd import run; run()"]
+    cmd += ["-n", "--pidfile=", "mqhub", "--protocols", "nsq", "--data-dir", data_dir,
+            "--durability", durability,
+            "--listen", f"nsq.tcp=tcp:{tcp}:interface={HOST}",
+            "--listen", f"nsq.http=tcp:{http}:interface={HOST}"]
+    log = open(os.path.join(data_dir, "..", "mqhub.log"), "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    wait_port(tcp, proc)
+    return proc, tcp
+
+
+def _connect(port: int, host: str) -> socket.socket:
+    """A connected socket with the V2 magic sent."""
+    sock = socket.create_connection((host, port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sock.sendall(MAGIC)
+    return sock
+
+
+def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any) -> None:
+    """SUB with RDY 1000, FIN everything, stop once ``total`` messages arrived (or 30 s idle)."""
+    sock = _connect(port, host)
+    sock.sendall(b"SUB %s bench\nRDY 1000\n" % topic.encode())
+    buf = b""
+    # wait for the SUB's OK before telling the producer to start
+    while OK_FRAME not in buf:
+        buf += sock.recv(65536)
+    buf = buf[buf.index(OK_FRAME) + len(OK_FRAME):]
+    ready.set()
+    count = 0
+    last = time.perf_counter()
+    idle_until = last + 30
+    sock.settimeout(0.1)
+    unpack = _HEAD.unpack_from
+    while True:
+        target = total.value
+        if target and count >= target:
+            break
+        try:
+            data = sock.recv(1 << 20)
+        except socket.timeout:
+            if time.perf_counter() > idle_until:
+                break
+            continue
+        if not data:
+            break
+        buf = buf + data if buf else data
+        pos = 0
+        n = len(buf)
+        fins = []
+        nop = False
+        while n - pos >= 8:
+            size, ftype = unpack(buf, pos)
+            end = pos + 4 + size
+            if end > n:
+                break
+            if ftype == 2:
+                fins.append(b"FIN " + buf[pos + 18:pos + 34] + b"\n")
+            elif buf[pos + 8:end] == b"_heartbeat_":
+                nop = True
+            pos = end
+        buf = buf[pos:]
+        if fins:
+            count += len(fins)
+            last = time.perf_counter()
+            idle_until = last + 30
+        if fins or nop:
+            sock.sendall(b"".join(fins) + (b"NOP\n" if nop else b""))
+    out.send((count, last))
+    sock.close()
+
+
+def producer(host: str, port: int, topic: str, mode: str, size: int, duration: float,
+             ready: Any, total: Any, out: Any) -> None:
+    """Publish for ``duration`` seconds (PUB pipelined or MPUB x200), then wait for every OK."""
+    body = b"x" * size
+    if mode == "pub":
+        per_cmd, cmds_per_chunk, window = 1, 500, 4
+        cmd = b"PUB " + topic.encode() + b"\n" + _I32.pack(size) + body
+    else:
+        per_cmd, cmds_per_chunk, window = 200, 4, 4
+        payload = _I32.pack(200) + (_I32.pack(size) + body) * 200
+        cmd = b"MPUB " + topic.encode() + b"\n" + _I32.pack(len(payload)) + payload
+    chunk = cmd * cmds_per_chunk
+    sock = _connect(port, host)
+    ready.wait(20)
+    sent_cmds = 0
+    oks = 0
+    buf = b""
+    start = time.perf_counter()
+    stop_at = start + duration
+    while True:
+        now = time.perf_counter()
+        if now < stop_at and sent_cmds - oks < window * cmds_per_chunk:
+            sock.sendall(chunk)
+            sent_cmds += cmds_per_chunk
+            continue
+        if now >= stop_at and oks >= sent_cmds:
+            break
+        data = sock.recv(1 << 16)
+        if not data:
+            raise RuntimeError("server closed the producer connection")
+        buf += data
+        pos = 0
+        while len(buf) - pos >= 8:
+            fsize, ftype = _HEAD.unpack_from(buf, pos)
+            if len(buf) < pos + 4 + fsize:
+                break
+            frame = buf[pos + 8:pos + 4 + fsize]
+            if ftype == 1:
+                raise RuntimeError(f"server error: {frame!r}")
+            if frame == b"OK":
+                oks += 1
+            elif frame == b"_heartbeat_":
+                sock.sendall(b"NOP\n")
+            pos += 4 + fsize
+        buf = buf[pos:]
+    end = time.perf_counter()
+    total.value = sent_cmds * per_cmd
+    out.send((sent_cmds * per_cmd, start, end))
+    sock.close()
+
+
+def run_scenario(host: str, port: int, mode: str, size: int, duration: float) -> tuple[float, float]:
+    """One producer/consumer pair; returns (publish rate, end-to-end rate) in msg/s."""
+    ctx = mp.get_context("fork")
+    topic = f"bench_{mode}_{size}_{uuid.uuid4().hex[:8]}"
+    ready = ctx.Event()
+    total = ctx.Value("q", 0)
+    c_recv, c_send = ctx.Pipe(False)
+    p_recv, p_send = ctx.Pipe(False)
+    cons = ctx.Process(target=consumer, args=(host, port, topic, ready, total, c_send))
+    prod = ctx.Process(target=producer, args=(host, port, topic, mode, size, duration, ready, total, p_send))
+    cons.start()
+    prod.start()
+    sent, start, end = p_recv.recv()
+    count, last = c_recv.recv()
+    prod.join(10)
+    cons.join(10)
+    if count < sent:
+        print(f"# {mode} {size}B: consumer got {count} of {sent}", file=sys.stderr)
+    return sent / (end - start), count / (last - start)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the scenarios and print ``<figure> <value> <unit>`` lines."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--address", help="HOST:PORT of a running nsqd-compatible server")
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds of publishing per scenario")
+    parser.add_argument("--durability", default="sync", choices=["sync", "batch", "none"],
+                        help="store mode of the mqhub the benchmark starts itself")
+    parser.add_argument("--sizes", default="16,1024", help="comma-separated body sizes")
+    parser.add_argument("--modes", default="pub,mpub", help="comma-separated: pub, mpub")
+    args = parser.parse_args(argv)
+    proc: Optional[subprocess.Popen] = None
+    tmp: Optional[str] = None
+    if args.address:
+        host, _, port_text = args.address.rpartition(":")
+        host, port = host or HOST, int(port_text)
+        label = "server"
+    else:
+        tmp = tempfile.mkdtemp(prefix="nsq-bench-")
+        data_dir = os.path.join(tmp, "data")
+        os.makedirs(data_dir)
+        proc, port = start_mqhub(data_dir, args.durability)
+        host = HOST
+        label = f"mqhub durability={args.durability}"
+    print(f"# nsq bench against {label} at {host}:{port}, {args.duration:g}s per scenario")
+    try:
+        for mode in args.modes.split(","):
+            for size in (int(s) for s in args.sizes.split(",")):
+                published, e2e = run_scenario(host, port, mode, size, args.duration)
+                tag = f"{mode}_{size}B" if size < 1024 else f"{mode}_{size // 1024}KiB"
+                print(f"{tag}_publish {published:.0f} msg/s")
+                print(f"{tag}_e2e {e2e:.0f} msg/s", flush=True)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
