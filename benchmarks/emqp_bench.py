@@ -118,7 +118,7 @@ def run_workers(backend: str, workers: int, slots: int, jobs: int, limit: float)
                     send(s, [b"", V, b"READY", b"b%d" % seq])
                     done += 1
     elapsed = time.monotonic() - first if first is not None else 0.0
-    print(f"done {done} {elapsed:.6f}", flush=True)
+    print(f"done {done} {elapsed:.6f} {time.process_time():.6f}", flush=True)
     for s in socks:
         s.close()
     ctx.term()
@@ -169,6 +169,9 @@ def measure(frontend: str, backend: str, jobs: int, workers: int, slots: int,
         client.close()
         ctx.term()
         answered = int(out[1]) if len(out) >= 2 else 0
+        if answered and len(out) >= 4:
+            print(f"# workers cpu per job {float(out[3]) / answered * 1e6:.0f} us, "
+                  f"client cpu per job {time.process_time() / answered * 1e6:.0f} us (cumulative)")
         return answered, total
     finally:
         if proc.poll() is None:
@@ -222,7 +225,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Run the comparison and print ``<figure> <value> <unit>`` lines."""
     p = argparse.ArgumentParser(prog="mqhub bench emqp", description=__doc__)
     p.add_argument("--jobs", type=int, default=20000, help="jobs per mqhub run")
-    p.add_argument("--original-jobs", type=int, default=3000, help="jobs for emq-router")
+    p.add_argument("--original-jobs", type=int, default=20000, help="jobs for emq-router")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--slots", type=int, default=16, help="READY slots per worker")
     p.add_argument("--limit", type=float, default=15.0, help="seconds per run at most")
