@@ -380,9 +380,10 @@ class ServerCodec:
             pos = end
             if not startswith(line, pos):
                 break
-        if bodies:
-            self._pos = pos
-            self._need = 0
+        if not bodies:
+            return "", []
+        self._pos = pos
+        self._need = 0
         return topic, bodies
 
     def read_fins(self) -> list[bytes]:
