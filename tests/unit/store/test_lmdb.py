@@ -311,3 +311,38 @@ def test_auto_writer_moves_slow_commits_to_the_thread(tmp_path: Any) -> None:
     f(*a)
     assert fired == [None, None]
     store.close()
+
+
+def test_segment_deletion_waits_for_a_snapshot_lock(tmp_path: Any) -> None:
+    """While a snapshot holds segments.lock (shared), unreferenced segments are kept; the next
+    commit after it is released deletes them."""
+    import fcntl
+
+    path = str(tmp_path / "d")
+    clock = Clock()
+    h = Harness(make_lmdb(path, clock, segment_threshold=100, segment_size=2048), clock)
+    commit(h, lambda b: b.put_entries("q", [make_entry(i, os.urandom(1500)) for i in range(3)]))
+    first = list_segments(seg_dir(path))[0]
+    fd = os.open(os.path.join(path, "segments.lock"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        commit(h, lambda b: b.delete_entries("q", [(0, 0)]))
+        assert first in list_segments(seg_dir(path))
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    commit(h, lambda b: b.put_entries("q", [make_entry(9, os.urandom(1500))]))
+    assert first not in list_segments(seg_dir(path))
+    assert h.result(h.store.count_entries("q")) == 3
+    h.store.close()
+
+
+def test_reads_on_a_closed_store_fail(tmp_path: Any) -> None:
+    """Every read of a closed LmdbStore fails with StoreError instead of touching LMDB."""
+    clock = Clock()
+    h = Harness(make_lmdb(str(tmp_path / "d"), clock), clock)
+    h.result(h.store.close())
+    for d in (h.store.read_entries("q", None, 1), h.store.count_entries("q"),
+              h.store.queue_names(), h.store.read_due(1.0, 1), h.store.next_due(),
+              h.store.get_meta("k"), h.store.scan_meta(""), h.store.read_expired(1.0, 1)):
+        assert h.failure(d).check(StoreError)
