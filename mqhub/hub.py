@@ -139,8 +139,23 @@ class HubService(MultiService):
         """Open the store, start the scheduler, recover the broker, then start the listeners."""
         Service.startService(self)
         d: Deferred[None] = maybeDeferred(self._start_core)
+        d.addCallback(self._reactor_running)
         d.addCallback(lambda _: self._start_listeners())
         d.addCallbacks(self.started.callback, self._start_failed)
+
+    def _reactor_running(self, _: object) -> Deferred[None]:
+        """Fire once the hub's reactor runs (at once without a reactor, as in unit tests).
+
+        twistd starts the application before it runs the reactor; waiting lets the reactor's
+        (and the tap's) signal handlers be in place before any port accepts a client.
+        """
+        reactor = self.hub.reactor
+        waiting: Deferred[None] = Deferred()
+        if reactor is None or reactor.running:
+            waiting.callback(None)
+        else:
+            reactor.callWhenRunning(waiting.callback, None)
+        return waiting
 
     def _start_core(self) -> Deferred[None]:
         """store.open() → broker.start() (recovery) → scheduler.startService().

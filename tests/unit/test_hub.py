@@ -137,6 +137,19 @@ def test_listeners_wait_for_broker_recovery() -> None:
     assert events[-2:] == ["mq9.privileged", "mq9.start"]
 
 
+def test_listeners_wait_for_the_reactor_to_run() -> None:
+    """Under twistd (start before reactor.run) listeners start only once the reactor runs."""
+    events: list[str] = []
+    root, _ = make_root(events)
+    reactor = MemoryReactorClock()
+    root.hub.reactor = reactor
+    root.startService()
+    assert events == ["store.open", "broker.start", "scheduler.start"]
+    reactor.run()
+    assert events[-2:] == ["mq9.privileged", "mq9.start"]
+    assert root.started.called
+
+
 def test_failed_recovery_starts_no_listener_and_reports() -> None:
     """If the broker cannot recover, the owner is told and nothing listens."""
     events: list[str] = []
