@@ -67,6 +67,7 @@ WRITER_MODES = ("inline", "thread", "auto")
 #: ``auto`` moves commits to the writer thread when a commit takes longer than this on average
 AUTO_THREAD_AFTER = 0.002
 LOCK_NAME = "segments.lock"
+OWNER_LOCK = "store.lock"
 
 
 class _MapFull(Exception):
@@ -141,6 +142,7 @@ class LmdbStore:
         self._jobs: queue_mod.Queue[Any] = queue_mod.Queue()
         self._thread: threading.Thread | None = None
         self._lock_fd: int | None = None
+        self._owner_fd: int | None = None
         self._mirror_lock = threading.Lock()
         self._threaded = False
         self._auto_threshold = auto_threshold
@@ -156,9 +158,39 @@ class LmdbStore:
     # lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Open the environment, repair the segment tail, load queue counters; synchronous."""
+        """Open the environment, repair the segment tail, load queue counters; synchronous.
+
+        :raises StoreError: when another process has this store open, or it cannot be opened.
+        """
         index = os.path.join(self.path, "index")
         os.makedirs(index, exist_ok=True)
+        owner = os.open(os.path.join(self.path, OWNER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(owner)
+            raise StoreError(f"store {self.path!r} is in use by another process") from e
+        self._owner_fd = owner
+        try:
+            self._open_env(index)
+        except lmdb.Error as e:
+            self._release_owner()
+            raise StoreError(f"cannot open store {self.path!r}: {e}") from e
+        except BaseException:
+            self._release_owner()
+            raise
+
+    def _release_owner(self) -> None:
+        """Drop the exclusive owner lock (and an environment a failed open left behind)."""
+        if self._env is not None and not self._open:
+            self._env.close()
+            self._env = None
+        if self._owner_fd is not None:
+            os.close(self._owner_fd)
+            self._owner_fd = None
+
+    def _open_env(self, index: str) -> None:
+        """Body of :meth:`open` once the owner lock is held."""
         sync = self.durability == "sync"
         self._env = lmdb.open(index, map_size=self._map_size, max_dbs=len(codec.DB_NAMES) + 2,
                               sync=sync, metasync=sync, readahead=False, max_readers=256)
@@ -309,6 +341,7 @@ class LmdbStore:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        self._release_owner()
         self._open = False
         d, self._closing = self._closing, None
         assert d is not None

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from twisted.internet.task import Clock
 
 from mqhub.errors import StoreError
@@ -346,3 +347,15 @@ def test_reads_on_a_closed_store_fail(tmp_path: Any) -> None:
               h.store.queue_names(), h.store.read_due(1.0, 1), h.store.next_due(),
               h.store.get_meta("k"), h.store.scan_meta(""), h.store.read_expired(1.0, 1)):
         assert h.failure(d).check(StoreError)
+
+
+def test_a_store_is_opened_by_one_owner_at_a_time(tmp_path: Any) -> None:
+    """A second LmdbStore on the same directory refuses to open while the first is open."""
+    path = str(tmp_path / "d")
+    first = make_lmdb(path, Clock())
+    second = LmdbStore(path, clock=Clock())
+    with pytest.raises(StoreError, match="in use"):
+        second.open()
+    first.close()
+    second.open()
+    second.close()
