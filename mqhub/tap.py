@@ -59,6 +59,9 @@ Examples:
         ["data-dir", "d", "./var", "Directory of the durable store."],
         ["log-format", None, "text", "Log output: text or json (one JSON object per line)."],
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
+        ["nsq-auth-secrets", None, None, "NSQ: JSON secrets file; clients must AUTH (see docs/protocols/nsq.md)."],
+        ["nsq-tls-cert", None, None, "NSQ: PEM certificate (and key) enabling the tls_v1 upgrade."],
+        ["nsq-tls-key", None, None, "NSQ: PEM key when not in the --nsq-tls-cert file."],
     ]
 
     def __init__(self) -> None:
