@@ -37,6 +37,11 @@ class _TrackingFactory(Factory):
         self.wrapped = wrapped
         self.built: weakref.WeakSet[Any] = weakref.WeakSet()
 
+    def logPrefix(self) -> str:
+        """Log as the wrapped factory ("NsqFactory starting on 4150")."""
+        prefix = getattr(self.wrapped, "logPrefix", None)
+        return prefix() if prefix is not None else type(self.wrapped).__name__
+
     def doStart(self) -> None:
         """Start the wrapped factory."""
         self.wrapped.doStart()
