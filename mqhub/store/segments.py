@@ -253,7 +253,10 @@ class SegmentLog:
             except FileNotFoundError as e:
                 raise CorruptRecord(f"segment {number} is missing") from e
             self._readers[number] = fd
-        record = os.pread(fd, size, offset)
+        try:
+            record = os.pread(fd, size, offset)
+        except OSError as e:  # e.g. deleted by the writer thread after this read began
+            raise CorruptRecord(f"segment {number} cannot be read: {e}") from e
         try:
             return unframe(record)
         except brotli.error as e:
