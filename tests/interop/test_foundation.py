@@ -149,3 +149,30 @@ def test_store_that_cannot_open_exits_one_without_listening(
     assert broker.returncode == 1
     assert "mqhub could not start" in broker.output()
     assert not port_accepts(broker.port("echotest"))
+
+
+def test_all_protocols_start_every_landed_listener(make_broker: MakeBroker) -> None:
+    """Like ``make run``: every protocol whose server exists listens; the others refuse in one line."""
+    import importlib.util
+
+    from mqhub.plugins.builtin import emqp, mq9, mqks, nsq, vibemq
+
+    def has_server(package: str) -> bool:
+        try:
+            return importlib.util.find_spec(f"mqhub.protocols.{package}.service") is not None
+        except ModuleNotFoundError:  # not even the protocol package exists yet
+            return False
+
+    landed = [p for p in (emqp, mq9, mqks, nsq, vibemq) if has_server(p.package)]
+    missing = [p for p in (emqp, mq9, mqks, nsq, vibemq) if p not in landed]
+    broker = make_broker(
+        ["emqp", "mq9", "mqks", "nsq", "vibemq"],
+        wait_for=[(p.name, role) for p in landed for role in p.default_endpoints],
+    )
+    for plugin in landed:
+        for role in plugin.default_endpoints:
+            assert port_accepts(broker.port(plugin.name, role)), (plugin.name, role)
+    log = broker.output()
+    for plugin in missing:
+        assert f"{plugin.name}: protocol {plugin.name} is not implemented yet" in log
+    assert broker.stop() == 0

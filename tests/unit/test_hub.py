@@ -251,6 +251,7 @@ def test_build_hub_uses_lmdb_under_data_dir(tmp_path: Path) -> None:
     assert hub.config["durability"] == "none"
     if importlib.util.find_spec("mqhub.store.lmdb") is not None:
         assert type(hub.store).__name__ == "LmdbStore"
+        assert hub.store.durability == "none"  # --durability reaches the store
     else:
         assert isinstance(hub.store, MemoryStore)
 
