@@ -135,7 +135,7 @@ class Mq9:
     :param server: the :class:`NatsServer` (used to deliver and to find subscribers).
     :param store: the hub's IMessageStore.
     :param clock: the hub's clock.
-    :param ids: an id source with ``next_id()`` (and optionally ``observe(msg_id)``).
+    :param ids: an id source with ``reserve(n)`` (and optionally ``observe(msg_id)``).
     """
 
     def __init__(self, server: "NatsServer", store: Any, clock: Any, ids: Any,
@@ -145,7 +145,6 @@ class Mq9:
         self.store = store
         self.clock = clock
         self.ids = ids
-        self._next_id = ids.next_id
         self.sweep_interval = sweep_interval
         self.mailboxes: dict[str, Mailbox] = {}
         self.subs: dict[str, list["Subscription"]] = {}
@@ -157,7 +156,9 @@ class Mq9:
         self._kick_call: Any = None
         self._inflight = 0
         self._sweeper: Optional[LoopingCall] = None
-        self._subject_cache: dict[str, Optional[tuple[str, str]]] = {}
+        self._inbox_cache: dict[str, Any] = {}
+        self._id_next = 0
+        self._id_end = 0
         self.stats = {"stored": 0, "pushed": 0, "expired": 0, "queried": 0}
 
     # lifecycle ---------------------------------------------------------------------------
@@ -196,6 +197,7 @@ class Mq9:
             self._batch.delete_entries(mailbox_queue(box.mail_id), stale)
             entries = [newest]
         for e in entries:
+            e = e[:EXPIRES_AT] + (_expiry(box, e),) + e[EXPIRES_AT + 1:]
             box.unread[e[PRIORITY]].append(e)
             self._observe(e[MSG_ID])
         for lst in box.unread.values():
@@ -325,47 +327,74 @@ class Mq9:
             return self._persisted_broadcast(pub, subject, reply, hdr, payload)
         return 1
 
-    def _parse_inbox(self, subject: str) -> Optional[tuple[str, str]]:
-        """``(mail_id, priority name)`` of an INBOX subject, or None (cached)."""
-        cache = self._subject_cache
-        hit = cache.get(subject, False)
-        if hit is not False:
-            return hit  # type: ignore[return-value]
+    def _resolve_inbox(self, subject: str) -> Any:
+        """``(box, priority, default_ttl, stored, queue)`` for an INBOX subject, or an error text.
+
+        Cached per subject; the cache is cleared whenever a mailbox is created or removed.
+        """
         parts = subject[len(INBOX):].split(".")
-        res = (parts[0], parts[1]) if len(parts) == 2 and parts[1] in PRIORITIES else None
-        if len(cache) > 100000:
-            cache.clear()
-        cache[subject] = res
-        return res
+        if len(parts) != 2 or parts[1] not in PRIORITIES:
+            return f"invalid mq9 inbox subject: {subject}"
+        box = self.mailboxes.get(parts[0])
+        if box is None:
+            return f"mailbox {parts[0]} does not exist"
+        prio, ttl, durable = PRIORITIES[parts[1]]
+        hit = (box, prio, ttl, durable or box.kind == "latest", mailbox_queue(box.mail_id))
+        if len(self._inbox_cache) > 100000:
+            self._inbox_cache.clear()
+        self._inbox_cache[subject] = hit
+        return hit
+
+    def _new_id(self) -> int:
+        """Next message id, from a block reserved for this read."""
+        n = self._id_next
+        if n >= self._id_end:
+            n = self.ids.reserve(256)
+            self._id_end = n + 256
+        self._id_next = n + 1
+        return n
 
     def _inbox(self, subject: str, reply: Optional[str], hdr: Optional[bytes],
                payload: bytes) -> None:
         """Store one mailbox message; it is pushed after the read's batch commits."""
-        parsed = self._parse_inbox(subject)
-        if parsed is None:
-            self._error(reply, f"invalid mq9 inbox subject: {subject}")
-            return
-        mail_id, pname = parsed
-        box = self._live(mail_id)
-        if box is None:
-            self._error(reply, f"mailbox {mail_id} does not exist")
-            return
-        prio, default_ttl, durable = PRIORITIES[pname]
-        headers = _headers_dict(hdr) if hdr is not None else None
-        if reply:
-            headers = dict(headers or {})
-            headers[RESERVED_REPLY] = reply
+        hit = self._inbox_cache.get(subject)
+        if hit is None:
+            hit = self._resolve_inbox(subject)
+            if hit.__class__ is str:
+                self._error(reply, hit)
+                return
+        box, prio, ttl, stored, queue = hit
         now = self.clock.seconds()
-        ttl = _ttl_header(headers) or default_ttl
+        box_exp = box.expires_at
+        if box_exp and box_exp <= now:
+            self._error(reply, f"mailbox {box.mail_id} does not exist")
+            return
+        headers = None
+        if hdr is not None or reply:
+            headers = _headers_dict(hdr) if hdr is not None else None
+            if reply:
+                headers = dict(headers or {})
+                headers[RESERVED_REPLY] = reply
+            ttl = _ttl_header(headers) or ttl
         expires = now + ttl if ttl else 0.0
-        if box.expires_at and (not expires or box.expires_at < expires):
-            expires = box.expires_at
-        msg_id = self._next_id()
+        if box_exp and (not expires or box_exp < expires):
+            expires = box_exp
+        msg_id = self._new_id()
+        if stored:
+            # the store keeps no expiry: it is derived again on recovery (id time + TTL rule)
+            puts = self._batch.puts
+            lst = puts.get(queue)
+            if lst is None:
+                lst = puts[queue] = []
+            lst.append((msg_id, prio, 0, 0.0, 0.0, subject, headers, payload, "nats"))
         entry = (msg_id, prio, 0, 0.0, expires, subject, headers, payload, "nats")
-        if durable or box.kind == "latest":
-            self._batch.put_entries(mailbox_queue(mail_id), (entry,))
-            self.stats["stored"] += 1
-        self._ops.append((0, box, entry, durable or box.kind == "latest"))
+        ops = self._ops
+        if ops:
+            last = ops[-1]
+            if last[0] == 0 and last[1] is box:
+                last[2].append(entry)
+                return
+        ops.append((0, box, [entry]))
 
     def _live(self, mail_id: str) -> Optional[Mailbox]:
         """The mailbox ``mail_id`` unless it is unknown or past its TTL (sweep pending)."""
@@ -408,6 +437,7 @@ class Mq9:
         token = "tok-" + secrets.token_urlsafe(24)
         box = Mailbox(mail_id, token, kind, int(ttl), self.clock.seconds())
         self.mailboxes[mail_id] = box
+        self._inbox_cache.clear()
         self._batch.put_meta(META_MAILBOX + mail_id, box.record())
         body = {"mail_id": mail_id, "token": token, "inbox": INBOX + mail_id, "type": kind,
                 "ttl": int(ttl)}
@@ -419,7 +449,7 @@ class Mq9:
         headers = _headers_dict(hdr)
         now = self.clock.seconds()
         ttl = _ttl_header(headers) or DEFAULT_BROADCAST_TTL
-        entry = (self._next_id(), 0, 0, 0.0, now + ttl, subject, headers, payload, "nats")
+        entry = (self._new_id(), 0, 0, 0.0, now + ttl, subject, headers, payload, "nats")
         self._batch.put_entries(BCAST_QUEUE, (entry,))
         seen: set[str] = set()
         self.broadcasts.append((entry, seen))
@@ -455,6 +485,7 @@ class Mq9:
         Operations always run in commit order: while a commit is in flight, even a batch
         without writes goes through the store so its operations (a PONG barrier) wait.
         """
+        self._id_next = self._id_end     # ids of the next read come from a fresh block
         if not self._batch and not self._ops:
             return
         ops, self._ops = self._ops, []
@@ -510,12 +541,21 @@ class Mq9:
         for op in ops:
             kind = op[0]
             if kind == 0:
-                box, entry = op[1], op[2]
+                box, entries = op[1], op[2]
                 if self.mailboxes.get(box.mail_id) is not box:
                     continue
+                unread = box.unread
                 if box.kind == "latest":
                     self._clear(box)
-                box.unread[entry[PRIORITY]].append(entry)
+                    if len(entries) > 1:
+                        self._batch.delete_entries(mailbox_queue(box.mail_id),
+                                                   [(e[PRIORITY], e[MSG_ID]) for e in entries[:-1]])
+                        entries = entries[-1:]
+                if len(entries) == 1 or all(e[PRIORITY] == entries[0][PRIORITY] for e in entries):
+                    unread[entries[0][PRIORITY]].extend(entries)
+                else:
+                    for e in entries:
+                        unread[e[PRIORITY]].append(e)
                 touched[box.mail_id] = box
             elif kind == 1:
                 for box in touched.values():
@@ -532,7 +572,7 @@ class Mq9:
         for box in touched.values():
             self._drain(box)
         if self._batch:
-            self._commit().addErrback(lambda f: log.failure("mq9: store commit failed", f))
+            self.kick()     # deletes ride with the next read's commit (or the next turn)
         self.server.flush()
 
     def _clear(self, box: Mailbox) -> None:
@@ -550,10 +590,12 @@ class Mq9:
         if not subs:
             return
         now = self.clock.seconds()
-        deliver = self.server.deliver
-        queue = mailbox_queue(box.mail_id)
+        srv = self.server
+        deliver = srv.deliver
+        dirty = srv.dirty
         deleted: list[tuple[int, int]] = []
         filters = self.filters
+        latest = box.kind == "latest"
         for prio in (2, 1, 0):
             entries = box.unread[prio]
             if not entries:
@@ -569,35 +611,52 @@ class Mq9:
                     groups.setdefault(s.queue, []).append(s)
             members = list(groups.values())
             rr = self._rr.setdefault(box.mail_id, {}) if members else {}
+            # fast path: plain subscribers without a message limit, messages without headers
+            fast = [(s.conn, s.conn.out, s.sid) for s in plain if s.max is None]
+            slow = [s for s in plain if s.max is not None]
+            heads: dict[tuple[str, str], bytes] = {}
             box.unread[prio] = []
+            if prio or latest:
+                deleted.extend([(prio, e[MSG_ID]) for e in entries])
             for e in entries:
-                if prio:
-                    deleted.append((prio, e[MSG_ID]))
-                elif box.kind == "latest":
-                    deleted.append((0, e[MSG_ID]))
                 if e[EXPIRES_AT] and e[EXPIRES_AT] <= now:
                     self.stats["expired"] += 1
                     continue
                 headers = e[HEADERS]
-                reply = None
-                hdr = None
-                if headers:
+                body = e[BODY]
+                if headers is None:
+                    subject = e[5]
+                    for conn, out, sid in fast:
+                        head = heads.get((subject, sid))
+                        if head is None:
+                            head = heads[(subject, sid)] = f"MSG {subject} {sid} ".encode()
+                        if not out:
+                            dirty.append(conn)
+                        out.append(head + b"%d\r\n" % len(body))
+                        out.append(body)
+                        out.append(b"\r\n")
+                    reply = hdr = None
+                    for sub in slow:
+                        deliver(sub, subject, None, None, body)
+                else:
+                    reply = None
+                    hdr = None
                     if RESERVED_REPLY in headers:
                         headers = dict(headers)
                         reply = headers.pop(RESERVED_REPLY)
                     if headers:
                         hdr = codec.build_headers(headers)
-                for s in plain:
-                    deliver(s, e[5], reply, hdr, e[BODY])
+                    for sub in plain:
+                        deliver(sub, e[5], reply, hdr, body)
                 for grp in members:
                     rr[grp[0].queue] = k = rr.get(grp[0].queue, -1) + 1
-                    deliver(grp[k % len(grp)], e[5], reply, hdr, e[BODY])
-                self.stats["pushed"] += 1
+                    deliver(grp[k % len(grp)], e[5], reply, hdr, body)
+            self.stats["pushed"] += len(entries)
             subs = self.subs.get(box.mail_id)   # a max-limited SUB may have gone
             if not subs:
                 break
         if deleted:
-            self._batch.delete_entries(queue, deleted)
+            self._batch.delete_entries(mailbox_queue(box.mail_id), deleted)
 
     def _query(self, mail_id: str, req: dict[str, Any], reply: Optional[str]) -> None:
         """Answer QUERY: every unread message (up to ``limit``), which becomes read."""
@@ -673,6 +732,7 @@ class Mq9:
         for mail_id, box in list(self.mailboxes.items()):
             if box.expires_at and box.expires_at <= now:
                 del self.mailboxes[mail_id]
+                self._inbox_cache.clear()
                 batch.purge_queue(mailbox_queue(mail_id))
                 batch.delete_meta(META_MAILBOX + mail_id)
                 self.stats["expired"] += box.count()
@@ -699,6 +759,15 @@ class Mq9:
             self.broadcasts = alive
         if batch:
             self.end_turn()
+
+
+def _expiry(box: Mailbox, entry: tuple) -> float:
+    """A recovered message's expiry: its id's time plus its TTL rule, capped by the mailbox's."""
+    ttl = _ttl_header(entry[HEADERS]) or PRIORITIES[PRIORITY_NAMES[entry[PRIORITY]]][1]
+    expires = _id_ms(entry[MSG_ID]) / 1000.0 + ttl if ttl else 0.0
+    if box.expires_at and (not expires or box.expires_at < expires):
+        expires = box.expires_at
+    return expires
 
 
 def _item(entry: tuple) -> dict[str, Any]:

@@ -48,6 +48,7 @@ _WIRE_ERRORS: dict[str, Optional[str]] = {
 }
 
 MQ9_PREFIX = "$mq9.AI."
+READ_SIZE = 256 * 1024
 BROADCAST_PREFIX = "$mq9.AI.BROADCAST."
 
 
@@ -387,6 +388,11 @@ class NatsConnection(Protocol):
         srv.stats["connections"] += 1
         peer = self.transport.getPeer()
         self.peer_host = getattr(peer, "host", "") or ""
+        inner = getattr(self.transport, "transport", None)    # under a ProtocolWrapper
+        real = inner if inner is not None and hasattr(inner, "bufferSize") else self.transport
+        if hasattr(real, "bufferSize"):
+            # bigger reads = bigger groups per store commit for mq9, fewer turns for core
+            real.bufferSize = READ_SIZE
         try:
             self.transport.registerProducer(self, True)
         except Exception:  # pragma: no cover - transports without producer support

@@ -21,17 +21,6 @@ _OPTIONS = ("max_payload", "max_pending", "ping_interval", "ping_max", "auth_tim
             "user", "password", "server_name", "max_control_line")
 
 
-class _Ids:
-    """A fallback id source when the hub has no broker core (time-ordered, increasing)."""
-
-    def __init__(self, clock: Any) -> None:
-        """Use ``clock`` for the time part."""
-        from mqhub.core.ids import IdGenerator
-        self._gen = IdGenerator(clock)
-        self.next_id = self._gen.next_id
-        self.observe = self._gen.observe
-
-
 def tls_context(cert: str, key: Optional[str]) -> Any:
     """A server TLS context from PEM files (key may be inside the cert file)."""
     from twisted.internet import ssl
@@ -61,7 +50,11 @@ def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
         raise PluginError(f"mq9: bad option: {exc}") from exc
     server = NatsServer(hub, settings)
     broker = getattr(hub, "broker", None)
-    ids = broker.ids if broker is not None and hasattr(broker, "ids") else _Ids(hub.clock)
+    if broker is not None and hasattr(broker, "ids"):
+        ids = broker.ids
+    else:
+        from mqhub.core.ids import IdGenerator
+        ids = IdGenerator(hub.clock)
     server.mq9 = Mq9(server, hub.store, hub.clock, ids,
                      sweep_interval=float(plugin_options.get("sweep_interval", 1.0)))
     if broker is not None:

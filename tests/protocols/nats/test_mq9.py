@@ -22,7 +22,8 @@ def bodies(events: list[tuple]) -> list[bytes]:
 
 
 def stored(srv, mail_id: str) -> int:
-    """How many entries the store holds for a mailbox."""
+    """How many entries the store holds for a mailbox (after the next turn's commit)."""
+    srv.hub.clock.advance(0)
     return result_of(srv.hub.store.count_entries(mailbox_queue(mail_id)))
 
 

