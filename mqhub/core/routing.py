@@ -40,7 +40,10 @@ class Binding:
 
 
 class Route:
-    """Everything a publish to one address reaches; immutable except the group rotation."""
+    """Everything a publish to one address reaches; immutable except the group rotation.
+
+    Every address that nothing matches shares one empty Route per epoch (its ``address`` is "").
+    """
 
     __slots__ = ("epoch", "address", "queues", "targets", "groups", "park", "empty", "_rr")
 
@@ -75,11 +78,13 @@ class Router:
         self.cache: dict[str, Route] = {}
         self.parking: dict[str, Queue] = {}     # address -> its parking queue (parked or paused)
         self.paused: set[str] = set()
+        self._empty = Route(self.epoch, "", (), (), (), None)
 
     def changed(self) -> None:
         """Bindings, parking or pauses changed: new epoch, empty cache."""
         self.epoch += 1
         self.cache.clear()
+        self._empty = Route(self.epoch, "", (), (), (), None)
 
     def route(self, address: str) -> Route:
         """Return the (cached) route of ``address``."""
@@ -94,6 +99,8 @@ class Router:
     def resolve(self, address: str) -> Route:
         """Resolve ``address`` against the trie (uncached)."""
         matched = self.trie.match(address)
+        if not matched and (not self.parking or address not in self.parking):
+            return self._empty       # one shared route for every address nothing matches
         queues: list[Any] = []
         targets: list[Binding] = []
         groups: dict[str, list[Binding]] | None = None
