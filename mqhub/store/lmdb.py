@@ -841,20 +841,23 @@ class LmdbStore:
             return fail(StoreClosed("store is closed"))
         return None
 
-    def read_entries(self, queue: str, after: EntryKey | None, limit: int) -> Deferred[list[Entry]]:
-        """Fire with up to ``limit`` entries of ``queue`` after ``after``, in ready order."""
-        closed = self._check_open()
-        if closed is not None:
-            return closed
-        qid = self._qids.get(queue)
-        if qid is None or limit <= 0:
-            return succeed([])
+    def _guarded(self, fn: Callable[..., Any], *args: Any) -> Deferred[Any]:
+        """Run a synchronous read; fire with its result, or fail with StoreError only."""
+        if not self._open:
+            return fail(StoreClosed("store is closed"))
         try:
-            return succeed(self._read_entries(qid, after, limit))
-        except lmdb.Error as e:
-            return fail(StoreError(f"store read failed: {e}"))
+            return succeed(fn(*args))
         except StoreError as e:
             return fail(e)
+        except (lmdb.Error, OSError, ValueError, struct.error, UnicodeDecodeError) as e:
+            return fail(StoreError(f"store read failed: {e!r}"))
+
+    def read_entries(self, queue: str, after: EntryKey | None, limit: int) -> Deferred[list[Entry]]:
+        """Fire with up to ``limit`` entries of ``queue`` after ``after``, in ready order."""
+        qid = self._qids.get(queue)
+        if qid is None or limit <= 0:
+            return self._check_open() or succeed([])
+        return self._guarded(self._read_entries, qid, after, limit)
 
     def _read_entries(self, qid: int, after: EntryKey | None, limit: int) -> list[Entry]:
         """Synchronous body of :meth:`read_entries`."""
@@ -909,40 +912,40 @@ class LmdbStore:
 
     def read_due(self, until: float, limit: int) -> Deferred[list[tuple[float, bytes, bytes]]]:
         """Fire with up to ``limit`` due rows with ``when <= until``, earliest first."""
-        closed = self._check_open()
-        if closed is not None:
-            return closed
+        return self._guarded(self._read_due, until, limit)
+
+    def _read_due(self, until: float, limit: int) -> list[tuple[float, bytes, bytes]]:
+        """Synchronous body of :meth:`read_due`."""
         out: list[tuple[float, bytes, bytes]] = []
-        try:
-            with self._env.begin(db=self._dbs[b"due"]) as txn:
-                for k, v in txn.cursor():
-                    when = F64.unpack_from(k)[0]
-                    if when > until or len(out) >= limit:
-                        break
-                    out.append((when, bytes(k[8:]), bytes(v)))
-        except lmdb.Error as e:
-            return fail(StoreError(f"store read failed: {e}"))
-        return succeed(out)
+        with self._env.begin(db=self._dbs[b"due"]) as txn:
+            for k, v in txn.cursor():
+                when = F64.unpack_from(k)[0]
+                if when > until or len(out) >= limit:
+                    break
+                out.append((when, bytes(k[8:]), bytes(v)))
+        return out
 
     def next_due(self) -> Deferred[float | None]:
         """Fire with the earliest due time, or None."""
-        closed = self._check_open()
-        if closed is not None:
-            return closed
+        return self._guarded(self._next_due)
+
+    def _next_due(self) -> float | None:
+        """Synchronous body of :meth:`next_due`."""
         with self._env.begin(db=self._dbs[b"due"]) as txn:
             cur = txn.cursor()
             if not cur.first():
-                return succeed(None)
-            return succeed(F64.unpack_from(cur.key())[0])
+                return None
+            return float(F64.unpack_from(cur.key())[0])
 
     def read_expired(self, until: float, limit: int) -> Deferred[list[tuple[str, EntryKey, float]]]:
         """Fire with up to ``limit`` ``(queue, (priority, msg_id), expires_at)`` expiring by ``until``.
 
-        An addition to IMessageStore (MemoryStore has it too): the TTL sweep's index.
+        The TTL sweep's index (declared in IMessageStore; MemoryStore has it too).
         """
-        closed = self._check_open()
-        if closed is not None:
-            return closed
+        return self._guarded(self._read_expired, until, limit)
+
+    def _read_expired(self, until: float, limit: int) -> list[tuple[str, EntryKey, float]]:
+        """Synchronous body of :meth:`read_expired`."""
         with self._mirror_lock:
             names = {qid: name for name, qid in self._qids.items()}
         out: list[tuple[str, EntryKey, float]] = []
@@ -953,21 +956,24 @@ class LmdbStore:
                     break
                 qid, pb, mid = ENTRY_KEY.unpack_from(k, 8)
                 out.append((names.get(qid, ""), (9 - pb, mid), when))
-        return succeed(out)
+        return out
 
     def get_meta(self, key: str) -> Deferred[bytes | None]:
         """Fire with the metadata value under ``key``, or None."""
-        closed = self._check_open()
-        if closed is not None:
-            return closed
+        return self._guarded(self._get_meta, key)
+
+    def _get_meta(self, key: str) -> bytes | None:
+        """Synchronous body of :meth:`get_meta`."""
         with self._env.begin(db=self._dbs[b"meta"]) as txn:
-            return succeed(txn.get(key.encode()))
+            value: bytes | None = txn.get(key.encode())
+            return value
 
     def scan_meta(self, prefix: str) -> Deferred[list[tuple[str, bytes]]]:
         """Fire with every ``(key, value)`` whose key starts with ``prefix``, in key order."""
-        closed = self._check_open()
-        if closed is not None:
-            return closed
+        return self._guarded(self._scan_meta, prefix)
+
+    def _scan_meta(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Synchronous body of :meth:`scan_meta`."""
         p = prefix.encode()
         out = []
         with self._env.begin(db=self._dbs[b"meta"]) as txn:
@@ -977,7 +983,7 @@ class LmdbStore:
                     if not k.startswith(p):
                         break
                     out.append((bytes(k).decode(), bytes(v)))
-        return succeed(out)
+        return out
 
     def stats(self) -> dict[str, Any]:
         """Return counters for introspection."""
