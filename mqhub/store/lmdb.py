@@ -390,6 +390,9 @@ class LmdbStore:
                 self._grow_map()
             except StoreError as e:
                 return e
+            except Exception as e:  # noqa: BLE001 - a bug fails the group, never hangs it
+                log.exception("store group commit failed")
+                return StoreError(f"store write failed: {e!r}")
 
     def _fire(self, group: list[tuple[WriteBatch, Deferred[None]]], result: Any) -> None:
         """Fire the Deferreds of a written group with ``result`` (None, error, or per batch)."""
@@ -490,6 +493,11 @@ class LmdbStore:
                 self.failed_groups += 1
                 raise StoreError(f"malformed store batch: {e!r}") from e
             raise _PerBatch(self._write_each(batches)) from None
+        except BaseException:
+            txn.abort()
+            self._safe_rollback(mark)
+            self.failed_groups += 1
+            raise
         self._after_commit(t)
         self.commits += 1
         self.batches += len(batches)
