@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import zmq
 
@@ -91,7 +90,7 @@ def run_workers(backend: str, workers: int, slots: int, jobs: int, limit: float)
         poller.register(s, zmq.POLLIN)
     acked: set[int] = set()
     done = 0
-    first: Optional[float] = None
+    first: float | None = None
     end = time.monotonic() + limit
     seq = 0
     while time.monotonic() < end and done < jobs:
@@ -221,7 +220,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the comparison and print ``<figure> <value> <unit>`` lines."""
     p = argparse.ArgumentParser(prog="mqhub bench emqp", description=__doc__)
     p.add_argument("--jobs", type=int, default=20000, help="jobs per mqhub run")

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import zmq
 
-from tests.protocols.emqp.interop_support import (Client, JobEnv, job_body, raw_dealer,
-                                                  wait_until)
+from tests.protocols.emqp.interop_support import Client, JobEnv, job_body, raw_dealer, wait_until
 
 V = b"eMQP/1.0"
 

@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 from collections import deque
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple
 
 VERSION = b"eMQP/1.0"
 EMPTY = b""
@@ -197,7 +197,7 @@ class FrameDecoder:
                 self._partial_overflow = False
             self._ready.append(message)
 
-    def next_event(self) -> Union[Command, object]:
+    def next_event(self) -> Command | object:
         """Return the next parsed command, or NEED_DATA; raise ProtocolError for a bad one."""
         if not self._ready:
             return NEED_DATA
@@ -215,7 +215,7 @@ def _int_value(item: str, default: int) -> int:
         return default
 
 
-def parse_headers(raw: Union[bytes, str]) -> Headers:
+def parse_headers(raw: bytes | str) -> Headers:
     """Decode a header frame like ``reply-requested,retry-count:2,timeout:5``.
 
     Unknown items are ignored (eventmq does the same); an unparsable number counts as absent.
@@ -332,7 +332,7 @@ def parse_schedule(body: tuple[bytes, ...], unschedule: bool = False) -> Schedul
 class MsgIds:
     """Cheap unique msgids in uuid4 text form: a random 64-bit prefix and a 64-bit counter."""
 
-    def __init__(self, seed: Optional[bytes] = None) -> None:
+    def __init__(self, seed: bytes | None = None) -> None:
         """:param seed: 8 bytes for the prefix (random when None)."""
         prefix = (seed or os.urandom(8)).hex()
         self._head = f"{prefix[:8]}-{prefix[8:12]}-4{prefix[13:16]}-"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -29,6 +29,8 @@ from mqhub.store.records import BODY, HEADERS, MSG_ID, ORIGIN
 
 Frames = list[bytes]
 Send = Callable[[Frames], None]
+#: This read's jobs for one queue: bodies and their per-job headers.
+JobBatch = tuple[list[bytes], list[dict[str, str] | None]]
 
 JOB_PREFIX = "emqp.jobs."
 SCHEDULE_KEY_PREFIX = b"emqp/s/"
@@ -130,9 +132,9 @@ class EmqpRouter:
     protocol_name = "emqp"
 
     def __init__(self, hub: Any, send_frontend: Send, send_backend: Send,
-                 send_pub: Optional[Send] = None, *, heartbeat_interval: float = 3.0,
+                 send_pub: Send | None = None, *, heartbeat_interval: float = 3.0,
                  heartbeat_timeout: float = 15.0,
-                 default_queues: Optional[list[tuple[int, str]]] = None,
+                 default_queues: list[tuple[int, str]] | None = None,
                  forward_schedules: bool = False, max_body: int = F.DEFAULT_MAX_BODY,
                  pub_bridge: tuple[str, ...] = ()) -> None:
         """Build the router; nothing runs until :meth:`start`.
@@ -172,7 +174,7 @@ class EmqpRouter:
         #: jobs the core delivered when no slot was planned; sent on the next free slot
         self.held: dict[str, list[tuple]] = {}
         self._plan: list[Worker] = []
-        self._heartbeat: Optional[LoopingCall] = None
+        self._heartbeat: LoopingCall | None = None
         self.pub_bridge = tuple(pub_bridge)
         self._bridge_bindings: list[Any] = []
         self.stats = {"requests": 0, "dispatched": 0, "replies": 0, "retries": 0,
@@ -229,7 +231,7 @@ class EmqpRouter:
 
     def frontend_received(self, messages: list[Frames]) -> None:
         """Handle every message one read of the frontend ROUTER returned."""
-        jobs: dict[str, tuple[list[bytes], list[dict[str, str]]]] = {}
+        jobs: dict[str, JobBatch] = {}
         now = self.clock.seconds()
         for frames in messages:
             try:
@@ -255,7 +257,7 @@ class EmqpRouter:
         for qname, (bodies, headers) in jobs.items():
             self._enqueue(qname, bodies, headers)
 
-    def _take_request(self, cmd: F.Command, jobs: dict) -> None:
+    def _take_request(self, cmd: F.Command, jobs: dict[str, JobBatch]) -> None:
         """Validate one REQUEST and add it to this read's batch for its queue."""
         queue_raw, headers_raw, body = cmd.body
         qname = queue_raw.decode() or "default"
@@ -279,7 +281,8 @@ class EmqpRouter:
         batch[1].append(meta)
         self.stats["requests"] += 1
 
-    def _enqueue(self, qname: str, bodies: list[bytes], headers: list[dict[str, str]]) -> None:
+    def _enqueue(self, qname: str, bodies: list[bytes],
+                 headers: list[dict[str, str] | None]) -> None:
         """Store one batch of jobs on eMQP queue ``qname`` and hand out what free slots allow."""
         try:
             self._consumer(qname)
@@ -438,7 +441,7 @@ class EmqpRouter:
 
     # dispatch --------------------------------------------------------------------------------
 
-    def _pick(self, qname: str) -> Optional[Worker]:
+    def _pick(self, qname: str) -> Worker | None:
         """eventmq's choice: highest weight with a free slot; equal weights rotate."""
         lst = self.routes.get(qname)
         if not lst:
@@ -598,7 +601,7 @@ class EmqpRouter:
 
     def _schedule_due(self, rows: list[tuple[float, bytes, bytes]], batch: Any, now: float) -> None:
         """SchedulerService handler: each due schedule run becomes one job on its queue."""
-        jobs: dict[str, tuple[list[bytes], list[Optional[dict[str, str]]]]] = {}
+        jobs: dict[str, tuple[list[bytes], list[dict[str, str] | None]]] = {}
         for _when, _key, payload in rows:
             try:
                 data = json.loads(payload)
@@ -612,7 +615,7 @@ class EmqpRouter:
             batch_for[1].append({H_MSGID: self.ids.next().decode(), H_HEADERS: ""})
             self.stats["scheduled_runs"] += 1
         for qname, (bodies, headers) in jobs.items():
-            self._enqueue(qname, bodies, headers)  # type: ignore[arg-type]
+            self._enqueue(qname, bodies, headers)
 
     # pub/sub ---------------------------------------------------------------------------------
 

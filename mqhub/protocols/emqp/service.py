@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import zmq
 from twisted.application.service import IService, Service
@@ -84,12 +84,13 @@ class Drainer:
 class BatchSocket(ZmqConnection):
     """A txzmq socket whose reads go through a shared :class:`Drainer` as message batches."""
 
-    socketType = zmq.ROUTER
+    socketType: Any = zmq.ROUTER
+    read_scheduled: Any
 
     def __init__(self, factory: ZmqFactory, socket_type: int, address: str,
-                 on_batch: Optional[Callable[[list[list[bytes]]], None]],
+                 on_batch: Callable[[list[list[bytes]]], None] | None,
                  drainer: Drainer,
-                 on_unreachable: Optional[Callable[[bytes], None]] = None) -> None:
+                 on_unreachable: Callable[[bytes], None] | None = None) -> None:
         """Create the socket of ``socket_type`` and bind it to ``address``."""
         self.socketType = socket_type
         self.on_batch = on_batch
@@ -166,16 +167,16 @@ class BatchSocket(ZmqConnection):
 class EmqpService(Service):
     """Owns the ZeroMQ context, the four sockets and the router."""
 
-    name = "emqp"
+    name: Any = "emqp"
 
     def __init__(self, hub: Any, endpoints: dict[str, str], settings: dict[str, Any]) -> None:
         """Build the router now (its schedule handler must exist before the scheduler fires);
         the sockets are made in startService."""
         self.hub = hub
         self.endpoints = endpoints
-        self.factory: Optional[ZmqFactory] = None
+        self.factory: ZmqFactory | None = None
         self.sockets: dict[str, BatchSocket] = {}
-        self.drainer: Optional[Drainer] = None
+        self.drainer: Drainer | None = None
         self.router = EmqpRouter(hub, self._sender("frontend"), self._sender("backend"),
                                  self._sender("pub-out"), **settings)
 

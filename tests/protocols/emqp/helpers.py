@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from mqhub.protocols.emqp.router import EmqpRouter
 from mqhub.testing import advance, memory_hub
@@ -33,7 +33,7 @@ class Rig:
 
     # peers ---------------------------------------------------------------------------------
 
-    def worker(self, peer: bytes, queues: Optional[list] = None, ready: int = 0) -> None:
+    def worker(self, peer: bytes, queues: list | None = None, ready: int = 0) -> None:
         """A jobmanager INFORMs (JSON queues) and sends ``ready`` READYs."""
         raw = json.dumps(queues).encode() if queues is not None else b""
         self.router.backend_received([[peer, b"", V, b"INFORM", b"inf-" + peer.hex().encode(), raw, b"worker"]])
@@ -46,7 +46,7 @@ class Rig:
                                           for i in range(n)])
 
     def request(self, client: bytes, msgid: bytes, queue: bytes = b"default",
-                headers: bytes = b"", body: Optional[bytes] = None) -> None:
+                headers: bytes = b"", body: bytes | None = None) -> None:
         """A client REQUEST on the frontend."""
         self.router.frontend_received([[client, b"", V, b"REQUEST", msgid, queue, headers,
                                         body if body is not None else job()]])
@@ -58,7 +58,7 @@ class Rig:
 
     # observations ------------------------------------------------------------------------
 
-    def sent(self, where: list, command: bytes, peer: Optional[bytes] = None) -> list:
+    def sent(self, where: list, command: bytes, peer: bytes | None = None) -> list:
         """Frames sent on a socket with ``command`` (and to ``peer``)."""
         return [f for f in where if f[3] == command and (peer is None or f[0] == peer)]
 

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import zmq
 
@@ -78,7 +78,7 @@ class JobEnv:
         """Values the jobs wrote, in order."""
         return [json.loads(line) for line in self.out.read_text().splitlines() if line]
 
-    def jobmanager(self, backend: str, jobs: int = 2, queues: Optional[str] = None,
+    def jobmanager(self, backend: str, jobs: int = 2, queues: str | None = None,
                    name: str = "jm") -> subprocess.Popen[bytes]:
         """Start a real ``emq-jobmanager`` connected to ``backend``."""
         extra = {"EVENTMQ_QUEUES": queues} if queues else {}
@@ -151,7 +151,7 @@ class Client:
         self.sender.zsocket.close(linger=0)
 
 
-def raw_dealer(address: str, identity: Optional[bytes] = None) -> zmq.Socket:
+def raw_dealer(address: str, identity: bytes | None = None) -> zmq.Socket:
     """A plain DEALER (libzmq's binary identity unless ``identity`` is given)."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
