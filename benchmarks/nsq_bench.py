@@ -36,6 +36,8 @@ MAGIC = b"  V2"
 _HEAD = struct.Struct(">ii")
 _I32 = struct.Struct(">i")
 OK_FRAME = _HEAD.pack(6, 0) + b"OK"
+#: chunks (500 PUBs, or 5 MPUBs of 200) the producer keeps unconfirmed
+WINDOW = 8
 
 
 def free_port() -> int:
@@ -142,10 +144,10 @@ def producer(host: str, port: int, topic: str, mode: str, size: int, duration: f
     """Publish for ``duration`` seconds (PUB pipelined or MPUB x200), then wait for every OK."""
     body = b"x" * size
     if mode == "pub":
-        per_cmd, cmds_per_chunk, window = 1, 500, 4
+        per_cmd, cmds_per_chunk, window = 1, 500, WINDOW
         cmd = b"PUB " + topic.encode() + b"\n" + _I32.pack(size) + body
     else:
-        per_cmd, cmds_per_chunk, window = 200, 4, 4
+        per_cmd, cmds_per_chunk, window = 200, 5, WINDOW
         payload = _I32.pack(200) + (_I32.pack(size) + body) * 200
         cmd = b"MPUB " + topic.encode() + b"\n" + _I32.pack(len(payload)) + payload
     chunk = cmd * cmds_per_chunk
