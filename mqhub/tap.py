@@ -154,9 +154,20 @@ Examples:
         self["plugins"] = [found.plugins[n] for n in chosen]
         self["endpoints"] = endpoints
         if self["log-format"] == "json":
-            parent = getattr(self, "parent", None)
-            if parent is not None and parent.get("logger") is None:
-                parent["logger"] = "mqhub.logs.json_observer"
+            self._use_json_logs(getattr(self, "parent", None))
+
+    @staticmethod
+    def _use_json_logs(parent: Any) -> None:
+        """Make twistd log through the JSON observer, to its --logfile if one applies."""
+        if parent is None or parent.get("logger") is not None:
+            return
+        import mqhub.logs
+
+        logfile = parent.get("logfile")
+        if not logfile and not parent.get("nodaemon"):
+            logfile = "twistd.log"  # twistd's own default when daemonized
+        mqhub.logs.json_log_path = None if logfile in (None, "", "-") else os.path.abspath(logfile)
+        parent["logger"] = "mqhub.logs.json_observer"
 
 
 def _exit_failed() -> None:

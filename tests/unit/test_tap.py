@@ -158,13 +158,47 @@ def test_help_with_plugin_path_lists_drop_ins_and_failures() -> None:
     assert "broken_testing.py failed to load: RuntimeError" in text
 
 
-def test_json_log_format_installs_json_logger_on_twistd() -> None:
-    """--log-format json asks twistd (the parent options) for the JSON observer."""
-    parent: dict[str, object] = {"logger": None}
+@pytest.mark.parametrize(
+    ("parent_options", "expected_path"),
+    [
+        ({"nodaemon": True, "logfile": None}, None),
+        ({"nodaemon": True, "logfile": "-"}, None),
+        ({"nodaemon": True, "logfile": "/var/log/mqhub.json"}, "/var/log/mqhub.json"),
+        ({"nodaemon": False, "logfile": None}, "twistd.log"),
+    ],
+)
+def test_json_log_format_installs_json_logger_on_twistd(
+    monkeypatch: pytest.MonkeyPatch, parent_options: dict[str, object], expected_path: str | None
+) -> None:
+    """--log-format json asks twistd (the parent options) for the JSON observer and its target."""
+    import os
+
+    import mqhub.logs
+
+    monkeypatch.setattr(mqhub.logs, "json_log_path", None)
+    parent: dict[str, object] = {"logger": None, **parent_options}
     options = Options()
     options.parent = parent  # as usage.Options does for a subcommand
     options.parseOptions(["--log-format", "json", "--protocols", "nsq"])
     assert parent["logger"] == "mqhub.logs.json_observer"
+    expected = None if expected_path is None else os.path.abspath(expected_path)
+    assert mqhub.logs.json_log_path == expected
+
+
+def test_json_observer_writes_to_the_configured_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a twistd --logfile the JSON lines go to that file."""
+    import json
+
+    from twisted.logger import Logger
+
+    import mqhub.logs
+
+    target = tmp_path / "mqhub.json"
+    monkeypatch.setattr(mqhub.logs, "json_log_path", str(target))
+    Logger(namespace="t", observer=mqhub.logs.json_observer()).info("hi {n}", n=1)
+    assert json.loads(target.read_text().splitlines()[0])["n"] == 1
 
 
 def test_optparameters_is_a_plain_extensible_list() -> None:
