@@ -72,7 +72,7 @@ class MemoryStore:
         for entries in batch.puts.values():
             for entry in entries:
                 p = entry[PRIORITY]
-                if p.__class__ is not int or not MIN_PRIORITY <= p <= MAX_PRIORITY:
+                if not isinstance(p, int) or not MIN_PRIORITY <= p <= MAX_PRIORITY:
                     return fail(StoreError(f"priority {p!r} is outside 0..9"))
         if self._clock is None:
             self._apply(batch)
@@ -173,7 +173,7 @@ class MemoryStore:
     def read_expired(self, until: float, limit: int) -> Deferred[list[tuple[str, EntryKey, float]]]:
         """Fire with up to ``limit`` ``(queue, (priority, msg_id), expires_at)`` expiring by ``until``.
 
-        An addition to IMessageStore (the TTL sweep's index); entries without expiry never appear.
+        The TTL sweep's index; entries without expiry never appear; ties in any order.
         """
         rows = sorted((e[EXPIRES_AT], name, key) for name, q in self._queues.items()
                       for key, e in q.items() if 0 < e[EXPIRES_AT] <= until)
