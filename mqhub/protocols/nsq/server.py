@@ -549,6 +549,15 @@ class NsqFactory(Factory):
         self.secrets = secrets
         self.clients: set[NsqProtocol] = set()
         self._tls_context: Any = None
+        registry.on_channel_deleted.append(self._channel_deleted)
+
+    def _channel_deleted(self, topic: str, channel: str) -> None:
+        """Close the clients of a deleted channel (nsqd does the same)."""
+        for proto in list(self.clients):
+            if proto.consumer is not None and (proto.topic_name, proto.channel_name) == (topic, channel):
+                proto.consumer = None
+                proto.closed = True
+                proto.transport.loseConnection()
 
     def buildProtocol(self, addr: Any) -> NsqProtocol:
         """A new connection."""

@@ -70,6 +70,8 @@ class TopicRegistry:
         self.broker = broker
         self.store = store
         self.topics: dict[str, Topic] = {}
+        #: called with (topic, channel) when a channel is deleted (the server closes its clients)
+        self.on_channel_deleted: list[Any] = []
 
     # recovery ---------------------------------------------------------------------------------
 
@@ -125,7 +127,10 @@ class TopicRegistry:
         if topic is None:
             return succeed(None)
         ds = [self.broker.delete_queue(q.name) for q in list(topic.channels.values())]
+        gone = list(topic.channels)
         topic.channels.clear()
+        for channel in gone:
+            self._notify_deleted(name, channel)
         ds.append(self._empty_parked(topic))
         ds.append(maybeDeferred(self.broker.unpark, topic.address))
         if topic.paused:
@@ -197,9 +202,15 @@ class TopicRegistry:
         topic = self.topics[topic_name]
         queue = topic.channels.pop(channel)
         d = self.broker.delete_queue(queue.name)
+        self._notify_deleted(topic_name, channel)
         if topic.ephemeral and not topic.channels:
             self.delete_topic(topic_name)
         return d  # type: ignore[no-any-return]
+
+    def _notify_deleted(self, topic: str, channel: str) -> None:
+        """Tell the listeners that ``topic``/``channel`` is gone."""
+        for callback in list(self.on_channel_deleted):
+            callback(topic, channel)
 
     def forget_if_gone(self, topic_name: str, channel: str) -> None:
         """After a consumer left: drop a channel the core auto-deleted, and its ephemeral topic."""

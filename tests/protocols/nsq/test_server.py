@@ -475,3 +475,20 @@ def test_publish_failure_is_fatal_and_never_ok() -> None:
     assert OK not in frames
     assert frames and isinstance(frames[0], w.ErrorFrame) and frames[0].code == "E_PUB_FAILED"
     assert c.closed
+
+
+def test_deleting_a_channel_closes_its_clients() -> None:
+    """A channel deleted through the admin API disconnects its consumers; others stay."""
+    h = Harness()
+    doomed = h.consumer("t", "gone", rdy=5)
+    other = h.consumer("t", "kept", rdy=5)
+    h.service.registry.delete_channel("t", "gone")
+    h.settle()
+    assert doomed.closed and not other.closed
+    p = h.client()
+    p.send(w.encode_pub("t", b"after"))
+    h.settle()
+    assert [f.body for f in other.frames()] == [b"after"]
+    h.service.registry.delete_topic("t")
+    h.settle()
+    assert other.closed
