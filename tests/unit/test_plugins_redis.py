@@ -239,3 +239,28 @@ def test_publish_waits_for_the_store_before_replying(server: ModuleType) -> None
     clock.advance(0)
     assert conn.transport.value() == b":1\r\n+PONG\r\n"
     assert conn.transport.producerState == "producing"
+
+
+def test_random_input_never_escapes_the_connection(server: ModuleType) -> None:
+    """Arbitrary bytes (and mangled valid commands) never raise out of dataReceived."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    hub = memory_hub()
+    valid = [b"*1\r\n$4\r\nPING\r\n", b"*2\r\n$9\r\nSUBSCRIBE\r\n$3\r\na.b\r\n",
+             b"*3\r\n$7\r\nPUBLISH\r\n$3\r\na.b\r\n$1\r\nx\r\n", b"*2\r\n$10\r\nPSUBSCRIBE\r\n$3\r\n*.*\r\n",
+             b"*1\r\n$12\r\nPUNSUBSCRIBE\r\n", b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n"]
+    pieces = st.one_of(st.binary(max_size=40), st.sampled_from(valid))
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(pieces, max_size=12))
+    def feed(chunks: list[bytes]) -> None:
+        conn = Conn(server, hub)
+        for chunk in chunks:
+            if not conn.transport.connected:
+                break
+            conn.proto.dataReceived(chunk)
+        conn.transport.loseConnection()
+
+    feed()
+    assert hub.broker.bindings() == []  # every closed connection cleaned up after itself

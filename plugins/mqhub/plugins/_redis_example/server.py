@@ -151,6 +151,11 @@ class RespProtocol(Protocol):
             self._reply(ErrorReply("ERR channel names must be UTF-8"))
         except MqhubError as exc:
             self._reply(ErrorReply(f"ERR {exc}"))
+        except Exception:
+            # A bug, not bad input: say so, log it, and close only this connection.
+            self.log.failure("redis command {verb} failed", verb=verb)
+            self._reply(ErrorReply("ERR internal error"))
+            self._closing = True
 
     def _arity(self, verb: str, args: list[bytes], low: int, high: int | None = None) -> bool:
         """Reply redis' arity error unless ``low <= len(args) <= high``."""
