@@ -60,7 +60,7 @@ E_BAD_ARGS = "bad_args"              # close without -ERR (as nats-server does)
 E_BAD_CONNECT = "bad_connect"        # close without -ERR
 E_INVALID_SUBJECT = "invalid_subject"  # -ERR 'Invalid Subject', stays open
 
-_CACHE_LIMIT = 4096
+_CACHE_LIMIT = 16384
 _CRLF = b"\r\n"
 
 
@@ -191,6 +191,7 @@ class NatsParser:
         self._need = 0                   # bytes needed past _pos before parsing is worthwhile
         self._pub_cache: dict[bytes, tuple] = {}
         self._hpub_cache: dict[bytes, tuple] = {}
+        self._head_cache: dict[bytes, tuple[str, Optional[str]]] = {}
         self._pending: list[Event] = []
         self._dead: Optional[ProtocolError] = None
 
@@ -310,6 +311,14 @@ class NatsParser:
 
     def _slow(self, buf: bytes, pos: int, i: int, line: bytes, out: list[Event]) -> int:
         """Parse one control line that is not a cached PUB; return the new offset or -1."""
+        if self.server and line[:4].upper() == b"PUB ":
+            # a known subject/reply with a new size: only the size needs parsing
+            sp = line.rfind(b" ")
+            size_f = line[sp + 1:]
+            if size_f.isdigit():
+                sr = self._head_cache.get(line[:sp])
+                if sr is not None:
+                    return self._pub_known(buf, pos, i + 1, line, sr, int(size_f), out)
         parts = line.split()
         if not parts:
             return i + 1   # empty line: ignored, as nats-server tolerates stray CRLFs
@@ -396,9 +405,21 @@ class NatsParser:
         else:
             raise ProtocolError(E_BAD_ARGS, "PUB needs subject [reply] size")
         size = _int(size_f)
+        sr = (_text(subject), reply)
+        sp = line.rfind(b" ")
+        if line[sp + 1:] == size_f:
+            heads = self._head_cache
+            if len(heads) >= _CACHE_LIMIT:
+                heads.clear()
+            heads[line[:sp]] = sr
+        return self._pub_known(buf, pos, nxt, line, sr, size, out)
+
+    def _pub_known(self, buf: bytes, pos: int, nxt: int, line: bytes,
+                   sr: tuple[str, Optional[str]], size: int, out: list[Event]) -> int:
+        """Finish a PUB whose subject and reply are known: cache the line, take the payload."""
         if size > self.max_payload:
             raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
-        hit = (line, _text(subject), reply, size)
+        hit = (line, sr[0], sr[1], size)
         cache = self._pub_cache
         if len(cache) >= _CACHE_LIMIT:
             cache.clear()

@@ -49,6 +49,7 @@ _WIRE_ERRORS: dict[str, Optional[str]] = {
 
 MQ9_PREFIX = "$mq9.AI."
 READ_SIZE = 256 * 1024
+ROUTE_CACHE_LIMIT = 65536
 BROADCAST_PREFIX = "$mq9.AI.BROADCAST."
 
 
@@ -117,7 +118,7 @@ class NatsServer(Factory):
         self.settings = settings or NatsSettings()
         self.sublist = Sublist()
         self.routes: dict[bytes, tuple] = {}
-        self.hroutes: dict[tuple[str, Optional[str]], tuple] = {}
+        self.sroutes: dict[tuple[str, Optional[str]], tuple] = {}
         self.epoch = 0
         self.dirty: list[NatsConnection] = []
         self.connections: dict[int, NatsConnection] = {}
@@ -161,7 +162,7 @@ class NatsServer(Factory):
         """Bump the epoch: every cached route is stale."""
         self.epoch += 1
         self.routes.clear()
-        self.hroutes.clear()
+        self.sroutes.clear()
 
     def add_sub(self, sub: Subscription) -> None:
         """Register ``sub`` in the trie (or with mq9) and in the core address space."""
@@ -193,29 +194,48 @@ class NatsServer(Factory):
 
         A route is ``(targets, special)``: ``targets`` is a list of ``(conn, out, prefix)``
         for plain subscriptions without a message limit; ``special`` is None or a tuple
-        ``(limited_subs, groups, mq9, foreign)`` handled on the slower path.
+        ``(limited_subs, groups, mq9, foreign)`` handled on the slower path. Routing itself is
+        cached per (subject, reply), so a new size on a known subject only formats prefixes.
         """
         line, subject, reply, size = hit
-        if self.mq9 is not None and subject.startswith(MQ9_PREFIX) and self.mq9.claims(subject):
-            route: tuple = ((), (None, None, True, False))
-            self.routes[line] = route
-            return route
-        plain, groups = self.sublist.match(subject)
-        targets = []
-        limited = []
-        for sub in plain:
-            if sub.max is not None:
-                limited.append(sub)
-            else:
-                conn = sub.conn
-                targets.append((conn, conn.out, codec.msg_prefix(subject, sub.sid, reply, size)))
-        foreign = self.bridge is not None and self.bridge.has_foreign(subject)
-        special = None
-        if limited or groups or foreign:
-            special = (limited, list(groups.values()), False, foreign)
-        route = (targets, special)
-        self.routes[line] = route
+        base = self.sroutes.get((subject, reply))
+        if base is None:
+            base = self._resolve_subject(subject, reply)
+        heads, special = base
+        tail = b"%d\r\n" % size
+        route = ([(conn, out, head + tail) for conn, out, head in heads], special)
+        routes = self.routes
+        if len(routes) >= ROUTE_CACHE_LIMIT:
+            routes.clear()
+        routes[line] = route
         return route
+
+    def _resolve_subject(self, subject: str, reply: Optional[str]) -> tuple:
+        """Route a (subject, reply): MSG line heads of plain subs, and the special part."""
+        if self.mq9 is not None and subject.startswith(MQ9_PREFIX) and self.mq9.claims(subject):
+            base: tuple = ((), (None, None, True, False))
+        else:
+            plain, groups = self.sublist.match(subject)
+            heads = []
+            limited = []
+            mid = f" {reply} " if reply else " "
+            for sub in plain:
+                if sub.max is not None:
+                    limited.append(sub)
+                else:
+                    conn = sub.conn
+                    head = f"MSG {subject} {sub.sid}{mid}".encode("utf-8", "surrogateescape")
+                    heads.append((conn, conn.out, head))
+            foreign = self.bridge is not None and self.bridge.has_foreign(subject)
+            special = None
+            if limited or groups or foreign:
+                special = (limited, list(groups.values()), False, foreign)
+            base = (heads, special)
+        sroutes = self.sroutes
+        if len(sroutes) >= ROUTE_CACHE_LIMIT:
+            sroutes.clear()
+        sroutes[(subject, reply)] = base
+        return base
 
     def deliver_special(self, pub: Optional["NatsConnection"], subject: str, reply: Optional[str],
                         hdr: Optional[bytes], payload: bytes, special: tuple) -> int:
