@@ -58,13 +58,16 @@ class Route:
         self.groups = groups
         self.park = park
         self.empty = not (queues or targets or groups or park is not None)
-        self._rr = [0] * len(groups)
+        self._rr: list[int] | None = None
 
     def pick(self, i: int) -> Binding:
         """Return the member of group ``i`` that gets the next batch (round robin)."""
         members = self.groups[i]
-        n = self._rr[i]
-        self._rr[i] = n + 1
+        rr = self._rr
+        if rr is None:
+            rr = self._rr = [0] * len(self.groups)
+        n = rr[i]
+        rr[i] = n + 1
         return members[n % len(members)]
 
 
@@ -99,8 +102,16 @@ class Router:
     def resolve(self, address: str) -> Route:
         """Resolve ``address`` against the trie (uncached)."""
         matched = self.trie.match(address)
-        if not matched and (not self.parking or address not in self.parking):
-            return self._empty       # one shared route for every address nothing matches
+        if not self.parking or address not in self.parking:
+            if not matched:
+                return self._empty   # one shared route for every address nothing matches
+            if len(matched) == 1:    # the common case: one binding
+                b = matched[0]
+                if b.queue is not None:
+                    return Route(self.epoch, address, (b.queue,), (), (), None)
+                if b.group:
+                    return Route(self.epoch, address, (), (), ((b,),), None)
+                return Route(self.epoch, address, (), (b,), (), None)
         queues: list[Any] = []
         targets: list[Binding] = []
         groups: dict[str, list[Binding]] | None = None

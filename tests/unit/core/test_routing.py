@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from zope.interface.verify import verifyObject
 
+from mqhub.core.address import pattern_matches
 from mqhub.errors import InvalidName, NoSuchQueue
 from mqhub.hub import Hub
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.store.records import HEADERS, ORIGIN
-from mqhub.testing import CollectingTarget, result_of
+from mqhub.testing import CollectingTarget, memory_hub, result_of
+from tests.unit.core.test_address import address, patterns
 
 
 def test_route_is_cached_until_bindings_change(hub: Hub) -> None:
@@ -147,3 +151,32 @@ def test_one_store_commit_per_publish_batch(hub: Hub) -> None:
     h.clock.advance(0)
     assert d.called and store.commits == before + 1
     assert store.stats()["entries"] == 600
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(patterns(), st.sampled_from(["queue", "target", "g1", "g2"])),
+                min_size=0, max_size=12),
+       st.lists(address, min_size=1, max_size=6))
+def test_routes_match_brute_force(binds: list[tuple[str, str]], addrs: list[str]) -> None:
+    """A resolved route holds exactly the bindings whose pattern matches, sorted by kind."""
+    h = memory_hub()
+    b = h.broker
+    made = []
+    for i, (pattern, kind) in enumerate(binds):
+        if kind == "queue":
+            b.declare_queue(f"q{i}", tier="memory")
+            made.append((pattern, kind, b.bind_queue(pattern, f"q{i}")))
+        else:
+            group = None if kind == "target" else kind
+            made.append((pattern, kind, b.subscribe(pattern, CollectingTarget(), group=group)))
+    for a in addrs:
+        r = b.route(a)
+        want = [(p, k, x) for p, k, x in made if pattern_matches(p, a)]
+        assert sorted(q.name for q in r.queues) == sorted(
+            x.queue.name for _, k, x in want if k == "queue")
+        assert sorted(x.id for x in r.targets) == sorted(x.id for _, k, x in want if k == "target")
+        got_groups = sorted(sorted(m.id for m in g) for g in r.groups)
+        want_groups = sorted(sorted(x.id for _, k, x in want if k == g)
+                             for g in ("g1", "g2") if any(k == g for _, k, _ in want))
+        assert got_groups == want_groups
+        assert r.empty == (not want)
