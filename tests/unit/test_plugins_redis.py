@@ -264,3 +264,33 @@ def test_random_input_never_escapes_the_connection(server: ModuleType) -> None:
 
     feed()
     assert hub.broker.bindings() == []  # every closed connection cleaned up after itself
+
+
+def test_slow_subscriber_is_dropped_past_its_buffer_limit(server: ModuleType, hub: Any) -> None:
+    """A subscriber that stops reading is dropped once unread pushes pass the limit; others live."""
+    slow = Conn(server, hub)
+    slow.proto.max_pubsub_buffer = 1000
+    fast = Conn(server, hub)
+    slow.send([b"SUBSCRIBE", b"firehose"])
+    fast.send([b"SUBSCRIBE", b"firehose"])
+    assert slow.transport.producer is slow.proto  # registered for flow control
+    slow.proto.pauseProducing()  # what the reactor does when the client's socket buffer is full
+    hub.broker.publish_batch("firehose", [b"x" * 400], origin="test")
+    hub.broker.publish_batch("firehose", [b"x" * 400], origin="test")
+    assert slow.transport.connected
+    hub.broker.publish_batch("firehose", [b"x" * 400], origin="test")
+    assert not slow.transport.connected and not slow.proto.channels
+    assert fast.transport.value().count(b"message") == 3  # the fast one got everything
+    assert len(hub.broker.bindings()) == 1
+
+
+def test_resumed_subscriber_starts_counting_again(server: ModuleType, hub: Any) -> None:
+    """Once the client reads again its unread-bytes count resets."""
+    conn = Conn(server, hub)
+    conn.proto.max_pubsub_buffer = 1000
+    conn.send([b"SUBSCRIBE", b"t"])
+    for _ in range(5):
+        conn.proto.pauseProducing()
+        hub.broker.publish_batch("t", [b"y" * 600], origin="test")
+        conn.proto.resumeProducing()
+    assert conn.transport.connected and not conn.transport.disconnecting

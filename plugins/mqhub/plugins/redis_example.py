@@ -24,12 +24,21 @@ class RedisExample:
     default_endpoints = {"tcp": "tcp:6380:interface=127.0.0.1"}
 
     def make_service(self, hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> Any:
-        """Build a listener serving RESP on ``endpoints['tcp']``."""
-        from mqhub.plugins._redis_example.server import RespFactory
+        """Build a listener serving RESP on ``endpoints['tcp']``.
 
+        ``--option redis.max_pubsub_buffer=BYTES`` sets the slow-subscriber limit (32 MiB).
+        """
+        from mqhub.plugins._redis_example.server import MAX_PUBSUB_BUFFER, RespFactory
+
+        from mqhub.errors import PluginError
         from mqhub.listener import ListenerService
 
-        return ListenerService(endpoints["tcp"], RespFactory(hub), reactor=hub.reactor)
+        settings = options.get("plugin_options", {}).get("redis", {})
+        try:
+            limit = int(settings.get("max_pubsub_buffer", MAX_PUBSUB_BUFFER))
+        except ValueError:
+            raise PluginError("redis: max_pubsub_buffer must be a number of bytes") from None
+        return ListenerService(endpoints["tcp"], RespFactory(hub, limit), reactor=hub.reactor)
 
 
 redis = RedisExample()

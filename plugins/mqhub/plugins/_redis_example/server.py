@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -29,6 +30,7 @@ from .resp import NEED_DATA, ErrorReply, ProtocolError, Reply, RespCodec, Simple
 
 PUBSUB_ONLY = {b"SUBSCRIBE", b"PSUBSCRIBE", b"UNSUBSCRIBE", b"PUNSUBSCRIBE", b"PING", b"QUIT", b"RESET"}
 SERVER_INFO_VERSION = "7.2.0"
+MAX_PUBSUB_BUFFER = 32 * 1024 * 1024
 
 
 def glob_to_pattern(glob: str) -> str:
@@ -48,17 +50,23 @@ def glob_to_pattern(glob: str) -> str:
     return ".".join(tokens)
 
 
-@implementer(IDeliveryTarget)
+@implementer(IDeliveryTarget, IPushProducer)
 class RespProtocol(Protocol):
     """One Redis client connection."""
 
     protocol_name = "redis"
     log = Logger()
 
-    def __init__(self, hub: Any) -> None:
-        """:param hub: the :class:`mqhub.hub.Hub`."""
+    def __init__(self, hub: Any, max_pubsub_buffer: int = MAX_PUBSUB_BUFFER) -> None:
+        """:param hub: the :class:`mqhub.hub.Hub`.
+        :param max_pubsub_buffer: bytes of pushes allowed to pile up while the client does not
+            read (redis' client-output-buffer-limit for pubsub); beyond it the client is dropped.
+        """
         self.hub = hub
+        self.max_pubsub_buffer = max_pubsub_buffer
         self.codec = RespCodec()
+        self._writes_paused = False
+        self._pending_push_bytes = 0
         self.proto = 2
         self.client_name: bytes | None = None
         self.channels: dict[bytes, Any] = {}
@@ -177,7 +185,13 @@ class RespProtocol(Protocol):
             self.transport.writeSequence(out)
 
     def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
-        """Render messages from any protocol as Redis ``message``/``pmessage`` pushes."""
+        """Render messages from any protocol as Redis ``message``/``pmessage`` pushes.
+
+        Slow consumer rule (redis' pubsub output limit): while the transport's buffer is full
+        the pushed bytes are counted, and past ``max_pubsub_buffer`` the client is dropped.
+        """
+        if self._closing:
+            return
         kind, name = binding.tag
         channel = address.encode()
         if kind == "message":
@@ -186,7 +200,38 @@ class RespProtocol(Protocol):
         else:
             for entry in messages:
                 self._reply([b"pmessage", name, channel, entry[BODY]], push=True)
+        if self._writes_paused:
+            self._pending_push_bytes += sum(len(chunk) for chunk in self._out)
+            if self._pending_push_bytes > self.max_pubsub_buffer:
+                self.log.warn("redis client dropped: {n} bytes of pushes not read",
+                              n=self._pending_push_bytes)
+                self._out.clear()
+                self._closing = True
+                self._unsubscribe_all()
+                if self.transport is not None:
+                    self.transport.abortConnection()
+                return
         self._flush()
+
+    # flow control (the transport tells us when its write buffer is full) ----------------
+
+    def connectionMade(self) -> None:
+        """Register as the transport's producer to learn when the client stops reading."""
+        if self.transport is not None:
+            self.transport.registerProducer(self, True)
+
+    def pauseProducing(self) -> None:
+        """The client's socket buffer is full: start counting pushed bytes."""
+        self._writes_paused = True
+
+    def resumeProducing(self) -> None:
+        """The client reads again."""
+        self._writes_paused = False
+        self._pending_push_bytes = 0
+
+    def stopProducing(self) -> None:
+        """The connection is going away."""
+        self._writes_paused = False
 
     # connection handlers -----------------------------------------------------------------
 
@@ -400,10 +445,11 @@ class RespProtocol(Protocol):
 class RespFactory(Factory):
     """Builds one RespProtocol per connection; holds only the hub."""
 
-    def __init__(self, hub: Any) -> None:
-        """:param hub: the :class:`mqhub.hub.Hub`."""
+    def __init__(self, hub: Any, max_pubsub_buffer: int = MAX_PUBSUB_BUFFER) -> None:
+        """:param hub: the :class:`mqhub.hub.Hub`. :param max_pubsub_buffer: see RespProtocol."""
         self.hub = hub
+        self.max_pubsub_buffer = max_pubsub_buffer
 
     def buildProtocol(self, addr: Any) -> RespProtocol:
         """A new connection."""
-        return RespProtocol(self.hub)
+        return RespProtocol(self.hub, self.max_pubsub_buffer)
