@@ -103,9 +103,11 @@ def bench_thread(path: str, mode: str, body: bytes, group: int, seconds: float) 
     state = {"confirmed": 0}
 
     def ok(_: object) -> None:
+        """Count a confirmed batch."""
         state["confirmed"] += group
 
     def pump(block: bool) -> None:
+        """Run one result the writer thread handed back (waiting for it when ``block``)."""
         try:
             f, a = done.get(timeout=1.0) if block else done.get_nowait()
         except queue.Empty:

@@ -34,19 +34,23 @@ def main(argv: list[str]) -> None:
     state: dict[str, Any] = {"next": first, "confirmed": [], "inflight": 0}
 
     def say(line: str) -> None:
+        """Write one line to stdout at once (no buffering to lose on SIGKILL)."""
         os.write(1, (line + "\n").encode())
 
     def on_put(_: object, queues: tuple[str, ...], lo: int, hi: int) -> None:
+        """Report confirmed puts."""
         state["inflight"] -= 1
         for q in queues:
             say(f"P {q} {lo} {hi}")
         state["confirmed"].append((queues, lo, hi))
 
     def on_delete(_: object, q: str, lo: int, hi: int) -> None:
+        """Report a confirmed delete."""
         state["inflight"] -= 1
         say(f"D {q} {lo} {hi}")
 
     def turn() -> None:
+        """Commit a few put batches (and sometimes a delete), then come back next turn."""
         if state["inflight"] < 12:
             for _ in range(3):
                 lo = state["next"]

@@ -48,6 +48,7 @@ def test_reopen_recovers_everything(tmp_path: Any) -> None:
     h.clock = h.store._clock
 
     def fill(b: WriteBatch) -> None:
+        """Entries, attempts, a due row and metadata in one batch."""
         b.put_entries("q", [make_entry(i, b"m" * (i * 30), "a.b", priority=i % 2) for i in range(1, 8)])
         b.put_entries("r", [make_entry(100, b"r", expires_at=9.0)])
         b.set_attempts("q", [(1, 1, 3)])
@@ -75,6 +76,7 @@ def test_large_bodies_go_to_segments_once_per_message(tmp_path: Any) -> None:
     big = os.urandom(5000)
 
     def fill(b: WriteBatch) -> None:
+        """The same large message on three queues."""
         for q in ("a", "b", "c"):
             b.put_entries(q, [make_entry(1, big), make_entry(2, b"small")])
 
@@ -254,6 +256,7 @@ def test_thread_writer_pipelines_groups(tmp_path: Any) -> None:
     fired: list[int] = []
 
     def drain_until(cond: Callable[[], bool]) -> None:
+        """Run what the writer thread handed back until ``cond`` holds (10 s deadline)."""
         deadline = time.monotonic() + 10
         while not cond():
             assert time.monotonic() < deadline, "writer thread did not report back"
