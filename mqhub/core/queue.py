@@ -225,19 +225,41 @@ class Queue:
             d.insert(bisect_left(ids, mid), entry)
         self._nready += 1
 
+    def _insert_many(self, entries: list[Entry]) -> None:
+        """Insert entries at their places: one merge per priority, not one search per entry."""
+        if len(entries) < 8:
+            for e in entries:
+                self._insert(e)
+            return
+        by_prio: dict[int, list[Entry]] = {}
+        for e in entries:
+            by_prio.setdefault(e[1], []).append(e)
+        for p, group in by_prio.items():
+            group.sort()
+            d = self._deque(p)
+            if not d or d[-1][0] < group[0][0]:
+                d.extend(group)
+            else:
+                merged = deque(heapq.merge(d, group))
+                d.clear()
+                d.extend(merged)
+            self._nready += len(group)
+
     def _return(self, entries: list[Entry]) -> None:
         """Put entries that are already stored back to ready (requeue, timeout, detach).
 
         One that now sorts after the window's horizon stays in the store only and is paged in
         again in order, so the window remains a prefix and nothing is read twice.
         """
+        back: list[Entry] = []
         for e in entries:
             if self._stored_only and self.durable and e[0] not in self._volatile \
                     and self._after_horizon(e):
                 self._stored_only += 1
                 self._put_gen += 1
             else:
-                self._insert(e)
+                back.append(e)
+        self._insert_many(back)
 
     def _after_horizon(self, entry: Entry) -> bool:
         """True when ``entry`` sorts after the window's last key (it belongs to the stored backlog)."""
@@ -278,8 +300,7 @@ class Queue:
                 d.extend(entries)
                 self._nready += len(entries)
             else:
-                for e in entries:
-                    self._insert(e)
+                self._insert_many(entries)
         if self.max_size and self.depth > self.max_size:
             self._overflow(self.depth - self.max_size, batch, now)
         if self.durable and self._nready > self._effective_window():
@@ -435,8 +456,7 @@ class Queue:
         self.broker.ids.observe(max(e[0] for e in entries))
         if not self._may_expire and any(e[4] for e in fresh):
             self._may_expire = True
-        for e in fresh:
-            self._insert(e)
+        self._insert_many(fresh)
         self._stored_only = max(0, self._stored_only - len(fresh))
         if not self._stored_only:
             self._horizon = None

@@ -358,3 +358,17 @@ def test_paging_keeps_a_bounded_window(hub: Hub) -> None:
         assert q._nready <= 11
     assert got == [b"hi"] + [b"%02d" % i for i in range(50)]
     assert h.store.stats()["entries"] == 0
+
+
+def test_mass_requeue_keeps_ready_order(hub: Hub) -> None:
+    """Many messages returned at once (consumer gone) merge back into ready order."""
+    q = _queue(hub)
+    _pub(hub, [b"%03d" % i for i in range(60)], priority=1)
+    _pub(hub, [b"%03d" % i for i in range(60, 100)])
+    first = CollectingTarget()
+    c = q.attach(first, ready=70)
+    q.requeue(c, first.ids()[10:40][::-1])
+    q.detach(c)
+    second = CollectingTarget()
+    q.attach(second, ready=1000)
+    assert second.bodies == [b"%03d" % i for i in range(100)]
