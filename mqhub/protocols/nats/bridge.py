@@ -10,7 +10,7 @@ skips entries of NATS origin so nobody gets a message twice.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -34,13 +34,13 @@ class NatsTarget:
 
     protocol_name = ORIGIN_NAME
 
-    def __init__(self, server: "NatsServer") -> None:
+    def __init__(self, server: NatsServer) -> None:
         """Deliver through ``server``."""
         self.server = server
 
     def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
         """Render foreign messages for the binding's NATS subscription and write them."""
-        sub: Optional["Subscription"] = getattr(binding, "tag", None)
+        sub: Subscription | None = getattr(binding, "tag", None)
         if sub is None:
             return
         srv = self.server
@@ -63,7 +63,7 @@ class NatsTarget:
 class CoreBridge:
     """Binds NATS subscriptions in the core and forwards NATS publishes to foreign bindings."""
 
-    def __init__(self, server: "NatsServer", broker: Any) -> None:
+    def __init__(self, server: NatsServer, broker: Any) -> None:
         """Attach to ``broker`` (a :class:`mqhub.core.broker.Broker`)."""
         self.server = server
         self.broker = broker
@@ -71,7 +71,7 @@ class CoreBridge:
         self._foreign: dict[str, bool] = {}
         self._epoch = -1
 
-    def bind(self, sub: "Subscription") -> None:
+    def bind(self, sub: Subscription) -> None:
         """Register ``sub`` as a live binding (subjects the core refuses stay NATS-only)."""
         try:
             sub.core_handle = self.broker.subscribe(sub.subject, self.target, group=sub.queue,
@@ -81,7 +81,7 @@ class CoreBridge:
                       error=exc)
             sub.core_handle = None
 
-    def unbind(self, sub: "Subscription") -> None:
+    def unbind(self, sub: Subscription) -> None:
         """Remove ``sub``'s binding."""
         handle, sub.core_handle = sub.core_handle, None
         if handle is not None:
@@ -115,10 +115,10 @@ class CoreBridge:
         self._foreign[subject] = hit
         return hit
 
-    def publish(self, subject: str, reply: Optional[str], hdr: Optional[bytes],
+    def publish(self, subject: str, reply: str | None, hdr: bytes | None,
                 payload: bytes) -> int:
         """Hand one NATS message to the core for its foreign bindings; returns 1."""
-        headers: Optional[dict[str, str]] = None
+        headers: dict[str, str] | None = None
         if hdr:
             try:
                 headers = dict(codec.parse_headers(hdr)[2]) or None

@@ -23,7 +23,7 @@ PUB control line is parsed once and cached, which is what makes the hot path che
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Union
+from typing import Any
 
 __all__ = [
     "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",
@@ -111,7 +111,7 @@ def valid_publish_subject(subject: str) -> bool:
     return True
 
 
-def parse_headers(block: bytes) -> tuple[Optional[int], str, list[tuple[str, str]]]:
+def parse_headers(block: bytes) -> tuple[int | None, str, list[tuple[str, str]]]:
     """Parse a ``NATS/1.0`` header block into ``(status, description, [(name, value), ...])``.
 
     :raises ProtocolError: (fatal, bad_args) when the block does not start with ``NATS/1.0``.
@@ -121,7 +121,7 @@ def parse_headers(block: bytes) -> tuple[Optional[int], str, list[tuple[str, str
     first = lines[0]
     if not first.startswith("NATS/1.0"):
         raise ProtocolError(E_BAD_ARGS, "header block must start with NATS/1.0")
-    status: Optional[int] = None
+    status: int | None = None
     description = ""
     rest = first[8:].strip()
     if rest:
@@ -140,7 +140,7 @@ def parse_headers(block: bytes) -> tuple[Optional[int], str, list[tuple[str, str
     return status, description, items
 
 
-def build_headers(items: Any = (), status: Optional[int] = None, description: str = "") -> bytes:
+def build_headers(items: Any = (), status: int | None = None, description: str = "") -> bytes:
     """Build a header block from ``(name, value)`` pairs or a dict, with an optional status line."""
     if isinstance(items, dict):
         items = items.items()
@@ -191,9 +191,9 @@ class NatsParser:
         self._need = 0                   # bytes needed past _pos before parsing is worthwhile
         self._pub_cache: dict[bytes, tuple] = {}
         self._hpub_cache: dict[bytes, tuple] = {}
-        self._head_cache: dict[bytes, tuple[str, Optional[str]]] = {}
+        self._head_cache: dict[bytes, tuple[str, str | None]] = {}
         self._pending: list[Event] = []
-        self._dead: Optional[ProtocolError] = None
+        self._dead: ProtocolError | None = None
 
     # input -------------------------------------------------------------------------------
 
@@ -225,7 +225,7 @@ class NatsParser:
 
     # output ------------------------------------------------------------------------------
 
-    def next_event(self) -> Union[Event, object]:
+    def next_event(self) -> Event | object:
         """Return the next event, or :data:`NEED_DATA`.
 
         :raises ProtocolError: for every protocol violation (fatal ones end the parser).
@@ -415,7 +415,7 @@ class NatsParser:
         return self._pub_known(buf, pos, nxt, line, sr, size, out)
 
     def _pub_known(self, buf: bytes, pos: int, nxt: int, line: bytes,
-                   sr: tuple[str, Optional[str]], size: int, out: list[Event]) -> int:
+                   sr: tuple[str, str | None], size: int, out: list[Event]) -> int:
         """Finish a PUB whose subject and reply are known: cache the line, take the payload."""
         if size > self.max_payload:
             raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
@@ -527,14 +527,14 @@ def encode_err(text: str) -> bytes:
     return b"-ERR '" + text.encode("utf-8", "replace") + b"'\r\n"
 
 
-def msg_prefix(subject: str, sid: str, reply: Optional[str], size: int) -> bytes:
+def msg_prefix(subject: str, sid: str, reply: str | None, size: int) -> bytes:
     """Render the control line of a MSG (everything before the payload)."""
     if reply:
         return f"MSG {subject} {sid} {reply} {size}\r\n".encode("utf-8", "surrogateescape")
     return f"MSG {subject} {sid} {size}\r\n".encode("utf-8", "surrogateescape")
 
 
-def hmsg_prefix(subject: str, sid: str, reply: Optional[str], hsize: int, total: int) -> bytes:
+def hmsg_prefix(subject: str, sid: str, reply: str | None, hsize: int, total: int) -> bytes:
     """Render the control line of an HMSG (everything before the header block)."""
     if reply:
         line = f"HMSG {subject} {sid} {reply} {hsize} {total}\r\n"
@@ -543,19 +543,19 @@ def hmsg_prefix(subject: str, sid: str, reply: Optional[str], hsize: int, total:
     return line.encode("utf-8", "surrogateescape")
 
 
-def encode_msg(subject: str, sid: str, reply: Optional[str], payload: bytes) -> bytes:
+def encode_msg(subject: str, sid: str, reply: str | None, payload: bytes) -> bytes:
     """Render a whole MSG."""
     return msg_prefix(subject, sid, reply, len(payload)) + payload + _CRLF
 
 
-def encode_hmsg(subject: str, sid: str, reply: Optional[str], headers: bytes,
+def encode_hmsg(subject: str, sid: str, reply: str | None, headers: bytes,
                 payload: bytes) -> bytes:
     """Render a whole HMSG from a header block and a payload."""
     return (hmsg_prefix(subject, sid, reply, len(headers), len(headers) + len(payload))
             + headers + payload + _CRLF)
 
 
-def encode_pub(subject: str, payload: bytes, reply: Optional[str] = None) -> bytes:
+def encode_pub(subject: str, payload: bytes, reply: str | None = None) -> bytes:
     """Render a client PUB."""
     if reply:
         return f"PUB {subject} {reply} {len(payload)}\r\n".encode() + payload + _CRLF
@@ -563,7 +563,7 @@ def encode_pub(subject: str, payload: bytes, reply: Optional[str] = None) -> byt
 
 
 def encode_hpub(subject: str, headers: bytes, payload: bytes,
-                reply: Optional[str] = None) -> bytes:
+                reply: str | None = None) -> bytes:
     """Render a client HPUB."""
     total = len(headers) + len(payload)
     if reply:
@@ -573,14 +573,14 @@ def encode_hpub(subject: str, headers: bytes, payload: bytes,
     return line.encode() + headers + payload + _CRLF
 
 
-def encode_sub(subject: str, sid: str, queue: Optional[str] = None) -> bytes:
+def encode_sub(subject: str, sid: str, queue: str | None = None) -> bytes:
     """Render a client SUB."""
     if queue:
         return f"SUB {subject} {queue} {sid}\r\n".encode()
     return f"SUB {subject} {sid}\r\n".encode()
 
 
-def encode_unsub(sid: str, max_msgs: Optional[int] = None) -> bytes:
+def encode_unsub(sid: str, max_msgs: int | None = None) -> bytes:
     """Render a client UNSUB."""
     if max_msgs is None:
         return f"UNSUB {sid}\r\n".encode()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import succeed
 from twisted.internet.task import LoopingCall
@@ -84,7 +84,7 @@ class Mailbox:
                            "created": self.created}).encode()
 
     @classmethod
-    def from_record(cls, mail_id: str, data: bytes) -> "Mailbox":
+    def from_record(cls, mail_id: str, data: bytes) -> Mailbox:
         """Rebuild a mailbox from its metadata value."""
         d = json.loads(data)
         return cls(mail_id, d["token"], d["type"], int(d["ttl"]), float(d["created"]))
@@ -95,7 +95,7 @@ class Mailbox:
         return len(u[2]) + len(u[1]) + len(u[0])
 
 
-def _headers_dict(hdr: Optional[bytes]) -> Optional[dict[str, str]]:
+def _headers_dict(hdr: bytes | None) -> dict[str, str] | None:
     """A header block as a dict (last value wins), or None."""
     if not hdr:
         return None
@@ -106,7 +106,7 @@ def _headers_dict(hdr: Optional[bytes]) -> Optional[dict[str, str]]:
     return dict(items) if items else None
 
 
-def _header(headers: Optional[dict[str, str]], name: str) -> Optional[str]:
+def _header(headers: dict[str, str] | None, name: str) -> str | None:
     """Case-insensitive header lookup."""
     if not headers:
         return None
@@ -117,7 +117,7 @@ def _header(headers: Optional[dict[str, str]], name: str) -> Optional[str]:
     return None
 
 
-def _ttl_header(headers: Optional[dict[str, str]]) -> float:
+def _ttl_header(headers: dict[str, str] | None) -> float:
     """The ``mq9-ttl`` header as positive seconds, or 0."""
     raw = _header(headers, "mq9-ttl")
     if raw is None:
@@ -138,7 +138,7 @@ class Mq9:
     :param ids: an id source with ``reserve(n)`` (and optionally ``observe(msg_id)``).
     """
 
-    def __init__(self, server: "NatsServer", store: Any, clock: Any, ids: Any,
+    def __init__(self, server: NatsServer, store: Any, clock: Any, ids: Any,
                  sweep_interval: float = 1.0) -> None:
         """Start with no mailboxes; call :meth:`start` to recover from the store."""
         self.server = server
@@ -147,7 +147,7 @@ class Mq9:
         self.ids = ids
         self.sweep_interval = sweep_interval
         self.mailboxes: dict[str, Mailbox] = {}
-        self.subs: dict[str, list["Subscription"]] = {}
+        self.subs: dict[str, list[Subscription]] = {}
         self.filters: dict[int, tuple[int, ...]] = {}
         self._rr: dict[str, dict[str, int]] = {}
         self.broadcasts: list[tuple[tuple, set[str]]] = []
@@ -155,7 +155,7 @@ class Mq9:
         self._ops: list[tuple] = []
         self._kick_call: Any = None
         self._inflight = 0
-        self._sweeper: Optional[LoopingCall] = None
+        self._sweeper: LoopingCall | None = None
         self._inbox_cache: dict[str, Any] = {}
         self._id_next = 0
         self._id_end = 0
@@ -256,7 +256,7 @@ class Mq9:
             return False
         return (_header(_headers_dict(hdr), "mq9-persist") or "").strip().lower() == "true"
 
-    def claims_subscription(self, sub: "Subscription") -> bool:
+    def claims_subscription(self, sub: Subscription) -> bool:
         """True for ``$mq9.AI.INBOX.{literal id}.{urgent|normal|notify|*|>}`` subscriptions."""
         subject = sub.subject
         if not subject.startswith(INBOX):
@@ -268,7 +268,7 @@ class Mq9:
 
     # subscriptions -------------------------------------------------------------------------
 
-    def subscribe(self, sub: "Subscription") -> None:
+    def subscribe(self, sub: Subscription) -> None:
         """Attach a mailbox subscriber and push the unread backlog it covers."""
         mail_id, last = sub.subject[len(INBOX):].split(".")
         prios = (2, 1, 0) if last in ("*", ">") else (PRIORITIES[last][0],)
@@ -279,7 +279,7 @@ class Mq9:
             self._drain(box)
             self.kick()
 
-    def unsubscribe(self, sub: "Subscription") -> None:
+    def unsubscribe(self, sub: Subscription) -> None:
         """Detach a mailbox subscriber."""
         mail_id = sub.subject[len(INBOX):].split(".")[0]
         lst = self.subs.get(mail_id)
@@ -290,7 +290,7 @@ class Mq9:
                 self._rr.pop(mail_id, None)
         self.filters.pop(id(sub), None)
 
-    def broadcast_subscribed(self, sub: "Subscription") -> None:
+    def broadcast_subscribed(self, sub: Subscription) -> None:
         """Replay persisted broadcasts to a new subscriber whose group/subject has not had them."""
         if not self.broadcasts:
             return
@@ -310,14 +310,14 @@ class Mq9:
         self.kick()
 
     @staticmethod
-    def _consumer_key(sub: "Subscription") -> str:
+    def _consumer_key(sub: Subscription) -> str:
         """Who counts as "already received" for a persisted broadcast."""
         return "q:" + sub.queue if sub.queue is not None else "s:" + sub.wire_subject
 
     # publishes ---------------------------------------------------------------------------
 
-    def publish(self, pub: Optional["NatsConnection"], subject: str, reply: Optional[str],
-                hdr: Optional[bytes], payload: bytes) -> int:
+    def publish(self, pub: NatsConnection | None, subject: str, reply: str | None,
+                hdr: bytes | None, payload: bytes) -> int:
         """Handle one mq9 publish; returns 1 (mq9 always "responds", so no 503)."""
         if subject.startswith(INBOX):
             self._inbox(subject, reply, hdr, payload)
@@ -354,7 +354,7 @@ class Mq9:
         self._id_next = n + 1
         return n
 
-    def _inbox(self, subject: str, reply: Optional[str], hdr: Optional[bytes],
+    def _inbox(self, subject: str, reply: str | None, hdr: bytes | None,
                payload: bytes) -> None:
         """Store one mailbox message; it is pushed after the read's batch commits."""
         hit = self._inbox_cache.get(subject)
@@ -396,14 +396,14 @@ class Mq9:
                 return
         ops.append((0, box, [entry]))
 
-    def _live(self, mail_id: str) -> Optional[Mailbox]:
+    def _live(self, mail_id: str) -> Mailbox | None:
         """The mailbox ``mail_id`` unless it is unknown or past its TTL (sweep pending)."""
         box = self.mailboxes.get(mail_id)
         if box is not None and box.expires_at and box.expires_at <= self.clock.seconds():
             return None
         return box
 
-    def _mailbox_request(self, subject: str, reply: Optional[str], payload: bytes) -> None:
+    def _mailbox_request(self, subject: str, reply: str | None, payload: bytes) -> None:
         """MAILBOX.CREATE and MAILBOX.QUERY.{id}."""
         rest = subject[len(MAILBOX):]
         try:
@@ -421,7 +421,7 @@ class Mq9:
         else:
             self._error(reply, f"unknown mq9 request: {subject}")
 
-    def _create(self, reply: Optional[str], req: dict[str, Any]) -> None:
+    def _create(self, reply: str | None, req: dict[str, Any]) -> None:
         """Create a mailbox (its record commits with this read's batch, then the reply goes)."""
         kind = req.get("type", "standard")
         if kind not in ("standard", "latest"):
@@ -443,8 +443,8 @@ class Mq9:
                 "ttl": int(ttl)}
         self._reply(reply, body)
 
-    def _persisted_broadcast(self, pub: Optional["NatsConnection"], subject: str,
-                             reply: Optional[str], hdr: Optional[bytes], payload: bytes) -> int:
+    def _persisted_broadcast(self, pub: NatsConnection | None, subject: str,
+                             reply: str | None, hdr: bytes | None, payload: bytes) -> int:
         """Store a broadcast with ``mq9-persist: true``; it is delivered after the commit."""
         headers = _headers_dict(hdr)
         now = self.clock.seconds()
@@ -458,12 +458,12 @@ class Mq9:
 
     # replies -----------------------------------------------------------------------------
 
-    def _reply(self, reply: Optional[str], body: dict[str, Any]) -> None:
+    def _reply(self, reply: str | None, body: dict[str, Any]) -> None:
         """Send a JSON reply after this read's batch commits (nothing without a reply subject)."""
         if reply:
             self._ops.append((3, reply, json.dumps(body, separators=(",", ":")).encode()))
 
-    def _error(self, reply: Optional[str], text: str) -> None:
+    def _error(self, reply: str | None, text: str) -> None:
         """Reply ``{"error": text}``; never a -ERR."""
         self._reply(reply, {"error": text})
 
@@ -505,7 +505,7 @@ class Mq9:
         self._inflight -= 1
         return result
 
-    def barrier(self, conn: "NatsConnection") -> bool:
+    def barrier(self, conn: NatsConnection) -> bool:
         """Queue a PONG for ``conn`` behind every pending mq9 write; False when none is pending.
 
         This makes a client's flush() (PING/PONG) a durability barrier for its mq9 publishes.
@@ -541,7 +541,8 @@ class Mq9:
         for op in ops:
             kind = op[0]
             if kind == 0:
-                box, entries = op[1], op[2]
+                box: Mailbox = op[1]
+                entries: list[tuple] = op[2]
                 if self.mailboxes.get(box.mail_id) is not box:
                     continue
                 unread = box.unread
@@ -558,8 +559,8 @@ class Mq9:
                         unread[e[PRIORITY]].append(e)
                 touched[box.mail_id] = box
             elif kind == 1:
-                for box in touched.values():
-                    self._drain(box)
+                for tbox in touched.values():
+                    self._drain(tbox)
                 touched.clear()
                 self._query(op[1], op[2], op[3])
             elif kind == 2:
@@ -569,15 +570,15 @@ class Mq9:
                     op[1].out_ctl(codec.PONG)
             else:
                 self.server.publish(None, op[1], None, None, op[2])
-        for box in touched.values():
-            self._drain(box)
+        for tbox in touched.values():
+            self._drain(tbox)
         if self._batch:
             self.kick()     # deletes ride with the next read's commit (or the next turn)
         self.server.flush()
 
     def _clear(self, box: Mailbox) -> None:
         """Drop every unread message of a mailbox (``latest`` overwrite)."""
-        keys = []
+        keys: list[tuple[int, int]] = []
         for lst in box.unread.values():
             keys.extend((e[PRIORITY], e[MSG_ID]) for e in lst)
             lst.clear()
@@ -658,7 +659,7 @@ class Mq9:
         if deleted:
             self._batch.delete_entries(mailbox_queue(box.mail_id), deleted)
 
-    def _query(self, mail_id: str, req: dict[str, Any], reply: Optional[str]) -> None:
+    def _query(self, mail_id: str, req: dict[str, Any], reply: str | None) -> None:
         """Answer QUERY: every unread message (up to ``limit``), which becomes read."""
         box = self._live(mail_id)
         if box is None:
@@ -673,8 +674,8 @@ class Mq9:
             limit = QUERY_LIMIT
         now = self.clock.seconds()
         unread = box.count()
-        items = []
-        deleted = []
+        items: list[dict[str, Any]] = []
+        deleted: list[tuple[int, int]] = []
         for prio in (2, 1, 0):
             entries = box.unread[prio]
             take = 0
@@ -694,14 +695,14 @@ class Mq9:
         self.stats["queried"] += len(items)
         self._send(reply, {"mail_id": mail_id, "unread": unread, "messages": items})
 
-    def _send(self, reply: Optional[str], body: dict[str, Any]) -> None:
+    def _send(self, reply: str | None, body: dict[str, Any]) -> None:
         """Publish a JSON reply now (used after the commit)."""
         if reply:
             self.server.publish(None, reply, None, None,
                                 json.dumps(body, separators=(",", ":")).encode())
 
-    def _deliver_broadcast(self, pub: Optional["NatsConnection"], entry: tuple, seen: set[str],
-                           reply: Optional[str], hdr: Optional[bytes]) -> None:
+    def _deliver_broadcast(self, pub: NatsConnection | None, entry: tuple, seen: set[str],
+                           reply: str | None, hdr: bytes | None) -> None:
         """Deliver a committed persisted broadcast and remember who got it."""
         srv = self.server
         subject = entry[5]

@@ -16,18 +16,28 @@ from __future__ import annotations
 import os
 import random
 import secrets
-from typing import Any, Optional
+from typing import Any
 
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
-from twisted.internet.interfaces import IPushProducer
 
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import (
-    OP_CONNECT, OP_ERR, OP_ERROR, OP_HPUB, OP_OK, OP_PING, OP_PONG, OP_PUB, OP_SUB, OP_UNSUB,
-    NatsParser, ProtocolError,
+    OP_CONNECT,
+    OP_ERR,
+    OP_ERROR,
+    OP_HPUB,
+    OP_OK,
+    OP_PING,
+    OP_PONG,
+    OP_PUB,
+    OP_SUB,
+    OP_UNSUB,
+    NatsParser,
+    ProtocolError,
 )
 from mqhub.protocols.nats.sublist import Sublist
 
@@ -38,7 +48,7 @@ SERVER_VERSION = "2.10.0"
 NO_RESPONDERS_BLOCK = b"NATS/1.0 503\r\n\r\n"
 
 # ProtocolError code -> (-ERR text or None for a silent close)
-_WIRE_ERRORS: dict[str, Optional[str]] = {
+_WIRE_ERRORS: dict[str, str | None] = {
     codec.E_UNKNOWN_OP: "Unknown Protocol Operation",
     codec.E_MAX_CONTROL: "maximum control line exceeded",
     codec.E_MAX_PAYLOAD: "Maximum Payload Violation",
@@ -59,14 +69,14 @@ class Subscription:
     __slots__ = ("conn", "subject", "queue", "sid", "max", "delivered", "wire_subject",
                  "core_handle", "mq9")
 
-    def __init__(self, conn: "NatsConnection", subject: str, queue: Optional[str], sid: str,
+    def __init__(self, conn: NatsConnection, subject: str, queue: str | None, sid: str,
                  wire_subject: str) -> None:
         """:param subject: the pattern matched on (``#`` already mapped); ``wire_subject`` as sent."""
         self.conn = conn
         self.subject = subject
         self.queue = queue
         self.sid = sid
-        self.max: Optional[int] = None
+        self.max: int | None = None
         self.delivered = 0
         self.wire_subject = wire_subject
         self.core_handle: Any = None
@@ -85,12 +95,13 @@ class NatsSettings:
         self.max_payload: int = int(kw.get("max_payload", codec.DEFAULT_MAX_PAYLOAD))
         self.max_control_line: int = int(kw.get("max_control_line", codec.MAX_CONTROL_LINE))
         self.max_pending: int = int(kw.get("max_pending", 64 * 1024 * 1024))
+        self.stall_bytes: int = int(kw.get("stall_bytes", 8 * 1024 * 1024))
         self.ping_interval: float = float(kw.get("ping_interval", 120.0))
         self.ping_max: int = int(kw.get("ping_max", 2))
         self.auth_timeout: float = float(kw.get("auth_timeout", 2.0))
-        self.token: Optional[str] = kw.get("token") or None
-        self.user: Optional[str] = kw.get("user") or None
-        self.password: Optional[str] = kw.get("password") or kw.get("pass") or None
+        self.token: str | None = kw.get("token") or None
+        self.user: str | None = kw.get("user") or None
+        self.password: str | None = kw.get("password") or kw.get("pass") or None
         self.tls_context: Any = kw.get("tls_context")
         self.server_name: str = kw.get("server_name") or "mqhub"
         self.host: str = kw.get("host", "127.0.0.1")
@@ -111,14 +122,14 @@ class NatsServer(Factory):
 
     protocol = None  # buildProtocol is overridden
 
-    def __init__(self, hub: Any, settings: Optional[NatsSettings] = None) -> None:
+    def __init__(self, hub: Any, settings: NatsSettings | None = None) -> None:
         """Build empty state; nothing listens until a port uses this factory."""
         self.hub = hub
         self.clock = hub.clock
         self.settings = settings or NatsSettings()
         self.sublist = Sublist()
         self.routes: dict[bytes, tuple] = {}
-        self.sroutes: dict[tuple[str, Optional[str]], tuple] = {}
+        self.sroutes: dict[tuple[str, str | None], tuple] = {}
         self.epoch = 0
         self.dirty: list[NatsConnection] = []
         self.connections: dict[int, NatsConnection] = {}
@@ -130,18 +141,18 @@ class NatsServer(Factory):
         self.congested: set[NatsConnection] = set()
         self.stalled: list[NatsConnection] = []
         #: a subscriber with this much output waiting stalls its publishers (nats-server: 75 %)
-        self.stall_bytes = min(int(self.settings.max_pending * 0.75), 8 * 1024 * 1024)
+        self.stall_bytes = min(int(self.settings.max_pending * 0.75), self.settings.stall_bytes)
         self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0}
 
     # factory -----------------------------------------------------------------------------
 
-    def buildProtocol(self, addr: Any) -> "NatsConnection":
+    def buildProtocol(self, addr: Any) -> NatsConnection:
         """Make a connection protocol for ``addr``."""
         self._next_cid += 1
         conn = NatsConnection(self, self._next_cid)
         return conn
 
-    def info(self, conn: "NatsConnection") -> dict[str, Any]:
+    def info(self, conn: NatsConnection) -> dict[str, Any]:
         """The INFO object for ``conn``."""
         s = self.settings
         info: dict[str, Any] = {
@@ -210,7 +221,7 @@ class NatsServer(Factory):
         routes[line] = route
         return route
 
-    def _resolve_subject(self, subject: str, reply: Optional[str]) -> tuple:
+    def _resolve_subject(self, subject: str, reply: str | None) -> tuple:
         """Route a (subject, reply): MSG line heads of plain subs, and the special part."""
         if self.mq9 is not None and subject.startswith(MQ9_PREFIX) and self.mq9.claims(subject):
             base: tuple = ((), (None, None, True, False))
@@ -237,8 +248,8 @@ class NatsServer(Factory):
         sroutes[(subject, reply)] = base
         return base
 
-    def deliver_special(self, pub: Optional["NatsConnection"], subject: str, reply: Optional[str],
-                        hdr: Optional[bytes], payload: bytes, special: tuple) -> int:
+    def deliver_special(self, pub: NatsConnection | None, subject: str, reply: str | None,
+                        hdr: bytes | None, payload: bytes, special: tuple) -> int:
         """Deliver one message to limited subs, queue groups, mq9 and foreign bindings."""
         limited, groups, is_mq9, foreign = special
         if is_mq9:
@@ -261,8 +272,8 @@ class NatsServer(Factory):
             n += self.bridge.publish(subject, reply, hdr, payload)
         return n
 
-    def deliver(self, sub: Subscription, subject: str, reply: Optional[str],
-                hdr: Optional[bytes], payload: bytes) -> None:
+    def deliver(self, sub: Subscription, subject: str, reply: str | None,
+                hdr: bytes | None, payload: bytes) -> None:
         """Render one message for ``sub`` into its connection's output (cold path)."""
         conn = sub.conn
         if not conn.connected:
@@ -283,8 +294,8 @@ class NatsServer(Factory):
                 conn.subs.pop(sub.sid, None)
                 self.remove_sub(sub)
 
-    def publish(self, pub: Optional["NatsConnection"], subject: str, reply: Optional[str],
-                hdr: Optional[bytes], payload: bytes, *, foreign: bool = True) -> int:
+    def publish(self, pub: NatsConnection | None, subject: str, reply: str | None,
+                hdr: bytes | None, payload: bytes, *, foreign: bool = True) -> int:
         """Deliver one message to every NATS subscriber of ``subject`` (cold path).
 
         Used for HPUB, for mq9 replies and pushes, and for messages other protocols publish.
@@ -307,7 +318,7 @@ class NatsServer(Factory):
             n += self.bridge.publish(subject, reply, hdr, payload)
         return n
 
-    def no_responders(self, pub: "NatsConnection", subject: str, reply: str) -> None:
+    def no_responders(self, pub: NatsConnection, subject: str, reply: str) -> None:
         """Send the publisher a 503 HMSG on its subscription matching ``reply``."""
         for sub in pub.subs.values():
             if not sub.mq9 and _matches(sub.subject, reply):
@@ -337,13 +348,13 @@ class NatsServer(Factory):
                 out.clear()
                 conn.write_out(data)
 
-    def stall(self, conn: "NatsConnection") -> None:
+    def stall(self, conn: NatsConnection) -> None:
         """Stop reading from a publisher while some subscriber's output is backed up."""
         if conn not in self.stalled:
             self.stalled.append(conn)
             conn.transport.pauseProducing()
 
-    def uncongest(self, conn: "NatsConnection") -> None:
+    def uncongest(self, conn: NatsConnection) -> None:
         """``conn`` drained (or left): when nobody is backed up, resume stalled publishers."""
         self.congested.discard(conn)
         if not self.congested and self.stalled:
@@ -368,6 +379,8 @@ def _matches(pattern: str, subject: str) -> bool:
 @implementer(IPushProducer)
 class NatsConnection(Protocol):
     """One client connection."""
+
+    transport: Any
 
     def __init__(self, server: NatsServer, cid: int) -> None:
         """Connection state before INFO is sent."""
@@ -394,7 +407,7 @@ class NatsConnection(Protocol):
         self.pings_out = 0
         self.paused = False
         self.paused_bytes = 0
-        self._pinger: Optional[LoopingCall] = None
+        self._pinger: LoopingCall | None = None
         self._auth_timer: Any = None
         self.closing = False
 
@@ -447,7 +460,7 @@ class NatsConnection(Protocol):
         if self in srv.stalled:
             srv.stalled.remove(self)
 
-    def close(self, text: Optional[str]) -> None:
+    def close(self, text: str | None) -> None:
         """Send ``-ERR 'text'`` (unless None) with pending output, then close."""
         if self.closing or not self.connected:
             return
@@ -666,8 +679,8 @@ class NatsConnection(Protocol):
         self._update_fast()
         return True
 
-    def _publish(self, subject: str, reply: Optional[str], hdr: Optional[bytes], payload: bytes,
-                 hit: Optional[tuple]) -> bool:
+    def _publish(self, subject: str, reply: str | None, hdr: bytes | None, payload: bytes,
+                 hit: tuple | None) -> bool:
         """Route one PUB/HPUB with per-connection rules; False when refused with an -ERR."""
         srv = self.server
         if self.pedantic and not codec.valid_publish_subject(subject):
@@ -696,7 +709,7 @@ class NatsConnection(Protocol):
             srv.no_responders(self, subject, reply)
         return True
 
-    def _sub(self, subject: str, queue: Optional[str], sid: str) -> None:
+    def _sub(self, subject: str, queue: str | None, sid: str) -> None:
         """Register a subscription (replacing nothing: a reused sid is ignored like nats-server)."""
         if sid in self.subs:
             return
@@ -707,7 +720,7 @@ class NatsConnection(Protocol):
         self.subs[sid] = sub
         self.server.add_sub(sub)
 
-    def _unsub(self, sid: str, max_msgs: Optional[int]) -> None:
+    def _unsub(self, sid: str, max_msgs: int | None) -> None:
         """Remove a subscription now, or after ``max_msgs`` total deliveries."""
         sub = self.subs.get(sid)
         if sub is None:

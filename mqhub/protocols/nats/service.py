@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
@@ -18,10 +18,10 @@ log = Logger()
 
 #: plugin option -> NatsSettings keyword (values arrive as strings)
 _OPTIONS = ("max_payload", "max_pending", "ping_interval", "ping_max", "auth_timeout", "token",
-            "user", "password", "server_name", "max_control_line")
+            "user", "password", "server_name", "max_control_line", "stall_bytes")
 
 
-def tls_context(cert: str, key: Optional[str]) -> Any:
+def tls_context(cert: str, key: str | None) -> Any:
     """A server TLS context from PEM files (key may be inside the cert file)."""
     from twisted.internet import ssl
 

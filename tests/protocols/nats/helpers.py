@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
@@ -22,7 +22,7 @@ def make_hub() -> Hub:
     return Hub(clock=Clock(), store=store)
 
 
-def make_server(hub: Optional[Hub] = None, **settings: Any) -> NatsServer:
+def make_server(hub: Hub | None = None, **settings: Any) -> NatsServer:
     """A NatsServer over ``hub`` (or a fresh memory hub)."""
     return NatsServer(hub or make_hub(), NatsSettings(**settings))
 
@@ -30,7 +30,7 @@ def make_server(hub: Optional[Hub] = None, **settings: Any) -> NatsServer:
 class Client:
     """A NATS connection driven through a StringTransport; ``events()`` parses what it got."""
 
-    def __init__(self, server: NatsServer, connect: Optional[dict[str, Any]] = None,
+    def __init__(self, server: NatsServer, connect: dict[str, Any] | None = None,
                  handshake: bool = True) -> None:
         """Connect, read INFO, and (by default) send CONNECT + PING and read the PONG."""
         self.server = server
@@ -75,7 +75,7 @@ class Client:
         return not self.transport.connected or not self.proto.connected
 
 
-def make_mq9_server(hub: Optional[Hub] = None, **plugin_options: Any) -> NatsServer:
+def make_mq9_server(hub: Hub | None = None, **plugin_options: Any) -> NatsServer:
     """A NatsServer with its mq9 layer (as the plugin builds it), recovered and sweeping."""
     from mqhub.protocols.nats.service import build_server
 

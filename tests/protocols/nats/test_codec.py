@@ -10,8 +10,22 @@ from hypothesis import strategies as st
 
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import (
-    NEED_DATA, OP_CONNECT, OP_ERR, OP_ERROR, OP_HMSG, OP_HPUB, OP_INFO, OP_MSG, OP_OK, OP_PING,
-    OP_PONG, OP_PUB, OP_SUB, OP_UNSUB, NatsParser, ProtocolError,
+    NEED_DATA,
+    OP_CONNECT,
+    OP_ERR,
+    OP_ERROR,
+    OP_HMSG,
+    OP_HPUB,
+    OP_INFO,
+    OP_MSG,
+    OP_OK,
+    OP_PING,
+    OP_PONG,
+    OP_PUB,
+    OP_SUB,
+    OP_UNSUB,
+    NatsParser,
+    ProtocolError,
 )
 
 CLIENT_STREAM = (
@@ -231,7 +245,7 @@ def test_round_trip_pub_and_msg(items: list, rnd: random.Random) -> None:
     cuts = [rnd.randrange(len(server_out)) for _ in range(3)]
     got_msgs = feed_in_pieces(server_out, cuts, server=False)
     assert len(got) == len(got_msgs) == len(items)
-    for (subject, reply, payload, headers), ev, msg in zip(items, got, got_msgs):
+    for (subject, reply, payload, headers), ev, msg in zip(items, got, got_msgs, strict=True):
         if headers is None:
             assert ev == (OP_PUB, (subject, reply, len(payload)), payload)
             assert msg == (OP_MSG, subject, "7", reply, payload)
