@@ -110,6 +110,8 @@ def test_guarantee_job_survives_sigkill_and_finished_job_is_not_repeated(emqp, j
     assert client.result_for(done)["i"] == 41
     jobs.kill(jm)
     jm2 = jobs.jobmanager(addr(emqp, "backend"), queues='[[10, "fast"]]')
+    # until a worker INFORMs "fast" the broker would send its jobs to "default" (eventmq's rule)
+    emqp.wait_for_log("serves [(10, 'fast')]", timeout=20)
     send_request(client.sender, json.loads(job_body("emqjobs.work", 42)), guarantee=True,
                  queue="default")
     # a later job through the same socket proves the broker read (and stored) the one before
