@@ -141,6 +141,7 @@ class Queue:
         self._owner: dict[int, tuple[Consumer, float]] = {}
         self._may_expire = False              # some entry with expires_at was added
         self._deadlines: list[tuple[float, int, list[int]]] = []
+        self._heap_ids = 0                    # ids held by _deadlines (acked ones included)
         self._dseq = 0
         self._timer: Any = None
         self._timer_at = INF
@@ -448,6 +449,8 @@ class Queue:
                 # everything is committed and nothing follows the horizon: the count was stale
                 self._stored_only = 0
                 self._horizon = None
+            elif not self._unsettled:
+                self.broker.clock.callLater(0.05, self._maybe_page)
             return
         inflight = self._inflight
         fresh = [e for e in entries if e[0] not in inflight]
@@ -587,8 +590,24 @@ class Queue:
         """Track ``ids`` expiring at ``deadline`` and arm the queue timer if it is the earliest."""
         self._dseq += 1
         heapq.heappush(self._deadlines, (deadline, self._dseq, ids))
+        self._heap_ids += len(ids)
+        if self._heap_ids > 4 * len(self._owner) + 4096:
+            self._compact_deadlines()
         if deadline < self._timer_at:
             self._arm(deadline)
+
+    def _compact_deadlines(self) -> None:
+        """Rebuild the deadline heap from what is still in flight (acked ids leave it here)."""
+        groups: dict[tuple[Consumer, float], list[int]] = {}
+        for mid, rec in self._owner.items():
+            groups.setdefault(rec, []).append(mid)
+        heap = []
+        for rec, ids in groups.items():
+            self._dseq += 1
+            heap.append((rec[1], self._dseq, ids))
+        heapq.heapify(heap)
+        self._deadlines = heap
+        self._heap_ids = len(self._owner)
 
     def _arm(self, when: float) -> None:
         """Arm the single in-flight timer for ``when``."""
@@ -608,6 +627,7 @@ class Queue:
         owner = self._owner
         while heap and heap[0][0] <= now:
             _, _, ids = heapq.heappop(heap)
+            self._heap_ids -= len(ids)
             for mid in ids:
                 rec = owner.get(mid)
                 if rec is not None and rec[1] <= now:
@@ -848,6 +868,7 @@ class Queue:
         self._inflight.clear()
         self._owner.clear()
         self._deadlines.clear()
+        self._heap_ids = 0
         self.deferred = 0
         for c in self.consumers:
             c.in_flight = 0

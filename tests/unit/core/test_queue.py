@@ -372,3 +372,15 @@ def test_mass_requeue_keeps_ready_order(hub: Hub) -> None:
     second = CollectingTarget()
     q.attach(second, ready=1000)
     assert second.bodies == [b"%03d" % i for i in range(100)]
+
+
+def test_deadline_bookkeeping_stays_bounded(hub: Hub) -> None:
+    """Acked batches do not pile up in the timeout heap of a busy queue."""
+    q = _queue(hub, tier="memory")
+    t = CollectingTarget()
+    c = q.attach(t, ready=100, timeout=3600.0)
+    for _ in range(500):
+        hub.broker.publish_batch("a", [b"x"] * 100)
+        q.ack(c, t.ids()[-100:])
+    assert q.in_flight == 0 and len(t.entries) == 50_000
+    assert q._heap_ids <= 4096 + 100
