@@ -94,10 +94,22 @@ class NatsService(MultiService):
         return d
 
 
+def own_options(options: dict[str, Any]) -> dict[str, Any]:
+    """This plugin's ``--option mq9.KEY=VALUE`` settings (``options["plugin_options"]["mq9"]``)."""
+    every = options.get("plugin_options") or {}
+    mine: dict[str, Any] = {}
+    for name in ("nats", "mq9"):
+        value = every.get(name)
+        if isinstance(value, dict):
+            mine.update(value)
+    if not mine and every and not any(isinstance(v, dict) for v in every.values()):
+        mine.update(every)       # already this plugin's flat settings
+    return mine
+
+
 def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> NatsService:
     """Build (not start) the NATS/mq9 service listening on ``endpoints["tcp"]``."""
-    plugin_options = dict(options.get("plugin_options") or {})
-    server = build_server(hub, plugin_options)
+    server = build_server(hub, own_options(options))
     endpoint = endpoints.get("tcp") or "tcp:4222:interface=127.0.0.1"
     try:
         server.settings.port = int(endpoint.split(":")[1])

@@ -1,0 +1,26 @@
+"""The plugin entry point: options reach the server, nothing listens until started."""
+
+from __future__ import annotations
+
+from mqhub.protocols.nats.service import make_service, own_options
+from mqhub.testing import memory_hub
+
+
+def test_own_options_by_plugin_name_and_alias() -> None:
+    assert own_options({"plugin_options": {"mq9": {"token": "a"}, "nsq": {"x": "1"}}}) == {
+        "token": "a"}
+    assert own_options({"plugin_options": {"nats": {"user": "u"}}}) == {"user": "u"}
+    assert own_options({"plugin_options": {"token": "flat"}}) == {"token": "flat"}
+    assert own_options({}) == {}
+
+
+def test_make_service_applies_settings_without_listening() -> None:
+    hub = memory_hub()
+    svc = make_service(hub, {"tcp": "tcp:0:interface=127.0.0.1"},
+                       {"plugin_options": {"mq9": {"token": "t", "max_payload": "2048",
+                                                   "ping_interval": "5"}}})
+    s = svc.server.settings
+    assert s.token == "t" and s.auth_required and s.max_payload == 2048
+    assert s.ping_interval == 5.0
+    assert svc.server.mq9 is not None and svc.server.bridge is not None
+    assert not svc.running and svc.listener.port is None
