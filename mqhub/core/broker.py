@@ -212,8 +212,17 @@ class Broker:
 
     def _arm_memory_expiry(self, q: Queue) -> None:
         """Delete ``q`` at its ``expires_at`` using a plain clock timer."""
-        delay = max(0.0, q.expires_at - self.clock.seconds())
-        t = self.clock.callLater(delay, self._expire_queue, q)
+        self._later(max(0.0, q.expires_at - self.clock.seconds()), self._expire_queue, q)
+
+    def _later(self, delay: float, func: Any, *args: Any) -> None:
+        """A plain clock timer that ``stop()`` cancels and that forgets itself when it runs."""
+        holder: list[Any] = []
+
+        def run() -> None:
+            self._mem_timers.discard(holder[0])
+            func(*args)
+        t = self.clock.callLater(delay, run)
+        holder.append(t)
         self._mem_timers.add(t)
 
     def _expire_queue(self, q: Queue) -> None:
@@ -407,14 +416,11 @@ class Broker:
             sched = self.scheduler
             self.clock.callLater(0, sched.note_due, when)
         else:
-            delay = max(0.0, when - self.clock.seconds())
-            t = self.clock.callLater(delay, self._undefer_memory, queue, list(entries),
-                                     queue.incarnation)
-            self._mem_timers.add(t)
+            self._later(max(0.0, when - self.clock.seconds()), self._undefer_memory, queue,
+                        list(entries), queue.incarnation)
 
     def _undefer_memory(self, queue: Queue, entries: list[Entry], incarnation: int) -> None:
         """A memory-held delay came due."""
-        self._mem_timers = {t for t in self._mem_timers if t.active()}
         if queue.deleted or queue.incarnation != incarnation:
             return
         queue.deferred = max(0, queue.deferred - len(entries))

@@ -381,6 +381,8 @@ class Queue:
         victims = self._pop_oldest(excess)
         if not victims:
             return
+        if self._volatile:
+            self._volatile.difference_update([e[0] for e in victims])
         if self.overflow == "dead_letter":
             self._dead(victims, REASON_OVERFLOW, "queue full", batch, now)
         else:
@@ -767,6 +769,8 @@ class Queue:
 
     def _expire(self, entries: list[Entry], now: float) -> None:
         """Count and drop (or dead-letter) expired entries taken from the window."""
+        if self._volatile:
+            self._volatile.difference_update([e[0] for e in entries])
         self.expired_count += len(entries)
         b = WriteBatch()
         if self.expire_to_dead_letters:
