@@ -223,6 +223,20 @@ class TopicRegistry:
         if topic.ephemeral and not topic.channels:
             self.delete_topic(topic_name)
 
+    def release_stranded(self) -> int:
+        """Hand channels any messages left in a topic's buffer although channels exist.
+
+        A DPUB to a topic without channels is deferred against the topic's buffer; if a channel
+        appears before it is due, it lands in the buffer afterwards. This moves such messages
+        on (through the core's public ``resume_address``). Returns how many topics had some.
+        """
+        moved = 0
+        for topic in list(self.topics.values()):
+            if topic.channels and not topic.paused and self.topic_depth(topic):
+                maybeDeferred(self.broker.resume_address, topic.address)
+                moved += 1
+        return moved
+
     def count_published(self, topic: Topic, bodies: list[bytes]) -> None:
         """Account messages published through NSQ (stats)."""
         topic.message_count += len(bodies)

@@ -492,3 +492,22 @@ def test_deleting_a_channel_closes_its_clients() -> None:
     h.service.registry.delete_topic("t")
     h.settle()
     assert other.closed
+
+
+def test_dpub_before_first_channel_is_delivered_after_its_delay() -> None:
+    """A DPUB to a topic with no channel yet reaches the channel created before it is due."""
+    h = Harness()
+    p = h.client()
+    p.send(w.encode_dpub("t", 1000, b"later"))
+    h.settle()
+    assert p.frames() == [OK]
+    c = h.consumer("t", "c", rdy=5)
+    h.clock.advance(0.5)
+    h.service.registry.release_stranded()
+    h.settle()
+    assert c.frames() == []  # not before its time
+    for _ in range(10):
+        h.clock.advance(0.1)
+    h.service.registry.release_stranded()  # the service's periodic sweep
+    h.settle()
+    assert [f.body for f in c.frames()] == [b"later"]
