@@ -70,6 +70,7 @@ class CoreBridge:
         self.target = NatsTarget(server)
         self._foreign: dict[str, bool] = {}
         self._epoch = -1
+        self._pending: dict[str, tuple[list[bytes], list[Optional[dict[str, str]]]]] = {}
 
     def bind(self, sub: Subscription) -> None:
         """Register ``sub`` as a live binding (subjects the core refuses stay NATS-only)."""
@@ -115,10 +116,10 @@ class CoreBridge:
         self._foreign[subject] = hit
         return hit
 
-    def publish(self, subject: str, reply: str | None, hdr: bytes | None,
+    def publish(self, subject: str, reply: Optional[str], hdr: Optional[bytes],
                 payload: bytes) -> int:
-        """Hand one NATS message to the core for its foreign bindings; returns 1."""
-        headers: dict[str, str] | None = None
+        """Queue one NATS message for the core's foreign bindings (sent by :meth:`flush`)."""
+        headers: Optional[dict[str, str]] = None
         if hdr:
             try:
                 headers = dict(codec.parse_headers(hdr)[2]) or None
@@ -127,11 +128,24 @@ class CoreBridge:
         if reply:
             headers = dict(headers or {})
             headers[REPLY_HEADER] = reply
-        try:
-            d = self.broker.publish_batch(subject, [payload], origin=ORIGIN_NAME, headers=headers)
-        except MqhubError as exc:
-            log.warn("nats: core refused a publish to {subject}: {error}", subject=subject,
-                     error=exc)
-            return 0
-        d.addErrback(lambda f: log.failure("nats: core publish failed", f))
+        pending = self._pending.get(subject)
+        if pending is None:
+            pending = self._pending[subject] = ([], [])
+        pending[0].append(payload)
+        pending[1].append(headers)
         return 1
+
+    def flush(self) -> None:
+        """Hand everything queued during this read to the core: one call per subject."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        for subject, (bodies, headers) in pending.items():
+            hdrs: Any = None if not any(headers) else headers
+            try:
+                d = self.broker.publish_batch(subject, bodies, origin=ORIGIN_NAME, headers=hdrs)
+            except MqhubError as exc:
+                log.warn("nats: core refused a publish to {subject}: {error}", subject=subject,
+                         error=exc)
+                continue
+            d.addErrback(lambda f: log.failure("nats: core publish failed", f))

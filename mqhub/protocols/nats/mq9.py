@@ -574,6 +574,8 @@ class Mq9:
             self._drain(tbox)
         if self._batch:
             self.kick()     # deletes ride with the next read's commit (or the next turn)
+        if self.server.bridge is not None:
+            self.server.bridge.flush()
         self.server.flush()
 
     def _clear(self, box: Mailbox) -> None:

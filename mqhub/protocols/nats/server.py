@@ -367,6 +367,8 @@ class NatsServer(Factory):
         """Finish one read: let mq9 commit its group, then write all output."""
         if self.mq9 is not None:
             self.mq9.end_turn()
+        if self.bridge is not None:
+            self.bridge.flush()
         self.flush()
 
 

@@ -72,3 +72,28 @@ def test_unsubscribe_removes_core_binding() -> None:
     s.send(b"SUB gone 2\r\n")
     s.transport.loseConnection()
     assert hub.broker.route("gone").empty
+
+
+def test_one_core_call_per_subject_per_read() -> None:
+    hub, srv = make()
+    target = CollectingTarget("vibemq")
+    hub.broker.subscribe("feed.*", target)
+    calls = []
+    orig = hub.broker.publish_batch
+    hub.broker.publish_batch = lambda *a, **k: (calls.append(a[0]), orig(*a, **k))[1]
+    pub = Client(srv)
+    pub.send(b"".join(codec.encode_pub("feed.a" if i % 2 else "feed.b", b"%d" % i)
+                      for i in range(100)))
+    assert sorted(calls) == ["feed.a", "feed.b"]
+    assert sorted(target.bodies) == sorted(b"%d" % i for i in range(100))
+    assert [b for b in target.bodies if int(b) % 2] == [b"%d" % i for i in range(1, 100, 2)]
+
+
+def test_persisted_broadcast_reaches_foreign_bindings() -> None:
+    hub, srv = make()
+    target = CollectingTarget("mqks")
+    hub.broker.subscribe("$mq9.AI.BROADCAST.>", target)
+    pub = Client(srv)
+    pub.send(codec.encode_hpub("$mq9.AI.BROADCAST.sys.up", codec.build_headers(
+        {"mq9-persist": "true"}), b"up"))
+    assert target.bodies == [b"up"]
