@@ -10,7 +10,7 @@ skips entries of NATS origin so nobody gets a message twice.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from twisted.logger import Logger
 from zope.interface import implementer
