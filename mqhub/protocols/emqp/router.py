@@ -174,6 +174,9 @@ class EmqpRouter:
         #: jobs the core delivered when no slot was planned; sent on the next free slot
         self.held: dict[str, list[tuple]] = {}
         self._plan: list[Worker] = []
+        self._pumping = False
+        self._repump: set[str] = set()
+        self._sending: tuple[Worker, bytes] | None = None
         self._heartbeat: LoopingCall | None = None
         self.pub_bridge = tuple(pub_bridge)
         self._bridge_bindings: list[Any] = []
@@ -459,7 +462,24 @@ class EmqpRouter:
                 return worker
         return None
 
+    def _usable(self, worker: Worker) -> bool:
+        """True while ``worker`` is registered and not leaving."""
+        return self.workers.get(worker.peer) is worker and not worker.leaving
+
     def _pump(self, qname: str) -> None:
+        """Hand out queue ``qname``'s waiting jobs to free slots (re-entrant calls are queued)."""
+        if self._pumping:
+            self._repump.add(qname)
+            return
+        self._pumping = True
+        try:
+            self._pump_queue(qname)
+            while self._repump:
+                self._pump_queue(self._repump.pop())
+        finally:
+            self._pumping = False
+
+    def _pump_queue(self, qname: str) -> None:
         """Send held jobs, then grant the queue's consumer credit for chosen free slots."""
         held = self.held.get(qname)
         while held:
@@ -472,7 +492,9 @@ class EmqpRouter:
             return
         queue = consumer.queue
         if consumer.credit > 0:
-            return  # credit granted earlier still waits for entries paged in from the store
+            queue.dispatch()  # spend credit granted earlier if its entries are here now
+            if consumer.credit > 0:
+                return  # still waiting for entries paged in from the store
         while queue.depth > 0:
             plan: list[Worker] = []
             want = queue.depth
@@ -487,7 +509,8 @@ class EmqpRouter:
             consumer.add_credit(len(plan))
             leftover, self._plan = self._plan, []
             for worker in leftover:  # not delivered now: give the slots back
-                worker.slots += 1
+                if self._usable(worker):
+                    worker.slots += 1
             if leftover:
                 return
 
@@ -496,7 +519,9 @@ class EmqpRouter:
         qname = binding.tag
         plan = self._plan
         for entry in messages:
-            worker = plan.pop(0) if plan else self._pick(qname)
+            worker = plan.pop(0) if plan else None
+            if worker is None or not self._usable(worker):
+                worker = self._pick(qname)
             if worker is None:
                 self.held.setdefault(qname, []).append(entry)
             else:
@@ -523,8 +548,12 @@ class EmqpRouter:
                 return
         worker.inflight[msgid] = (qname, entry[MSG_ID], client, wants, retryable)
         # always ask for the result: it tells exactly which job finished
+        self._sending = (worker, msgid)
         self.send_backend(F.request(worker.peer, msgid, qname.encode(),
                                     F.add_header(headers, b"reply-requested"), body))
+        self._sending = None
+        if self.workers.get(worker.peer) is not worker:
+            return  # unreachable: the removal already retried or finished this job
         if client:
             self.send_frontend(F.reply_ack(client, self.ids.next(), msgid))
         self.stats["dispatched"] += 1
@@ -556,10 +585,23 @@ class EmqpRouter:
             log.debug("eMQP: send to {p} failed: {e}", p=F.peer_label(frames[0]), e=exc)
 
     def peer_unreachable(self, peer: bytes) -> None:
-        """The backend could not route to ``peer``: treat the worker as gone."""
+        """The backend could not route to ``peer``: the worker is gone.
+
+        A job whose REQUEST could not be sent never reached it, so that job goes back to its
+        queue whatever its headers say; the worker's other jobs follow the lost-worker rule.
+        """
         worker = self.workers.get(peer)
-        if worker is not None:
-            self._remove_worker(worker)
+        if worker is None:
+            return
+        sending = self._sending
+        if sending is not None and sending[0] is worker:
+            job = worker.inflight.pop(sending[1], None)
+            if job is not None:
+                consumer = self.consumers.get(job[0])
+                if consumer is not None:
+                    consumer.queue.requeue(consumer, [job[1]])
+                    self._pump(job[0])
+        self._remove_worker(worker)
 
     # schedules -------------------------------------------------------------------------------
 

@@ -365,3 +365,25 @@ def test_pub_bridge_copies_foreign_messages_to_pub():
     rig.router.stop()
     result_of(rig.hub.broker.publish_batch("news.tech", [b"late"], origin="nats"))
     assert len(rig.pub) == 2
+
+
+def test_unreachable_worker_at_send_loses_no_job():
+    """A REQUEST that cannot be routed (worker gone) goes back to the queue, even without
+    retry headers, and reaches the next worker; the dead worker is forgotten."""
+    rig = Rig()
+
+    def send_backend(frames):
+        if frames[0] == b"dead" and frames[3] == b"REQUEST":
+            rig.router.peer_unreachable(b"dead")  # what the ROUTER_MANDATORY socket reports
+            return
+        rig.back.append(frames)
+
+    rig.router.send_backend = send_backend
+    rig.worker(b"dead", [[20, "default"]], ready=2)
+    rig.worker(b"alive", [[10, "default"]], ready=2)
+    rig.request(b"c", b"plain")
+    rig.request(b"c", b"retry", headers=b"retry-count:1")
+    assert b"dead" not in rig.router.workers
+    assert sorted(rig.jobs_to(b"alive")) == [b"plain", b"retry"]
+    assert sorted(f[5] for f in rig.sent(rig.front, b"REPLY", b"c")) == [b"plain", b"retry"]
+    assert rig.queue().depth == 0 and rig.queue().in_flight == 2
