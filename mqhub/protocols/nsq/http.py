@@ -110,14 +110,14 @@ class NsqHttpResource(Resource):
 
     def _finish(self, request: Any, body: Any) -> None:
         """Complete a deferred answer (unless the client went away)."""
-        if request._disconnected:
+        if getattr(request, "_disconnected", False):
             return
         request.write(self._body(request, body))
         request.finish()
 
     def _failed(self, request: Any, failure: Failure) -> None:
         """A deferred answer failed: HttpError as is, anything else 500."""
-        if request._disconnected:
+        if getattr(request, "_disconnected", False):
             return
         exc = failure.value
         if not isinstance(exc, HttpError):
