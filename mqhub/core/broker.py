@@ -370,15 +370,35 @@ class Broker:
             if q.max_size and q.overflow == "reject" and q.room() < n:
                 raise QueueFull(q.name)
         batch = None
+        now = self.clock.seconds() if deliver_at else 0.0
         if queues:
             batch = WriteBatch()
-            now = self.clock.seconds()
             if deliver_at > now:
                 for q in queues:
                     self._defer(q, entries, deliver_at, batch, persist)
             else:
+                now = now or self.clock.seconds()
                 for q in queues:
                     q._put(entries, batch, persist, now, uniform)
+        if deliver_at > now and (route.targets or route.groups):
+            # live subscribers see a delayed message when it is due (memory-held, like them)
+            self._later(deliver_at - now, self._deliver_live, address, entries)
+        else:
+            self._deliver_live(address, entries, route)
+        if batch:
+            d = self.store.commit(batch)
+            if id(batch) in self._unsettled:
+                d.addBoth(self._settle_batch, batch)
+            if not d.called:
+                self._pending.add(d)
+                d.addBoth(self._done, d)
+            return d
+        return succeed(None)
+
+    def _deliver_live(self, address: str, entries: list[Entry], route: Route | None = None) -> None:
+        """Hand ``entries`` to the live subscribers of ``address`` (one call per binding)."""
+        if route is None:
+            route = self.route(address)
         if route.targets:
             for b in route.targets:
                 try:
@@ -392,15 +412,6 @@ class Broker:
                     b.target.deliver_batch(b, address, entries)
                 except Exception:
                     log.exception("deliver_batch of %r failed", b.target)
-        if batch:
-            d = self.store.commit(batch)
-            if id(batch) in self._unsettled:
-                d.addBoth(self._settle_batch, batch)
-            if not d.called:
-                self._pending.add(d)
-                d.addBoth(self._done, d)
-            return d
-        return succeed(None)
 
     # -- delays --------------------------------------------------------------------------------
 

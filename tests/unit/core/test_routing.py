@@ -180,3 +180,14 @@ def test_routes_match_brute_force(binds: list[tuple[str, str]], addrs: list[str]
                              for g in ("g1", "g2") if any(k == g for _, k, _ in want))
         assert got_groups == want_groups
         assert r.empty == (not want)
+
+
+def test_delayed_publish_reaches_live_subscribers_when_due(hub: Hub) -> None:
+    """A DPUB to an address with a live subscriber is delivered to it at deliver_at, not before."""
+    t = CollectingTarget()
+    hub.broker.subscribe("later", t)
+    hub.broker.publish_batch("later", [b"x"], deliver_at=hub.clock.seconds() + 5)
+    hub.clock.advance(4)
+    assert t.entries == []
+    hub.clock.advance(1.5)
+    assert t.bodies == [b"x"]
