@@ -10,7 +10,7 @@ skips entries of NATS origin so nobody gets a message twice.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -70,7 +70,7 @@ class CoreBridge:
         self.target = NatsTarget(server)
         self._foreign: dict[str, bool] = {}
         self._epoch = -1
-        self._pending: dict[str, tuple[list[bytes], list[Optional[dict[str, str]]]]] = {}
+        self._pending: dict[str, tuple[list[bytes], list[dict[str, str] | None]]] = {}
 
     def bind(self, sub: Subscription) -> None:
         """Register ``sub`` as a live binding (subjects the core refuses stay NATS-only)."""
@@ -116,10 +116,10 @@ class CoreBridge:
         self._foreign[subject] = hit
         return hit
 
-    def publish(self, subject: str, reply: Optional[str], hdr: Optional[bytes],
+    def publish(self, subject: str, reply: str | None, hdr: bytes | None,
                 payload: bytes) -> int:
         """Queue one NATS message for the core's foreign bindings (sent by :meth:`flush`)."""
-        headers: Optional[dict[str, str]] = None
+        headers: dict[str, str] | None = None
         if hdr:
             try:
                 headers = dict(codec.parse_headers(hdr)[2]) or None
