@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 HOST = "127.0.0.1"
 MAGIC = b"  V2"
@@ -107,7 +107,7 @@ def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any)
             break
         try:
             data = sock.recv(1 << 20)
-        except socket.timeout:
+        except TimeoutError:
             if time.perf_counter() > idle_until:
                 break
             continue
@@ -211,7 +211,7 @@ def run_scenario(host: str, port: int, mode: str, size: int, duration: float) ->
     return sent / (end - start), count / (last - start)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the scenarios and print ``<figure> <value> <unit>`` lines."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--address", help="HOST:PORT of a running nsqd-compatible server")
@@ -221,8 +221,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--sizes", default="16,1024", help="comma-separated body sizes")
     parser.add_argument("--modes", default="pub,mpub", help="comma-separated: pub, mpub")
     args = parser.parse_args(argv)
-    proc: Optional[subprocess.Popen] = None
-    tmp: Optional[str] = None
+    proc: subprocess.Popen | None = None
+    tmp: str | None = None
     if args.address:
         host, _, port_text = args.address.rpartition(":")
         host, port = host or HOST, int(port_text)

@@ -36,7 +36,7 @@ class NsqSocket:
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(1 << 20)
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             return []
         if not data:
             raise ConnectionError("closed by broker")

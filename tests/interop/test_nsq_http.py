@@ -7,7 +7,7 @@ import struct
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -17,8 +17,8 @@ from tests.interop.test_nsq_durability import NsqSocket
 pytestmark = pytest.mark.interop
 
 
-def request(broker: BrokerProcess, path: str, body: Optional[bytes] = None,
-            method: Optional[str] = None) -> tuple[int, Any, bytes]:
+def request(broker: BrokerProcess, path: str, body: bytes | None = None,
+            method: str | None = None) -> tuple[int, Any, bytes]:
     """(status, headers, body) of one HTTP request to the NSQ HTTP port."""
     url = f"http://127.0.0.1:{broker.port('nsq', 'http')}{path}"
     req = urllib.request.Request(url, data=body, method=method or ("POST" if body is not None else "GET"))

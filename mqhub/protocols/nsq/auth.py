@@ -64,7 +64,7 @@ class SecretsFile:
         self._secrets = secrets
 
     @classmethod
-    def load(cls, path: str) -> "SecretsFile":
+    def load(cls, path: str) -> SecretsFile:
         """Read and compile ``path``.
 
         :raises PluginError: when the file is missing or malformed.
@@ -77,7 +77,7 @@ class SecretsFile:
             raise PluginError(f"nsq: cannot load auth secrets {path}: {exc}") from exc
 
     @classmethod
-    def parse(cls, data: dict[str, Any]) -> "SecretsFile":
+    def parse(cls, data: dict[str, Any]) -> SecretsFile:
         """Compile the parsed JSON document."""
         secrets: dict[str, AuthState] = {}
         for secret, spec in data["secrets"].items():

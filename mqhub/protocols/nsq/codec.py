@@ -27,7 +27,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from typing import Final, Union
+from typing import Final
 
 MAGIC_V2: Final = b"  V2"
 
@@ -178,7 +178,7 @@ class Nop:
     """NOP: no response."""
 
 
-Command = Union[Identify, Auth, Sub, Pub, Mpub, Dpub, Rdy, Fin, Req, Touch, Cls, Nop]
+Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch | Cls | Nop
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -861,7 +861,7 @@ class Message:
     body: bytes
 
 
-Frame = Union[Response, ErrorFrame, Message]
+Frame = Response | ErrorFrame | Message
 
 
 class ClientCodec:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from mqhub.errors import PluginError
 
@@ -31,16 +32,16 @@ class NsqConfig:
     deflate: bool = True
     max_deflate_level: int = 6
     snappy: bool = True
-    tls_cert: Optional[str] = None
-    tls_key: Optional[str] = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
     tls_required: bool = False
-    auth_secrets: Optional[str] = None
+    auth_secrets: str | None = None
     broadcast_address: str = "127.0.0.1"
     hostname: str = field(default_factory=socket.gethostname)
     version: str = "1.3.0"
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> "NsqConfig":
+    def from_options(cls, options: Mapping[str, Any]) -> NsqConfig:
         """Build from twistd options: ``plugin_options['nsq']`` plus the ``nsq-*`` option lines.
 
         :raises PluginError: on an unknown key or a value of the wrong type.

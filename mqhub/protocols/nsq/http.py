@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -133,7 +134,7 @@ class NsqHttpResource(Resource):
         return json.dumps({"message": exc.message}).encode()
 
     @staticmethod
-    def _arg(request: Any, name: str) -> Optional[str]:
+    def _arg(request: Any, name: str) -> str | None:
         """First value of query argument ``name``, or None."""
         values = request.args.get(name.encode())
         if not values:

@@ -23,7 +23,8 @@ import random
 import struct
 import zlib
 from collections import deque
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -61,7 +62,7 @@ class _Slot:
 
     __slots__ = ("data", "close")
 
-    def __init__(self, data: Optional[bytes] = None, close: bool = False) -> None:
+    def __init__(self, data: bytes | None = None, close: bool = False) -> None:
         """:param close: close the connection once this slot is written."""
         self.data = data
         self.close = close
@@ -72,8 +73,9 @@ class NsqProtocol(Protocol):
     """One NSQ client connection (producer, consumer or both)."""
 
     protocol_name = "nsq"
+    transport: Any
 
-    def __init__(self, factory: "NsqFactory") -> None:
+    def __init__(self, factory: NsqFactory) -> None:
         """Bind to the factory's hub, config and topic registry."""
         self.factory = factory
         self.config: NsqConfig = factory.config
@@ -87,7 +89,7 @@ class NsqProtocol(Protocol):
         )
         self.state = STATE_INIT
         self.identity: Identity = default_identity(self.config)
-        self.auth: Optional[AuthState] = None
+        self.auth: AuthState | None = None
         self.consumer: Any = None
         self.queue: Any = None
         self.topic_name = ""
@@ -330,8 +332,8 @@ class NsqProtocol(Protocol):
             return
         if self.identity.sample_rate:
             rate = self.identity.sample_rate
-            keep = []
-            drop = []
+            keep: list[tuple] = []
+            drop: list[tuple] = []
             for entry in messages:
                 (keep if self._rng.randrange(100) < rate else drop).append(entry)
             if drop and self.queue is not None:
@@ -538,10 +540,10 @@ class NsqProtocol(Protocol):
 class NsqFactory(Factory):
     """Builds :class:`NsqProtocol` connections; holds the hub, config, topics and clients."""
 
-    protocol = NsqProtocol  # type: ignore[assignment]
+    protocol = NsqProtocol
 
     def __init__(self, hub: Any, config: NsqConfig, registry: TopicRegistry,
-                 secrets: Optional[SecretsFile] = None) -> None:
+                 secrets: SecretsFile | None = None) -> None:
         """:param registry: the topics shared with the HTTP API."""
         self.hub = hub
         self.config = config

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, maybeDeferred
@@ -35,7 +35,7 @@ class NsqService(MultiService):
     """
 
     def __init__(self, hub: Any, endpoints: dict[str, str], config: NsqConfig,
-                 secrets: Optional[SecretsFile] = None) -> None:
+                 secrets: SecretsFile | None = None) -> None:
         """Build the factory, the HTTP site and their listeners (nothing is bound yet)."""
         super().__init__()
         self.hub = hub
@@ -51,7 +51,7 @@ class NsqService(MultiService):
         self.tcp.setServiceParent(self)
         self.tcp.listening.addCallback(self._bound, "tcp_port")
         self.tcp.listening.addErrback(lambda f: None)
-        self.http: Optional[ListenerService] = None
+        self.http: ListenerService | None = None
         if endpoints.get("http"):
             site = Site(NsqHttpResource(self))
             site.noisy = False

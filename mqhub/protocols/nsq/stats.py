@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 _EMPTY_LATENCY = {"count": 0, "percentiles": None}
 
@@ -45,7 +45,7 @@ def _in_flight(queue: Any) -> int:
     return int(value() if callable(value) else value)
 
 
-def build_stats(service: Any, topic: Optional[str] = None, channel: Optional[str] = None,
+def build_stats(service: Any, topic: str | None = None, channel: str | None = None,
                 include_clients: bool = True) -> dict[str, Any]:
     """nsqd's ``/stats?format=json`` document, optionally filtered to one topic/channel."""
     registry = service.registry

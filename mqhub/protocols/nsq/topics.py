@@ -20,7 +20,7 @@ recovered from the core's durable queues named ``nsq/...``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
 
@@ -104,7 +104,7 @@ class TopicRegistry:
         topic = self.topics[name] = Topic(name, topic_address(name), is_ephemeral(name))
         return topic
 
-    def get_topic(self, name: str) -> Optional[Topic]:
+    def get_topic(self, name: str) -> Topic | None:
         """The topic ``name`` or None."""
         return self.topics.get(name)
 
@@ -168,7 +168,7 @@ class TopicRegistry:
             batch = WriteBatch()
             batch.put_meta(META_PREFIX + name, b"paused" if paused else b"")
             self.store.commit(batch)
-        return d  # type: ignore[no-any-return]
+        return d
 
     def topic_depth(self, topic: Topic) -> int:
         """Messages the topic holds that no channel has taken yet."""
@@ -205,7 +205,7 @@ class TopicRegistry:
         self._notify_deleted(topic_name, channel)
         if topic.ephemeral and not topic.channels:
             self.delete_topic(topic_name)
-        return d  # type: ignore[no-any-return]
+        return d
 
     def _notify_deleted(self, topic: str, channel: str) -> None:
         """Tell the listeners that ``topic``/``channel`` is gone."""

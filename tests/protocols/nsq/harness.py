@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
@@ -13,7 +13,6 @@ from mqhub.protocols.nsq.auth import SecretsFile
 from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.server import NsqFactory, NsqProtocol
 from mqhub.protocols.nsq.service import NsqService
-
 from mqhub.store.memory import MemoryStore
 from mqhub.testing import memory_hub
 
@@ -54,7 +53,7 @@ class Client:
 class Harness:
     """A memory hub with the NSQ service built (not listening) and helpers to make clients."""
 
-    def __init__(self, config: Optional[NsqConfig] = None, secrets: Optional[SecretsFile] = None) -> None:
+    def __init__(self, config: NsqConfig | None = None, secrets: SecretsFile | None = None) -> None:
         """Build the hub and service; recover topics (memory store: nothing to recover)."""
         self.clock = Clock()
         self.clock.advance(1_700_000_000)
@@ -86,7 +85,7 @@ class Harness:
         self.clock.advance(0)
         self.clock.advance(0)
 
-    def consumer(self, topic: str, channel: str, rdy: int = 0, identify: Optional[dict] = None) -> Client:
+    def consumer(self, topic: str, channel: str, rdy: int = 0, identify: dict | None = None) -> Client:
         """A client subscribed to topic/channel (and RDY when rdy > 0), frames cleared."""
         c = self.client()
         if identify is not None:

@@ -75,7 +75,7 @@ def test_random_splits(seed: int) -> None:
     """Random chunkings give the same events."""
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(STREAM)), rng.randint(1, 40)))
-    chunks = [STREAM[a:b] for a, b in zip([0, *cuts], [*cuts, len(STREAM)])]
+    chunks = [STREAM[a:b] for a, b in zip([0, *cuts], [*cuts, len(STREAM)], strict=True)]
     assert feed(chunks) == EXPECTED
 
 
@@ -250,7 +250,7 @@ def test_round_trip(events: list[c.Command], rng: random.Random) -> None:
     """encode_command then decode in random splits gives the same events."""
     stream = c.MAGIC_V2 + b"".join(c.encode_command(e) for e in events)
     cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(0, 10))))
-    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert feed(chunks) == events
 
 
@@ -311,7 +311,7 @@ def test_fast_paths_match_events(events: list[c.Command], rng: random.Random) ->
     cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(0, 10))))
     codec = ServerCodec()
     out: list[object] = []
-    for a, b in zip([0, *cuts], [*cuts, len(stream)]):
+    for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         codec.receive_data(stream[a:b])
         out.extend(fast_events(codec))
     assert out == events

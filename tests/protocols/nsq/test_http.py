@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from typing import Any, Optional
+from typing import Any
 
 from twisted.web.server import NOT_DONE_YET
 from twisted.web.test.requesthelper import DummyRequest
@@ -15,7 +15,7 @@ from mqhub.protocols.nsq.http import NsqHttpResource
 from tests.protocols.nsq.harness import Harness
 
 
-def call(h: Harness, method: bytes, path: bytes, args: Optional[dict[str, str]] = None,
+def call(h: Harness, method: bytes, path: bytes, args: dict[str, str] | None = None,
          body: bytes = b"") -> tuple[int, bytes, Any]:
     """Render one request; return (status, body, request) once it finished (commits settled)."""
     resource = NsqHttpResource(h.service)
