@@ -49,6 +49,8 @@ STATE_CLOSING = "closing"
 _EPOCH_MS = 1577836800000  # mqhub.core.ids.EPOCH in milliseconds
 _SEQ_BITS = 22
 _OK = wire.OK_FRAME
+#: unconfirmed messages per connection above which reading pauses until commits catch up
+MAX_UNCONFIRMED = 50_000
 _MSG_HEAD = struct.Struct(">iiqH")
 
 
@@ -103,6 +105,8 @@ class NsqProtocol(Protocol):
         self.tls = False
         self.closed = False
         self._slots: deque[_Slot] = deque()
+        self._unconfirmed = 0
+        self._read_paused = False
         self._deflate: Any = None
         self._inflate: Any = None
         self._last_read = 0.0
@@ -379,13 +383,22 @@ class NsqProtocol(Protocol):
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
         slot = _Slot()
         self._slots.append(slot)
-        d.addCallbacks(self._published, self._publish_failed, callbackArgs=(slot, oks),
+        count = len(bodies)
+        self._unconfirmed += count
+        if self._unconfirmed > MAX_UNCONFIRMED and not self._read_paused:
+            self._read_paused = True  # a producer far ahead of the store waits for its commits
+            self.transport.pauseProducing()
+        d.addCallbacks(self._published, self._publish_failed, callbackArgs=(slot, oks, count),
                        errbackArgs=(slot, verb))
 
-    def _published(self, _: Any, slot: _Slot, oks: int) -> None:
+    def _published(self, _: Any, slot: _Slot, oks: int, count: int) -> None:
         """The batch is durable: release its OKs (in order with other responses)."""
         slot.data = _OK * oks if oks > 1 else _OK
+        self._unconfirmed -= count
         self._flush()
+        if self._read_paused and self._unconfirmed <= MAX_UNCONFIRMED // 2 and not self.closed:
+            self._read_paused = False
+            self.transport.resumeProducing()
 
     def _publish_failed(self, failure: Failure, slot: _Slot, verb: str) -> None:
         """The store refused the batch: nsqd's fatal E_PUB_FAILED (no OK for unstored messages)."""

@@ -511,3 +511,17 @@ def test_dpub_before_first_channel_is_delivered_after_its_delay() -> None:
     h.service.registry.release_stranded()  # the service's periodic sweep
     h.settle()
     assert [f.body for f in c.frames()] == [b"later"]
+
+
+def test_producer_far_ahead_of_commits_is_paused_then_resumed() -> None:
+    """Reading pauses while too many published messages wait for their commit, then resumes."""
+    from mqhub.protocols.nsq import server
+
+    h = Harness()
+    p = h.client()
+    bodies = [b"x"] * 300
+    p.send(b"".join(w.encode_mpub("t", bodies) for _ in range(server.MAX_UNCONFIRMED // 300 + 2)))
+    assert p.transport.producerState == "paused"
+    h.settle()
+    assert p.transport.producerState == "producing"
+    assert set(p.frames()) == {OK}
