@@ -60,8 +60,9 @@ class Worker:
         self.queues = queues
         self.slots = 0
         self.last_seen = now
-        #: request msgid -> (queue name, core msg id, client peer or b"", wants reply, retryable)
-        self.inflight: dict[bytes, tuple[str, int, bytes, bool, bool]] = {}
+        #: msgid sent to the worker -> (queue name, core msg id, client peer or b"",
+        #: wants reply, retryable, the client's msgid)
+        self.inflight: dict[bytes, tuple[str, int, bytes, bool, bool, bytes]] = {}
         self.leaving = False
 
 
@@ -387,14 +388,14 @@ class EmqpRouter:
         job = worker.inflight.pop(req, None)
         if job is None:
             raise F.ProtocolError(F.E_BAD_VALUE, "REPLY for a job not in flight on this worker")
-        qname, core_id, client, wants, retryable = job
+        qname, core_id, client, wants, retryable, client_msgid = job
         self.stats["replies"] += 1
         if retryable and F.is_failure(result):
             retries.setdefault(qname, []).append(core_id)
         else:
             acks.setdefault(qname, []).append(core_id)
         if wants and client:
-            self.send_frontend(F.reply_result(client, self.ids.next(), result, req))
+            self.send_frontend(F.reply_result(client, self.ids.next(), result, client_msgid))
         if worker.leaving and not worker.inflight:
             self._remove_worker(worker)
 
@@ -434,7 +435,7 @@ class EmqpRouter:
             del self.workers[worker.peer]
         acks: dict[str, list[int]] = {}
         retries: dict[str, list[int]] = {}
-        for qname, core_id, _client, _wants, retryable in worker.inflight.values():
+        for qname, core_id, _client, _wants, retryable, _msgid in worker.inflight.values():
             (retries if retryable else acks).setdefault(qname, []).append(core_id)
         worker.inflight.clear()
         worker.slots = 0
@@ -546,10 +547,13 @@ class EmqpRouter:
                                       error="not an eventmq job")
                 worker.slots += 1
                 return
-        worker.inflight[msgid] = (qname, entry[MSG_ID], client, wants, retryable)
+        # the client's msgid goes to the worker, as in eventmq, unless that worker already runs
+        # a job with the same msgid (a client reusing ids): then a fresh one keeps them apart
+        wid = msgid if msgid not in worker.inflight else self.ids.next()
+        worker.inflight[wid] = (qname, entry[MSG_ID], client, wants, retryable, msgid)
         # always ask for the result: it tells exactly which job finished
-        self._sending = (worker, msgid)
-        self.send_backend(F.request(worker.peer, msgid, qname.encode(),
+        self._sending = (worker, wid)
+        self.send_backend(F.request(worker.peer, wid, qname.encode(),
                                     F.add_header(headers, b"reply-requested"), body))
         self._sending = None
         if self.workers.get(worker.peer) is not worker:

@@ -387,3 +387,19 @@ def test_unreachable_worker_at_send_loses_no_job():
     assert sorted(rig.jobs_to(b"alive")) == [b"plain", b"retry"]
     assert sorted(f[5] for f in rig.sent(rig.front, b"REPLY", b"c")) == [b"plain", b"retry"]
     assert rig.queue().depth == 0 and rig.queue().in_flight == 2
+
+
+def test_reused_client_msgid_keeps_jobs_apart():
+    """Two jobs with the same client msgid on one worker both finish; both results come back."""
+    rig = Rig()
+    rig.worker(b"w1", ready=2)
+    rig.request(b"c", b"same", headers=b"reply-requested", body=job(1))
+    rig.request(b"c", b"same", headers=b"reply-requested", body=job(2))
+    first, second = rig.jobs_to(b"w1")
+    assert first == b"same" and second != b"same"
+    rig.reply(b"w1", second, b'{"value": 2}')
+    rig.reply(b"w1", first, b'{"value": 1}')
+    results = [f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]
+    assert [(f[5], f[6]) for f in results] == [(b'{"value": 2}', b"same"),
+                                              (b'{"value": 1}', b"same")]
+    assert rig.queue().in_flight == 0
