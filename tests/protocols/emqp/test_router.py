@@ -403,3 +403,27 @@ def test_reused_client_msgid_keeps_jobs_apart():
     assert [(f[5], f[6]) for f in results] == [(b'{"value": 2}', b"same"),
                                               (b'{"value": 1}', b"same")]
     assert rig.queue().in_flight == 0
+
+
+def test_backlog_larger_than_the_memory_window_is_paged_to_workers():
+    """With a 10-entry window, 60 stored jobs (after a restart) all reach workers in order."""
+    from mqhub.testing import memory_hub
+
+    rig = Rig(memory_hub(window=10))
+    rig.router.frontend_received([[b"c", b"", V, b"REQUEST", b"m%02d" % i, b"default", b"",
+                                   job(i)] for i in range(60)])
+    rig.router.stop()
+    rig2 = Rig(restart_hub(rig.hub, window=10))
+    rig2.worker(b"w1", ready=25)
+    rig2.worker(b"w2", ready=25)
+    for _ in range(50):
+        rig2.clock.advance(0)
+        done = rig2.jobs_to(b"w1") + rig2.jobs_to(b"w2")
+        for peer in (b"w1", b"w2"):
+            for msgid in rig2.jobs_to(peer):
+                if rig2.router.workers[peer].inflight.get(msgid):
+                    rig2.reply(peer, msgid)
+        if len(done) == 60:
+            break
+    assert sorted(done) == [b"m%02d" % i for i in range(60)]
+    assert rig2.queue().depth == 0
