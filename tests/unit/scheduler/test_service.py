@@ -179,3 +179,24 @@ def test_stopped_scheduler_fires_nothing(sched: SchedulerService) -> None:
     sched.clock.advance(0)
     assert rec.keys == [b"t/1"]
     assert result_of(again.cancel(b"t/1")) is False
+
+
+def test_missed_schedule_runs_once_after_downtime(sched: SchedulerService) -> None:
+    """A schedule that missed ten runs while stopped runs once on restart, then on its grid."""
+    rec = Recorder()
+    sched.register(b"s/", rec)
+    sched.schedule(ScheduleSpec(interval=10, nohaste=True), b"s/1", b"")
+    sched.clock.advance(10)
+    assert len(rec.calls) == 1
+    sched.stopService()
+    sched.clock.advance(100)
+    again = SchedulerService(sched.store, sched.clock, slice_size=10)
+    again.register(b"s/", rec)
+    again.startService()
+    sched.clock.advance(0)
+    assert len(rec.calls) == 2
+    sched.clock.advance(5)
+    assert len(rec.calls) == 2
+    sched.clock.advance(5)
+    assert len(rec.calls) == 3
+    assert again.run_counts()[b"s/1"] == 3
