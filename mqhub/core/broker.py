@@ -102,6 +102,17 @@ class Broker:
                 self._park_queue(address)
                 if prefix == "pause/":
                     self.router.paused.add(address)
+        for name in (yield self.store.queue_names()):
+            # entries without queue metadata (written before a crash cut the meta commit, or by
+            # an older layout) are never orphaned: recover them as a default durable queue
+            if name.startswith(PARK_PREFIX):
+                if name not in self._hidden:
+                    self._park_queue(name[len(PARK_PREFIX):])
+            elif not name.startswith("~") and name not in self._queues:
+                log.warning("recovering queue %r, which had entries but no settings", name)
+                self._queues[name] = Queue(self, name, window=self.window,
+                                           incarnation=self.ids.next_id())
+                self._queue_changed(self._queues[name])
         for key, _ in (yield self.store.scan_meta("b/")):
             name, _, pattern = key[2:].partition(SEP)
             q = self._queues.get(name)

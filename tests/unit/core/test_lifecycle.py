@@ -102,3 +102,18 @@ def test_configure_moves_the_queue_expiry(hub: Hub) -> None:
     q2.configure(expires_at=0.0)
     hub.clock.advance(20)
     assert b.queue("keep") is q2
+
+
+def test_entries_without_queue_metadata_are_recovered(hub: Hub) -> None:
+    """A queue whose settings are missing but whose entries are stored comes back with defaults."""
+    from mqhub.store.batch import WriteBatch
+    from mqhub.store.records import make_entry
+    b = WriteBatch()
+    b.put_entries("orphan", [make_entry(1, b"kept", "x")])
+    b.put_entries("~park/held", [make_entry(2, b"parked", "held")])
+    result_of(hub.store.commit(b))
+    fresh = memory_hub(hub.clock, store=hub.store)
+    q = fresh.broker.queue("orphan")
+    assert q is not None and q.depth == 1 and q.durable
+    assert fresh.broker.parked_depth("held") == 1
+    assert result_of(hub.store.get_meta("q/orphan")) is not None
