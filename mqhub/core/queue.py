@@ -817,6 +817,8 @@ class Queue:
 
     def peek(self, limit: int) -> list[Entry]:
         """Return up to ``limit`` ready entries in order without changing anything."""
+        if self._nready < limit:
+            self._maybe_page()
         out: list[Entry] = []
         for p in self._prios:
             for e in self._ready[p]:
