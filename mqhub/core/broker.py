@@ -350,6 +350,8 @@ class Broker:
         n = len(bodies)
         if not n:
             return succeed(None)
+        if not 0 <= priority <= 9:
+            priority = 0 if priority < 0 else 9
         first = self.ids.reserve(n) if n else 0
         ids = range(first, first + n)
         self.last_ids = ids

@@ -191,3 +191,12 @@ def test_delayed_publish_reaches_live_subscribers_when_due(hub: Hub) -> None:
     assert t.entries == []
     hub.clock.advance(1.5)
     assert t.bodies == [b"x"]
+
+
+def test_priority_is_clamped(hub: Hub) -> None:
+    """Out-of-range priorities are clamped to 0..9 rather than reaching the store."""
+    q = hub.broker.declare_queue("q")
+    hub.broker.bind_queue("p", "q")
+    hub.broker.publish_batch("p", [b"hi"], priority=42)
+    hub.broker.publish_batch("p", [b"lo"], priority=-3)
+    assert [(e[1], e[7]) for e in q.peek(5)] == [(9, b"hi"), (0, b"lo")]
