@@ -258,6 +258,8 @@ class EmqpRouter:
                     self.schedulers[cmd.peer] = now
             except F.ProtocolError as exc:
                 self.drops.drop("frontend", frames[0] if frames else b"", str(exc))
+            except Exception:  # noqa: BLE001 - one message must never cost the rest of the read
+                log.failure("eMQP frontend: handling a message failed")
         for qname, (bodies, headers) in jobs.items():
             self._enqueue(qname, bodies, headers)
 
@@ -346,6 +348,8 @@ class EmqpRouter:
                     raise F.ProtocolError(F.E_COMMAND, f"{name.decode()} on the backend")
             except F.ProtocolError as exc:
                 self.drops.drop("backend", frames[0] if frames else b"", str(exc))
+            except Exception:  # noqa: BLE001 - one message must never cost the rest of the read
+                log.failure("eMQP backend: handling a message failed")
         self._settle(acks, retries)
         touched: list[str] = list(retries)
         for peer in freed:

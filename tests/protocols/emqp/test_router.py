@@ -427,3 +427,19 @@ def test_backlog_larger_than_the_memory_window_is_paged_to_workers():
             break
     assert sorted(done) == [b"m%02d" % i for i in range(60)]
     assert rig2.queue().depth == 0
+
+
+def test_a_failing_handler_costs_only_its_own_message(monkeypatch):
+    """An unexpected error while handling one message is logged; the rest of the read is served."""
+    rig = Rig()
+    rig.worker(b"w1", ready=1)
+
+    def broken(cmd):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(rig.router, "_schedule_command", broken)
+    rig.router.frontend_received([
+        [b"c", b"", V, b"SCHEDULE", b"s", b"default", b"", b"5", job(), b""],
+        [b"c", b"", V, b"REQUEST", b"after", b"default", b"", job()],
+    ])
+    assert rig.jobs_to(b"w1") == [b"after"]
