@@ -80,6 +80,8 @@ Examples:
 
     def opt_plugin_path(self, value: str) -> None:
         """Directory holding drop-in plugins as DIR/mqhub/plugins/*.py; repeatable."""
+        if not os.path.isdir(value):
+            raise usage.UsageError(f"--plugin-path: {value!r} is not a directory")
         self["plugin_path"].append(value)
 
     def opt_option(self, value: str) -> None:

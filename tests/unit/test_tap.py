@@ -91,6 +91,7 @@ def test_listen_overrides_a_role_and_the_first_role() -> None:
         (["--option", "kafka.x=1"], "--option: unknown protocol 'kafka'"),
         (["--log-format", "xml"], "--log-format must be one of text, json"),
         (["--durability", "maybe"], "--durability must be one of sync, batch, none"),
+        (["--plugin-path", "/nonexistent/plugins"], "'/nonexistent/plugins' is not a directory"),
     ],
 )
 def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
