@@ -730,7 +730,7 @@ def parse_id(raw: bytes) -> int | None:
 
 def parse_ids(raws: list[bytes]) -> tuple[list[int], list[bytes]]:
     """Parse many ids at once: (hub ids, raw ids that are not 16 hex digits)."""
-    if not b"".join(raws).translate(None, _HEX) and all(len(r) == 16 for r in raws):
+    if raws and set(map(len, raws)) == {16} and not b"".join(raws).translate(None, _HEX):
         return [int(r, 16) for r in raws], []
     good: list[int] = []
     bad: list[bytes] = []
