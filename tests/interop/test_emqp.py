@@ -241,3 +241,17 @@ def test_real_emq_scheduler_still_works_in_forward_mode(make_broker, jobs):
                    what="interval runs from emq-scheduler")
     finally:
         client.close()
+
+
+def test_retry_count_reruns_a_timed_out_job_on_a_real_jobmanager(emqp, jobs, client):
+    """timeout:1 with retry-count:1: the real jobmanager times the job out twice; the client gets
+    only the final TimeoutError result."""
+    from eventmq.client.messages import send_request
+
+    jobs.jobmanager(addr(emqp, "backend"), jobs=2)
+    msgid = send_request(client.sender, json.loads(job_body("emqjobs.slow", 5)),
+                         reply_requested=True, retry_count=1, timeout=1)
+    assert client.result_for(msgid, timeout=30) == "TimeoutError"
+    assert jobs.results().count("slow-start") == 2
+    results = [m for m in client.received if m[2] == "REPLY" and len(m) == 6]
+    assert len(results) == 1

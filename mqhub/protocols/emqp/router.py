@@ -25,7 +25,7 @@ from mqhub.errors import InvalidName, MqhubError
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.emqp import frames as F
 from mqhub.scheduler.spec import ScheduleSpec
-from mqhub.store.records import BODY, HEADERS, MSG_ID, ORIGIN
+from mqhub.store.records import ATTEMPTS, BODY, HEADERS, MSG_ID, ORIGIN
 
 Frames = list[bytes]
 Send = Callable[[Frames], None]
@@ -61,8 +61,8 @@ class Worker:
         self.slots = 0
         self.last_seen = now
         #: msgid sent to the worker -> (queue name, core msg id, client peer or b"",
-        #: wants reply, retryable, the client's msgid)
-        self.inflight: dict[bytes, tuple[str, int, bytes, bool, bool, bytes]] = {}
+        #: wants reply, retryable, the client's msgid, last allowed attempt)
+        self.inflight: dict[bytes, tuple[str, int, bytes, bool, bool, bytes, bool]] = {}
         self.leaving = False
 
 
@@ -392,13 +392,14 @@ class EmqpRouter:
         job = worker.inflight.pop(req, None)
         if job is None:
             raise F.ProtocolError(F.E_BAD_VALUE, "REPLY for a job not in flight on this worker")
-        qname, core_id, client, wants, retryable, client_msgid = job
+        qname, core_id, client, wants, retryable, client_msgid, last = job
         self.stats["replies"] += 1
-        if retryable and F.is_failure(result):
-            retries.setdefault(qname, []).append(core_id)
+        failed = F.is_failure(result)
+        if retryable and failed:
+            retries.setdefault(qname, []).append(core_id)  # the last one becomes a dead letter
         else:
             acks.setdefault(qname, []).append(core_id)
-        if wants and client:
+        if wants and client and (last or not failed):  # a failure that will be retried is quiet
             self.send_frontend(F.reply_result(client, self.ids.next(), result, client_msgid))
         if worker.leaving and not worker.inflight:
             self._remove_worker(worker)
@@ -439,7 +440,7 @@ class EmqpRouter:
             del self.workers[worker.peer]
         acks: dict[str, list[int]] = {}
         retries: dict[str, list[int]] = {}
-        for qname, core_id, _client, _wants, retryable, _msgid in worker.inflight.values():
+        for qname, core_id, _client, _wants, retryable, _msgid, _last in worker.inflight.values():
             (retries if retryable else acks).setdefault(qname, []).append(core_id)
         worker.inflight.clear()
         worker.slots = 0
@@ -551,10 +552,16 @@ class EmqpRouter:
                                       error="not an eventmq job")
                 worker.slots += 1
                 return
+        last = True
+        if retryable:
+            try:
+                last = entry[ATTEMPTS] >= int(meta[H_MAX])
+            except (ValueError, TypeError):
+                retryable = False
         # the client's msgid goes to the worker, as in eventmq, unless that worker already runs
         # a job with the same msgid (a client reusing ids): then a fresh one keeps them apart
         wid = msgid if msgid not in worker.inflight else self.ids.next()
-        worker.inflight[wid] = (qname, entry[MSG_ID], client, wants, retryable, msgid)
+        worker.inflight[wid] = (qname, entry[MSG_ID], client, wants, retryable, msgid, last)
         # always ask for the result: it tells exactly which job finished
         self._sending = (worker, wid)
         self.send_backend(F.request(worker.peer, wid, qname.encode(),

@@ -33,9 +33,10 @@ def work(n):
     return {"i": n, "double": n * 2}
 
 def slow(seconds):
-    """Sleep, then record that it ran."""
+    """Record the start, then sleep (a job meant to time out)."""
+    work("slow-start")
     time.sleep(seconds)
-    return work("slow")
+    return "slept"
 '''
 
 

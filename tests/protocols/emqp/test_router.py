@@ -443,3 +443,20 @@ def test_a_failing_handler_costs_only_its_own_message(monkeypatch):
         [b"c", b"", V, b"REQUEST", b"after", b"default", b"", job()],
     ])
     assert rig.jobs_to(b"w1") == [b"after"]
+
+
+def test_only_the_final_failure_is_forwarded():
+    """With retry-count:1 and reply-requested, the retried timeout is quiet; the last one and a
+    success are forwarded."""
+    rig = Rig()
+    rig.worker(b"w1", ready=1)
+    rig.request(b"c", b"t", headers=b"reply-requested,retry-count:1")
+    rig.reply(b"w1", b"t", b'{"value": "TimeoutError"}')
+    assert not [f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]
+    rig.reply(b"w1", b"t", b'{"value": "TimeoutError"}')
+    results = [f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]
+    assert [f[5] for f in results] == [b'{"value": "TimeoutError"}']
+    rig.request(b"c", b"ok", headers=b"reply-requested,retry-count:3")
+    rig.reply(b"w1", b"ok", b'{"value": 5}')
+    results = [f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]
+    assert results[-1][5:] == [b'{"value": 5}', b"ok"]
