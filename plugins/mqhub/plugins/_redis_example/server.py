@@ -194,12 +194,18 @@ class RespProtocol(Protocol):
             return
         kind, name = binding.tag
         channel = address.encode()
+        # Everything but the body is the same for the whole batch: encode it once.
         if kind == "message":
-            for entry in messages:
-                self._reply([b"message", channel, entry[BODY]], push=True)
+            head = encode([b"message", channel, b""], self.proto, push=True)
         else:
-            for entry in messages:
-                self._reply([b"pmessage", name, channel, entry[BODY]], push=True)
+            head = encode([b"pmessage", name, channel, b""], self.proto, push=True)
+        head = head[: -len(b"$0\r\n\r\n")]
+        out = self._out
+        for entry in messages:
+            body = entry[BODY]
+            out.append(b"%s$%d\r\n" % (head, len(body)))
+            out.append(body)
+            out.append(b"\r\n")
         if self._writes_paused:
             self._pending_push_bytes += sum(len(chunk) for chunk in self._out)
             if self._pending_push_bytes > self.max_pubsub_buffer:
