@@ -30,14 +30,19 @@ def _bench_names() -> list[str]:
     return sorted(p.name[: -len("_bench.py")] for p in BENCH_DIR.glob("*_bench.py"))
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(
+    add_help_option=False,  # `mqhub bench NAME --help` is the benchmark's own help
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
 @click.argument("name", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench(name: str | None, args: tuple[str, ...]) -> None:
+@click.pass_context
+def bench(ctx: click.Context, name: str | None, args: tuple[str, ...]) -> None:
     """Run benchmarks/NAME_bench.py with ARGS (no NAME: list the benchmarks)."""
     names = _bench_names()
-    if name is None:
-        click.echo("benchmarks: " + (", ".join(names) or "none yet"))
+    if name is None or name in ("-h", "--help"):
+        click.echo(ctx.get_help())
+        click.echo("\nbenchmarks: " + (", ".join(names) or "none yet"))
         return
     path = BENCH_DIR / f"{name}_bench.py"
     if not path.is_file():

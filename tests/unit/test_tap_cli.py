@@ -32,10 +32,14 @@ def test_bench_runs_main_with_arguments(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(cli, "BENCH_DIR", tmp_path)
     runner = CliRunner()
     listing = runner.invoke(cli.main, ["bench"])
-    assert listing.output.strip() == "benchmarks: demo"
+    assert listing.output.strip().splitlines()[-1] == "benchmarks: demo"
+    assert "Usage: mqhub bench" in runner.invoke(cli.main, ["bench", "--help"]).output
     result = runner.invoke(cli.main, ["bench", "demo", "--seconds", "3", "-x"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == {"argv": ["--seconds", "3", "-x"]}
+    # --help after NAME belongs to the benchmark, not to mqhub
+    passed = runner.invoke(cli.main, ["bench", "demo", "--help"])
+    assert json.loads(passed.output) == {"argv": ["--help"]}
 
 
 def test_bench_unknown_name_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
