@@ -33,7 +33,7 @@ def test_bench_runs_main_with_arguments(tmp_path: Path, monkeypatch: pytest.Monk
     runner = CliRunner()
     listing = runner.invoke(cli.main, ["bench"])
     assert listing.output.strip().splitlines()[-1] == "benchmarks: demo"
-    assert "Usage: mqhub bench" in runner.invoke(cli.main, ["bench", "--help"]).output
+    assert "bench [OPTIONS] [NAME] [ARGS]" in runner.invoke(cli.main, ["bench", "--help"]).output
     result = runner.invoke(cli.main, ["bench", "demo", "--seconds", "3", "-x"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == {"argv": ["--seconds", "3", "-x"]}
