@@ -241,7 +241,7 @@ class ServerCodec:
         self._failed: ProtocolError | None = None
         self._names: dict[bytes, str] = {}
         self._pub_lines: dict[bytes, str] = {}
-        # MPUB in progress: [topic, remaining, bodies, total_bytes]; offsets are relative to _pos.
+        # MPUB in progress: [topic, remaining, bodies, end bound]; offsets are relative to _pos.
         self._mpub: list | None = None
         self._mpub_off = 0
         self._handlers = {
@@ -533,8 +533,9 @@ class ServerCodec:
         max_count = (self.max_body_size - 4) // 5
         if count <= 0 or count > max_count:
             raise ProtocolError("E_BAD_BODY", f"MPUB invalid message count {count}")
-        self._mpub = [topic, count, [], 4]
-        self._mpub_off = start + 8 - self._pos
+        payload = start + 8 - self._pos  # first message, relative to _pos
+        self._mpub = [topic, count, [], payload + self.max_body_size - 4]
+        self._mpub_off = payload
         return self._mpub_continue()
 
     def _check_mpub_body_size(self, body_size: int) -> None:
@@ -549,37 +550,36 @@ class ServerCodec:
         state = self._mpub
         assert state is not None
         buf = self._buf
-        off = self._pos + self._mpub_off
+        pos0 = self._pos
+        off = pos0 + self._mpub_off
         remaining: int = state[1]
         bodies: list[bytes] = state[2]
-        total: int = state[3]
+        hard_end = pos0 + state[3]  # no message may end past this: max_body_size reached
         limit = self.max_msg_size
         blen = len(buf)
         unpack = _I32.unpack_from
+        append = bodies.append
         while remaining:
             if blen < off + 4:
                 break
-            (size,) = unpack(buf, off)
-            if size <= 0:
-                raise ProtocolError(
-                    "E_BAD_MESSAGE", f"MPUB invalid message({len(bodies)}) body size {size}"
-                )
-            if size > limit:
+            size = unpack(buf, off)[0]
+            if size <= 0 or size > limit:
+                if size <= 0:
+                    raise ProtocolError(
+                        "E_BAD_MESSAGE", f"MPUB invalid message({len(bodies)}) body size {size}")
                 raise ProtocolError("E_BAD_MESSAGE", f"MPUB message too big {size} > {limit}")
-            total += 4 + size
-            if total > self.max_body_size:
-                raise ProtocolError("E_BAD_BODY", f"MPUB body too big {total} > {self.max_body_size}")
             end = off + 4 + size
+            if end > hard_end:
+                total = end - hard_end + self.max_body_size
+                raise ProtocolError("E_BAD_BODY", f"MPUB body too big {total} > {self.max_body_size}")
             if blen < end:
-                total -= 4 + size
                 break
-            bodies.append(buf[off + 4:end])
+            append(buf[off + 4:end])
             off = end
             remaining -= 1
         if remaining:
             state[1] = remaining
-            state[3] = total
-            self._mpub_off = off - self._pos
+            self._mpub_off = off - pos0
             if blen >= off + 4:
                 need = off + 4 + unpack(buf, off)[0]
             else:
