@@ -265,8 +265,8 @@ class NatsParser:
 
     # parsing -----------------------------------------------------------------------------
 
-    def _parse(self, out: list[Event]) -> None:
-        """Parse as many events as the buffer holds into ``out``."""
+    def _parse(self, out: list[Event], limit_events: int = 0) -> None:
+        """Parse buffered events into ``out`` (all of them, or at most ``limit_events``)."""
         buf = self._buf
         pos = self._pos
         n = len(buf)
@@ -276,14 +276,15 @@ class NatsParser:
         limit = self.max_control_line
         try:
             while pos < n:
+                if limit_events and len(out) >= limit_events:
+                    break
                 i = find(b"\n", pos)
                 if i < 0:
                     if n - pos > limit:
                         raise ProtocolError(E_MAX_CONTROL, "maximum control line exceeded")
                     break
-                end = i - 1 if i > pos and buf[i - 1] == 13 else i
-                line = buf[pos:end]
-                hit = pub_cache.get(line)
+                raw = buf[pos:i]
+                hit = pub_cache.get(raw)
                 if hit is not None:
                     start = i + 1
                     stop = start + hit[3]
@@ -295,22 +296,126 @@ class NatsParser:
                     append((OP_PUB, hit, buf[start:stop]))
                     pos = stop + 2
                     continue
+                end = i - 1 if i > pos and buf[i - 1] == 13 else i
                 if end - pos > limit:
                     raise ProtocolError(E_MAX_CONTROL, "maximum control line exceeded")
-                consumed = self._slow(buf, pos, i, line, out)
+                consumed = self._slow(buf, pos, i, raw, buf[pos:end], out)
                 if consumed < 0:
                     break
                 pos = consumed
         finally:
             self._pos = pos
 
+    def one(self) -> Event | None:
+        """Parse and return just the next event, or None when more data is needed.
+
+        Used between :meth:`route_pubs` runs so the fast path resumes right after it.
+        """
+        if self._dead is not None:
+            return (OP_ERROR, self._dead)
+        if self._need:
+            return None
+        out: list[Event] = []
+        try:
+            self._parse(out, 1)
+        except ProtocolError as err:
+            err.fatal = True
+            self._dead = err
+            self._buf = b""
+            self._pos = 0
+            return (OP_ERROR, err)
+        return out[0] if out else None
+
+    def route_pubs(self, routes: dict[bytes, tuple], dirty: list[Any],
+                   head_routes: dict[bytes, tuple] | None = None) -> int:
+        """Fast path: deliver consecutive PUBs whose raw control line has a simple route.
+
+        ``routes`` maps a raw PUB line (as in ``hit[0]``) to ``(targets, special, size)``;
+        a route qualifies when ``special`` is None. Each target is ``(owner, out, prefix)``:
+        the message is appended to the ``out`` list as prefix, payload, CRLF, and ``owner``
+        is appended to ``dirty`` when its ``out`` was empty. Stops (returning how many PUBs
+        it delivered) at the first line that needs anything else; :meth:`one` takes it from
+        there. The only state it touches is the buffer offset.
+
+        ``head_routes`` optionally maps a line's head (``PUB subject [reply]``, everything
+        before the last space) to ``(heads, special)`` with targets ``(owner, out, head)``:
+        a line seen for the first time on a known subject is then delivered with the prefix
+        ``head + size + CRLF`` without being parsed.
+        """
+        if self._need or self._dead is not None:
+            return 0
+        buf = self._buf
+        pos = self._pos
+        n = len(buf)
+        find = buf.find
+        get = routes.get
+        hget = head_routes.get if head_routes else None
+        max_payload = self.max_payload
+        dappend = dirty.append
+        count = 0
+        while True:
+            i = find(b"\n", pos)
+            if i < 0:
+                break
+            raw = buf[pos:i]
+            r = get(raw)
+            if r is None:
+                if hget is None or buf[i - 1] != 13:
+                    break
+                sp = raw.rfind(b" ")
+                size_f = raw[sp + 1:-1]
+                if not size_f.isdigit():
+                    break
+                hr = hget(raw[:sp])
+                if hr is None or hr[1] is not None:
+                    break
+                size = int(size_f)
+                if size > max_payload:
+                    break
+                start = i + 1
+                stop = start + size
+                if stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
+                    break
+                payload = buf[start:stop]
+                tail = size_f + _CRLF
+                for owner, out, head in hr[0]:
+                    if not out:
+                        dappend(owner)
+                    out.append(head + tail)
+                    out.append(payload)
+                    out.append(_CRLF)
+                pos = stop + 2
+                count += 1
+                continue
+            if r[1] is not None:
+                break
+            start = i + 1
+            stop = start + r[2]
+            if stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
+                break
+            payload = buf[start:stop]
+            for owner, out, prefix in r[0]:
+                if not out:
+                    dappend(owner)
+                out.append(prefix)
+                out.append(payload)
+                out.append(_CRLF)
+            pos = stop + 2
+            count += 1
+        self._pos = pos
+        return count
+
     def _wait(self, pos: int, need: int) -> None:
         """Remember that ``need`` bytes from ``pos`` are required before parsing again."""
         if need > 65536:
             self._need = need
 
-    def _slow(self, buf: bytes, pos: int, i: int, line: bytes, out: list[Event]) -> int:
-        """Parse one control line that is not a cached PUB; return the new offset or -1."""
+    def _slow(self, buf: bytes, pos: int, i: int, raw: bytes, line: bytes,
+              out: list[Event]) -> int:
+        """Parse one control line that is not a cached PUB; return the new offset or -1.
+
+        ``raw`` is the line as received (the PUB cache key), ``line`` without a final CR.
+        """
         if self.server and line[:4].upper() == b"PUB ":
             # a known subject/reply with a new size: only the size needs parsing
             sp = line.rfind(b" ")
@@ -318,7 +423,7 @@ class NatsParser:
             if size_f.isdigit():
                 sr = self._head_cache.get(line[:sp])
                 if sr is not None:
-                    return self._pub_known(buf, pos, i + 1, line, sr, int(size_f), out)
+                    return self._pub_known(buf, pos, i + 1, raw, sr, int(size_f), out)
         parts = line.split()
         if not parts:
             return i + 1   # empty line: ignored, as nats-server tolerates stray CRLFs
@@ -327,7 +432,7 @@ class NatsParser:
         nxt = i + 1
         if self.server:
             if op == b"PUB":
-                return self._pub(buf, pos, nxt, line, args, out)
+                return self._pub(buf, pos, nxt, raw, line, args, out)
             if op == b"HPUB":
                 return self._hpub(buf, pos, nxt, line, args, out)
             if op == b"SUB":
@@ -395,7 +500,7 @@ class NatsParser:
             return nxt
         raise ProtocolError(E_UNKNOWN_OP, "Unknown Protocol Operation")
 
-    def _pub(self, buf: bytes, pos: int, nxt: int, line: bytes, args: list[bytes],
+    def _pub(self, buf: bytes, pos: int, nxt: int, raw: bytes, line: bytes, args: list[bytes],
              out: list[Event]) -> int:
         """Parse a PUB line (not yet cached), cache it, and take its payload if buffered."""
         if len(args) == 2:
@@ -412,7 +517,7 @@ class NatsParser:
             if len(heads) >= _CACHE_LIMIT:
                 heads.clear()
             heads[line[:sp]] = sr
-        return self._pub_known(buf, pos, nxt, line, sr, size, out)
+        return self._pub_known(buf, pos, nxt, raw, sr, size, out)
 
     def _pub_known(self, buf: bytes, pos: int, nxt: int, line: bytes,
                    sr: tuple[str, str | None], size: int, out: list[Event]) -> int:

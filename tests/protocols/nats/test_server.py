@@ -263,3 +263,42 @@ def test_publishers_stall_while_a_subscriber_is_backed_up() -> None:
     sub.proto.resumeProducing()
     assert pub.transport.producerState == "producing"
     assert len(sub.events()) == 800
+
+
+def test_fast_path_mixed_sizes_replies_and_sub_changes_in_one_read() -> None:
+    srv = make_server(max_payload=100)
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB m.* 1\r\n")
+    pub.send(codec.encode_pub("m.a", b"x"))                # warms the routes
+    assert len(sub.events()) == 1
+    stream = (codec.encode_pub("m.a", b"yy") + codec.encode_pub("m.a", b"zzz", "r.1")
+              + codec.encode_pub("m.a", b"q" * 50) + b"SUB m.a 2\r\n"
+              + codec.encode_pub("m.a", b"after") + b"UNSUB 2\r\n" + codec.encode_pub("m.a", b"w"))
+    for cut in range(1, len(stream)):                       # every split of the stream
+        srv2 = make_server(max_payload=100)
+        s2, p2 = Client(srv2), Client(srv2)
+        s2.send(b"SUB m.* 1\r\n")
+        p2.send(codec.encode_pub("m.a", b"x"))
+        s2.events()
+        p2.send(stream[:cut])
+        p2.send(stream[cut:])
+        # the SUB/UNSUB come from the publisher's connection: its own subs get echoes
+        got = [(e[2], e[3], e[4]) for e in p2.events()]
+        assert got == [("2", None, b"after")], cut
+        assert [(e[2], e[3], e[4]) for e in s2.events()] == [
+            ("1", None, b"yy"), ("1", "r.1", b"zzz"), ("1", None, b"q" * 50),
+            ("1", None, b"after"), ("1", None, b"w")], cut
+
+
+def test_fast_path_still_enforces_framing_and_limits() -> None:
+    srv = make_server(max_payload=100)
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB f 1\r\n")
+    pub.send(codec.encode_pub("f", b"12"))
+    pub.send(b"PUB f 2\r\nabXX")                          # cached line, bad trailer
+    assert pub.events()[-1] == (codec.OP_ERR, "Unknown Protocol Operation") and pub.closed
+    pub2 = Client(srv)
+    pub2.send(codec.encode_pub("f", b"12"))
+    pub2.send(b"PUB f 101\r\n")                           # known head, size over the limit
+    assert pub2.events()[-1] == (codec.OP_ERR, "Maximum Payload Violation") and pub2.closed
+    assert [e[4] for e in sub.events()] == [b"12", b"12"]
