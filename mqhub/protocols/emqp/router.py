@@ -25,6 +25,7 @@ from mqhub.errors import InvalidName, MqhubError
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.emqp import frames as F
 from mqhub.scheduler.spec import ScheduleSpec
+from mqhub.store.batch import WriteBatch
 from mqhub.store.records import ATTEMPTS, BODY, HEADERS, MSG_ID, ORIGIN
 
 Frames = list[bytes]
@@ -322,6 +323,7 @@ class EmqpRouter:
         now = self.clock.seconds()
         acks: dict[str, list[int]] = {}
         retries: dict[str, list[int]] = {}
+        results: list[Frames] = []
         freed: set[bytes] = set()
         for frames in messages:
             try:
@@ -339,7 +341,7 @@ class EmqpRouter:
                         worker.slots += 1
                         freed.add(worker.peer)
                 elif name == b"REPLY":
-                    self._reply(worker, cmd, acks, retries)
+                    self._reply(worker, cmd, acks, retries, results)
                 elif name == b"HEARTBEAT":
                     pass
                 elif name == b"KBYE" or name == b"DISCONNECT":
@@ -351,6 +353,8 @@ class EmqpRouter:
             except Exception:  # noqa: BLE001 - one message must never cost the rest of the read
                 log.failure("eMQP backend: handling a message failed")
         self._settle(acks, retries)
+        if results:
+            self._after_commit(results)
         touched: list[str] = list(retries)
         for peer in freed:
             worker = self.workers.get(peer)
@@ -384,7 +388,8 @@ class EmqpRouter:
         self.send_backend(F.heartbeat(cmd.peer, self.ids.next(), self.clock.seconds()))
         log.info("eMQP: worker {p} serves {q}", p=F.peer_label(cmd.peer), q=good)
 
-    def _reply(self, worker: Worker, cmd: F.Command, acks: dict, retries: dict) -> None:
+    def _reply(self, worker: Worker, cmd: F.Command, acks: dict[str, list[int]],
+               retries: dict[str, list[int]], results: list[Frames]) -> None:
         """A job's result: forward it if the client asked, then finish or retry the job."""
         if len(cmd.body) != 2:
             raise F.ProtocolError(F.E_ARITY, "worker REPLY needs a result and a request id")
@@ -400,7 +405,7 @@ class EmqpRouter:
         else:
             acks.setdefault(qname, []).append(core_id)
         if wants and client and (last or not failed):  # a failure that will be retried is quiet
-            self.send_frontend(F.reply_result(client, self.ids.next(), result, client_msgid))
+            results.append(F.reply_result(client, self.ids.next(), result, client_msgid))
         if worker.leaving and not worker.inflight:
             self._remove_worker(worker)
 
@@ -415,6 +420,20 @@ class EmqpRouter:
             if consumer is not None:
                 self.stats["retries"] += len(ids)
                 consumer.queue.requeue(consumer, ids, error="job failed")
+
+    def _after_commit(self, results: list[Frames]) -> None:
+        """Send this read's results once the acks before them are durable.
+
+        The store puts every batch of a turn into one transaction, so an empty batch committed
+        after the acks fires when they are stored: a client never sees the result of a job that
+        a crash could still run again.
+        """
+        def send(outcome: Any) -> Any:
+            for frames in results:
+                self._safe(self.send_frontend, frames)
+            return None
+
+        self.hub.store.commit(WriteBatch()).addBoth(send)
 
     def _worker_leaving(self, worker: Worker, reply_kbye: bool) -> None:
         """KBYE/DISCONNECT from a worker: no new jobs; its running jobs may still reply."""

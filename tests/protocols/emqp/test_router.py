@@ -460,3 +460,26 @@ def test_only_the_final_failure_is_forwarded():
     rig.reply(b"w1", b"ok", b'{"value": 5}')
     results = [f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]
     assert results[-1][5:] == [b'{"value": 5}', b"ok"]
+
+
+def test_result_is_forwarded_only_after_the_ack_is_stored():
+    """With grouped commits, the client's result waits for the commit that removes the job."""
+    from twisted.internet.task import Clock
+
+    from mqhub.store.memory import MemoryStore
+    from mqhub.testing import START_TIME, memory_hub
+
+    clock = Clock()
+    clock.advance(START_TIME)
+    store = MemoryStore(clock=clock)
+    store.open()
+    rig = Rig(memory_hub(clock, store=store))
+    rig.worker(b"w1", ready=1)
+    rig.request(b"c", b"m1", headers=b"reply-requested")
+    clock.advance(0)
+    assert result_of(store.count_entries("emqp.jobs.default")) == 1
+    rig.reply(b"w1", b"m1", b'{"value": 1}')
+    assert not [f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]
+    clock.advance(0)
+    assert [f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]
+    assert result_of(store.count_entries("emqp.jobs.default")) == 0
