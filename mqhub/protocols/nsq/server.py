@@ -104,6 +104,7 @@ class NsqProtocol(Protocol):
         self.connect_ts = int(self.clock.seconds())
         self.tls = False
         self.closed = False
+        self._failing = False  # a fatal error is queued: read nothing more
         self._slots: deque[_Slot] = deque()
         self._unconfirmed = 0
         self._read_paused = False
@@ -186,7 +187,7 @@ class NsqProtocol(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         """Decode every complete command; batch PUBs and FINs; dispatch the rest in order."""
-        if self.closed:
+        if self.closed or self._failing:
             return
         self._last_read = self.clock.seconds()
         if self._inflate is not None:
@@ -259,7 +260,7 @@ class NsqProtocol(Protocol):
                     if exc.fatal:
                         raise
                     self._respond(encode_error(exc.wire_text))
-                if self.closed or (self._slots and self._slots[-1].close):
+                if self.closed or self._failing:
                     return
             if pub_bodies:
                 bodies, pub_bodies = pub_bodies, []
@@ -316,7 +317,8 @@ class NsqProtocol(Protocol):
 
     def _fatal(self, exc: ProtocolError) -> None:
         """Send a fatal error after the pending responses, then close; read nothing more."""
-        log.info("nsq: fatal {err} for {peer}", err=str(exc), peer=self._peer())
+        log.debug("nsq: fatal {err} for {peer}", err=str(exc), peer=self._peer())
+        self._failing = True
         self.transport.pauseProducing()
         self._respond(encode_error(exc.wire_text), close=True)
 
@@ -396,7 +398,8 @@ class NsqProtocol(Protocol):
         slot.data = _OK * oks if oks > 1 else _OK
         self._unconfirmed -= count
         self._flush()
-        if self._read_paused and self._unconfirmed <= MAX_UNCONFIRMED // 2 and not self.closed:
+        if (self._read_paused and self._unconfirmed <= MAX_UNCONFIRMED // 2 and not self.closed
+                and not self._failing):
             self._read_paused = False
             self.transport.resumeProducing()
 
@@ -406,6 +409,7 @@ class NsqProtocol(Protocol):
         err = ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {failure.getErrorMessage()}")
         slot.data = encode_error(err.wire_text)
         slot.close = True
+        self._failing = True
         self._flush()
 
     def on_mpub(self, ev: wire.Mpub) -> None:
