@@ -194,7 +194,8 @@ class Broker:
     def declare_queue(self, name: str, *, tier: str = TIER_DURABLE, max_size: int = 0,
                       overflow: str = "drop_oldest", ttl: float = 0.0, max_attempts: int = 0,
                       msg_timeout: float = 60.0, expires_at: float = 0.0,
-                      auto_delete: bool = False, expire_to_dead_letters: bool = False) -> Queue:
+                      auto_delete: bool = False, expire_to_dead_letters: bool = False,
+                      mode: str = "competing") -> Queue:
         """Create the queue or return the existing one (whose settings are kept)."""
         q = self._queues.get(name)
         if q is not None:
@@ -203,7 +204,7 @@ class Broker:
         q = Queue(self, name, tier=tier, max_size=max_size, overflow=overflow, ttl=ttl,
                   max_attempts=max_attempts, msg_timeout=msg_timeout, expires_at=expires_at,
                   auto_delete=auto_delete, expire_to_dead_letters=expire_to_dead_letters,
-                  window=self.window, incarnation=self.ids.next_id())
+                  window=self.window, incarnation=self.ids.next_id(), mode=mode)
         self._queues[name] = q
         self._queue_changed(q)
         if expires_at:

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 #: Header a message may carry to override its queue's ``max_attempts``.
 MAX_ATTEMPTS_HEADER = "mqhub-max-attempts"
 OVERFLOW_POLICIES = ("drop_oldest", "reject", "dead_letter")
+MODES = ("competing", "fanout")
 INF = float("inf")
 _MEM_DEAD_LIMIT = 10_000
 
@@ -102,10 +103,12 @@ class Queue:
                  max_size: int = 0, overflow: str = "drop_oldest", ttl: float = 0.0,
                  max_attempts: int = 0, msg_timeout: float = 60.0, expires_at: float = 0.0,
                  auto_delete: bool = False, expire_to_dead_letters: bool = False,
-                 window: int = 10_000, incarnation: int = 0) -> None:
+                 window: int = 10_000, incarnation: int = 0, mode: str = "competing") -> None:
         """Made by :meth:`Broker.declare_queue` (see docs/core-api.md for the settings)."""
         if tier not in (TIER_DURABLE, TIER_MEMORY):
             raise InvalidName(f"unknown tier {tier!r}")
+        if mode not in MODES:
+            raise InvalidName(f"unknown delivery mode {mode!r}")
         if overflow not in OVERFLOW_POLICIES:
             raise InvalidName(f"unknown overflow policy {overflow!r}")
         self.broker = broker
@@ -121,6 +124,15 @@ class Queue:
         self.auto_delete = bool(auto_delete)
         self.expire_to_dead_letters = bool(expire_to_dead_letters)
         self.window = max(1, int(window))
+        self.mode = mode
+        # fan-out: one private memory sub-queue per consumer gets a copy of every message; the
+        # parent keeps the stored entry until every sub-queue that got it is done with it
+        self._parent: Queue | None = None
+        self._subs: list[Queue] = []
+        self._claimed: dict[int, Entry] = {}
+        self._refs: dict[int, int] = {}
+        self._open: set[int] = set()          # (sub-queue) ids received and not yet done
+        self._fan_seq = 0
         self.incarnation = incarnation
         self.paused = False
         self.deleted = False
@@ -167,7 +179,7 @@ class Queue:
                 "msg_timeout": self.msg_timeout, "expires_at": self.expires_at,
                 "auto_delete": self.auto_delete,
                 "expire_to_dead_letters": self.expire_to_dead_letters,
-                "incarnation": self.incarnation}
+                "incarnation": self.incarnation, "mode": self.mode}
 
     def configure(self, **settings: Any) -> None:
         """Change settings (tier cannot change); persisted for durable queues."""
@@ -191,7 +203,9 @@ class Queue:
 
     @property
     def in_flight(self) -> int:
-        """Messages delivered and not yet acked."""
+        """Messages delivered and not yet acked (over every subscriber in fan-out mode)."""
+        if self._subs:
+            return len(self._inflight) + sum(len(sub._inflight) for sub in self._subs)
         return len(self._inflight)
 
     def stats(self) -> dict[str, Any]:
@@ -202,7 +216,8 @@ class Queue:
                 "requeue_count": self.requeue_count, "timeout_count": self.timeout_count,
                 "expired_count": self.expired_count, "dropped_count": self.dropped_count,
                 "dead_letter_count": self.dead_letter_count,
-                "consumers": len(self.consumers), "paused": self.paused}
+                "consumers": len(self.consumers) + sum(len(s.consumers) for s in self._subs),
+                "paused": self.paused, "mode": self.mode}
 
     # -- window helpers ------------------------------------------------------------------------
 
@@ -440,8 +455,9 @@ class Queue:
     def _paged(self, entries: list[Entry], incarnation: int, gen: int) -> None:
         """Append a page read from the store to the window.
 
-        Entries of the page that are in flight (delivered before the horizon moved back past
-        them) were never counted as stored-only; they are skipped and not counted.
+        Entries of the page that are in flight, or handed to fan-out subscribers, (delivered
+        before the horizon moved back past them) were never counted as stored-only; they are
+        skipped and not counted.
         """
         self._paging = False
         if self.deleted or incarnation != self.incarnation:
@@ -455,7 +471,8 @@ class Queue:
                 self.broker.clock.callLater(0.05, self._maybe_page)
             return
         inflight = self._inflight
-        fresh = [e for e in entries if e[0] not in inflight]
+        claimed = self._claimed
+        fresh = [e for e in entries if e[0] not in inflight and e[0] not in claimed]
         last = entries[-1]
         self._horizon = (last[1], last[0])
         self.broker.ids.observe(max(e[0] for e in entries))
@@ -490,6 +507,8 @@ class Queue:
         """Attach a consumer; ``target.deliver_batch(consumer, queue_name, entries)`` receives."""
         if self.deleted:
             raise NoSuchQueue(self.name)
+        if self.mode == "fanout" and self._parent is None:
+            return self._fan_attach(target, ready, credit, timeout, tag)
         c = Consumer(self, target, int(ready or 0), int(credit or 0),
                      self.msg_timeout if timeout is None else float(timeout), tag)
         self.consumers.append(c)
@@ -498,11 +517,17 @@ class Queue:
 
     def detach(self, consumer: Consumer, requeue: bool = True) -> None:
         """Detach ``consumer``; its in-flight messages return to ready (attempts kept)."""
+        if consumer.queue is not self:
+            consumer.queue.detach(consumer, requeue)
+            return
         if not consumer.attached:
             return
         consumer.attached = False
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        if self._parent is not None:
+            self._parent._fan_release(self)
+            return
         mine = [mid for mid, rec in self._owner.items() if rec[0] is consumer]
         if mine and requeue:
             self._requeue_ids(consumer, mine, 0.0, None, count=False)
@@ -523,6 +548,9 @@ class Queue:
             self._again = True
             return
         if self.paused or self.deleted:
+            return
+        if self._subs:
+            self._fan_dispatch()
             return
         self._dispatching = True
         try:
@@ -670,7 +698,11 @@ class Queue:
 
     def ack(self, consumer: Consumer, msg_ids: Iterable[int]) -> list[int]:
         """Acknowledge (NSQ FIN); return the ids that were not in flight on ``consumer``."""
+        if consumer.queue is not self:
+            return consumer.queue.ack(consumer, msg_ids)
         got, failed = self._take(consumer, msg_ids)
+        if got and self._parent is not None:
+            self._parent._fan_done(self, got)
         if got and self.durable:
             b = WriteBatch()
             b.delete_entries(self.name, [(e[1], e[0]) for e in got])
@@ -682,6 +714,8 @@ class Queue:
     def touch(self, consumer: Consumer, msg_ids: Iterable[int],
               extend: float | None = None) -> list[int]:
         """Reset the deadline of in-flight messages to now + ``extend`` (default: consumer timeout)."""
+        if consumer.queue is not self:
+            return consumer.queue.touch(consumer, msg_ids, extend)
         now = self.broker.clock.seconds()
         deadline = now + (consumer.timeout if extend is None else float(extend))
         failed: list[int] = []
@@ -702,6 +736,8 @@ class Queue:
     def requeue(self, consumer: Consumer, msg_ids: Iterable[int], delay: float = 0.0,
                 error: str | None = None) -> list[int]:
         """Return in-flight messages to ready (or deferred by ``delay`` seconds); dead-letter at max attempts."""
+        if consumer.queue is not self:
+            return consumer.queue.requeue(consumer, msg_ids, delay, error)
         return self._requeue_ids(consumer, msg_ids, delay, error, count=True)
 
     def _requeue_ids(self, consumer: Consumer, msg_ids: Iterable[int], delay: float,
@@ -747,6 +783,8 @@ class Queue:
     def reject(self, consumer: Consumer, msg_ids: Iterable[int], reason: str = REASON_REJECTED,
                error: str | None = None) -> list[int]:
         """Dead-letter in-flight messages now with ``reason``; return ids not in flight."""
+        if consumer.queue is not self:
+            return consumer.queue.reject(consumer, msg_ids, reason, error)
         got, failed = self._take(consumer, msg_ids)
         if got:
             b = WriteBatch()
@@ -758,6 +796,9 @@ class Queue:
     def _dead(self, entries: list[Entry], reason: str, error: str | None,
               batch: WriteBatch | None, now: float) -> None:
         """Move ``entries`` (already out of the window/in-flight) to this queue's dead letters."""
+        if self._parent is not None:
+            self._parent._fan_dead(self, entries, reason, error, now)
+            return
         self.dead_letter_count += len(entries)
         dead = [to_dead(e, self.name, reason, error, now) for e in entries]
         if self.durable and batch is not None:
@@ -769,6 +810,10 @@ class Queue:
 
     def _expire(self, entries: list[Entry], now: float) -> None:
         """Count and drop (or dead-letter) expired entries taken from the window."""
+        if self._parent is not None and not self.expire_to_dead_letters:
+            self.expired_count += len(entries)
+            self._parent._fan_done(self, entries)
+            return
         if self._volatile:
             self._volatile.difference_update([e[0] for e in entries])
         self.expired_count += len(entries)
@@ -812,6 +857,106 @@ class Queue:
             self._nready -= len(expired)
             self._expire(expired, now)
         return scanned
+
+    # -- fan-out -------------------------------------------------------------------------------
+
+    def _fan_attach(self, target: Any, ready: int, credit: int, timeout: float | None,
+                    tag: Any) -> Consumer:
+        """Fan-out attach: a private memory sub-queue for this consumer, then the consumer."""
+        self._fan_seq += 1
+        sub = Queue(self.broker, f"{self.name}~fan{self._fan_seq}", tier=TIER_MEMORY,
+                    ttl=self.ttl, max_attempts=self.max_attempts, msg_timeout=self.msg_timeout,
+                    expire_to_dead_letters=self.expire_to_dead_letters)
+        sub._parent = self
+        self._subs.append(sub)
+        c = sub.attach(target, ready=ready, credit=credit, timeout=timeout, tag=tag)
+        self.dispatch()
+        return c
+
+    def _fan_dispatch(self) -> None:
+        """Hand every ready entry to every sub-queue (one copy each, refcounted here)."""
+        entries = self._pop_ready(self._nready)
+        if entries:
+            now = self.broker.clock.seconds()
+            ttl_cut = self._ttl_cut(now)
+            if self._may_expire or ttl_cut:
+                expired = [e for e in entries if (e[4] and e[4] <= now) or e[0] < ttl_cut]
+                if expired:
+                    self._expire(expired, now)
+                    entries = [e for e in entries
+                               if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
+            subs = list(self._subs)
+            ids = [e[0] for e in entries]
+            self._claimed.update(zip(ids, entries, strict=False))
+            self._refs.update(dict.fromkeys(ids, len(subs)))
+            for sub in subs:
+                sub._open.update(ids)
+                sub._put(list(entries), None, False, now)
+        if self._stored_only:
+            self._maybe_page()
+
+    def _fan_done(self, sub: Queue, entries: list[Entry]) -> None:
+        """``sub`` is finished with ``entries`` (acked, expired or dead): release the copies."""
+        refs = self._refs
+        done: list[Entry] = []
+        for e in entries:
+            mid = e[0]
+            if mid not in sub._open:
+                continue
+            sub._open.discard(mid)
+            left = refs.get(mid, 1) - 1
+            if left > 0:
+                refs[mid] = left
+            else:
+                refs.pop(mid, None)
+                orig = self._claimed.pop(mid, None)
+                if orig is not None:
+                    done.append(orig)
+        if done and self.durable:
+            b = WriteBatch()
+            b.delete_entries(self.name, [(e[1], e[0]) for e in done])
+            self._write(b)
+
+    def _fan_dead(self, sub: Queue, entries: list[Entry], reason: str, error: str | None,
+                  now: float) -> None:
+        """A subscriber's copy died: record it in this queue's dead letters, release the copy."""
+        self.dead_letter_count += len(entries)
+        dead = [to_dead(e, self.name, reason, error, now) for e in entries]
+        if self.durable:
+            b = WriteBatch()
+            b.put_entries(dlq_name(self.name), dead)
+            self.broker._commit(b)
+        else:
+            self._mem_dead.extend(dead)
+        self._fan_done(sub, entries)
+
+    def _fan_release(self, sub: Queue) -> None:
+        """A subscriber left: drop its copies; if it was the last, unfinished messages return."""
+        if sub in self._subs:
+            self._subs.remove(sub)
+        back: list[Entry] = []
+        done: list[Entry] = []
+        refs = self._refs
+        for mid in sub._open:
+            left = refs.get(mid, 1) - 1
+            if left > 0:
+                refs[mid] = left
+            else:
+                refs.pop(mid, None)
+                orig = self._claimed.pop(mid, None)
+                if orig is not None:
+                    (done if self._subs else back).append(orig)
+        if done and self.durable:
+            b = WriteBatch()
+            b.delete_entries(self.name, [(e[1], e[0]) for e in done])
+            self._write(b)
+        sub._open.clear()
+        sub._close()
+        if back:
+            back.sort(key=lambda e: (-e[1], e[0]))
+            self._insert_many(back)
+        if self.auto_delete and not self._subs and not self.deleted:
+            self.broker.delete_queue(self.name)
 
     # -- pull (mq9 QUERY) ----------------------------------------------------------------------
 
@@ -865,6 +1010,12 @@ class Queue:
 
     def _clear(self) -> None:
         """Forget all messages in memory and every consumer's in-flight count."""
+        for sub in self._subs:
+            sub._clear()
+            sub._open.clear()
+            sub.incarnation += 1
+        self._claimed.clear()
+        self._refs.clear()
         for d in self._ready.values():
             d.clear()
         self._nready = 0
@@ -890,6 +1041,9 @@ class Queue:
         for c in self.consumers:
             c.attached = False
         self.consumers = []
+        for sub in self._subs:
+            sub._close()
+        self._subs = []
 
     def __repr__(self) -> str:
         """Readable form."""
