@@ -265,8 +265,13 @@ class NatsParser:
 
     # parsing -----------------------------------------------------------------------------
 
-    def _parse(self, out: list[Event], limit_events: int = 0) -> None:
-        """Parse buffered events into ``out`` (all of them, or at most ``limit_events``)."""
+    def _parse(self, out: list[Event], limit_events: int = 0,
+               fast_routes: tuple[dict[bytes, tuple], dict[bytes, tuple]] | None = None) -> None:
+        """Parse buffered events into ``out`` (all of them, or at most ``limit_events``).
+
+        With ``fast_routes = (routes, head_routes)`` parsing also stops before the first line that
+        :meth:`route_pubs` can deliver (after at least one event).
+        """
         buf = self._buf
         pos = self._pos
         n = len(buf)
@@ -284,6 +289,8 @@ class NatsParser:
                         raise ProtocolError(E_MAX_CONTROL, "maximum control line exceeded")
                     break
                 raw = buf[pos:i]
+                if fast_routes is not None and out and _routable(raw, fast_routes):
+                    break
                 hit = pub_cache.get(raw)
                 if hit is not None:
                     start = i + 1
@@ -325,6 +332,24 @@ class NatsParser:
             self._pos = 0
             return (OP_ERROR, err)
         return out[0] if out else None
+
+    def slow_run(self, routes: dict[bytes, tuple],
+                 head_routes: dict[bytes, tuple]) -> list[Event]:
+        """Parse events up to the next line :meth:`route_pubs` can deliver (or the end)."""
+        if self._dead is not None:
+            return [(OP_ERROR, self._dead)]
+        if self._need:
+            return []
+        out: list[Event] = []
+        try:
+            self._parse(out, 0, (routes, head_routes))
+        except ProtocolError as err:
+            err.fatal = True
+            self._dead = err
+            self._buf = b""
+            self._pos = 0
+            out.append((OP_ERROR, err))
+        return out
 
     def route_pubs(self, routes: dict[bytes, tuple], dirty: list[Any],
                    head_routes: dict[bytes, tuple] | None = None) -> int:
@@ -613,6 +638,18 @@ class NatsParser:
         out.append((OP_HMSG, _text(subject), _text(sid), reply, buf[nxt:nxt + hsize],
                     buf[nxt + hsize:stop]))
         return stop + 2
+
+
+def _routable(raw: bytes, stop: tuple[dict[bytes, tuple], dict[bytes, tuple]]) -> bool:
+    """True when :meth:`NatsParser.route_pubs` has a simple route for the raw line ``raw``."""
+    r = stop[0].get(raw)
+    if r is not None:
+        return r[1] is None
+    if not stop[1] or not raw.endswith(b"\r"):
+        return False
+    sp = raw.rfind(b" ")
+    hr = stop[1].get(raw[:sp])
+    return hr is not None and hr[1] is None
 
 
 # encoders --------------------------------------------------------------------------------

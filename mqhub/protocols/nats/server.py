@@ -571,13 +571,17 @@ class NatsConnection(Protocol):
         head_routes = srv.head_routes
         while self.fast:
             stats["in_msgs"] += parser.route_pubs(routes, dirty, head_routes)
-            ev = parser.one()
-            if ev is None:
+            events = parser.slow_run(routes, head_routes)
+            if not events:
                 return
-            if ev[0] == OP_PUB:
-                self._fast_pub(ev)
-            else:
-                self._general([ev], 0)
+            for i, ev in enumerate(events):
+                if not self.fast:
+                    self._general(events, i)
+                    break
+                if ev[0] == OP_PUB:
+                    self._fast_pub(ev)
+                else:
+                    self._general([ev], 0)
         if not self.closing:
             self._general(parser.events(), 0)
 
