@@ -179,6 +179,8 @@ class EmqpRouter:
         self._pumping = False
         self._repump: set[str] = set()
         self._sending: tuple[Worker, bytes] | None = None
+        self._post: list[Frames] = []
+        self._barrier = False
         self._heartbeat: LoopingCall | None = None
         self.pub_bridge = tuple(pub_bridge)
         self._bridge_bindings: list[Any] = []
@@ -421,19 +423,26 @@ class EmqpRouter:
                 self.stats["retries"] += len(ids)
                 consumer.queue.requeue(consumer, ids, error="job failed")
 
-    def _after_commit(self, results: list[Frames]) -> None:
-        """Send this read's results once the acks before them are durable.
+    def _after_commit(self, frames: list[Frames]) -> None:
+        """Send ``frames`` to clients once every store write made so far is durable.
 
-        The store puts every batch of a turn into one transaction, so an empty batch committed
-        after the acks fires when they are stored: a client never sees the result of a job that
-        a crash could still run again.
+        The store puts every batch of a turn into one transaction (and fires groups in order),
+        so an empty batch committed now fires after the writes before it. A client's dispatch
+        ack therefore means "stored", and it never sees the result of a job that a crash could
+        still run again. One barrier serves all frames of a turn.
         """
-        def send(outcome: Any) -> Any:
-            for frames in results:
-                self._safe(self.send_frontend, frames)
-            return None
+        self._post.extend(frames)
+        if self._barrier:
+            return
+        self._barrier = True
 
-        self.hub.store.commit(WriteBatch()).addBoth(send)
+        def flush(outcome: Any) -> None:
+            self._barrier = False
+            post, self._post = self._post, []
+            for msg in post:
+                self._safe(self.send_frontend, msg)
+
+        self.hub.store.commit(WriteBatch()).addBoth(flush)
 
     def _worker_leaving(self, worker: Worker, reply_kbye: bool) -> None:
         """KBYE/DISCONNECT from a worker: no new jobs; its running jobs may still reply."""
@@ -589,7 +598,7 @@ class EmqpRouter:
         if self.workers.get(worker.peer) is not worker:
             return  # unreachable: the removal already retried or finished this job
         if client:
-            self.send_frontend(F.reply_ack(client, self.ids.next(), msgid))
+            self._after_commit([F.reply_ack(client, self.ids.next(), msgid)])
         self.stats["dispatched"] += 1
 
     # heartbeats ------------------------------------------------------------------------------

@@ -462,8 +462,9 @@ def test_only_the_final_failure_is_forwarded():
     assert results[-1][5:] == [b'{"value": 5}', b"ok"]
 
 
-def test_result_is_forwarded_only_after_the_ack_is_stored():
-    """With grouped commits, the client's result waits for the commit that removes the job."""
+def test_client_acks_and_results_wait_for_their_commit():
+    """With grouped commits, the dispatch ack waits for the job's commit and the result for the
+    commit that removes the job."""
     from twisted.internet.task import Clock
 
     from mqhub.store.memory import MemoryStore
@@ -476,8 +477,11 @@ def test_result_is_forwarded_only_after_the_ack_is_stored():
     rig = Rig(memory_hub(clock, store=store))
     rig.worker(b"w1", ready=1)
     rig.request(b"c", b"m1", headers=b"reply-requested")
+    assert rig.jobs_to(b"w1") == [b"m1"]
+    assert rig.sent(rig.front, b"REPLY", b"c") == []  # the dispatch ack waits for the commit
     clock.advance(0)
     assert result_of(store.count_entries("emqp.jobs.default")) == 1
+    assert [f[5] for f in rig.sent(rig.front, b"REPLY", b"c")] == [b"m1"]
     rig.reply(b"w1", b"m1", b'{"value": 1}')
     assert not [f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]
     clock.advance(0)
