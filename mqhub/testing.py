@@ -1,16 +1,18 @@
 """Public test harness: a memory hub on a task.Clock, Deferred helpers and a collecting target.
 
-Protocol tests build a hub with :func:`memory_hub`, drive time with ``hub.clock.advance`` and
-read what the core delivered through :class:`CollectingTarget`. Nothing here touches the global
-reactor.
+Protocol tests build a hub with :func:`memory_hub`, drive time with ``hub.clock.advance``, read
+what the core delivered through :class:`CollectingTarget`, and talk to a protocol factory over a
+StringTransport with :func:`connect` / :func:`take_output`. Nothing here touches the global reactor.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransportWithDisconnection
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -73,6 +75,28 @@ def advance(clock: Clock, seconds: float, step: float = 0.1) -> None:
     while clock.seconds() + step < end:
         clock.advance(step)
     clock.advance(max(0.0, end - clock.seconds()))
+
+
+def connect(factory: Any, *, port: int = 40000) -> tuple[Any, StringTransportWithDisconnection]:
+    """Connect a protocol built by ``factory`` to a StringTransport (a loopback "client").
+
+    Returns ``(protocol, transport)``; feed bytes with ``protocol.dataReceived`` and read what the
+    server wrote with :func:`take_output`. ``transport.loseConnection()`` disconnects it.
+    """
+    peer = IPv4Address("TCP", "127.0.0.1", port)
+    proto = factory.buildProtocol(peer)
+    transport = StringTransportWithDisconnection(
+        hostAddress=IPv4Address("TCP", "127.0.0.1", 1), peerAddress=peer)
+    transport.protocol = proto
+    proto.makeConnection(transport)
+    return proto, transport
+
+
+def take_output(transport: Any) -> bytes:
+    """Return and clear what was written to a StringTransport."""
+    data: bytes = transport.value()
+    transport.clear()
+    return data
 
 
 @implementer(IDeliveryTarget)
