@@ -93,3 +93,14 @@ def test_failing_due_handler_rows_are_retried_not_lost(hub: Hub) -> None:
     assert calls == [1] and hub.store.stats()["due"] == 1
     hub.clock.advance(61)
     assert calls == [1, 1] and hub.store.stats()["due"] == 0
+
+
+def test_failed_store_commit_fails_the_publish(hub: Hub) -> None:
+    """A publish whose commit fails errbacks with StoreError, so nothing is confirmed."""
+    from mqhub.errors import StoreError
+    hub.broker.declare_queue("q")
+    hub.broker.bind_queue("a", "q")
+    result_of(hub.store.close())
+    d = hub.broker.publish_batch("a", [b"x"])
+    with pytest.raises(StoreError):
+        result_of(d)
