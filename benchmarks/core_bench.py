@@ -186,6 +186,24 @@ def bench_queues(tmp: str, batch: int) -> None:
         emit(f"queue_durable_lmdb_{mode}_put_get_ack_b{batch}x{per_turn}", rate, "msg/s")
 
 
+def bench_live(batch: int) -> None:
+    """Publish to an address with one live subscriber (the NATS path through the core)."""
+    hub = memory_hub()
+    sink = _Sink()
+    hub.broker.subscribe("live.subject", sink)
+    publish = hub.broker.publish_batch
+    def run(size: int) -> float:
+        bodies = [b"x" * 16] * size
+        calls = max(1, 300_000 // size)
+        t0 = time.process_time()
+        for _ in range(calls):
+            publish("live.subject", bodies, origin="bench")
+        return calls * size / (time.process_time() - t0)
+
+    for size in (1, batch):
+        emit(f"live_publish_deliver_b{size}", _best(3, lambda: run(size)), "msg/s")  # noqa: B023
+
+
 def _fsync_ms(tmp: str) -> float:
     """Median fsync latency of this disk (so the durable figures can be read in context)."""
     path = os.path.join(tmp, "fsync.probe")
@@ -327,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in (None, "routing"):
             bench_routing(args.bindings, args.lookups)
         if args.only in (None, "queues"):
+            bench_live(args.batch)
             bench_queues(tmp, args.batch)
         if args.only in (None, "backlog"):
             bench_backlog(tmp, args.queued)
