@@ -33,6 +33,10 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: Most messages handled in one reactor call before yielding to other protocols.
 DRAIN_LIMIT = 16384
+#: Replies queued for one client that is not reading before further ones are dropped.
+CLIENT_HWM = 100_000
+#: Messages queued for one slow SUB subscriber before PUB drops (ZeroMQ pub/sub semantics).
+SUBSCRIBER_HWM = 100_000
 ROLES = ("frontend", "backend", "pub-in", "pub-out")
 
 
@@ -90,8 +94,13 @@ class BatchSocket(ZmqConnection):
     def __init__(self, factory: ZmqFactory, socket_type: int, address: str,
                  on_batch: Callable[[list[list[bytes]]], None] | None,
                  drainer: Drainer,
-                 on_unreachable: Callable[[bytes], None] | None = None) -> None:
-        """Create the socket of ``socket_type`` and bind it to ``address``."""
+                 on_unreachable: Callable[[bytes], None] | None = None,
+                 sndhwm: int = 0) -> None:
+        """Create the socket of ``socket_type`` and bind it to ``address``.
+
+        :param sndhwm: messages queued per peer before sends fail (ROUTER) or are dropped
+            (PUB); 0 = unlimited.
+        """
         self.socketType = socket_type
         self.on_batch = on_batch
         self.on_unreachable = on_unreachable
@@ -99,7 +108,7 @@ class BatchSocket(ZmqConnection):
         super().__init__(factory)
         if socket_type == zmq.ROUTER:
             self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.SNDHWM, sndhwm)
         self.socket.setsockopt(zmq.RCVHWM, 0)
         self.addEndpoints([ZmqEndpoint(ZmqEndpointType.bind, address)])
         if on_batch is not None:
@@ -198,13 +207,15 @@ class EmqpService(Service):
         router = self.router
         drainer = self.drainer = Drainer(self.hub.clock)
         try:
+            # eventmq clients often never read their acks: bound what waits for each of them
             front = BatchSocket(factory, zmq.ROUTER, self.endpoints["frontend"],
-                                router.frontend_received, drainer)
+                                router.frontend_received, drainer, sndhwm=CLIENT_HWM)
             back = BatchSocket(factory, zmq.ROUTER, self.endpoints["backend"],
                                router.backend_received, drainer, router.peer_unreachable)
             pub_in = BatchSocket(factory, zmq.ROUTER, self.endpoints["pub-in"],
                                  router.pubin_received, drainer)
-            pub_out = BatchSocket(factory, zmq.PUB, self.endpoints["pub-out"], None, drainer)
+            pub_out = BatchSocket(factory, zmq.PUB, self.endpoints["pub-out"], None, drainer,
+                                  sndhwm=SUBSCRIBER_HWM)
         except zmq.ZMQError as exc:
             factory.shutdown()
             self.factory = None
