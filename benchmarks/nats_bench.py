@@ -273,7 +273,7 @@ def expected_bytes(spec: tuple) -> int:
     return frames_fixed(spec[1], spec[2], spec[3])[1]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run every figure on mqhub and nats-server, alternating, and print medians and ratios."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--scale", type=float, default=1.0, help="message-count multiplier")
