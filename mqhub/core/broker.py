@@ -351,15 +351,18 @@ class Broker:
         n = len(bodies)
         if not n:
             return succeed(None)
-        if not 0 <= priority <= 9:
+        if priority and not 0 <= priority <= 9:
             priority = 0 if priority < 0 else 9
-        first = self.ids.reserve(n) if n else 0
+        first = self.ids.reserve(n)
         ids = range(first, first + n)
         self.last_ids = ids
         if ttl:
             expires_at = self.clock.seconds() + ttl
         entries: list[Entry]
-        if isinstance(headers, list):
+        if n == 1:
+            h = headers[0] if isinstance(headers, list) else headers
+            entries = [(first, priority, 0, deliver_at, expires_at, address, h, bodies[0], origin)]
+        elif isinstance(headers, list):
             entries = [(i, priority, 0, deliver_at, expires_at, address, h, b, origin)
                        for i, b, h in zip(ids, bodies, headers, strict=False)]
         else:
