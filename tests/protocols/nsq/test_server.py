@@ -525,3 +525,47 @@ def test_producer_far_ahead_of_commits_is_paused_then_resumed() -> None:
     h.settle()
     assert p.transport.producerState == "producing"
     assert set(p.frames()) == {OK}
+
+
+_FUZZ_SEEDS = [
+    w.encode_pub("t", b"x"), w.encode_mpub("t", [b"a", b"b"]), w.encode_dpub("t", 5, b"d"),
+    w.encode_sub("t", "c"), b"RDY 3\n", w.encode_fin(b"0" * 16), w.encode_req(b"0" * 16, 1),
+    w.encode_touch(b"0" * 16), b"CLS\n", b"NOP\n", w.encode_identify({"feature_negotiation": True}),
+    w.encode_auth(b"s"),
+]
+
+
+def test_fuzzed_connections_never_break_the_broker() -> None:
+    """Random mixes and mutations of commands only ever produce NSQ frames; a good client is unaffected."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    h = Harness()
+    good = h.consumer("t", "good", rdy=2500)
+    producer = h.client()
+    sent = [0]
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(st.one_of(st.sampled_from(_FUZZ_SEEDS), st.binary(max_size=40)), max_size=12),
+           st.integers(0, 40), st.binary(max_size=6))
+    def scenario(parts: list[bytes], at: int, junk: bytes) -> None:
+        stream = b"".join(parts)
+        if stream:
+            at = min(at, len(stream) - 1)
+            stream = stream[:at] + junk + stream[at + len(junk):]
+        c = h.client()
+        c.send(stream)
+        h.clock.advance(0.05)
+        decoder = w.ClientCodec()
+        decoder.receive_data(c.transport.value())
+        for frame in decoder.frames():  # everything written is a well-formed NSQ frame
+            assert isinstance(frame, (w.Response, w.ErrorFrame, w.Message))
+        c.lose()
+        producer.send(w.encode_pub("t", b"ok"))
+        sent[0] += 1
+        h.settle()
+
+    scenario()
+    got = [f for f in good.frames() if isinstance(f, w.Message) and f.body == b"ok"]
+    assert len(got) == sent[0]
+    assert set(producer.frames()) == {OK}
