@@ -569,3 +569,32 @@ def test_fuzzed_connections_never_break_the_broker() -> None:
     got = [f for f in good.frames() if isinstance(f, w.Message) and f.body == b"ok"]
     assert len(got) == sent[0]
     assert set(producer.frames()) == {OK}
+
+
+def test_req_delay_and_dpub_survive_a_restart_of_the_hub() -> None:
+    """Deferred REQ and DPUB live in the store's due index: after a restart they come back on time."""
+    from mqhub.protocols.nsq.service import NsqService
+    from mqhub.testing import restart_hub
+
+    h = Harness()
+    c = h.consumer("t", "c", rdy=5)
+    p = h.client()
+    p.send(w.encode_pub("t", b"retry"), w.encode_dpub("t", 5000, b"later"))
+    h.settle()
+    (msg,) = c.frames()
+    c.send(w.encode_req(msg.msg_id, 5000))
+    h.settle()
+    hub = restart_hub(h.hub)
+    service = NsqService(hub, {"tcp": "tcp:0", "http": ""}, h.config)
+    service.registry.load()
+    h.clock.advance(0)
+    assert service.registry.get_channel("t", "c") is not None  # recovered from the store
+    h.service = service
+    c2 = h.consumer("t", "c", rdy=5)
+    h.clock.advance(2)
+    assert c2.frames() == []  # still deferred after the restart
+    for _ in range(40):
+        h.clock.advance(0.1)
+    got = {f.body: f for f in c2.frames()}
+    assert set(got) == {b"retry", b"later"}
+    assert got[b"retry"].attempts == 2 and got[b"later"].attempts == 1
