@@ -313,26 +313,6 @@ class NatsParser:
         finally:
             self._pos = pos
 
-    def one(self) -> Event | None:
-        """Parse and return just the next event, or None when more data is needed.
-
-        Used between :meth:`route_pubs` runs so the fast path resumes right after it.
-        """
-        if self._dead is not None:
-            return (OP_ERROR, self._dead)
-        if self._need:
-            return None
-        out: list[Event] = []
-        try:
-            self._parse(out, 1)
-        except ProtocolError as err:
-            err.fatal = True
-            self._dead = err
-            self._buf = b""
-            self._pos = 0
-            return (OP_ERROR, err)
-        return out[0] if out else None
-
     def slow_run(self, routes: dict[bytes, tuple],
                  head_routes: dict[bytes, tuple]) -> list[Event]:
         """Parse events up to the next line :meth:`route_pubs` can deliver (or the end)."""
@@ -359,8 +339,8 @@ class NatsParser:
         a route qualifies when ``special`` is None. Each target is ``(owner, out, prefix)``:
         the message is appended to the ``out`` list as prefix, payload, CRLF, and ``owner``
         is appended to ``dirty`` when its ``out`` was empty. Stops (returning how many PUBs
-        it delivered) at the first line that needs anything else; :meth:`one` takes it from
-        there. The only state it touches is the buffer offset.
+        it delivered) at the first line that needs anything else; :meth:`slow_run` takes it
+        from there. The only state it touches is the buffer offset.
 
         ``head_routes`` optionally maps a line's head (``PUB subject [reply]``, everything
         before the last space) to ``(heads, special)`` with targets ``(owner, out, head)``:

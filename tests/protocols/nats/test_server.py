@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import OP_ERR, OP_HMSG, OP_MSG, OP_OK, OP_PING, OP_PONG
-from tests.protocols.nats.helpers import Client, make_server
+from tests.protocols.nats.helpers import Client, make_mq9_server, make_server
 
 
 def test_info_first_with_required_fields() -> None:
@@ -302,3 +305,28 @@ def test_fast_path_still_enforces_framing_and_limits() -> None:
     pub2.send(b"PUB f 101\r\n")                           # known head, size over the limit
     assert pub2.events()[-1] == (codec.OP_ERR, "Maximum Payload Violation") and pub2.closed
     assert [e[4] for e in sub.events()] == [b"12", b"12"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(
+    st.binary(max_size=60),
+    st.sampled_from([b"PUB a 1\r\nx\r\n", b"PUB a.b r 2\r\nxy\r\n", b"SUB a 1\r\n", b"SUB > q 2\r\n",
+                     b"UNSUB 1\r\n", b"UNSUB 2 3\r\n", b"PING\r\n", b"HPUB a 12 12\r\nNATS/1.0\r\n\r\n\r\n",
+                     b"PUB $mq9.AI.MAILBOX.CREATE _INBOX.x 0\r\n\r\n", b"SUB $mq9.AI.INBOX.m.* 5\r\n",
+                     b"PUB $mq9.AI.INBOX.m.urgent 1\r\nu\r\n", b"\r\n", b"PUB a 3\r\n", b"PUB a 1\r\nxxx"])),
+    max_size=25), st.integers(min_value=1, max_value=40), st.booleans())
+def test_fuzzed_clients_never_hurt_the_server_or_others(chunks: list[bytes], cut: int,
+                                                        fast: bool) -> None:
+    srv = make_mq9_server()
+    watcher, pub = Client(srv), Client(srv)
+    watcher.send(b"SUB probe 1\r\n")
+    fuzzed = Client(srv, handshake=fast)       # fast: CONNECT verbose=false, the fused path
+    data = b"".join(chunks)
+    for i in range(0, len(data), cut):
+        if fuzzed.closed:
+            break
+        fuzzed.send(data[i:i + cut])                        # must never raise
+    srv.hub.clock.advance(0)
+    pub.send(b"PUB probe 2\r\nok\r\n")
+    assert watcher.events()[-1] == (OP_MSG, "probe", "1", None, b"ok")
+    assert not watcher.closed and not pub.closed
