@@ -1,4 +1,4 @@
-"""The Queue: the one work-queue primitive every protocol uses, and the Consumer that drains it.
+"""The Queue: the one work-queue primitive every protocol uses (its Consumer is in consumer.py).
 
 Ready entries are kept per priority in deques (a bounded window that is a prefix of the ready
 order); the rest of a durable queue's backlog stays in the store and is paged in as the window
@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from mqhub.core import fanout
+from mqhub.core.consumer import Consumer
 from mqhub.core.deadletter import (
     REASON_EXPIRED,
     REASON_MAX_ATTEMPTS,
@@ -35,65 +37,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Consumer", "Queue", "MAX_ATTEMPTS_HEADER", "OVERFLOW_POLICIES", "MODES"]
+
 #: Header a message may carry to override its queue's ``max_attempts``.
 MAX_ATTEMPTS_HEADER = "mqhub-max-attempts"
 OVERFLOW_POLICIES = ("drop_oldest", "reject", "dead_letter")
 MODES = ("competing", "fanout")
 INF = float("inf")
 _MEM_DEAD_LIMIT = 10_000
-
-
-class Consumer:
-    """One consumer attached to a queue: its target, credit/ready limits and in-flight count.
-
-    ``ready`` is the most messages it may hold in flight (NSQ RDY, prefetch; -1 = no limit) and
-    ``credit`` the deliveries it may still receive (eMQP READY slots; -1 = no limit).
-    """
-
-    __slots__ = ("queue", "target", "ready", "credit", "in_flight", "timeout", "tag", "attached",
-                 "_ready_set")
-
-    def __init__(self, queue: Queue, target: Any, ready: int, credit: int,
-                 timeout: float, tag: Any) -> None:
-        """Made by :meth:`Queue.attach` only."""
-        self.queue = queue
-        self.target = target
-        self._ready_set = ready > 0
-        self.ready = ready if ready > 0 else (-1 if credit > 0 else 0)
-        self.credit = credit if credit > 0 else -1
-        self.in_flight = 0
-        self.timeout = timeout
-        self.tag = tag
-        self.attached = True
-
-    def available(self) -> int:
-        """How many messages may be delivered now."""
-        r = self.ready
-        c = self.credit
-        a = (r - self.in_flight) if r >= 0 else 1 << 30
-        if 0 <= c < a:
-            a = c
-        return a
-
-    def set_ready(self, n: int) -> None:
-        """Deliver while fewer than ``n`` messages are in flight (NSQ RDY); 0 pauses the consumer."""
-        self._ready_set = True
-        self.ready = max(0, int(n))
-        self.queue.dispatch()
-
-    def add_credit(self, n: int) -> None:
-        """Allow ``n`` more deliveries (eMQP READY slots)."""
-        if self.credit < 0:
-            self.credit = 0
-        self.credit += max(0, int(n))
-        if not self._ready_set:
-            self.ready = -1
-        self.queue.dispatch()
-
-    def __repr__(self) -> str:
-        """Readable form."""
-        return (f"<Consumer {self.queue.name} ready={self.ready} credit={self.credit} "
-                f"in_flight={self.in_flight}>")
 
 
 class Queue:
@@ -508,7 +459,7 @@ class Queue:
         if self.deleted:
             raise NoSuchQueue(self.name)
         if self.mode == "fanout" and self._parent is None:
-            return self._fan_attach(target, ready, credit, timeout, tag)
+            return fanout.attach(self, target, ready, credit, timeout, tag)
         c = Consumer(self, target, int(ready or 0), int(credit or 0),
                      self.msg_timeout if timeout is None else float(timeout), tag)
         self.consumers.append(c)
@@ -526,7 +477,7 @@ class Queue:
         if consumer in self.consumers:
             self.consumers.remove(consumer)
         if self._parent is not None:
-            self._parent._fan_release(self)
+            fanout.release(self._parent, self)
             return
         mine = [mid for mid, rec in self._owner.items() if rec[0] is consumer]
         if mine and requeue:
@@ -550,7 +501,7 @@ class Queue:
         if self.paused or self.deleted:
             return
         if self._subs:
-            self._fan_dispatch()
+            fanout.dispatch(self)
             return
         self._dispatching = True
         try:
@@ -702,7 +653,7 @@ class Queue:
             return consumer.queue.ack(consumer, msg_ids)
         got, failed = self._take(consumer, msg_ids)
         if got and self._parent is not None:
-            self._parent._fan_done(self, got)
+            fanout.done(self._parent, self, got)
         if got and self.durable:
             b = WriteBatch()
             b.delete_entries(self.name, [(e[1], e[0]) for e in got])
@@ -797,7 +748,7 @@ class Queue:
               batch: WriteBatch | None, now: float) -> None:
         """Move ``entries`` (already out of the window/in-flight) to this queue's dead letters."""
         if self._parent is not None:
-            self._parent._fan_dead(self, entries, reason, error, now)
+            fanout.dead(self._parent, self, entries, reason, error, now)
             return
         self.dead_letter_count += len(entries)
         dead = [to_dead(e, self.name, reason, error, now) for e in entries]
@@ -812,7 +763,7 @@ class Queue:
         """Count and drop (or dead-letter) expired entries taken from the window."""
         if self._parent is not None and not self.expire_to_dead_letters:
             self.expired_count += len(entries)
-            self._parent._fan_done(self, entries)
+            fanout.done(self._parent, self, entries)
             return
         if self._volatile:
             self._volatile.difference_update([e[0] for e in entries])
@@ -857,106 +808,6 @@ class Queue:
             self._nready -= len(expired)
             self._expire(expired, now)
         return scanned
-
-    # -- fan-out -------------------------------------------------------------------------------
-
-    def _fan_attach(self, target: Any, ready: int, credit: int, timeout: float | None,
-                    tag: Any) -> Consumer:
-        """Fan-out attach: a private memory sub-queue for this consumer, then the consumer."""
-        self._fan_seq += 1
-        sub = Queue(self.broker, f"{self.name}~fan{self._fan_seq}", tier=TIER_MEMORY,
-                    ttl=self.ttl, max_attempts=self.max_attempts, msg_timeout=self.msg_timeout,
-                    expire_to_dead_letters=self.expire_to_dead_letters)
-        sub._parent = self
-        self._subs.append(sub)
-        c = sub.attach(target, ready=ready, credit=credit, timeout=timeout, tag=tag)
-        self.dispatch()
-        return c
-
-    def _fan_dispatch(self) -> None:
-        """Hand every ready entry to every sub-queue (one copy each, refcounted here)."""
-        entries = self._pop_ready(self._nready)
-        if entries:
-            now = self.broker.clock.seconds()
-            ttl_cut = self._ttl_cut(now)
-            if self._may_expire or ttl_cut:
-                expired = [e for e in entries if (e[4] and e[4] <= now) or e[0] < ttl_cut]
-                if expired:
-                    self._expire(expired, now)
-                    entries = [e for e in entries
-                               if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
-            subs = list(self._subs)
-            ids = [e[0] for e in entries]
-            self._claimed.update(zip(ids, entries, strict=False))
-            self._refs.update(dict.fromkeys(ids, len(subs)))
-            for sub in subs:
-                sub._open.update(ids)
-                sub._put(list(entries), None, False, now)
-        if self._stored_only:
-            self._maybe_page()
-
-    def _fan_done(self, sub: Queue, entries: list[Entry]) -> None:
-        """``sub`` is finished with ``entries`` (acked, expired or dead): release the copies."""
-        refs = self._refs
-        done: list[Entry] = []
-        for e in entries:
-            mid = e[0]
-            if mid not in sub._open:
-                continue
-            sub._open.discard(mid)
-            left = refs.get(mid, 1) - 1
-            if left > 0:
-                refs[mid] = left
-            else:
-                refs.pop(mid, None)
-                orig = self._claimed.pop(mid, None)
-                if orig is not None:
-                    done.append(orig)
-        if done and self.durable:
-            b = WriteBatch()
-            b.delete_entries(self.name, [(e[1], e[0]) for e in done])
-            self._write(b)
-
-    def _fan_dead(self, sub: Queue, entries: list[Entry], reason: str, error: str | None,
-                  now: float) -> None:
-        """A subscriber's copy died: record it in this queue's dead letters, release the copy."""
-        self.dead_letter_count += len(entries)
-        dead = [to_dead(e, self.name, reason, error, now) for e in entries]
-        if self.durable:
-            b = WriteBatch()
-            b.put_entries(dlq_name(self.name), dead)
-            self.broker._commit(b)
-        else:
-            self._mem_dead.extend(dead)
-        self._fan_done(sub, entries)
-
-    def _fan_release(self, sub: Queue) -> None:
-        """A subscriber left: drop its copies; if it was the last, unfinished messages return."""
-        if sub in self._subs:
-            self._subs.remove(sub)
-        back: list[Entry] = []
-        done: list[Entry] = []
-        refs = self._refs
-        for mid in sub._open:
-            left = refs.get(mid, 1) - 1
-            if left > 0:
-                refs[mid] = left
-            else:
-                refs.pop(mid, None)
-                orig = self._claimed.pop(mid, None)
-                if orig is not None:
-                    (done if self._subs else back).append(orig)
-        if done and self.durable:
-            b = WriteBatch()
-            b.delete_entries(self.name, [(e[1], e[0]) for e in done])
-            self._write(b)
-        sub._open.clear()
-        sub._close()
-        if back:
-            back.sort(key=lambda e: (-e[1], e[0]))
-            self._insert_many(back)
-        if self.auto_delete and not self._subs and not self.deleted:
-            self.broker.delete_queue(self.name)
 
     # -- pull (mq9 QUERY) ----------------------------------------------------------------------
 

@@ -1,0 +1,61 @@
+"""The Consumer: one subscriber of a queue, with its credit, ready window and in-flight count."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mqhub.core.queue import Queue
+
+
+class Consumer:
+    """One consumer attached to a queue: its target, credit/ready limits and in-flight count.
+
+    ``ready`` is the most messages it may hold in flight (NSQ RDY, prefetch; -1 = no limit) and
+    ``credit`` the deliveries it may still receive (eMQP READY slots; -1 = no limit).
+    """
+
+    __slots__ = ("queue", "target", "ready", "credit", "in_flight", "timeout", "tag", "attached",
+                 "_ready_set")
+
+    def __init__(self, queue: Queue, target: Any, ready: int, credit: int,
+                 timeout: float, tag: Any) -> None:
+        """Made by :meth:`Queue.attach` only."""
+        self.queue = queue
+        self.target = target
+        self._ready_set = ready > 0
+        self.ready = ready if ready > 0 else (-1 if credit > 0 else 0)
+        self.credit = credit if credit > 0 else -1
+        self.in_flight = 0
+        self.timeout = timeout
+        self.tag = tag
+        self.attached = True
+
+    def available(self) -> int:
+        """How many messages may be delivered now."""
+        r = self.ready
+        c = self.credit
+        a = (r - self.in_flight) if r >= 0 else 1 << 30
+        if 0 <= c < a:
+            a = c
+        return a
+
+    def set_ready(self, n: int) -> None:
+        """Deliver while fewer than ``n`` messages are in flight (NSQ RDY); 0 pauses the consumer."""
+        self._ready_set = True
+        self.ready = max(0, int(n))
+        self.queue.dispatch()
+
+    def add_credit(self, n: int) -> None:
+        """Allow ``n`` more deliveries (eMQP READY slots)."""
+        if self.credit < 0:
+            self.credit = 0
+        self.credit += max(0, int(n))
+        if not self._ready_set:
+            self.ready = -1
+        self.queue.dispatch()
+
+    def __repr__(self) -> str:
+        """Readable form."""
+        return (f"<Consumer {self.queue.name} ready={self.ready} credit={self.credit} "
+                f"in_flight={self.in_flight}>")
