@@ -249,7 +249,11 @@ class Queue:
             batch.put_entries(self.name, entries)
             self._mark(batch)
         if stored and self._stored_only:
-            keep = [e for e in entries if not self._after_horizon(e)]
+            if uniform:
+                # one priority and fresh (largest) ids: the first entry decides for the batch
+                keep = [] if self._after_horizon(entries[0]) else entries
+            else:
+                keep = [e for e in entries if not self._after_horizon(e)]
             self._stored_only += n - len(keep)
             self._put_gen += 1
             entries = keep
