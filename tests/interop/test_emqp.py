@@ -255,3 +255,25 @@ def test_retry_count_reruns_a_timed_out_job_on_a_real_jobmanager(emqp, jobs, cli
     assert jobs.results().count("slow-start") == 2
     results = [m for m in client.received if m[2] == "REPLY" and len(m) == 6]
     assert len(results) == 1
+
+
+def test_guarantee_job_of_a_killed_jobmanager_runs_on_another(make_broker, jobs):
+    """A jobmanager SIGKILLed mid-job is detected (a send fails or it goes silent) and its
+    guaranteed job runs again on another jobmanager."""
+    from eventmq.client.messages import send_request
+
+    broker = make_broker(["emqp"], extra_args=["--option", "emqp.heartbeat_interval=1",
+                                               "--option", "emqp.heartbeat_timeout=4"])
+    client = Client(addr(broker, "frontend"))
+    try:
+        jm1 = jobs.jobmanager(addr(broker, "backend"), jobs=2)
+        send_request(client.sender, json.loads(job_body("emqjobs.slow", 60)), guarantee=True)
+        send_request(client.sender, json.loads(job_body("emqjobs.slow", 61)))
+        wait_until(lambda: jobs.results().count("slow-start") == 2, what="both jobs started")
+        jobs.kill(jm1)
+        jobs.jobmanager(addr(broker, "backend"), jobs=2)
+        wait_until(lambda: jobs.results().count("slow-start") == 3, timeout=20,
+                   what="the guaranteed job on the second jobmanager")
+        broker.wait_for_log("removed", timeout=10)
+    finally:
+        client.close()

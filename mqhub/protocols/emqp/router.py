@@ -636,6 +636,7 @@ class EmqpRouter:
         worker = self.workers.get(peer)
         if worker is None:
             return
+        log.info("eMQP: worker {p} unreachable, removed", p=F.peer_label(peer))
         sending = self._sending
         if sending is not None and sending[0] is worker:
             job = worker.inflight.pop(sending[1], None)
