@@ -228,7 +228,9 @@ class Mq9:
             observe(msg_id)
 
     def _start_sweep(self, _: Any = None) -> None:
-        """Run the TTL sweep every ``sweep_interval`` seconds."""
+        """Run the TTL sweep every ``sweep_interval`` seconds (and commit recovery clean-ups)."""
+        if self._batch:
+            self.kick()
         if self.sweep_interval > 0 and self._sweeper is None:
             self._sweeper = LoopingCall(self.sweep)
             self._sweeper.clock = self.clock

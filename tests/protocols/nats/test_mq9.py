@@ -275,3 +275,37 @@ def test_pong_waits_for_the_commit_of_mq9_writes() -> None:
     assert result_of(store.count_entries(mailbox_queue(mid))) == 1
     c.send(b"PING\r\n")                           # nothing pending: answered at once
     assert c.events() == [(codec.OP_PONG,)]
+
+
+def test_recovered_latest_mailbox_keeps_only_newest_and_expiry_is_rederived() -> None:
+    from mqhub.store.batch import WriteBatch
+
+    hub = make_hub()
+    hub.clock.advance(1_800_000_000)
+    srv = make_mq9_server(hub)
+    c = Client(srv)
+    latest = create(c, type="latest")
+    std = create(c)
+    srv.mq9.stop()
+    # a crash between a put and the delete of its predecessor leaves two stored entries
+    ids = srv.mq9.ids
+    q = mailbox_queue(latest["mail_id"])
+    batch = WriteBatch()
+    first, second = ids.reserve(1), ids.reserve(1)
+    batch.put_entries(q, [(first, 1, 0, 0.0, 0.0, "s", None, b"old", "nats"),
+                          (second, 2, 0, 0.0, 0.0, "s", None, b"new", "nats")])
+    old = ids.reserve(1)
+    batch.put_entries(mailbox_queue(std["mail_id"]),
+                      [(old, 1, 0, 0.0, 0.0, f"$mq9.AI.INBOX.{std['mail_id']}.normal", None,
+                        b"normal ttl", "nats")])
+    result_of(hub.store.commit(batch))
+    hub.clock.advance(3000)                         # normal TTL is 3600 s from the id's time
+    srv2 = make_mq9_server(hub)
+    assert stored(srv2, latest["mail_id"]) == 1
+    (entry,) = srv2.mq9.mailboxes[std["mail_id"]].unread[1]
+    assert abs(entry[4] - (hub.clock.seconds() - 3000 + 3600)) < 1.0
+    hub.clock.advance(601)
+    agent = Client(srv2)
+    agent.send(f"SUB $mq9.AI.INBOX.{latest['mail_id']}.* 1\r\n"
+               f"SUB $mq9.AI.INBOX.{std['mail_id']}.* 2\r\n".encode())
+    assert bodies(agent.events()) == [b"new"]        # the normal message expired meanwhile
