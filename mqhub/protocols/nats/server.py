@@ -98,6 +98,7 @@ class NatsSettings:
         self.max_control_line: int = int(kw.get("max_control_line", codec.MAX_CONTROL_LINE))
         self.max_pending: int = int(kw.get("max_pending", 64 * 1024 * 1024))
         self.stall_bytes: int = int(kw.get("stall_bytes", 8 * 1024 * 1024))
+        self.write_deadline: float = float(kw.get("write_deadline", 10.0))
         self.ping_interval: float = float(kw.get("ping_interval", 120.0))
         self.ping_max: int = int(kw.get("ping_max", 2))
         self.auth_timeout: float = float(kw.get("auth_timeout", 2.0))
@@ -425,6 +426,7 @@ class NatsConnection(Protocol):
         self.paused_bytes = 0
         self._pinger: LoopingCall | None = None
         self._auth_timer: Any = None
+        self._deadline: Any = None
         self.closing = False
 
     # lifecycle ---------------------------------------------------------------------------
@@ -472,6 +474,7 @@ class NatsConnection(Protocol):
         for sub in subs.values():
             srv.remove_sub(sub)
         self.out.clear()
+        self._cancel_deadline()
         srv.uncongest(self)
         if self in srv.stalled:
             srv.stalled.remove(self)
@@ -500,7 +503,14 @@ class NatsConnection(Protocol):
         """The transport drained: publishers stalled for this connection may go on."""
         self.paused = False
         self.paused_bytes = 0
+        self._cancel_deadline()
         self.server.uncongest(self)
+
+    def _cancel_deadline(self) -> None:
+        """Forget a pending write-deadline check."""
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
 
     def stopProducing(self) -> None:
         """The transport is going away."""
@@ -512,17 +522,32 @@ class NatsConnection(Protocol):
             return
         if self.paused:
             self.paused_bytes += len(data)
-            if self.paused_bytes > self.server.stall_bytes:
+            if self.paused_bytes > self.server.stall_bytes and self not in self.server.congested:
                 self.server.congested.add(self)
+                self._deadline = self.server.clock.callLater(
+                    self.server.settings.write_deadline, self._deadline_passed)
             if self.paused_bytes > self.server.settings.max_pending:
-                self.server.stats["slow_consumers"] += 1
-                log.warn("nats: slow consumer cid={cid} closed", cid=self.cid)
-                self.closing = True
-                self.transport.abortConnection() if hasattr(self.transport, "abortConnection") \
-                    else self.transport.loseConnection()
-                self.connectionLost(None)
+                self.slow_consumer("max_pending exceeded")
                 return
         self.transport.write(data)
+
+    def _deadline_passed(self) -> None:
+        """Backed up for a whole write deadline: a slow consumer (nats-server's WriteDeadline)."""
+        self._deadline = None
+        if self.connected and self.paused and self in self.server.congested:
+            self.slow_consumer("write deadline exceeded")
+
+    def slow_consumer(self, why: str) -> None:
+        """Close this subscriber without -ERR, as nats-server does, and free stalled publishers."""
+        self.server.stats["slow_consumers"] += 1
+        log.warn("nats: slow consumer cid={cid} closed: {why}", cid=self.cid, why=why)
+        self.closing = True
+        abort = getattr(self.transport, "abortConnection", None)
+        if abort is not None:
+            abort()
+        else:
+            self.transport.loseConnection()
+        self.connectionLost(None)
 
     # timers ------------------------------------------------------------------------------
 

@@ -330,3 +330,31 @@ def test_fuzzed_clients_never_hurt_the_server_or_others(chunks: list[bytes], cut
     pub.send(b"PUB probe 2\r\nok\r\n")
     assert watcher.events()[-1] == (OP_MSG, "probe", "1", None, b"ok")
     assert not watcher.closed and not pub.closed
+
+
+def test_a_subscriber_that_never_reads_cannot_freeze_publishers() -> None:
+    srv = make_server(max_pending=1_000_000, write_deadline=10)
+    stuck, other, pub = Client(srv), Client(srv), Client(srv)
+    stuck.send(b"SUB s 1\r\n")
+    other.send(b"SUB s 1\r\n")
+    stuck.proto.pauseProducing()                 # its socket never drains
+    pub.send(codec.encode_pub("s", b"x" * 1000) * 800)
+    assert pub.transport.producerState == "paused"
+    srv.clock.advance(9)
+    assert not stuck.closed and pub.transport.producerState == "paused"
+    srv.clock.advance(1.1)                        # the write deadline passed
+    assert stuck.closed and srv.stats["slow_consumers"] == 1
+    assert pub.transport.producerState == "producing"
+    pub.send(codec.encode_pub("s", b"later"))
+    assert other.events()[-1][4] == b"later"
+
+
+def test_a_drained_subscriber_cancels_its_write_deadline() -> None:
+    srv = make_server(max_pending=1_000_000, write_deadline=10)
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB s 1\r\n")
+    sub.proto.pauseProducing()
+    pub.send(codec.encode_pub("s", b"x" * 1000) * 800)
+    sub.proto.resumeProducing()
+    srv.clock.advance(20)
+    assert not sub.closed and srv.stats["slow_consumers"] == 0
