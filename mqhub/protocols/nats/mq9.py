@@ -139,13 +139,14 @@ class Mq9:
     """
 
     def __init__(self, server: NatsServer, store: Any, clock: Any, ids: Any,
-                 sweep_interval: float = 1.0) -> None:
+                 sweep_interval: float = 1.0, max_unread: int = 1_000_000) -> None:
         """Start with no mailboxes; call :meth:`start` to recover from the store."""
         self.server = server
         self.store = store
         self.clock = clock
         self.ids = ids
         self.sweep_interval = sweep_interval
+        self.max_unread = max_unread
         self.mailboxes: dict[str, Mailbox] = {}
         self.subs: dict[str, list[Subscription]] = {}
         self.filters: dict[int, tuple[int, ...]] = {}
@@ -159,7 +160,7 @@ class Mq9:
         self._inbox_cache: dict[str, Any] = {}
         self._id_next = 0
         self._id_end = 0
-        self.stats = {"stored": 0, "pushed": 0, "expired": 0, "queried": 0}
+        self.stats = {"stored": 0, "pushed": 0, "expired": 0, "queried": 0, "refused": 0}
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -370,6 +371,11 @@ class Mq9:
         box_exp = box.expires_at
         if box_exp and box_exp <= now:
             self._error(reply, f"mailbox {box.mail_id} does not exist")
+            return
+        unread = box.unread
+        if len(unread[2]) + len(unread[1]) + len(unread[0]) >= self.max_unread:
+            self.stats["refused"] += 1
+            self._error(reply, f"mailbox {box.mail_id} is full")
             return
         headers = None
         if hdr is not None or reply:

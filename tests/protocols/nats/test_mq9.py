@@ -309,3 +309,19 @@ def test_recovered_latest_mailbox_keeps_only_newest_and_expiry_is_rederived() ->
     agent.send(f"SUB $mq9.AI.INBOX.{latest['mail_id']}.* 1\r\n"
                f"SUB $mq9.AI.INBOX.{std['mail_id']}.* 2\r\n".encode())
     assert bodies(agent.events()) == [b"new"]        # the normal message expired meanwhile
+
+
+def test_a_full_mailbox_refuses_with_a_json_error() -> None:
+    srv = make_mq9_server(max_unread="3")
+    c = Client(srv)
+    mid = create(c)["mail_id"]
+    for i in range(3):
+        send(c, mid, "normal", b"%d" % i)
+    c.send(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.urgent", b"over", "_INBOX.t.9"))
+    replies = [json.loads(e[4]) for e in c.events() if e[0] == OP_MSG]
+    assert replies == [{"error": f"mailbox {mid} is full"}]
+    assert stored(srv, mid) == 3 and not c.closed
+    c.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())   # reading makes room again
+    assert bodies([e for e in c.events() if e[2] == "1"]) == [b"0", b"1", b"2"]
+    send(c, mid, "urgent", b"fits")
+    assert bodies(c.events()) == [b"fits"]
