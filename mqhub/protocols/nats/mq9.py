@@ -139,7 +139,8 @@ class Mq9:
     """
 
     def __init__(self, server: NatsServer, store: Any, clock: Any, ids: Any,
-                 sweep_interval: float = 1.0, max_unread: int = 1_000_000) -> None:
+                 sweep_interval: float = 1.0, max_unread: int = 1_000_000,
+                 max_mailboxes: int = 1_000_000) -> None:
         """Start with no mailboxes; call :meth:`start` to recover from the store."""
         self.server = server
         self.store = store
@@ -147,6 +148,7 @@ class Mq9:
         self.ids = ids
         self.sweep_interval = sweep_interval
         self.max_unread = max_unread
+        self.max_mailboxes = max_mailboxes
         self.mailboxes: dict[str, Mailbox] = {}
         self.subs: dict[str, list[Subscription]] = {}
         self.filters: dict[int, tuple[int, ...]] = {}
@@ -440,6 +442,9 @@ class Mq9:
             ttl = DEFAULT_MAILBOX_TTL
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0:
             self._error(reply, "ttl must be a non-negative number of seconds")
+            return
+        if len(self.mailboxes) >= self.max_mailboxes:
+            self._error(reply, "too many mailboxes")
             return
         mail_id = "m" + secrets.token_hex(12)
         token = "tok-" + secrets.token_urlsafe(24)

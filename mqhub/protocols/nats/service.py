@@ -58,7 +58,8 @@ def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
         ids = IdGenerator(hub.clock)
     server.mq9 = Mq9(server, hub.store, hub.clock, ids,
                      sweep_interval=float(plugin_options.get("sweep_interval", 1.0)),
-                     max_unread=int(plugin_options.get("max_unread", 1_000_000)))
+                     max_unread=int(plugin_options.get("max_unread", 1_000_000)),
+                     max_mailboxes=int(plugin_options.get("max_mailboxes", 1_000_000)))
     if broker is not None:
         server.bridge = CoreBridge(server, broker)
     return server

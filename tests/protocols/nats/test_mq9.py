@@ -312,8 +312,12 @@ def test_recovered_latest_mailbox_keeps_only_newest_and_expiry_is_rederived() ->
 
 
 def test_a_full_mailbox_refuses_with_a_json_error() -> None:
-    srv = make_mq9_server(max_unread="3")
+    srv = make_mq9_server(max_unread="3", max_mailboxes="2")
     c = Client(srv)
+    create(c)
+    assert create(c) != {"error": "too many mailboxes"}
+    assert create(c) == {"error": "too many mailboxes"}
+    srv.mq9.mailboxes.clear()
     mid = create(c)["mail_id"]
     for i in range(3):
         send(c, mid, "normal", b"%d" % i)
