@@ -1,0 +1,1 @@
+"""Tests of the eMQP codec, router and plugin service."""
