@@ -77,7 +77,7 @@ class CoreBridge:
         try:
             sub.core_handle = self.broker.subscribe(sub.subject, self.target, group=sub.queue,
                                                     tag=sub)
-        except MqhubError as exc:
+        except (MqhubError, ValueError) as exc:
             log.debug("nats: {subject} not bound in the core: {error}", subject=sub.subject,
                       error=exc)
             sub.core_handle = None
@@ -104,7 +104,7 @@ class CoreBridge:
             return hit
         try:
             route = self.broker.route(subject)
-        except MqhubError:
+        except (MqhubError, ValueError):
             hit = False
         else:
             mine = self.target
@@ -144,7 +144,7 @@ class CoreBridge:
             hdrs: Any = None if not any(headers) else headers
             try:
                 d = self.broker.publish_batch(subject, bodies, origin=ORIGIN_NAME, headers=hdrs)
-            except MqhubError as exc:
+            except (MqhubError, ValueError) as exc:
                 log.warn("nats: core refused a publish to {subject}: {error}", subject=subject,
                          error=exc)
                 continue
