@@ -39,6 +39,8 @@ def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
     kw: dict[str, Any] = {k: plugin_options[k] for k in _OPTIONS if k in plugin_options}
     if "pass" in plugin_options:
         kw["password"] = plugin_options["pass"]
+    if "auth_token" in plugin_options:       # CONNECT's own field name, accepted as well
+        kw["token"] = plugin_options["auth_token"]
     if plugin_options.get("tls_cert"):
         try:
             kw["tls_context"] = tls_context(plugin_options["tls_cert"],

@@ -24,3 +24,13 @@ def test_make_service_applies_settings_without_listening() -> None:
     assert s.ping_interval == 5.0
     assert svc.server.mq9 is not None and svc.server.bridge is not None
     assert not svc.running and svc.listener.port is None
+
+
+def test_option_aliases_for_credentials() -> None:
+    hub = memory_hub()
+    svc = make_service(hub, {"tcp": "tcp:0:interface=127.0.0.1"},
+                       {"plugin_options": {"mq9": {"auth_token": "x"}}})
+    assert svc.server.settings.token == "x"
+    svc = make_service(hub, {"tcp": "tcp:0:interface=127.0.0.1"},
+                       {"plugin_options": {"mq9": {"user": "u", "pass": "p"}}})
+    assert (svc.server.settings.user, svc.server.settings.password) == ("u", "p")
