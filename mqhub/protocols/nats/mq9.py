@@ -627,9 +627,18 @@ class Mq9:
                     groups.setdefault(s.queue, []).append(s)
             members = list(groups.values())
             rr = self._rr.setdefault(box.mail_id, {}) if members else {}
-            # fast path: plain subscribers without a message limit, messages without headers
-            fast = [(s.conn, s.conn.out, s.sid) for s in plain if s.max is None]
-            slow = [s for s in plain if s.max is not None]
+            if any(s.max is not None for s in receivers):
+                # a SUB with a message limit: one by one, and what nobody can take stays unread
+                taken = self._drain_limited(box, prio, entries, now)
+                box.unread[prio] = entries[taken:]
+                if prio or latest:
+                    deleted.extend([(prio, e[MSG_ID]) for e in entries[:taken]])
+                subs = self.subs.get(box.mail_id)
+                if not subs:
+                    break
+                continue
+            # fast path: plain subscribers, messages without headers
+            fast = [(s.conn, s.conn.out, s.sid) for s in plain]
             heads: dict[tuple[str, str], bytes] = {}
             box.unread[prio] = []
             if prio or latest:
@@ -652,16 +661,8 @@ class Mq9:
                         out.append(body)
                         out.append(b"\r\n")
                     reply = hdr = None
-                    for sub in slow:
-                        deliver(sub, subject, None, None, body)
                 else:
-                    reply = None
-                    hdr = None
-                    if RESERVED_REPLY in headers:
-                        headers = dict(headers)
-                        reply = headers.pop(RESERVED_REPLY)
-                    if headers:
-                        hdr = codec.build_headers(headers)
+                    reply, hdr = _rendered(headers)
                     for sub in plain:
                         deliver(sub, e[5], reply, hdr, body)
                 for grp in members:
@@ -673,6 +674,35 @@ class Mq9:
                 break
         if deleted:
             self._batch.delete_entries(mailbox_queue(box.mail_id), deleted)
+
+    def _drain_limited(self, box: Mailbox, prio: int, entries: list[tuple], now: float) -> int:
+        """Push ``entries`` one at a time while a receiver is left; return how many were taken."""
+        filters = self.filters
+        deliver = self.server.deliver
+        rr = self._rr.setdefault(box.mail_id, {})
+        taken = 0
+        for e in entries:
+            live = [s for s in self.subs.get(box.mail_id, ())
+                    if prio in filters.get(id(s), ()) and s.conn.connected
+                    and (s.max is None or s.delivered < s.max)]
+            if not live:
+                break
+            taken += 1
+            if e[EXPIRES_AT] and e[EXPIRES_AT] <= now:
+                self.stats["expired"] += 1
+                continue
+            reply, hdr = _rendered(e[HEADERS])
+            groups: dict[str, list[Any]] = {}
+            for s in live:
+                if s.queue is None:
+                    deliver(s, e[5], reply, hdr, e[BODY])
+                else:
+                    groups.setdefault(s.queue, []).append(s)
+            for name, grp in groups.items():
+                rr[name] = k = rr.get(name, -1) + 1
+                deliver(grp[k % len(grp)], e[5], reply, hdr, e[BODY])
+            self.stats["pushed"] += 1
+        return taken
 
     def _query(self, mail_id: str, req: dict[str, Any], reply: str | None) -> None:
         """Answer QUERY: every unread message (up to ``limit``), which becomes read."""
@@ -775,6 +805,17 @@ class Mq9:
             self.broadcasts = alive
         if batch:
             self.end_turn()
+
+
+def _rendered(headers: dict[str, str] | None) -> tuple[str | None, bytes | None]:
+    """The reply subject and NATS header block a stored message is delivered with."""
+    if not headers:
+        return None, None
+    reply = None
+    if RESERVED_REPLY in headers:
+        headers = dict(headers)
+        reply = headers.pop(RESERVED_REPLY)
+    return reply, (codec.build_headers(headers) if headers else None)
 
 
 def _expiry(box: Mailbox, entry: tuple) -> float:

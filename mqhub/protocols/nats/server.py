@@ -291,7 +291,7 @@ class NatsServer(Factory):
                 hdr: bytes | None, payload: bytes) -> None:
         """Render one message for ``sub`` into its connection's output (cold path)."""
         conn = sub.conn
-        if not conn.connected:
+        if not conn.connected or (sub.max is not None and sub.delivered >= sub.max):
             return
         out = conn.out
         if not out:

@@ -329,3 +329,19 @@ def test_a_full_mailbox_refuses_with_a_json_error() -> None:
     assert bodies([e for e in c.events() if e[2] == "1"]) == [b"0", b"1", b"2"]
     send(c, mid, "urgent", b"fits")
     assert bodies(c.events()) == [b"fits"]
+
+
+def test_mailbox_subscription_with_max_gets_exactly_max_and_the_rest_stays_unread() -> None:
+    srv = make_mq9_server()
+    c = Client(srv)
+    box = create(c)
+    mid = box["mail_id"]
+    agent = Client(srv)
+    agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 7\r\nUNSUB 7 2\r\n".encode())
+    c.send(b"".join(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.normal", b"%d" % i)
+                    for i in range(5)))                 # one read: one drain
+    assert bodies(agent.events()) == [b"0", b"1"]
+    assert not agent.proto.subs
+    q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", json.dumps({"token": box["token"]}).encode())
+    assert q["unread"] == 3 and [m["payload"] for m in q["messages"]] == ["2", "3", "4"]
+    assert stored(srv, mid) == 0
