@@ -34,6 +34,7 @@ from zope.interface import implementer
 from mqhub.errors import InvalidName, MqhubError, QueueFull
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.nsq import codec as wire
+from mqhub.protocols.nsq import snappy
 from mqhub.protocols.nsq.auth import AuthState, SecretsFile
 from mqhub.protocols.nsq.codec import NEED_DATA, ProtocolError, encode_error, encode_response
 from mqhub.protocols.nsq.config import NsqConfig
@@ -110,6 +111,8 @@ class NsqProtocol(Protocol):
         self._read_paused = False
         self._deflate: Any = None
         self._inflate: Any = None
+        self._snappy_out: Any = None
+        self._snappy_in: Any = None
         self._last_read = 0.0
         self._hb_call: Any = None
         self._rng = random.Random()
@@ -195,6 +198,12 @@ class NsqProtocol(Protocol):
                 data = self._inflate.decompress(data)
             except zlib.error:
                 self._fatal(ProtocolError("E_BAD_BODY", "failed to inflate"))
+                return
+        elif self._snappy_in is not None:
+            try:
+                data = self._snappy_in.decode(data)
+            except ProtocolError as exc:
+                self._fatal(exc)
                 return
         codec = self.codec
         codec.receive_data(data)
@@ -290,6 +299,8 @@ class NsqProtocol(Protocol):
         """Write raw frames (compressed when deflate was negotiated)."""
         if self._deflate is not None:
             data = self._deflate.compress(data) + self._deflate.flush(zlib.Z_SYNC_FLUSH)
+        elif self._snappy_out is not None:
+            data = self._snappy_out.encode(data)
         self.transport.write(data)
 
     def _respond(self, data: bytes, close: bool = False) -> None:
@@ -427,10 +438,10 @@ class NsqProtocol(Protocol):
         if self.state != STATE_INIT:
             raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
         ident, reply = negotiate(
-            ev.body, self.config, snappy_available=False,
+            ev.body, self.config, snappy_available=snappy.available(),
             auth_required=self.factory.secrets is not None,
         )
-        if (ident.tls_v1 or ident.deflate) and self._slots:
+        if (ident.tls_v1 or ident.deflate or ident.snappy) and self._slots:
             raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY upgrade while responses are pending")
         self.identity = ident
         self._arm_heartbeat()
@@ -441,6 +452,10 @@ class NsqProtocol(Protocol):
             except Exception as exc:
                 raise ProtocolError("E_IDENTIFY_FAILED", f"IDENTIFY failed {exc}") from None
             self.tls = True
+            self._respond(_OK)
+        if ident.snappy:
+            self._snappy_out = snappy.SnappyEncoder()
+            self._snappy_in = snappy.SnappyDecoder()
             self._respond(_OK)
         if ident.deflate:
             self._deflate = zlib.compressobj(ident.deflate_level, zlib.DEFLATED, -15)

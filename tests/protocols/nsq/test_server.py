@@ -6,6 +6,7 @@ import json
 import zlib
 
 from mqhub.protocols.nsq import codec as w
+from mqhub.protocols.nsq import snappy
 from mqhub.protocols.nsq.auth import SecretsFile
 from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.topics import queue_name, topic_address
@@ -253,7 +254,7 @@ def test_identify_feature_negotiation_has_nsqd_fields() -> None:
     c = h.client()
     c.send(w.encode_identify({"feature_negotiation": True, "msg_timeout": 5000, "sample_rate": 50,
                               "output_buffer_size": 1024, "output_buffer_timeout": 100,
-                              "tls_v1": True, "snappy": True, "client_id": "me"}))
+                              "tls_v1": True, "snappy": False, "client_id": "me"}))
     (frame,) = c.frames()
     data = json.loads(frame.data)
     assert list(data) == ["max_rdy_count", "version", "max_msg_timeout", "msg_timeout", "tls_v1",
@@ -263,7 +264,7 @@ def test_identify_feature_negotiation_has_nsqd_fields() -> None:
     assert data["msg_timeout"] == 5000 and data["sample_rate"] == 50
     assert data["output_buffer_size"] == 1024 and data["output_buffer_timeout"] == 100
     assert data["tls_v1"] is False  # no certificate configured: declined
-    assert data["snappy"] is False  # no snappy library: declined
+    assert data["snappy"] is False  # not asked for
     assert data["auth_required"] is False
     c.send(w.encode_identify({"client_id": "again"}))
     assert c.frames() == [OK]  # without negotiation: plain OK, and IDENTIFY may be repeated
@@ -598,3 +599,41 @@ def test_req_delay_and_dpub_survive_a_restart_of_the_hub() -> None:
     got = {f.body: f for f in c2.frames()}
     assert set(got) == {b"retry", b"later"}
     assert got[b"retry"].attempts == 2 and got[b"later"].attempts == 1
+
+
+def test_snappy_stream() -> None:
+    """With a snappy library, both directions become snappy framed streams after IDENTIFY."""
+    import cramjam
+
+    assert snappy.available()
+    h = Harness()
+    c = h.client()
+    c.send(w.encode_identify({"feature_negotiation": True, "snappy": True}))
+    raw = c.transport.value()
+    c.transport.clear()
+    size = int.from_bytes(raw[:4], "big")
+    assert json.loads(raw[8:4 + size])["snappy"] is True
+    decoder = w.ClientCodec()
+    unsnappy = snappy.SnappyDecoder()  # the client's side of the stream
+    decoder.receive_data(unsnappy.decode(raw[4 + size:]))
+    assert decoder.frames() == [OK]
+    stream = bytes(cramjam.snappy.compress(w.encode_pub("t", b"s" * 5000) + w.encode_sub("t", "c")
+                                           + w.encode_rdy(1)))
+    for i in range(0, len(stream), 7):  # chunks split anyhow
+        c.send(stream[i:i + 7])
+    h.settle()
+    decoder.receive_data(unsnappy.decode(c.transport.value()))
+    frames = decoder.frames()
+    assert frames.count(OK) == 2  # PUB and SUB
+    assert [f.body for f in frames if isinstance(f, w.Message)] == [b"s" * 5000]
+    c.send(b"\x02\x00\x00\x00")  # a reserved chunk type is fatal
+    assert c.closed
+
+
+def test_snappy_and_deflate_together_are_refused() -> None:
+    """Asking both compressions is nsqd's fatal E_IDENTIFY_FAILED (when both are available)."""
+    h = Harness()
+    c = h.client()
+    c.send(w.encode_identify({"feature_negotiation": True, "snappy": True, "deflate": True}))
+    assert c.frames() == [w.ErrorFrame("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")]
+    assert c.closed
