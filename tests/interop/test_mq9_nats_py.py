@@ -41,6 +41,7 @@ def collector(store: list[Any]) -> Callable[[Any], Awaitable[None]]:
 
 
 def test_create_backlog_priority_order_query_and_latest(broker: BrokerProcess) -> None:
+    """nats-py: create, backlog in priority order, live push, QUERY tokens, latest."""
     async def main() -> None:
         nc = await nats.connect(url(broker))
         box = await create(nc, type="standard", ttl=3600)
@@ -74,6 +75,7 @@ def test_create_backlog_priority_order_query_and_latest(broker: BrokerProcess) -
 
 
 def test_ttl_expiry_of_message_and_mailbox(broker: BrokerProcess) -> None:
+    """nats-py: a message TTL and a mailbox TTL expire on a real broker."""
     async def main() -> None:
         nc = await nats.connect(url(broker))
         box = await create(nc, ttl=3)
@@ -98,6 +100,7 @@ def test_ttl_expiry_of_message_and_mailbox(broker: BrokerProcess) -> None:
 
 
 def test_broadcast_wildcards_hash_queue_groups_and_persist(broker: BrokerProcess) -> None:
+    """nats-py: broadcasts with *, #, queue groups and mq9-persist replay."""
     async def main() -> None:
         nc = await nats.connect(url(broker))
         dom: list[Any] = []
@@ -144,6 +147,7 @@ def test_broadcast_wildcards_hash_queue_groups_and_persist(broker: BrokerProcess
 
 
 def test_durable_inbox_survives_sigkill(broker: BrokerProcess) -> None:
+    """Durable INBOX messages survive SIGKILL and arrive in priority order after restart."""
     async def before() -> dict[str, Any]:
         nc = await nats.connect(url(broker))
         box = await create(nc)

@@ -58,6 +58,7 @@ async def echo_roundtrip(nc: Any) -> bytes:
 
 
 def test_token_auth(make_broker: Callable[..., BrokerProcess]) -> None:
+    """Token auth: a wrong token or no CONNECT first is an Authorization Violation."""
     broker = make_broker(["nats"], extra_args=["--option", "nats.token=s3cret"])
     port = broker.port("mq9")
 
@@ -72,6 +73,7 @@ def test_token_auth(make_broker: Callable[..., BrokerProcess]) -> None:
 
 
 def test_user_password_auth(make_broker: Callable[..., BrokerProcess]) -> None:
+    """nats-py with user/password auth; a wrong password is refused."""
     broker = make_broker(["nats"], extra_args=["--option", "nats.user=agent",
                                                 "--option", "nats.password=pw"])
     port = broker.port("mq9")
@@ -87,6 +89,7 @@ def test_user_password_auth(make_broker: Callable[..., BrokerProcess]) -> None:
 
 
 def test_tls(make_broker: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    """nats-py over TLS with the configured certificate."""
     cert, key = self_signed(tmp_path)
     broker = make_broker(["nats"], extra_args=["--option", f"nats.tls_cert={cert}",
                                                 "--option", f"nats.tls_key={key}"])

@@ -13,6 +13,7 @@ from tests.interop.test_nats_py import barrier, run, until, url
 
 
 def test_nsq_http_publish_reaches_nats_subscribers(make_broker: Callable[..., BrokerProcess]) -> None:
+    """NSQ HTTP publishes reach nats-py exact, wildcard and queue subscribers."""
     broker = make_broker(["nsq", "nats"])
     http = broker.port("nsq", "http")
 

@@ -11,6 +11,7 @@ from tests.interop.conftest import NODE_DIR
 
 
 def test_npm_nats_client(make_broker: Callable[..., BrokerProcess]) -> None:
+    """The npm nats client: headers, wildcards, queue request/reply, 503 and mq9."""
     broker = make_broker(["nats"])
     proc = subprocess.run(["node", str(NODE_DIR / "nats_client.js"), str(broker.port("mq9"))],
                           cwd=NODE_DIR, capture_output=True, text=True, timeout=60)

@@ -47,6 +47,7 @@ async def barrier(nc: Any) -> None:
 
 
 def test_pub_sub_wildcards_headers_and_queue_groups(broker: BrokerProcess) -> None:
+    """nats-py pub/sub with wildcards, headers and a queue group."""
     async def main() -> None:
         nc = await nats.connect(url(broker))
         assert nc.max_payload == 1024 * 1024
@@ -81,6 +82,7 @@ def test_pub_sub_wildcards_headers_and_queue_groups(broker: BrokerProcess) -> No
 
 
 def test_request_reply_no_responders_auto_unsub_and_drain(broker: BrokerProcess) -> None:
+    """nats-py request/reply (new and old style), 503, auto-unsubscribe and drain."""
     async def main() -> None:
         svc = await nats.connect(url(broker))
 
@@ -117,6 +119,7 @@ def test_request_reply_no_responders_auto_unsub_and_drain(broker: BrokerProcess)
 
 
 def test_reconnect_after_broker_restart(broker: BrokerProcess) -> None:
+    """nats-py reconnects after a broker restart and its subscription works again."""
     async def main() -> None:
         got: list[bytes] = []
         reconnected = asyncio.Event()
@@ -162,6 +165,7 @@ def raw_session(port: int, data: bytes, expect_close: bool) -> bytes:
 
 
 def test_bad_input_gets_nats_errors_and_others_are_unaffected(broker: BrokerProcess) -> None:
+    """Bad raw input gets nats-server's errors while a nats-py client carries on."""
     port = broker.port("mq9", "tcp")
 
     async def main() -> None:

@@ -216,6 +216,7 @@ class Mq9:
         d = self.store.scan_meta(META_BCAST_KEYS)
 
         def keys(rows: list[tuple[str, bytes]]) -> None:
+            """Attach the stored receiver sets to their broadcasts."""
             by_id = {str(e[MSG_ID]): seen for e, seen in self.broadcasts}
             for key, value in rows:
                 seen = by_id.get(key[len(META_BCAST_KEYS):])

@@ -84,6 +84,7 @@ class NatsService(MultiService):
         d = maybeDeferred(self.server.mq9.start)
 
         def go(_: Any) -> None:
+            """Recovered: listen (unless stopped meanwhile) and report readiness."""
             if self.running:
                 self.listener.startService()
             self.ready.callback(None)

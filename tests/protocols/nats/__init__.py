@@ -1,0 +1,1 @@
+"""NATS and mq9 protocol tests (codec, server, mq9, core bridge, plugin service)."""

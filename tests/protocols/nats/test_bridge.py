@@ -18,6 +18,7 @@ def make() -> tuple:
 
 
 def test_foreign_publish_reaches_nats_subscribers_with_headers() -> None:
+    """Other protocols' publishes reach NATS subscribers, headers as HMSG."""
     hub, srv = make()
     sub = Client(srv)
     plain = Client(srv, {"headers": False, "no_responders": False})
@@ -35,6 +36,7 @@ def test_foreign_publish_reaches_nats_subscribers_with_headers() -> None:
 
 
 def test_nats_publish_reaches_foreign_bindings_once() -> None:
+    """NATS publishes reach foreign subscribers and queues once, NATS ones once."""
     hub, srv = make()
     target = CollectingTarget("nsq")
     hub.broker.subscribe("metrics.>", target)
@@ -52,6 +54,7 @@ def test_nats_publish_reaches_foreign_bindings_once() -> None:
 
 
 def test_no_foreign_binding_means_no_core_publish() -> None:
+    """Without foreign bindings NATS traffic never calls the core."""
     hub, srv = make()
     calls = []
     orig = hub.broker.publish_batch
@@ -63,6 +66,7 @@ def test_no_foreign_binding_means_no_core_publish() -> None:
 
 
 def test_unsubscribe_removes_core_binding() -> None:
+    """UNSUB and disconnect remove the core bindings."""
     hub, srv = make()
     s = Client(srv)
     s.send(b"SUB gone 1\r\n")
@@ -75,6 +79,7 @@ def test_unsubscribe_removes_core_binding() -> None:
 
 
 def test_one_core_call_per_subject_per_read() -> None:
+    """Foreign delivery is one publish_batch per subject per read, order kept."""
     hub, srv = make()
     target = CollectingTarget("vibemq")
     hub.broker.subscribe("feed.*", target)
@@ -90,6 +95,7 @@ def test_one_core_call_per_subject_per_read() -> None:
 
 
 def test_persisted_broadcast_reaches_foreign_bindings() -> None:
+    """A persisted broadcast also reaches other protocols' subscribers."""
     hub, srv = make()
     target = CollectingTarget("mqks")
     hub.broker.subscribe("$mq9.AI.BROADCAST.>", target)

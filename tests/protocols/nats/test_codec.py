@@ -90,14 +90,17 @@ def feed_in_pieces(data: bytes, cuts: list[int], server: bool = True) -> list[tu
 
 
 def test_whole_stream() -> None:
+    """A whole client stream parses into the expected events."""
     assert feed_in_pieces(CLIENT_STREAM, []) == EXPECTED
 
 
 def test_one_byte_at_a_time() -> None:
+    """Feeding one byte per read gives the same events."""
     assert feed_in_pieces(CLIENT_STREAM, list(range(len(CLIENT_STREAM)))) == EXPECTED
 
 
 def test_random_splits() -> None:
+    """Random splits of the stream give the same events."""
     rnd = random.Random(6)
     for _ in range(200):
         cuts = [rnd.randrange(len(CLIENT_STREAM)) for _ in range(rnd.randrange(1, 12))]
@@ -105,6 +108,7 @@ def test_random_splits() -> None:
 
 
 def test_large_payload_in_many_chunks() -> None:
+    """A 768 kB payload arriving in 4 KiB chunks parses once, intact."""
     body = bytes(range(256)) * 3000
     data = b"PUB big 768000\r\n" + body + b"\r\nPING\r\n"
     p = NatsParser()
@@ -133,12 +137,14 @@ SERVER_EXPECTED = [
 
 
 def test_client_side_parser_whole_and_bytewise() -> None:
+    """The server-to-client direction (INFO, MSG, HMSG, -ERR) parses whole and bytewise."""
     assert feed_in_pieces(SERVER_STREAM, [], server=False) == SERVER_EXPECTED
     assert feed_in_pieces(SERVER_STREAM, list(range(len(SERVER_STREAM))),
                           server=False) == SERVER_EXPECTED
 
 
 def test_headers_status_line() -> None:
+    """Header blocks with status lines parse and build like nats-server's."""
     status, desc, items = codec.parse_headers(b"NATS/1.0 503\r\n\r\n")
     assert (status, desc, items) == (503, "", [])
     status, desc, items = codec.parse_headers(b"NATS/1.0 100 Idle Heartbeat\r\nA: 1\r\nA: 2\r\n\r\n")
@@ -164,6 +170,7 @@ def expect_fatal(data: bytes, code: str, **kw: object) -> ProtocolError:
 
 
 def test_control_line_limit() -> None:
+    """A control line over 4096 bytes is fatal, even before its newline arrives."""
     expect_fatal(b"SUB " + b"a" * 4100 + b" 1\r\n", codec.E_MAX_CONTROL)
     expect_fatal(b"PUB " + b"a" * 5000, codec.E_MAX_CONTROL)   # no newline yet, already too long
     p = NatsParser()
@@ -172,12 +179,14 @@ def test_control_line_limit() -> None:
 
 
 def test_max_payload() -> None:
+    """PUB/HPUB sizes over max_payload are fatal Maximum Payload Violations."""
     expect_fatal(b"PUB foo 2000000\r\n", codec.E_MAX_PAYLOAD)
     expect_fatal(b"HPUB foo 12 2000000\r\n", codec.E_MAX_PAYLOAD)
     expect_fatal(b"PUB foo 11\r\n", codec.E_MAX_PAYLOAD, max_payload=10)
 
 
 def test_unknown_and_bad_arguments() -> None:
+    """Unknown operations, bad framing and argument errors map to the right codes."""
     expect_fatal(b"FOO bar\r\n", codec.E_UNKNOWN_OP)
     expect_fatal(b"MSG foo 1 2\r\nhi\r\n", codec.E_UNKNOWN_OP)       # clients may not send MSG
     expect_fatal(b"PUB foo 2\r\nhiXX", codec.E_UNKNOWN_OP)          # payload not followed by CRLF
@@ -191,6 +200,7 @@ def test_unknown_and_bad_arguments() -> None:
 
 
 def test_invalid_sub_subject_is_not_fatal() -> None:
+    """An invalid SUB subject is a non-fatal error and parsing continues."""
     p = NatsParser()
     p.receive_data(b"SUB foo..bar 1\r\nSUB foo.>.bar 2\r\nSUB foo.> 3\r\n")
     evs = p.events()
@@ -204,6 +214,7 @@ def test_invalid_sub_subject_is_not_fatal() -> None:
 
 
 def test_subject_rules() -> None:
+    """Subject and publish-subject validation follow nats-server's rules."""
     assert codec.valid_subject("foo.*.>")
     assert codec.valid_subject("ünï.cødé")
     assert codec.valid_subject("foo>")
@@ -230,6 +241,7 @@ payloads = st.binary(max_size=300)
                 min_size=1, max_size=8),
        st.randoms())
 def test_round_trip_pub_and_msg(items: list, rnd: random.Random) -> None:
+    """Encoded PUB/HPUB and MSG/HMSG streams parse back to what was encoded."""
     client_out = b""
     server_out = b""
     for subject, reply, payload, headers in items:
@@ -258,6 +270,7 @@ def test_round_trip_pub_and_msg(items: list, rnd: random.Random) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=600), st.booleans())
 def test_fuzz_garbage_only_raises_protocol_error(data: bytes, server: bool) -> None:
+    """Random bytes only ever raise ProtocolError and the parser settles."""
     p = NatsParser(server=server, max_payload=256, max_control_line=128)
     p.receive_data(data)
     for _ in range(1000):
@@ -277,6 +290,7 @@ def test_fuzz_garbage_only_raises_protocol_error(data: bytes, server: bool) -> N
                                  b"\r\n", b"\n", b" ", b"5", b"x.y", b"*", b">", b"{}", b"12",
                                  b"NATS/1.0", b"MSG ", b"-ERR ", b"+OK", b"\t"]), max_size=40))
 def test_fuzz_protocol_like_tokens(tokens: list[bytes]) -> None:
+    """Streams of protocol-like tokens only ever raise ProtocolError."""
     for server in (True, False):
         p = NatsParser(server=server)
         p.receive_data(b"".join(tokens))
@@ -290,6 +304,7 @@ def test_fuzz_protocol_like_tokens(tokens: list[bytes]) -> None:
 
 
 def test_encoders() -> None:
+    """Encoders produce nats-server's exact bytes."""
     assert codec.encode_err("Invalid Subject") == b"-ERR 'Invalid Subject'\r\n"
     assert codec.encode_info({"a": 1}) == b'INFO {"a":1} \r\n'
     assert codec.encode_sub("a", "1", "q") == b"SUB a q 1\r\n"

@@ -33,6 +33,7 @@ def send(c: Client, mail_id: str, prio: str, body: bytes) -> None:
 
 
 def test_create_both_types_and_defaults() -> None:
+    """CREATE makes standard and latest mailboxes; bad requests get JSON errors."""
     srv = make_mq9_server()
     c = Client(srv)
     box = create(c)
@@ -50,6 +51,7 @@ def test_create_both_types_and_defaults() -> None:
 
 
 def test_offline_backlog_delivered_in_priority_order_then_live() -> None:
+    """An offline backlog arrives urgent, normal, notify on SUB, then live messages."""
     srv = make_mq9_server()
     sender = Client(srv)
     box = create(sender)
@@ -75,6 +77,7 @@ def test_offline_backlog_delivered_in_priority_order_then_live() -> None:
 
 
 def test_single_priority_subscription() -> None:
+    """A SUB on one priority gets only that priority."""
     srv = make_mq9_server()
     c = Client(srv)
     mid = create(c)["mail_id"]
@@ -89,6 +92,7 @@ def test_single_priority_subscription() -> None:
 
 
 def test_query_with_right_and_wrong_token() -> None:
+    """QUERY returns unread messages with the right token and an error otherwise."""
     srv = make_mq9_server()
     c = Client(srv)
     box = create(c)
@@ -113,6 +117,7 @@ def test_query_with_right_and_wrong_token() -> None:
 
 
 def test_latest_keeps_only_newest() -> None:
+    """A latest mailbox keeps only its newest message, in memory and in the store."""
     srv = make_mq9_server()
     c = Client(srv)
     box = create(c, type="latest")
@@ -126,6 +131,7 @@ def test_latest_keeps_only_newest() -> None:
 
 
 def test_message_ttl_and_mailbox_ttl_expiry() -> None:
+    """Message TTL removes a message; mailbox TTL removes the mailbox and its messages."""
     srv = make_mq9_server()
     c = Client(srv)
     box = create(c, ttl=100)
@@ -149,6 +155,7 @@ def test_message_ttl_and_mailbox_ttl_expiry() -> None:
 
 
 def test_unknown_mailbox_without_reply_is_dropped_quietly() -> None:
+    """INBOX publishes to unknown mailboxes without a reply are dropped, no -ERR."""
     srv = make_mq9_server()
     c = Client(srv)
     c.send(b"PUB $mq9.AI.INBOX.mnope.urgent 1\r\nx\r\nPUB $mq9.AI.INBOX.bad 1\r\nx\r\nPING\r\n")
@@ -157,6 +164,7 @@ def test_unknown_mailbox_without_reply_is_dropped_quietly() -> None:
 
 
 def test_queue_group_on_mailbox_and_reply_subject_kept() -> None:
+    """Mailbox queue groups split messages; the publish reply subject is kept."""
     srv = make_mq9_server()
     c = Client(srv)
     mid = create(c)["mail_id"]
@@ -171,6 +179,7 @@ def test_queue_group_on_mailbox_and_reply_subject_kept() -> None:
 
 
 def test_broadcast_wildcards_hash_and_queue_groups() -> None:
+    """Broadcast subscriptions with *, # and queue groups; nothing persisted by default."""
     srv = make_mq9_server()
     pub = Client(srv)
     dom, evt, allb, hashb = Client(srv), Client(srv), Client(srv), Client(srv)
@@ -195,6 +204,7 @@ def test_broadcast_wildcards_hash_and_queue_groups() -> None:
 
 
 def test_persisted_broadcast_replayed_once_per_group_and_subject() -> None:
+    """mq9-persist broadcasts replay once per queue group or SUB subject until their TTL."""
     srv = make_mq9_server()
     pub = Client(srv)
     online = Client(srv)
@@ -221,6 +231,7 @@ def test_persisted_broadcast_replayed_once_per_group_and_subject() -> None:
 
 
 def test_mailboxes_and_backlog_survive_restart_on_the_same_store() -> None:
+    """Mailboxes and durable unread messages survive a restart; notify does not."""
     hub = make_hub()
     hub.clock.advance(1_800_000_000)
     srv = make_mq9_server(hub)
@@ -241,6 +252,7 @@ def test_mailboxes_and_backlog_survive_restart_on_the_same_store() -> None:
 
 
 def test_mq9_requests_do_not_trigger_no_responders() -> None:
+    """mq9 requests are answered by the broker, never with a 503."""
     srv = make_mq9_server()
     c = Client(srv)
     reply = request(c, "$mq9.AI.MAILBOX.CREATE", b"")
@@ -248,6 +260,7 @@ def test_mq9_requests_do_not_trigger_no_responders() -> None:
 
 
 def test_pong_waits_for_the_commit_of_mq9_writes() -> None:
+    """A PING after mq9 writes is answered only once they are committed."""
     from twisted.internet.task import Clock
 
     from mqhub.hub import Hub
@@ -278,6 +291,7 @@ def test_pong_waits_for_the_commit_of_mq9_writes() -> None:
 
 
 def test_recovered_latest_mailbox_keeps_only_newest_and_expiry_is_rederived() -> None:
+    """Recovery trims latest mailboxes and re-derives message expiry from ids."""
     from mqhub.store.batch import WriteBatch
 
     hub = make_hub()
@@ -312,6 +326,7 @@ def test_recovered_latest_mailbox_keeps_only_newest_and_expiry_is_rederived() ->
 
 
 def test_a_full_mailbox_refuses_with_a_json_error() -> None:
+    """max_mailboxes and max_unread refuse with JSON errors; reading makes room."""
     srv = make_mq9_server(max_unread="3", max_mailboxes="2")
     c = Client(srv)
     create(c)
@@ -332,6 +347,7 @@ def test_a_full_mailbox_refuses_with_a_json_error() -> None:
 
 
 def test_mailbox_subscription_with_max_gets_exactly_max_and_the_rest_stays_unread() -> None:
+    """A limited mailbox SUB gets exactly max messages; the rest stay unread."""
     srv = make_mq9_server()
     c = Client(srv)
     box = create(c)

@@ -11,6 +11,7 @@ from tests.protocols.nats.helpers import Client, make_mq9_server, make_server
 
 
 def test_info_first_with_required_fields() -> None:
+    """INFO comes first with a semver version, headers and max_payload."""
     srv = make_server()
     c = Client(srv, handshake=False)
     assert c.info["proto"] == 1 and c.info["headers"] is True
@@ -21,6 +22,7 @@ def test_info_first_with_required_fields() -> None:
 
 
 def test_pub_sub_and_wildcards() -> None:
+    """Exact, *, > and catch-all subscriptions each get their MSG."""
     srv = make_server()
     sub = Client(srv)
     pub = Client(srv)
@@ -35,6 +37,7 @@ def test_pub_sub_and_wildcards() -> None:
 
 
 def test_many_pubs_in_one_read_are_written_once() -> None:
+    """A hundred PUBs in one read reach a subscriber in one write."""
     srv = make_server()
     sub = Client(srv)
     pub = Client(srv)
@@ -48,6 +51,7 @@ def test_many_pubs_in_one_read_are_written_once() -> None:
 
 
 def test_route_cache_follows_subscription_changes() -> None:
+    """Cached routes follow SUB and UNSUB from any connection."""
     srv = make_server()
     a = Client(srv)
     b = Client(srv)
@@ -63,6 +67,7 @@ def test_route_cache_follows_subscription_changes() -> None:
 
 
 def test_queue_group_each_message_to_one_member_plus_plain() -> None:
+    """Each message reaches one queue member per group and every plain subscriber."""
     srv = make_server()
     m1, m2, plain, pub = Client(srv), Client(srv), Client(srv), Client(srv)
     m1.send(b"SUB work q 1\r\n")
@@ -78,6 +83,7 @@ def test_queue_group_each_message_to_one_member_plus_plain() -> None:
 
 
 def test_unsub_with_max_and_already_reached() -> None:
+    """UNSUB with max stops after max; an already reached max removes at once."""
     srv = make_server()
     s, pub = Client(srv), Client(srv)
     s.send(b"SUB a 1\r\nUNSUB 1 2\r\n")
@@ -92,6 +98,7 @@ def test_unsub_with_max_and_already_reached() -> None:
 
 
 def test_echo_off() -> None:
+    """echo=false keeps a connection's own publishes from it."""
     srv = make_server()
     c = Client(srv, {"echo": False})
     other = Client(srv)
@@ -103,6 +110,7 @@ def test_echo_off() -> None:
 
 
 def test_verbose_and_pedantic_defaults_before_connect() -> None:
+    """Before and with an empty CONNECT, verbose and pedantic are on."""
     srv = make_server()
     c = Client(srv, handshake=False)
     c.send(b"SUB foo 1\r\nPING\r\n")
@@ -115,6 +123,7 @@ def test_verbose_and_pedantic_defaults_before_connect() -> None:
 
 
 def test_headers_and_headerless_subscriber() -> None:
+    """HPUB reaches header subscribers as HMSG and others as MSG."""
     srv = make_server()
     h = Client(srv)
     plain = Client(srv, {"headers": False, "no_responders": False})
@@ -130,6 +139,7 @@ def test_headers_and_headerless_subscriber() -> None:
 
 
 def test_no_responders() -> None:
+    """A request nobody receives gets a 503 HMSG only with no_responders."""
     srv = make_server()
     c = Client(srv)
     c.send(b"SUB _INBOX.abc.* 3\r\nPUB svc.none _INBOX.abc.1 2\r\nhi\r\n")
@@ -142,6 +152,7 @@ def test_no_responders() -> None:
 
 
 def test_request_reply_through_wildcard_inbox() -> None:
+    """Request/reply works through a muxed _INBOX.x.* subscription."""
     srv = make_server()
     svc, req = Client(srv), Client(srv)
     svc.send(b"SUB svc.echo q 1\r\n")
@@ -153,6 +164,7 @@ def test_request_reply_through_wildcard_inbox() -> None:
 
 
 def test_fatal_errors_close_only_that_connection() -> None:
+    """Fatal errors send nats-server's -ERR (or nothing) and close only that connection."""
     srv = make_server()
     good, sub = Client(srv), Client(srv)
     sub.send(b"SUB ok 1\r\n")
@@ -181,6 +193,7 @@ def test_fatal_errors_close_only_that_connection() -> None:
 
 
 def test_invalid_subject_stays_open() -> None:
+    """An invalid SUB subject gets -ERR and the connection keeps working."""
     srv = make_server()
     c = Client(srv)
     c.send(b"SUB foo..bar 1\r\nSUB foo 2\r\nPUB foo 1\r\nx\r\n")
@@ -189,6 +202,7 @@ def test_invalid_subject_stays_open() -> None:
 
 
 def test_token_auth() -> None:
+    """Token auth: a wrong token or no CONNECT first is an Authorization Violation."""
     srv = make_server(token="s3cret")
     c = Client(srv, handshake=False)
     assert c.info["auth_required"] is True
@@ -203,6 +217,7 @@ def test_token_auth() -> None:
 
 
 def test_user_password_auth_and_timeout() -> None:
+    """User/password auth, and the authentication timeout."""
     srv = make_server(user="u", password="p")
     c = Client(srv, {"user": "u", "pass": "p"})
     assert not c.closed
@@ -215,6 +230,7 @@ def test_user_password_auth_and_timeout() -> None:
 
 
 def test_server_ping_and_stale_connection() -> None:
+    """Server PINGs; a connection that never answers is closed as stale."""
     srv = make_server(ping_interval=1.0, ping_max=2)
     c = Client(srv)
     alive = Client(srv)
@@ -231,6 +247,7 @@ def test_server_ping_and_stale_connection() -> None:
 
 
 def test_slow_consumer_is_closed_and_others_continue() -> None:
+    """A subscriber past max_pending is closed; the others keep receiving."""
     srv = make_server(max_pending=10_000)
     slow, fast, pub = Client(srv), Client(srv), Client(srv)
     slow.send(b"SUB s 1\r\n")
@@ -246,6 +263,7 @@ def test_slow_consumer_is_closed_and_others_continue() -> None:
 
 
 def test_closing_connection_drops_its_subscriptions() -> None:
+    """A closed connection's subscriptions are gone."""
     srv = make_server()
     c, pub = Client(srv), Client(srv)
     c.send(b"SUB a 1\r\nSUB b q 2\r\n")
@@ -257,6 +275,7 @@ def test_closing_connection_drops_its_subscriptions() -> None:
 
 
 def test_publishers_stall_while_a_subscriber_is_backed_up() -> None:
+    """Publishers stop being read while a subscriber is backed up, and resume."""
     srv = make_server(max_pending=1_000_000)
     sub, pub = Client(srv), Client(srv)
     sub.send(b"SUB s 1\r\n")
@@ -269,6 +288,7 @@ def test_publishers_stall_while_a_subscriber_is_backed_up() -> None:
 
 
 def test_fast_path_mixed_sizes_replies_and_sub_changes_in_one_read() -> None:
+    """The fused path handles sizes, replies and SUB/UNSUB mid-read at every split."""
     srv = make_server(max_payload=100)
     sub, pub = Client(srv), Client(srv)
     sub.send(b"SUB m.* 1\r\n")
@@ -294,6 +314,7 @@ def test_fast_path_mixed_sizes_replies_and_sub_changes_in_one_read() -> None:
 
 
 def test_fast_path_still_enforces_framing_and_limits() -> None:
+    """The fused path still enforces payload framing and max_payload."""
     srv = make_server(max_payload=100)
     sub, pub = Client(srv), Client(srv)
     sub.send(b"SUB f 1\r\n")
@@ -317,6 +338,7 @@ def test_fast_path_still_enforces_framing_and_limits() -> None:
     max_size=25), st.integers(min_value=1, max_value=40), st.booleans())
 def test_fuzzed_clients_never_hurt_the_server_or_others(chunks: list[bytes], cut: int,
                                                         fast: bool) -> None:
+    """Fuzzed input (slow and fused paths) never raises and never hurts others."""
     srv = make_mq9_server()
     watcher, pub = Client(srv), Client(srv)
     watcher.send(b"SUB probe 1\r\n")
@@ -333,6 +355,7 @@ def test_fuzzed_clients_never_hurt_the_server_or_others(chunks: list[bytes], cut
 
 
 def test_a_subscriber_that_never_reads_cannot_freeze_publishers() -> None:
+    """A never-reading subscriber is closed at the write deadline; publishers resume."""
     srv = make_server(max_pending=1_000_000, write_deadline=10)
     stuck, other, pub = Client(srv), Client(srv), Client(srv)
     stuck.send(b"SUB s 1\r\n")
@@ -350,6 +373,7 @@ def test_a_subscriber_that_never_reads_cannot_freeze_publishers() -> None:
 
 
 def test_a_drained_subscriber_cancels_its_write_deadline() -> None:
+    """A subscriber that drains in time is not closed."""
     srv = make_server(max_pending=1_000_000, write_deadline=10)
     sub, pub = Client(srv), Client(srv)
     sub.send(b"SUB s 1\r\n")

@@ -7,6 +7,7 @@ from mqhub.testing import memory_hub
 
 
 def test_own_options_by_plugin_name_and_alias() -> None:
+    """Settings come from plugin_options['mq9'] or ['nats'], or a flat dict."""
     assert own_options({"plugin_options": {"mq9": {"token": "a"}, "nsq": {"x": "1"}}}) == {
         "token": "a"}
     assert own_options({"plugin_options": {"nats": {"user": "u"}}}) == {"user": "u"}
@@ -15,6 +16,7 @@ def test_own_options_by_plugin_name_and_alias() -> None:
 
 
 def test_make_service_applies_settings_without_listening() -> None:
+    """make_service builds the server with the options applied and binds nothing."""
     hub = memory_hub()
     svc = make_service(hub, {"tcp": "tcp:0:interface=127.0.0.1"},
                        {"plugin_options": {"mq9": {"token": "t", "max_payload": "2048",
@@ -27,6 +29,7 @@ def test_make_service_applies_settings_without_listening() -> None:
 
 
 def test_option_aliases_for_credentials() -> None:
+    """auth_token and pass are accepted as option names for token and password."""
     hub = memory_hub()
     svc = make_service(hub, {"tcp": "tcp:0:interface=127.0.0.1"},
                        {"plugin_options": {"mq9": {"auth_token": "x"}}})
