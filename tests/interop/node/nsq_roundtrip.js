@@ -1,11 +1,14 @@
 // nsqjs interop: publish (single and array -> MPUB) with a Writer, consume with a Reader
 // (FIN, and one REQ that must come back), then print one JSON line with what happened.
-// Usage: node nsq_roundtrip.js HOST TCP_PORT TOPIC COUNT
+// Usage: node nsq_roundtrip.js HOST TCP_PORT TOPIC COUNT [plain|deflate|snappy]
 'use strict'
 const nsq = require('nsqjs')
 
-const [host, port, topic, countArg] = process.argv.slice(2)
+const [host, port, topic, countArg, compression] = process.argv.slice(2)
 const count = parseInt(countArg, 10)
+const connOptions = {}
+if (compression === 'deflate') connOptions.deflate = true
+if (compression === 'snappy') connOptions.snappy = true
 const result = { published: 0, received: [], attempts: {}, errors: [] }
 const done = (code) => {
   console.log(JSON.stringify(result))
@@ -16,7 +19,8 @@ setTimeout(() => { result.errors.push('timeout'); done(2) }, 20000)
 const reader = new nsq.Reader(topic, 'nodejs', {
   nsqdTCPAddresses: [`${host}:${port}`],
   maxInFlight: 50,
-  requeueDelay: 0
+  requeueDelay: 0,
+  ...connOptions
 })
 reader.on('error', (err) => result.errors.push(String(err)))
 reader.on('message', (msg) => {
@@ -34,9 +38,11 @@ reader.on('message', (msg) => {
   }
 })
 reader.on('nsqd_connected', () => {
-  const writer = new nsq.Writer(host, parseInt(port, 10))
+  const writer = new nsq.Writer(host, parseInt(port, 10), connOptions)
   writer.on('error', (err) => result.errors.push(String(err)))
   writer.on('ready', () => {
+    const negotiated = (writer.conn && writer.conn.statemachine && writer.conn.statemachine.identifyResponse) || {}
+    result.negotiated = { snappy: !!negotiated.snappy, deflate: !!negotiated.deflate }
     writer.publish(topic, 'm0', (err) => {
       if (err) { result.errors.push(String(err)); return }
       result.published += 1
