@@ -399,12 +399,21 @@ class NatsParser:
             if stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
                 break
             payload = buf[start:stop]
-            for owner, out, prefix in r[0]:
+            targets = r[0]
+            if len(targets) == 1:
+                owner, out, prefix = targets[0]
                 if not out:
                     dappend(owner)
                 out.append(prefix)
                 out.append(payload)
                 out.append(_CRLF)
+            else:
+                for owner, out, prefix in targets:
+                    if not out:
+                        dappend(owner)
+                    out.append(prefix)
+                    out.append(payload)
+                    out.append(_CRLF)
             pos = stop + 2
             count += 1
         self._pos = pos
