@@ -143,6 +143,7 @@ class NatsServer(Factory):
         self.bridge: Any = None
         self.core_epoch = -1
         self.congested: set[NatsConnection] = set()
+        self.fed_congested = False
         self.stalled: list[NatsConnection] = []
         #: a subscriber with this much output waiting stalls its publishers (nats-server: 75 %)
         self.stall_bytes = min(int(self.settings.max_pending * 0.75), self.settings.stall_bytes)
@@ -362,6 +363,8 @@ class NatsServer(Factory):
                 data = b"".join(out)
                 out.clear()
                 conn.write_out(data)
+                if conn.paused and self.congested and conn in self.congested:
+                    self.fed_congested = True
 
     def stall(self, conn: NatsConnection) -> None:
         """Stop reading from a publisher while some subscriber's output is backed up."""
@@ -577,6 +580,7 @@ class NatsConnection(Protocol):
             srv.changed()
         parser = self.parser
         parser.receive_data(data)
+        srv.fed_congested = False
         try:
             if self.fast:
                 self._fast_loop(parser)
@@ -584,8 +588,11 @@ class NatsConnection(Protocol):
                 self._general(parser.events(), 0)
         finally:
             srv.end_turn()
-        if srv.congested and self.connected and self not in srv.congested:
-            srv.stall(self)
+        if srv.fed_congested:
+            # this read fed a backed-up subscriber: stop reading this publisher for a while
+            srv.fed_congested = False
+            if self.connected and self not in srv.congested:
+                srv.stall(self)
 
     def _fast_loop(self, parser: NatsParser) -> None:
         """Alternate the codec's fused PUB fast path with one-event steps for everything else."""

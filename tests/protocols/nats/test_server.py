@@ -382,3 +382,17 @@ def test_a_drained_subscriber_cancels_its_write_deadline() -> None:
     sub.proto.resumeProducing()
     srv.clock.advance(20)
     assert not sub.closed and srv.stats["slow_consumers"] == 0
+
+
+def test_only_publishers_feeding_a_backed_up_subscriber_are_stalled() -> None:
+    """A publisher on other subjects keeps being read while one subscriber is backed up."""
+    srv = make_server(max_pending=1_000_000)
+    slow, other_sub, feeder, bystander = Client(srv), Client(srv), Client(srv), Client(srv)
+    slow.send(b"SUB busy 1\r\n")
+    other_sub.send(b"SUB calm 1\r\n")
+    slow.proto.pauseProducing()
+    feeder.send(codec.encode_pub("busy", b"x" * 1000) * 800)
+    bystander.send(codec.encode_pub("calm", b"fine"))
+    assert feeder.transport.producerState == "paused"
+    assert bystander.transport.producerState == "producing"
+    assert other_sub.events()[-1][4] == b"fine"
