@@ -176,3 +176,15 @@ def test_all_protocols_start_every_landed_listener(make_broker: MakeBroker) -> N
     for plugin in missing:
         assert f"{plugin.name}: protocol {plugin.name} is not implemented yet" in log
     assert broker.stop() == 0
+
+
+def test_mqhub_console_script_is_installed() -> None:
+    """The ``mqhub`` console command exists and lists its subcommands."""
+    import sys
+
+    script = Path(sys.executable).parent / "mqhub"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60,
+                            check=True)
+    assert "Usage: mqhub" in result.stdout
+    for command in ("bench", "snapshot"):
+        assert f"  {command} " in result.stdout
