@@ -158,6 +158,7 @@ def test_all_protocols_start_every_landed_listener(make_broker: MakeBroker) -> N
     from mqhub.plugins.builtin import emqp, mq9, mqks, nsq, vibemq
 
     def has_server(package: str) -> bool:
+        """Whether mqhub.protocols.<package>.service exists in this tree."""
         try:
             return importlib.util.find_spec(f"mqhub.protocols.{package}.service") is not None
         except ModuleNotFoundError:  # not even the protocol package exists yet
