@@ -32,11 +32,16 @@ reader.on('message', (msg) => {
   }
   result.received.push(body)
   msg.finish()
-  if (new Set(result.received).size === count) {
+  maybeDone()
+})
+// finished once every message was both confirmed to the writer and received by the reader
+// (a message can reach the reader before its OK reaches the writer)
+const maybeDone = () => {
+  if (result.published === count && new Set(result.received).size === count) {
     reader.close()
     done(0)
   }
-})
+}
 reader.on('nsqd_connected', () => {
   const writer = new nsq.Writer(host, parseInt(port, 10), connOptions)
   writer.on('error', (err) => result.errors.push(String(err)))
@@ -52,6 +57,7 @@ reader.on('nsqd_connected', () => {
         if (err2) { result.errors.push(String(err2)); return }
         result.published += rest.length
         writer.close()
+        maybeDone()
       })
     })
   })
