@@ -19,6 +19,7 @@ read's writes go to the store as one batch, and pushes happen only after that ba
 from __future__ import annotations
 
 import base64
+import heapq
 import json
 import secrets
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ PRIORITIES: dict[str, tuple[int, float, bool]] = {
     "notify": (0, 0.0, False),
 }
 PRIORITY_NAMES = {2: "urgent", 1: "normal", 0: "notify"}
+_NEVER = float(1 << 62)      # "no expiry" while taking a minimum (``% _NEVER`` maps it to 0)
 DEFAULT_MAILBOX_TTL = 86400
 DEFAULT_BROADCAST_TTL = 3600.0
 QUERY_LIMIT = 1000
@@ -158,6 +160,7 @@ class Mq9:
         self._ops: list[tuple] = []
         self._kick_call: Any = None
         self._inflight = 0
+        self._due_heap: list[tuple[float, str]] = []
         self._sweeper: LoopingCall | None = None
         self._inbox_cache: dict[str, Any] = {}
         self._id_next = 0
@@ -199,10 +202,15 @@ class Mq9:
             stale = [(e[PRIORITY], e[MSG_ID]) for e in entries if e is not newest]
             self._batch.delete_entries(mailbox_queue(box.mail_id), stale)
             entries = [newest]
+        self._due(box.expires_at, box.mail_id)
+        nearest = _NEVER
         for e in entries:
             e = e[:EXPIRES_AT] + (_expiry(box, e),) + e[EXPIRES_AT + 1:]
             box.unread[e[PRIORITY]].append(e)
+            if e[EXPIRES_AT] and e[EXPIRES_AT] < nearest:
+                nearest = e[EXPIRES_AT]
             self._observe(e[MSG_ID])
+        self._due(nearest % _NEVER, box.mail_id)
         for lst in box.unread.values():
             lst.sort(key=lambda e: e[MSG_ID])
 
@@ -452,6 +460,7 @@ class Mq9:
         box = Mailbox(mail_id, token, kind, int(ttl), self.clock.seconds())
         self.mailboxes[mail_id] = box
         self._inbox_cache.clear()
+        self._due(box.expires_at, mail_id)
         self._batch.put_meta(META_MAILBOX + mail_id, box.record())
         body = {"mail_id": mail_id, "token": token, "inbox": INBOX + mail_id, "type": kind,
                 "ttl": int(ttl)}
@@ -571,6 +580,7 @@ class Mq9:
                 else:
                     for e in entries:
                         unread[e[PRIORITY]].append(e)
+                self._due(min(e[EXPIRES_AT] or _NEVER for e in entries) % _NEVER, box.mail_id)
                 touched[box.mail_id] = box
             elif kind == 1:
                 for tbox in touched.values():
@@ -772,11 +782,26 @@ class Mq9:
 
     # expiry ------------------------------------------------------------------------------
 
+    def _due(self, when: float, mail_id: str) -> None:
+        """Make the sweep look at ``mail_id`` at ``when`` (0 = never)."""
+        if when:
+            heapq.heappush(self._due_heap, (when, mail_id))
+
     def sweep(self) -> None:
-        """Remove expired mailboxes (with everything in them), messages and broadcasts."""
+        """Remove expired mailboxes (with everything in them), messages and broadcasts.
+
+        Only mailboxes whose earliest expiry (their own or a message's) is due are visited:
+        a heap of (time, mail_id) is fed by CREATE, by each committed group of messages and
+        by recovery, so a sweep costs nothing when nothing is due.
+        """
         now = self.clock.seconds()
         batch = self._batch
-        for mail_id, box in list(self.mailboxes.items()):
+        heap = self._due_heap
+        while heap and heap[0][0] <= now:
+            _, mail_id = heapq.heappop(heap)
+            box = self.mailboxes.get(mail_id)
+            if box is None:
+                continue
             if box.expires_at and box.expires_at <= now:
                 del self.mailboxes[mail_id]
                 self._inbox_cache.clear()
@@ -784,6 +809,7 @@ class Mq9:
                 batch.delete_meta(META_MAILBOX + mail_id)
                 self.stats["expired"] += box.count()
                 continue
+            nearest = 0.0
             for prio, entries in box.unread.items():
                 if not entries:
                     continue
@@ -795,6 +821,10 @@ class Mq9:
                         batch.delete_entries(mailbox_queue(mail_id), gone)
                     self.stats["expired"] += len(gone)
                     box.unread[prio] = keep
+                for e in keep:
+                    if e[EXPIRES_AT] and (not nearest or e[EXPIRES_AT] < nearest):
+                        nearest = e[EXPIRES_AT]
+            self._due(nearest, mail_id)
         if self.broadcasts:
             alive = []
             for entry, seen in self.broadcasts:

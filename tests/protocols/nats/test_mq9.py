@@ -361,3 +361,19 @@ def test_mailbox_subscription_with_max_gets_exactly_max_and_the_rest_stays_unrea
     q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", json.dumps({"token": box["token"]}).encode())
     assert q["unread"] == 3 and [m["payload"] for m in q["messages"]] == ["2", "3", "4"]
     assert stored(srv, mid) == 0
+
+
+def test_sweep_visits_only_mailboxes_with_something_due() -> None:
+    """The TTL sweep pops due mailboxes from a heap instead of scanning every mailbox."""
+    srv = make_mq9_server()
+    c = Client(srv)
+    boxes = [create(c, ttl=0)["mail_id"] for _ in range(50)]
+    short = create(c, ttl=30)["mail_id"]
+    c.send(codec.encode_hpub(f"$mq9.AI.INBOX.{boxes[0]}.normal",
+                             codec.build_headers({"mq9-ttl": "5"}), b"brief"))
+    assert len(srv.mq9._due_heap) == 2                 # the short mailbox and the brief message
+    srv.hub.clock.advance(6)
+    assert srv.mq9.mailboxes[boxes[0]].count() == 0 and len(srv.mq9._due_heap) == 1
+    srv.hub.clock.advance(25)
+    assert short not in srv.mq9.mailboxes and not srv.mq9._due_heap
+    assert len(srv.mq9.mailboxes) == 50
