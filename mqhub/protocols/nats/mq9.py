@@ -468,7 +468,13 @@ class Mq9:
 
     def _persisted_broadcast(self, pub: NatsConnection | None, subject: str,
                              reply: str | None, hdr: bytes | None, payload: bytes) -> int:
-        """Store a broadcast with ``mq9-persist: true``; it is delivered after the commit."""
+        """Store a broadcast with ``mq9-persist: true``; it is delivered after the commit.
+
+        Past ``max_unread`` stored broadcasts it is delivered live only (not stored).
+        """
+        if len(self.broadcasts) >= self.max_unread:
+            self.stats["refused"] += 1
+            return self.server.publish(pub, subject, reply, hdr, payload) or 1
         headers = _headers_dict(hdr)
         now = self.clock.seconds()
         ttl = _ttl_header(headers) or DEFAULT_BROADCAST_TTL
