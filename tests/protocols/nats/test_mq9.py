@@ -377,3 +377,18 @@ def test_sweep_visits_only_mailboxes_with_something_due() -> None:
     srv.hub.clock.advance(25)
     assert short not in srv.mq9.mailboxes and not srv.mq9._due_heap
     assert len(srv.mq9.mailboxes) == 50
+
+
+def test_persisted_broadcasts_past_the_bound_are_delivered_live_only() -> None:
+    """Past max_unread stored broadcasts, a persisted broadcast is delivered but not kept."""
+    srv = make_mq9_server(max_unread="2")
+    pub, live = Client(srv), Client(srv)
+    live.send(b"SUB $mq9.AI.BROADCAST.> 1\r\n")
+    hdr = codec.build_headers({"mq9-persist": "true"})
+    for i in range(3):
+        pub.send(codec.encode_hpub("$mq9.AI.BROADCAST.a.b", hdr, b"%d" % i))
+    assert bodies(live.events()) == [b"0", b"1", b"2"]
+    assert len(srv.mq9.broadcasts) == 2 and srv.mq9.stats["refused"] == 1
+    late = Client(srv)
+    late.send(b"SUB $mq9.AI.BROADCAST.a.* 1\r\n")
+    assert bodies(late.events()) == [b"0", b"1"]
