@@ -91,6 +91,7 @@ def test_every_ok_survives_sigkill_during_pub_load(make_broker: Callable[..., Br
     stop = threading.Event()
 
     def produce() -> None:
+        """Pipelined PUB load counting OKs until the broker dies."""
         client = NsqSocket(broker.port("nsq", "tcp"))
         seq = 0
         try:

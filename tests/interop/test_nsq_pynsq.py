@@ -21,6 +21,7 @@ pytestmark = pytest.mark.interop
 def run(scenario: Callable[[], Awaitable[Any]], timeout: float = 30.0) -> Any:
     """Run an async scenario on a fresh asyncio loop (Tornado uses it) with a deadline."""
     async def bounded() -> Any:
+        """The scenario under a deadline."""
         return await asyncio.wait_for(scenario(), timeout)
 
     return asyncio.run(bounded())
@@ -64,11 +65,13 @@ def test_pynsq_writer_and_reader_with_req_touch_and_backoff(make_broker: Callabl
     finished: set[bytes] = set()
 
     async def scenario() -> None:
+        """Publish, consume with FIN/REQ/TOUCH, publish more while the Reader runs."""
         writer = await connected_writer(broker)
         assert await call(writer.pub, "jobs", b"plain") == b"OK"  # buffered: no channel yet
         loop = tornado.ioloop.IOLoop.current()
 
         def handler(msg: nsq.Message) -> Any:
+            """FIN most, REQ req-me once, TOUCH then FIN touch-me asynchronously."""
             seen.setdefault(msg.body, []).append(msg.attempts)
             if msg.body == b"req-me" and msg.attempts == 1:
                 return False  # REQ, and the Reader backs off
@@ -77,6 +80,7 @@ def test_pynsq_writer_and_reader_with_req_touch_and_backoff(make_broker: Callabl
                 msg.touch()
 
                 def later() -> None:
+                    """Touch again, then finish."""
                     msg.touch()
                     msg.finish()
                     finished.add(msg.body)
@@ -117,6 +121,7 @@ def test_pynsq_reader_finds_broker_through_lookupd_address(make_broker: Callable
     got: list[bytes] = []
 
     async def scenario() -> None:
+        """A Reader that knows only the lookupd address."""
         reader = nsq.Reader(topic="found", channel="c", message_handler=lambda m: got.append(m.body) or True,
                             lookupd_http_addresses=[f"http://127.0.0.1:{broker.port('nsq', 'http')}"],
                             max_in_flight=5)

@@ -49,6 +49,7 @@ def test_pynsq_tls_deflate_and_auth(make_broker: Callable[..., BrokerProcess], t
     features: list[dict] = []
 
     async def scenario() -> None:
+        """Publish over TLS+deflate with AUTH, then consume over TLS."""
         writer = nsq.Writer([addr], tls_v1=True, tls_options=tls_options, deflate=True,
                             auth_secret="s3cret")
         await until(lambda: bool(writer.conns), what="TLS writer connection")

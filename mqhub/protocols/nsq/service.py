@@ -74,6 +74,7 @@ class NsqService(MultiService):
         d: Deferred[Any] = maybeDeferred(self.registry.load)
 
         def start_children(_: Any) -> None:
+            """Start the listeners once the topics are known."""
             if not self.running:
                 return
             for child in self:

@@ -80,6 +80,7 @@ class TopicRegistry:
         d = self.store.scan_meta(META_PREFIX)
 
         def restore(rows: list[tuple[str, bytes]]) -> None:
+            """Rebuild topics from metadata rows and channels from the core's queues."""
             for key, value in rows:
                 name = key[len(META_PREFIX):]
                 topic = self._topic_object(name)

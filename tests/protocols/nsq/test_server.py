@@ -550,6 +550,7 @@ def test_fuzzed_connections_never_break_the_broker() -> None:
     @given(st.lists(st.one_of(st.sampled_from(_FUZZ_SEEDS), st.binary(max_size=40)), max_size=12),
            st.integers(0, 40), st.binary(max_size=6))
     def scenario(parts: list[bytes], at: int, junk: bytes) -> None:
+        """One fuzzed connection, then one good publish."""
         stream = b"".join(parts)
         if stream:
             at = min(at, len(stream) - 1)
