@@ -31,6 +31,8 @@ from mqhub.store.records import Entry
 log = logging.getLogger(__name__)
 
 DUE_PREFIX = b"dq/"
+ADDRESS_DUE_PREFIX = b"da/"
+PARK_CUT_PREFIX = "pcut/"
 EXPIRY_PREFIX = b"qx/"
 PARK_PREFIX = "~park/"
 SEP = "\x1f"
@@ -73,8 +75,11 @@ class Broker:
         self._mem_timers: set[Any] = set()
         self._started = False
         self._sweep_cursor = 0
+        #: address -> ids below this were held for it when empty_parked ran (their delays are dropped)
+        self._park_cut: dict[str, int] = {}
         if scheduler is not None:
             scheduler.register(DUE_PREFIX, self._on_due)
+            scheduler.register(ADDRESS_DUE_PREFIX, self._on_address_due)
             scheduler.register(EXPIRY_PREFIX, self._on_queue_expiry)
             scheduler.add_sweep("ttl", self.sweep_ttl, 1.0)
 
@@ -102,6 +107,8 @@ class Broker:
                 self._park_queue(address)
                 if prefix == "pause/":
                     self.router.paused.add(address)
+        for key, value in (yield self.store.scan_meta(PARK_CUT_PREFIX)):
+            self._park_cut[key[len(PARK_CUT_PREFIX):]] = int(value)
         for name in (yield self.store.queue_names()):
             # entries without queue metadata (written before a crash cut the meta commit, or by
             # an older layout) are never orphaned: recover them as a default durable queue
@@ -391,8 +398,7 @@ class Broker:
         if queues:
             batch = WriteBatch()
             if deliver_at > now:
-                for q in queues:
-                    self._defer(q, entries, deliver_at, batch, persist)
+                self._defer_address(address, queues, entries, deliver_at, batch, persist)
             else:
                 now = now or self.clock.seconds()
                 for q in queues:
@@ -446,6 +452,87 @@ class Broker:
         else:
             self._later(max(0.0, when - self.clock.seconds()), self._undefer_memory, queue,
                         list(entries), queue.incarnation)
+
+    def _defer_address(self, address: str, queues: tuple[Queue, ...], entries: list[Entry],
+                       when: float, batch: WriteBatch, persist: bool) -> None:
+        """Hold a delayed publish until ``when``, then route it by ``address`` (NSQ DPUB).
+
+        ``queues`` (what the address reaches now) are counted in ``deferred`` and remembered
+        with their incarnation: one of them that is emptied or re-created meanwhile does not
+        get the batch. One due row per message (``da/<msg_id>``) when any of them is durable,
+        otherwise a clock timer.
+        """
+        n = len(entries)
+        for q in queues:
+            q.deferred += n
+        marks = tuple((q.name, q.incarnation) for q in queues)
+        if persist and self.scheduler is not None and any(q.durable for q in queues):
+            dumps = marshal.dumps
+            for e in entries:
+                batch.put_due(when, ADDRESS_DUE_PREFIX + e[0].to_bytes(8, "big"),
+                              dumps((address, marks, e)))
+            self.clock.callLater(0, self.scheduler.note_due, when)
+        else:
+            self._later(max(0.0, when - self.clock.seconds()), self._address_due_memory,
+                        address, list(entries), marks, persist)
+
+    def _address_due_memory(self, address: str, entries: list[Entry],
+                            marks: tuple[tuple[str, int], ...], persist: bool) -> None:
+        """A clock-held delayed publish came due."""
+        b = WriteBatch()
+        self._route_due(address, entries, marks, b, persist, self.clock.seconds())
+        self._commit(b)
+
+    def _on_address_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
+                        now: float) -> Any:
+        """Scheduler handler for ``da/`` rows: route due publishes by their address now."""
+        if not self._started:
+            for _, key, payload in rows:
+                batch.put_due(now + 1.0, key, payload)
+            return None
+        groups: dict[tuple[str, Any], list[Entry]] = {}
+        for _, key, payload in rows:
+            try:
+                address, marks, entry = marshal.loads(payload)
+            except (ValueError, EOFError, TypeError):
+                log.error("dropping unreadable due row %r", key)
+                continue
+            groups.setdefault((address, tuple(map(tuple, marks))), []).append(tuple(entry))
+        for (address, marks), entries in groups.items():
+            self._route_due(address, entries, marks, batch, True, now)
+        if id(batch) in self._unsettled:
+            return lambda: self._settle_batch(None, batch)
+        return None
+
+    def _route_due(self, address: str, entries: list[Entry], marks: tuple[tuple[str, int], ...],
+                   batch: WriteBatch, persist: bool, now: float) -> None:
+        """Put due ``entries`` into the queues ``address`` routes to now (or its parking queue).
+
+        A queue counted at publish time whose incarnation changed since (emptied, deleted and
+        re-created) is skipped; entries held for a parked address before ``empty_parked`` ran
+        on it are dropped.
+        """
+        counted = dict(marks)
+        n = len(entries)
+        for name, inc in marks:
+            q = self._queues.get(name) or self._hidden.get(name)
+            if q is not None and q.incarnation == inc:
+                q.deferred = max(0, q.deferred - n)
+        cut = self._park_cut.get(address)
+        if cut is not None and PARK_PREFIX + address in counted:
+            entries = [e for e in entries if e[0] >= cut]
+            if not entries:
+                return
+        route = self.route(address)
+        dests = route.queues if route.park is None else (route.park,)
+        if not dests:
+            return
+        entries.sort(key=lambda e: (-e[1], e[0]))
+        for q in dests:
+            inc = counted.get(q.name)
+            if inc is not None and inc != q.incarnation and not q.name.startswith(PARK_PREFIX):
+                continue
+            q._put(entries, batch, persist, now)
 
     def _undefer_memory(self, queue: Queue, entries: list[Entry], incarnation: int) -> None:
         """A memory-held delay came due."""
@@ -575,11 +662,22 @@ class Broker:
         return d.addCallback(forget)
 
     def empty_parked(self, address: str) -> Deferred[None]:
-        """Drop every message held for ``address`` (NSQ topic empty); parking stays as it was."""
+        """Drop every message held for ``address`` (NSQ ``/topic/empty``); parking stays as it was.
+
+        Held means: in the parking queue (in memory or stored), and delayed publishes made while
+        the address was parked or paused that are not due yet (they would have come due into
+        the parking queue). Messages already in bound queues are not touched. Fires when durable.
+        """
+        cut = self.ids.next_id()
+        self._park_cut[address] = cut
+        b = WriteBatch()
+        b.put_meta(PARK_CUT_PREFIX + address, str(cut).encode())
+        d = self._commit(b)
         q = self.router.parking.get(address)
         if q is None:
-            return succeed(None)
-        return q.empty()
+            return d
+        return DeferredList([d, q.empty()], fireOnOneErrback=True,
+                            consumeErrors=True).addCallback(lambda _: None)
 
     def parked_depth(self, address: str) -> int:
         """Messages held for ``address`` (parked or paused)."""
