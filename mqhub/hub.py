@@ -15,7 +15,6 @@ children all at once. HubService therefore sequences both by hand:
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,11 @@ from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+
+from mqhub.core.broker import Broker
+from mqhub.scheduler.service import SchedulerService
+from mqhub.store.lmdb import LmdbStore
+from mqhub.store.memory import MemoryStore
 
 log = Logger(namespace="mqhub.hub")
 
@@ -51,49 +55,25 @@ class Hub:
     reactor: Any = None
 
 
-def _optional(module_name: str, attribute: str) -> Any:
-    """Return ``module_name.attribute``, or None while that module does not exist yet."""
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
-            return None
-        raise
-    return getattr(module, attribute, None)
-
-
 def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hub:
     """Create the store, scheduler and broker core for ``options`` (nothing is opened or started).
 
     Reads ``data-dir`` (None: a memory hub) and ``durability`` (sync | batch | none).
-    The store is ``LmdbStore(DATA_DIR/store)``; a memory hub, or a tree without
-    ``mqhub.store.lmdb``, gets a MemoryStore. A missing scheduler or broker module is logged
-    and left None so the hub still runs.
+    The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
     """
     data_dir = options.get("data-dir", options.get("data_dir"))
     durability = options.get("durability") or "sync"
-    lmdb_store = _optional("mqhub.store.lmdb", "LmdbStore")
-    if data_dir is not None and lmdb_store is not None:
+    store: Any
+    if data_dir is not None:
         os.makedirs(data_dir, exist_ok=True)
-        store = lmdb_store(os.path.join(data_dir, "store"), clock=clock, durability=durability)
+        store = LmdbStore(os.path.join(data_dir, "store"), clock=clock, durability=durability)
     else:
-        from mqhub.store.memory import MemoryStore
-
-        if data_dir is not None:
-            log.warn("mqhub.store.lmdb is not available: messages are kept in memory only")
         store = MemoryStore(clock=clock)
-    scheduler_cls = _optional("mqhub.scheduler.service", "SchedulerService")
-    scheduler = scheduler_cls(store, clock) if scheduler_cls is not None else None
-    if scheduler is None:
-        log.warn("mqhub.scheduler.service is not available: no scheduler")
-    broker_cls = _optional("mqhub.core.broker", "Broker")
-    broker = broker_cls(store, clock, scheduler=scheduler) if broker_cls is not None else None
-    if broker is None:
-        log.warn("mqhub.core.broker is not available: no broker core")
+    scheduler = SchedulerService(store, clock)
     return Hub(
         clock=clock,
         store=store,
-        broker=broker,
+        broker=Broker(store, clock, scheduler=scheduler),
         scheduler=scheduler,
         config=dict(options),
         data_dir=data_dir,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -20,9 +19,12 @@ from twisted.internet.testing import (
 )
 from twisted.logger import Logger
 
+from mqhub.core.broker import Broker
 from mqhub.hub import Hub, HubService, build_hub
 from mqhub.listener import ListenerService
 from mqhub.logs import json_observer
+from mqhub.scheduler.service import SchedulerService
+from mqhub.store.lmdb import LmdbStore
 from mqhub.store.memory import MemoryStore
 
 
@@ -242,18 +244,19 @@ def test_build_hub_memory_when_no_data_dir() -> None:
     assert isinstance(hub.store, MemoryStore)
     assert hub.clock is clock
     assert hub.data_dir is None
+    assert isinstance(hub.broker, Broker) and isinstance(hub.scheduler, SchedulerService)
+    assert hub.broker.scheduler is hub.scheduler
 
 
 def test_build_hub_uses_lmdb_under_data_dir(tmp_path: Path) -> None:
-    """With a data dir the store lives in DATA_DIR/store (LMDB once mqhub.store.lmdb exists)."""
+    """With a data dir the store is an LmdbStore in DATA_DIR/store with the chosen durability."""
     hub = build_hub({"data-dir": str(tmp_path / "d"), "durability": "none"}, Clock())
     assert hub.data_dir == str(tmp_path / "d")
     assert hub.config["durability"] == "none"
-    if importlib.util.find_spec("mqhub.store.lmdb") is not None:
-        assert type(hub.store).__name__ == "LmdbStore"
-        assert hub.store.durability == "none"  # --durability reaches the store
-    else:
-        assert isinstance(hub.store, MemoryStore)
+    assert isinstance(hub.store, LmdbStore)
+    assert hub.store.path == str(tmp_path / "d" / "store")
+    assert hub.store.durability == "none"  # --durability reaches the store
+    assert isinstance(hub.broker, Broker) and hub.broker.store is hub.store
 
 
 class Quiet(Protocol):
