@@ -60,24 +60,21 @@ def bench(ctx: click.Context, name: str | None, args: tuple[str, ...]) -> None:
         raise SystemExit(result)
 
 
-def _store_dir(data_dir: Path) -> Path:
-    """The store inside a broker's --data-dir (DIR/store), or DIR itself if it is a store."""
-    inner = data_dir / "store"
-    return inner if (inner / "index").is_dir() else data_dir
-
-
 @main.command()
 @click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The broker's data directory (--data-dir of twistd mqhub).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory to write the snapshot into (must not hold one already).")
 def snapshot(data_dir: Path, out_dir: Path) -> None:
-    """Take a consistent snapshot of a store (safe while the broker runs)."""
+    """Take a consistent snapshot of a store (safe while the broker runs).
+
+    --data-dir may name the broker's data directory or the store directory inside it.
+    """
     from mqhub.errors import StoreError
     from mqhub.store.snapshot import take_snapshot
 
     try:
-        manifest = take_snapshot(str(_store_dir(data_dir)), str(out_dir))
+        manifest = take_snapshot(str(data_dir), str(out_dir))
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps({"snapshot": str(out_dir), "manifest": manifest}, default=str))

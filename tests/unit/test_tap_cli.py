@@ -75,3 +75,7 @@ def test_snapshot_of_a_broker_data_dir(tmp_path: Path) -> None:
                                           "--out", str(out)])
     assert again.exit_code == 1
     assert "already holds a snapshot" in again.output
+    direct = CliRunner().invoke(cli.main, ["snapshot", "--data-dir", str(tmp_path / "data" / "store"),
+                                           "--out", str(tmp_path / "snap2")])
+    assert direct.exit_code == 0, direct.output  # the store directory itself is accepted too
+    assert json.loads(direct.output)["manifest"]["meta"] == 1
