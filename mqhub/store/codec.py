@@ -27,8 +27,13 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 
 FORMAT_VERSION = 1
+
+#: File (in the store directory) a snapshot holds shared while it copies segments; the live
+#: store deletes unreferenced segments only while it can take it exclusively.
+SEGMENT_LOCK = "segments.lock"
 
 DB_NAMES = (b"entries", b"messages", b"due", b"due_keys", b"expiry", b"meta", b"queues",
             b"segments", b"sys")
@@ -123,6 +128,15 @@ def value_address(value: bytes) -> str:
     """Return just the address stored in an ``entries`` value."""
     mlen = VALUE_HEAD.unpack_from(value)[4]
     return decode_meta(value[HEAD_SIZE:HEAD_SIZE + mlen])[0]
+
+
+def count_addresses(values: Iterable[bytes]) -> dict[str, int]:
+    """Return ``{address: number of entries}`` over values of the ``entries`` database."""
+    counts: dict[str, int] = {}
+    for value in values:
+        address = value_address(value)
+        counts[address] = counts.get(address, 0) + 1
+    return counts
 
 
 def time_key(when: float) -> bytes:

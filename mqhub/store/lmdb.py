@@ -66,7 +66,6 @@ DURABILITY_MODES = ("sync", "batch", "none")
 WRITER_MODES = ("inline", "thread", "auto")
 #: ``auto`` moves commits to the writer thread when a commit takes longer than this on average
 AUTO_THREAD_AFTER = 0.002
-LOCK_NAME = "segments.lock"
 OWNER_LOCK = "store.lock"
 
 
@@ -217,7 +216,7 @@ class LmdbStore:
                 self._seg_live[U32.unpack(k)[0]] = live
                 self._seg_end[U32.unpack(k)[0]] = end
         self._recover_segments()
-        self._lock_fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = os.open(os.path.join(self.path, codec.SEGMENT_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
         self._open = True
         if self.writer == "thread":
             self._start_thread()

@@ -47,7 +47,7 @@ def take_snapshot(data_dir: str, out_dir: str, *, now: float | None = None) -> d
     out_segments = os.path.join(out_dir, "segments")
     os.makedirs(out_index, exist_ok=True)
     os.makedirs(out_segments, exist_ok=True)
-    lock_fd = os.open(os.path.join(data_dir, "segments.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    lock_fd = os.open(os.path.join(data_dir, codec.SEGMENT_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_SH)
         try:
@@ -93,10 +93,7 @@ def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str)
             qid, count = codec.QUEUE_ROW.unpack(v)
             queues[bytes(k).decode()] = count
             qnames[qid] = bytes(k).decode()
-        addresses: dict[str, int] = {}
-        for v in txn.cursor(db=dbs[b"entries"]).iternext(keys=False):
-            a = codec.value_address(v)
-            addresses[a] = addresses.get(a, 0) + 1
+        addresses = codec.count_addresses(txn.cursor(db=dbs[b"entries"]).iternext(keys=False))
         segments = []
         for k, v in txn.cursor(db=dbs[b"segments"]):
             number = codec.U32.unpack(k)[0]

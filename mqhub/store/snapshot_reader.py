@@ -19,8 +19,7 @@ import lmdb
 from mqhub.errors import StoreError
 from mqhub.store import codec
 from mqhub.store.segments import SegmentLog
-
-MANIFEST = "manifest.json"
+from mqhub.store.snapshot import MANIFEST
 
 
 class SnapshotReader:
@@ -100,12 +99,8 @@ class SnapshotReader:
 
     def address_counts(self) -> dict[str, int]:
         """Return ``{address: entry count}`` computed from the entries."""
-        out: dict[str, int] = {}
         with self._env.begin(db=self._dbs[b"entries"]) as txn:
-            for v in txn.cursor().iternext(keys=False):
-                a = codec.value_address(v)
-                out[a] = out.get(a, 0) + 1
-        return out
+            return codec.count_addresses(txn.cursor().iternext(keys=False))
 
     def due_rows(self) -> list[tuple[float, bytes, bytes]]:
         """Return every scheduler row ``(when, key, payload)`` in time order."""
