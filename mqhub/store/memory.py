@@ -22,16 +22,12 @@ from mqhub.store.records import (
     EXPIRES_AT,
     MAX_PRIORITY,
     MIN_PRIORITY,
-    MSG_ID,
     PRIORITY,
     Entry,
     EntryKey,
+    entry_key,
+    ready_order,
 )
-
-
-def _order(key: EntryKey) -> tuple[int, int]:
-    """Ready-order sort key: priority descending, then id ascending."""
-    return (-key[0], key[1])
 
 
 @implementer(IMessageStore)
@@ -107,9 +103,9 @@ class MemoryStore:
             q = self._queues.setdefault(queue, {})
             order = self._order.setdefault(queue, [])
             for entry in entries:
-                key = (entry[PRIORITY], entry[MSG_ID])
+                key = entry_key(entry)
                 if key not in q:
-                    bisect.insort(order, _order(key))
+                    bisect.insort(order, ready_order(key))
                 q[key] = entry
         for queue, items in batch.attempts.items():
             q = self._queues.get(queue, {})
@@ -119,15 +115,12 @@ class MemoryStore:
                 if old is not None:
                     q[key] = old[:ATTEMPTS] + (attempts,) + old[ATTEMPTS + 1:]  # type: ignore[assignment]
         for queue, keys in batch.deletes.items():
-            found = self._queues.get(queue)
-            if found is None:
+            if queue not in self._queues:
                 continue
-            q = found
-            order = self._order[queue]
+            q, order = self._queues[queue], self._order[queue]
             for priority, msg_id in keys:
                 if q.pop((priority, msg_id), None) is not None:
-                    i = bisect.bisect_left(order, (-priority, msg_id))
-                    del order[i]
+                    del order[bisect.bisect_left(order, (-priority, msg_id))]
             if not q:
                 del self._queues[queue]
                 del self._order[queue]
@@ -148,7 +141,7 @@ class MemoryStore:
         if not q:
             return succeed([])
         order = self._order[queue]
-        start = 0 if after is None else bisect.bisect_right(order, _order(after))
+        start = 0 if after is None else bisect.bisect_right(order, ready_order(after))
         keys = order[start:start + limit]
         return succeed([q[(-p, i)] for p, i in keys])
 
