@@ -54,6 +54,11 @@ F64 = struct.Struct(">d")
 
 _ATTEMPTS = struct.Struct(">I")
 
+#: where the big-endian msg_id (the ``messages`` key) sits inside an ``entries`` key
+KEY_MSG_ID = slice(5, 13)
+#: byte offset of expires_at inside an ``entries`` value
+EXPIRES_OFFSET = 13
+
 #: decoded meta blobs, shared by every entry with the same address/origin/headers
 _meta_decode_cache: dict[bytes, tuple[str, dict[str, str] | None, str]] = {}
 _meta_encode_cache: dict[tuple[str, str], bytes] = {}
@@ -62,9 +67,9 @@ _CACHE_LIMIT = 4096
 
 def encode_meta(address: str, headers: dict[str, str] | None, origin: str) -> bytes:
     """Return the meta blob for ``address``, ``headers`` and ``origin``."""
-    if not headers:
+    if headers is None:
         cached = _meta_encode_cache.get((address, origin))
-        if cached is not None and headers is None:
+        if cached is not None:
             return cached
     a = address.encode()
     o = origin.encode()

@@ -294,7 +294,7 @@ class LmdbStore:
         names = {qid: name for name, qid in self._qids.items()}
         with self._env.begin(db=self._dbs[b"entries"]) as txn:
             for k, v in txn.cursor():
-                if v[0] & FLAG_SEGMENT and bytes(k[5:13]) in broken:
+                if v[0] & FLAG_SEGMENT and bytes(k[codec.KEY_MSG_ID]) in broken:
                     qid, pb, mid = ENTRY_KEY.unpack(k)
                     victims.append((names.get(qid, ""), (9 - pb, mid)))
         log.error("segment tail lost: dropping %d entries whose bodies were not recoverable",
@@ -504,11 +504,7 @@ class LmdbStore:
 
     def _write_each(self, batches: list[WriteBatch]) -> list[StoreError | None]:
         """Commit each batch alone; return each one's error or None."""
-        out: list[StoreError | None] = []
-        for batch in batches:
-            r = self._run_group([batch])
-            out.append(r)
-        return out
+        return [self._run_group([batch]) for batch in batches]
 
     def _safe_rollback(self, mark: tuple[int, int]) -> None:
         """Roll segment appends back, logging (not raising) if even that fails."""
@@ -615,7 +611,7 @@ class LmdbStore:
         entries = self._dbs[b"entries"]
         for queue in batch.purges:
             self._purge(t, queue)
-        archive = getattr(batch, "archive", None) or ()
+        archive = batch.archive
         for queue, items in batch.puts.items():
             self._put(t, queue, items, queue in archive)
         for queue, updates in batch.attempts.items():
@@ -790,11 +786,11 @@ class LmdbStore:
         txn = t.txn
         flags = v[0]
         if flags & FLAG_EXPIRES:
-            e_at = F64.unpack_from(v, 13)[0]
+            e_at = F64.unpack_from(v, codec.EXPIRES_OFFSET)[0]
             txn.delete(codec.time_key(e_at) + bytes(k), db=self._dbs[b"expiry"])
         if flags & FLAG_SEGMENT:
             messages = self._dbs[b"messages"]
-            mk = bytes(k[5:13])
+            mk = bytes(k[codec.KEY_MSG_ID])
             row = txn.get(mk, db=messages)
             if row is None:
                 return
@@ -850,8 +846,9 @@ class LmdbStore:
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> Deferred[Any]:
         """Run a synchronous read; fire with its result, or fail with StoreError only."""
-        if not self._open:
-            return fail(StoreClosed("store is closed"))
+        closed = self._check_open()
+        if closed is not None:
+            return closed
         try:
             return succeed(fn(*args))
         except StoreError as e:
