@@ -44,8 +44,8 @@ def seg_dir(path: str) -> str:
 def test_reopen_recovers_everything(tmp_path: Any) -> None:
     """Entries (with attempts), due rows, meta and counts survive a close and reopen."""
     path = str(tmp_path / "d")
-    h = Harness(make_lmdb(path, Clock()), Clock())
-    h.clock = h.store._clock
+    clock = Clock()
+    h = Harness(make_lmdb(path, clock), clock)
 
     def fill(b: WriteBatch) -> None:
         """Entries, attempts, a due row and metadata in one batch."""
@@ -287,9 +287,10 @@ def test_thread_writer_pipelines_groups(tmp_path: Any) -> None:
 def test_auto_writer_moves_slow_commits_to_the_thread(tmp_path: Any) -> None:
     """writer='auto' commits inline until the commit latency average passes its threshold,
     then hands groups to the writer thread; with a plain Clock and no hand-back it stays inline."""
-    plain = LmdbStore(str(tmp_path / "p"), clock=Clock(), auto_threshold=0.0)
+    plain_clock = Clock()
+    plain = LmdbStore(str(tmp_path / "p"), clock=plain_clock, auto_threshold=0.0)
     plain.open()
-    h = Harness(plain, plain._clock)
+    h = Harness(plain, plain_clock)
     commit(h, lambda b: b.put_meta("k", b"v"))
     commit(h, lambda b: b.put_meta("k", b"w"))
     assert plain.stats()["writer_now"] == "inline"

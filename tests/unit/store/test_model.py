@@ -82,8 +82,8 @@ def test_lmdb_matches_memory(turns: list[list[tuple]]) -> None:
     """Each turn commits its batches as one group in both stores; states stay equal."""
     tmp = tempfile.mkdtemp(prefix="mqhub-model-")
     try:
-        mem = Harness(MemoryStore(Clock()), Clock())
-        mem.clock = mem.store._clock
+        mem_clock = Clock()
+        mem = Harness(MemoryStore(mem_clock), mem_clock)
         mem.store.open()
         clock = Clock()
         lm = Harness(make_lmdb(tmp, clock, durability="none"), clock)
@@ -94,8 +94,8 @@ def test_lmdb_matches_memory(turns: list[list[tuple]]) -> None:
                     h.result(d)
             assert state(lm) == state(mem)
         lm.store.close()
-        lm2 = Harness(make_lmdb(tmp, Clock(), durability="none"), Clock())
-        lm2.clock = lm2.store._clock
+        clock2 = Clock()
+        lm2 = Harness(make_lmdb(tmp, clock2, durability="none"), clock2)
         assert state(lm2) == state(mem)
         lm2.store.close()
     finally:
