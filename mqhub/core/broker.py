@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
+from twisted.python.failure import Failure
 
 from mqhub.core.address import pattern_matches, validate_address, validate_pattern
 from mqhub.core.deadletter import DeadLetter, dlq_name, from_dead
@@ -47,6 +48,29 @@ def validate_queue_name(name: str) -> None:
         raise InvalidName(f"invalid queue name {name[:64]!r}")
 
 
+class _Barrier:
+    """One ``Broker.barrier()`` call: counts the commits it still waits for."""
+
+    __slots__ = ("left", "failure", "deferred")
+
+    def __init__(self, left: int) -> None:
+        """Wait for ``left`` commits."""
+        self.left = left
+        self.failure: Any = None
+        self.deferred: Deferred[None] = Deferred()
+
+    def one_done(self, result: Any) -> None:
+        """One awaited commit fired with ``result`` (None or a Failure)."""
+        if isinstance(result, Failure) and self.failure is None:
+            self.failure = result
+        self.left -= 1
+        if not self.left:
+            if self.failure is not None:
+                self.deferred.errback(self.failure)
+            else:
+                self.deferred.callback(None)
+
+
 class Broker:
     """The protocol-neutral broker core (see docs/core-api.md)."""
 
@@ -70,7 +94,8 @@ class Broker:
         self._bindings: dict[int, Binding] = {}
         self._queue_bindings: dict[tuple[str, str], Binding] = {}
         self._next_binding = 0
-        self._pending: set[Deferred[Any]] = set()
+        #: uncommitted store commits -> the barriers waiting for them
+        self._pending: dict[Deferred[Any], list[_Barrier]] = {}
         self._unsettled: dict[int, list[Queue]] = {}
         self._mem_timers: set[Any] = set()
         self._started = False
@@ -172,15 +197,31 @@ class Broker:
         if d.called:
             d.addErrback(self._log_failure)
             return d
-        self._pending.add(d)
+        self._pending[d] = []
         d.addBoth(self._done, d)
         d.addErrback(self._log_failure)
         return d
 
     def _done(self, result: Any, d: Deferred[Any]) -> Any:
-        """A tracked commit fired."""
-        self._pending.discard(d)
+        """A tracked commit fired: release the barriers that waited for it."""
+        for barrier in self._pending.pop(d, ()):
+            barrier.one_done(result)
         return result
+
+    def barrier(self) -> Deferred[None]:
+        """Fire once every store write the broker issued so far is durable (acks included).
+
+        Covers publishes, acks, requeues, rejects, dead letters, settings and bindings (every
+        commit made through the core); nothing is written for it. Fires at once when nothing is
+        pending; errbacks with the store's error when one of those commits failed.
+        """
+        pending = list(self._pending)
+        if not pending:
+            return succeed(None)
+        b = _Barrier(len(pending))
+        for d in pending:
+            self._pending[d].append(b)
+        return b.deferred
 
     @staticmethod
     def _log_failure(failure: Any) -> None:
@@ -413,7 +454,7 @@ class Broker:
             if id(batch) in self._unsettled:
                 d.addBoth(self._settle_batch, batch)
             if not d.called:
-                self._pending.add(d)
+                self._pending[d] = []
                 d.addBoth(self._done, d)
             return d
         return succeed(None)

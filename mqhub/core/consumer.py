@@ -55,6 +55,18 @@ class Consumer:
             self.ready = -1
         self.queue.dispatch()
 
+    def set_credit(self, n: int) -> None:
+        """Set the deliveries this consumer may still receive to ``n`` (not added; 0 withdraws).
+
+        eMQP READY bookkeeping: an adapter that takes back slots it granted but that were not
+        used yet sets the remaining count. In-flight messages are not affected.
+        """
+        self.credit = max(0, int(n))
+        if not self._ready_set:
+            self.ready = -1
+        if self.credit:
+            self.queue.dispatch()
+
     def __repr__(self) -> str:
         """Readable form."""
         return (f"<Consumer {self.queue.name} ready={self.ready} credit={self.credit} "

@@ -25,7 +25,6 @@ from mqhub.errors import InvalidName, MqhubError
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.emqp import frames as F
 from mqhub.scheduler.spec import ScheduleSpec
-from mqhub.store.batch import WriteBatch
 from mqhub.store.records import ATTEMPTS, BODY, HEADERS, MSG_ID, ORIGIN
 
 Frames = list[bytes]
@@ -426,10 +425,10 @@ class EmqpRouter:
     def _after_commit(self, frames: list[Frames]) -> None:
         """Send ``frames`` to clients once every store write made so far is durable.
 
-        The store puts every batch of a turn into one transaction (and fires groups in order),
-        so an empty batch committed now fires after the writes before it. A client's dispatch
-        ack therefore means "stored", and it never sees the result of a job that a crash could
-        still run again. One barrier serves all frames of a turn.
+        ``broker.barrier()`` fires once every write the core issued so far (the job's publish,
+        the ack that finishes it) is durable, without committing anything itself. A client's
+        dispatch ack therefore means "stored", and it never sees the result of a job that a
+        crash could still run again. One barrier serves all frames of a turn.
         """
         self._post.extend(frames)
         if self._barrier:
@@ -442,7 +441,7 @@ class EmqpRouter:
             for msg in post:
                 self._safe(self.send_frontend, msg)
 
-        self.hub.store.commit(WriteBatch()).addBoth(flush)
+        self.hub.broker.barrier().addBoth(flush)
 
     def _worker_leaving(self, worker: Worker, reply_kbye: bool) -> None:
         """KBYE/DISCONNECT from a worker: no new jobs; its running jobs may still reply."""

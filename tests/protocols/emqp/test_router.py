@@ -487,3 +487,35 @@ def test_client_acks_and_results_wait_for_their_commit():
     clock.advance(0)
     assert [f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]
     assert result_of(store.count_entries("emqp.jobs.default")) == 0
+
+
+def test_replies_wait_on_the_core_barrier_without_empty_commits():
+    """Client acks and results wait for durability through broker.barrier(): the router never
+    commits an empty WriteBatch to find out."""
+    from twisted.internet.task import Clock
+
+    from mqhub.store.memory import MemoryStore
+    from mqhub.testing import START_TIME, memory_hub
+
+    clock = Clock()
+    clock.advance(START_TIME)
+    store = MemoryStore(clock=clock)
+    store.open()
+    batches = []
+    real_commit = store.commit
+
+    def recording_commit(batch):
+        batches.append(batch)
+        return real_commit(batch)
+    store.commit = recording_commit
+    rig = Rig(memory_hub(clock, store=store))
+    rig.worker(b"w1", ready=2)
+    rig.request(b"c", b"m1", headers=b"reply-requested")
+    rig.request(b"c", b"m2", headers=b"reply-requested")
+    clock.advance(0)
+    rig.reply(b"w1", b"m1")
+    rig.reply(b"w1", b"m2")
+    clock.advance(0)
+    clock.advance(0)
+    assert len([f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]) == 2
+    assert batches and all(batch for batch in batches)
