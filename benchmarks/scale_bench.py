@@ -7,14 +7,16 @@ Three parts, each printing ``<figure> <value> <unit>`` lines:
    filling, batches of 1000), then closes it. A *fresh child process* opens the store, starts the
    Broker and scheduler, attaches a consumer and serves (delivers and acks) the first 10,000
    messages in order. It reports open + recover seconds, time to the first delivered message,
-   time to serve the 10,000, and its own peak RSS (``ru_maxrss``) and current ``VmRSS`` (with
-   the anonymous / file-backed split), so the memory figure is the broker's alone.
+   time to serve the 10,000, and its own peak RSS (``VmHWM``; ``ru_maxrss`` is printed too but
+   inherits the parent's peak across exec) and current ``VmRSS`` (with the anonymous /
+   file-backed split), so the memory figure is the broker's alone. The store's pages are dropped
+   from the page cache first (cold open, as after a reboot); a second probe then runs warm.
 2. **Delays.** Fills a store with ``--delays`` pending delayed 1 KiB messages (deliver_at one to
    many hours ahead, 1000 per due second), then a fresh child process restarts broker and
    scheduler over it, times the restart and ``next_due`` (what arming the timer costs), moves
    its clock to the first due second and checks that exactly the due rows fired.
-3. **Sync-append curve.** Raw py-lmdb (fsync per commit) against LmdbStore ``sync`` with the
-   inline writer, 1 KiB bodies, at group sizes ``--groups`` (200, 500, 1000, 2000), in
+3. **Sync-append curve.** Raw py-lmdb (fsync per commit; plain puts and MDB_APPEND puts)
+   against LmdbStore ``sync`` with the inline writer, 1 KiB bodies, at group sizes ``--groups`` (200, 500, 1000, 2000), in
    interleaved slices so both see the same disk moment; plus the disk's median fsync latency.
 
 The defaults (100k messages, 100k delays, short curve slices) finish in about a minute; the
@@ -170,7 +172,11 @@ def fill_delays(path: str, n: int) -> float:
 # -- probes (fresh child process) -------------------------------------------------------------
 
 def _memory() -> dict[str, float]:
-    """Peak RSS (ru_maxrss) and current VmRSS / RssAnon / RssFile of this process, in MiB."""
+    """Peak RSS and current VmRSS / RssAnon / RssFile of this process, in MiB.
+
+    ``VmHWM`` is this process's own peak. ``ru_maxrss`` is reported too, but Linux carries the
+    parent's peak across fork + exec into it, so after a big fill it shows the filler's peak.
+    """
     out = {"ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
     with open("/proc/self/status") as f:
         for line in f:
@@ -324,15 +330,38 @@ def fsync_ms(tmp: str) -> float:
     return sorted(times)[len(times) // 2] * 1000.0
 
 
-def raw_slice(env: Any, db: Any, start: int, group: int, body: bytes, seconds: float) -> int:
-    """Raw py-lmdb: one putmulti and one (fsynced) commit per group; return messages written."""
+def write_fsync_ms(tmp: str, kib: int) -> float:
+    """Median time to write ``kib`` KiB of fresh 4 KiB pages at the end of a file and fsync."""
+    path = os.path.join(tmp, "write.probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    chunk = os.urandom(kib << 10)
+    times = []
+    try:
+        for _ in range(15):
+            t = time.perf_counter()
+            os.write(fd, chunk)
+            os.fsync(fd)
+            times.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return sorted(times)[len(times) // 2] * 1000.0
+
+
+def raw_slice(env: Any, db: Any, start: int, group: int, body: bytes, seconds: float,
+              append: bool = False) -> int:
+    """Raw py-lmdb: one putmulti and one (fsynced) commit per group; return messages written.
+
+    ``append`` uses MDB_APPEND (keys arrive in order), which fills leaf pages instead of
+    splitting them in half: three 1 KiB values per 4 KiB page instead of two.
+    """
     pack = struct.Struct(">IBQ").pack
     n = 0
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         items = [(pack(1, 9, i), body) for i in range(start + n, start + n + group)]
         with env.begin(write=True) as txn:
-            txn.cursor(db=db).putmulti(items)
+            txn.cursor(db=db).putmulti(items, append=append)
         n += group
     return n
 
@@ -358,20 +387,28 @@ def sync_curve(tmp: str, groups: list[int], seconds: float, rounds: int) -> None
     import lmdb
     body = os.urandom(BODY_SIZE)
     emit("disk_fsync_median_4k", fsync_ms(tmp), "ms")
+    for kib in (4, 256, 1024, 4096):
+        emit(f"disk_write_fsync_{kib}KiB", write_fsync_ms(tmp, kib), "ms")
     for group in groups:
         raw_path = os.path.join(tmp, f"raw-{group}")
         os.makedirs(raw_path)
-        env = lmdb.open(raw_path, map_size=8 << 30, max_dbs=2, sync=True, metasync=True)
+        env = lmdb.open(raw_path, map_size=8 << 30, max_dbs=3, sync=True, metasync=True)
         db = env.open_db(b"x")
+        dba = env.open_db(b"a")
         store = _open_store(os.path.join(tmp, f"store-{group}"), "sync")
         raw_rates: list[float] = []
+        append_rates: list[float] = []
         store_rates: list[float] = []
-        nr = ns = 0
+        nr = na = ns = 0
         for _ in range(rounds):
             t = time.perf_counter()
             k = raw_slice(env, db, nr, group, body, seconds)
             raw_rates.append(k / (time.perf_counter() - t))
             nr += k
+            t = time.perf_counter()
+            k = raw_slice(env, dba, na, group, body, seconds, append=True)
+            append_rates.append(k / (time.perf_counter() - t))
+            na += k
             t = time.perf_counter()
             k = store_slice(store, ns, group, body, seconds)
             store_rates.append(k / (time.perf_counter() - t))
@@ -381,9 +418,13 @@ def sync_curve(tmp: str, groups: list[int], seconds: float, rounds: int) -> None
         shutil.rmtree(raw_path, ignore_errors=True)
         shutil.rmtree(os.path.join(tmp, f"store-{group}"), ignore_errors=True)
         raw_rates.sort()
+        append_rates.sort()
         store_rates.sort()
         emit(f"raw_lmdb_sync_append_g{group}_best", raw_rates[-1], "msg/s")
         emit(f"raw_lmdb_sync_append_g{group}_median", raw_rates[len(raw_rates) // 2], "msg/s")
+        emit(f"raw_lmdb_sync_mdb_append_g{group}_best", append_rates[-1], "msg/s")
+        emit(f"raw_lmdb_sync_mdb_append_g{group}_median", append_rates[len(append_rates) // 2],
+             "msg/s")
         emit(f"store_sync_append_g{group}_best", store_rates[-1], "msg/s")
         emit(f"store_sync_append_g{group}_median", store_rates[len(store_rates) // 2], "msg/s")
     emit("disk_fsync_median_4k_after", fsync_ms(tmp), "ms")
@@ -408,7 +449,8 @@ def bench_messages(root: str, n: int) -> None:
     emit("backlog_first_message_seconds", r["first"], "s")
     emit(f"backlog_serve_{r['count']}_seconds", r["served"], "s")
     emit("backlog_depth_after_serving", r["depth_after"], "messages")
-    emit("backlog_peak_rss_ru_maxrss", r["ru_maxrss"], "MiB")
+    emit("backlog_peak_rss_vmhwm", r["VmHWM"], "MiB")
+    emit("backlog_ru_maxrss_incl_parent_peak", r["ru_maxrss"], "MiB")
     emit("backlog_vmrss", r["VmRSS"], "MiB")
     emit("backlog_rss_anon", r.get("RssAnon", 0.0), "MiB")
     emit("backlog_rss_file", r.get("RssFile", 0.0), "MiB")
@@ -417,7 +459,7 @@ def bench_messages(root: str, n: int) -> None:
     emit("warm_backlog_open_recover_seconds", r["open"] + r["recover"], "s")
     emit("warm_backlog_first_message_seconds", r["first"], "s")
     emit(f"warm_backlog_serve_{r['count']}_seconds", r["served"], "s")
-    emit("warm_backlog_peak_rss_ru_maxrss", r["ru_maxrss"], "MiB")
+    emit("warm_backlog_peak_rss_vmhwm", r["VmHWM"], "MiB")
     emit("warm_backlog_vmrss", r["VmRSS"], "MiB")
     shutil.rmtree(path, ignore_errors=True)
 
@@ -442,7 +484,8 @@ def bench_delays(root: str, n: int) -> None:
     emit("delays_fired_after_first_due", r["fired_first_second"], "messages")
     emit("delays_fired_after_second_due", r["fired_two_seconds"], "messages")
     emit("delays_move_1000_due_ms", r["move_ms"], "ms")
-    emit("delays_peak_rss_ru_maxrss", r["ru_maxrss"], "MiB")
+    emit("delays_peak_rss_vmhwm", r["VmHWM"], "MiB")
+    emit("delays_ru_maxrss_incl_parent_peak", r["ru_maxrss"], "MiB")
     emit("delays_vmrss", r["VmRSS"], "MiB")
     ok = (r["fired_at_restart"] == 0 and r["fired_before_due"] == 0
           and r["fired_first_second"] == min(n, PER_SECOND)
