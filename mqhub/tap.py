@@ -17,6 +17,7 @@ from twisted.python import usage
 from mqhub.discovery import Discovery, load_plugins, plugin_dirs
 from mqhub.errors import PluginError
 from mqhub.hub import HubService, build_hub
+from mqhub.logs import forward_stdlib_logging
 
 log = Logger(namespace="mqhub.tap")
 
@@ -195,9 +196,13 @@ def install_stop_signals(reactor: Any) -> None:
 
 
 def makeService(options: Options) -> HubService:
-    """twistd entry point: :func:`build_service` with the global reactor."""
+    """twistd entry point: :func:`build_service` with the global reactor.
+
+    Also routes the stdlib ``logging`` of mqhub's core, scheduler and store into twistd's log.
+    """
     from twisted.internet import reactor
 
+    forward_stdlib_logging()
     root = build_service(options, reactor)
     reactor.callWhenRunning(install_stop_signals, reactor)
     return root

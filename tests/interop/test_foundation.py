@@ -136,6 +136,35 @@ def test_json_log_format_writes_one_object_per_line(make_broker: MakeBroker) -> 
     assert any(e.get("log_format") == "store closed" for e in events)
 
 
+def test_core_and_store_stdlib_logs_reach_the_twistd_log(make_broker: MakeBroker, tmp_path: Path) -> None:
+    """The core's stdlib ``logging`` (a recovery warning) lands in twistd's JSON log, not stderr."""
+    from twisted.internet.task import Clock
+
+    from mqhub.store.batch import WriteBatch
+    from mqhub.store.lmdb import LmdbStore
+    from mqhub.store.records import make_entry
+    from mqhub.testing import result_of
+
+    data = tmp_path / "orphan-data"
+    clock = Clock()
+    store = LmdbStore(str(data / "store"), clock=clock, durability="none")
+    store.open()
+    batch = WriteBatch()
+    batch.put_entries("orphan", [make_entry(1, b"left behind", "orphan")])  # no queue settings
+    committed = store.commit(batch)
+    clock.advance(0)
+    result_of(committed)
+    store.close()
+    broker = echo_broker(make_broker, data_dir=data, extra_args=["--log-format", "json"])
+    assert broker.stop() == 0
+    events = [json.loads(line) for line in broker.output().splitlines() if line.strip()]
+    warnings = [e for e in events if e.get("log_namespace") == "mqhub.core.broker"]
+    assert [e["message"] for e in warnings] == [
+        "recovering queue 'orphan', which had entries but no settings"
+    ]
+    assert warnings[0]["log_level"]["name"] == "warn"
+
+
 def test_store_that_cannot_open_exits_one_without_listening(
     make_broker: MakeBroker, tmp_path: Path
 ) -> None:
