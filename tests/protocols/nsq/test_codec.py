@@ -333,3 +333,89 @@ def test_fast_paths_leave_bad_input_to_next_event() -> None:
     with pytest.raises(ProtocolError):
         codec.next_event()
     assert c.parse_ids([b"00000000000000ff", b"0000 00000000fff"]) == ([255], [b"0000 00000000fff"])
+
+
+def fast_id_events(codec: ServerCodec) -> list[object]:
+    """Like :func:`fast_events`, but FIN runs through ``read_fin_ids`` (ids rendered back)."""
+    out: list[object] = []
+    while True:
+        topic, got = codec.read_pubs()
+        if got:
+            out.extend(c.Pub(topic, b) for b in got)
+            continue
+        fin_ids = codec.read_fin_ids()
+        if fin_ids:
+            out.extend(c.Fin(c.render_id(i)) for i in fin_ids)
+            continue
+        ev = codec.next_event()
+        if ev is NEED_DATA:
+            return out
+        out.append(ev)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(commands, min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_fin_id_fast_path_matches_events(events: list[c.Command], rng: random.Random) -> None:
+    """read_fin_ids (strided column checks + one fromhex) yields exactly the ids next_event would."""
+    stream = c.MAGIC_V2 + b"".join(c.encode_command(e) for e in events)
+    cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(0, 10))))
+    codec = ServerCodec()
+    out: list[object] = []
+    for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        codec.receive_data(stream[a:b])
+        out.extend(fast_id_events(codec))
+    assert out == events  # the strategy's ids are lower-case, so render_id round-trips them
+
+
+@pytest.mark.parametrize("bad_line", [
+    b"FIN 0123456 89abcdef\n",   # a space inside the id
+    b"FIN 0123456789abcdeg\n",   # a non-hex digit
+    b"FIN 0123456789abcdef\r\n",  # CRLF is left to next_event
+    b"FIN 0123456789ab\xe9def\n",  # not ASCII
+    b"RDY 1\nFIN 01234567890\n",  # not a FIN line at all
+])
+def test_fin_id_fast_path_stops_before_an_odd_line(bad_line: bytes) -> None:
+    """Good lines before an odd one are taken (upper case too); the odd one goes to next_event."""
+    codec = ServerCodec(expect_magic=False)
+    good = b"FIN 00000000000000FF\nFIN 0000000000000100\n"
+    codec.receive_data(good + bad_line + b"FIN 0000000000000001\n")
+    assert codec.read_fin_ids() == [255, 256]
+    assert codec.read_fin_ids() == []
+    try:
+        ev = codec.next_event()
+    except ProtocolError:
+        return
+    assert ev is not NEED_DATA and not (isinstance(ev, c.Fin) and ev.msg_id == b"0000000000000001")
+
+
+def test_fin_id_fast_path_waits_for_a_whole_line() -> None:
+    """A partial FIN line stays buffered until its newline arrives."""
+    codec = ServerCodec(expect_magic=False)
+    codec.receive_data(b"FIN 000000000000000a\nFIN 00000000")
+    assert codec.read_fin_ids() == [10]
+    assert codec.read_fin_ids() == []
+    codec.receive_data(b"0000000b\n")
+    assert codec.read_fin_ids() == [11]
+
+
+def test_uniform_mpub_fast_path_and_its_fallbacks() -> None:
+    """Equal-size MPUB bodies are cut in one go; a differing or oversized one takes the checked loop."""
+    m = c.MAGIC_V2
+    same = [bytes([i]) * 16 for i in range(200)]
+    assert feed([m + c.encode_mpub("t", same)]) == [c.Mpub("t", same)]
+    for odd in (b"y" * 15, b"y" * (16 + 256), b"y" * (16 + 65536)):  # prefix differs in byte 3, 2, 1
+        mixed = same[:100] + [odd] + same[101:]
+        assert feed([m + c.encode_mpub("t", mixed)]) == [c.Mpub("t", mixed)]
+    err = fail(c.encode_mpub("t", [b"q" * 20] * 3), max_msg_size=10)
+    assert err.wire_text == b"E_BAD_MESSAGE MPUB message too big 20 > 10"
+    err = fail(c.encode_mpub("t", [b"q" * 20] * 30), max_body_size=300, max_msg_size=100)
+    assert err.wire_text.startswith(b"E_BAD_BODY MPUB body too big")
+    whole = m + c.encode_mpub("t", same)  # split reads: the rest of the MPUB comes later
+    assert feed([whole[:500], whole[500:]]) == [c.Mpub("t", same)]
+
+
+def test_render_ids_matches_render_id() -> None:
+    """The batch id renderer is the per-id one, for any ids in range."""
+    ids = [0, 1, 255, (1 << 63) - 1, 0x0123456789ABCDEF, 123 << 22]
+    assert list(c.render_ids(ids)) == [c.render_id(i) for i in ids]
+    assert c.render_ids([]) == ()

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import zlib
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mqhub.protocols.nsq import codec as w
 from mqhub.protocols.nsq import snappy
 from mqhub.protocols.nsq.auth import SecretsFile
 from mqhub.protocols.nsq.config import NsqConfig
+from mqhub.protocols.nsq.server import render_messages
 from mqhub.protocols.nsq.topics import queue_name, topic_address
 from tests.protocols.nsq.harness import Harness
 
@@ -638,3 +642,45 @@ def test_snappy_and_deflate_together_are_refused() -> None:
     c.send(w.encode_identify({"feature_negotiation": True, "snappy": True, "deflate": True}))
     assert c.frames() == [w.ErrorFrame("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")]
     assert c.closed
+
+
+def _entry(msg_id: int, attempts: int, body: bytes) -> tuple:
+    """A core entry tuple with the fields render_messages reads."""
+    return (msg_id, 0, attempts, 0.0, 0.0, "nsq.t", None, body, "nsq")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, (1 << 63) - 1), st.integers(0, 65535),
+                          st.binary(max_size=40)), min_size=1, max_size=30),
+       st.booleans())
+def test_render_messages_frames_each_entry(spec: list[tuple[int, int, bytes]], uniform: bool) -> None:
+    """Batch rendering (shared-head fast path or not) decodes to one exact frame per entry."""
+    if uniform:  # one millisecond, one size, one attempts value: the shared-head path
+        base = spec[0][0] & ~((1 << 22) - 1)
+        spec = [(base + i, spec[0][1], b"%08d" % i) for i in range(len(spec))]
+    entries = [_entry(m, a, b) for m, a, b in spec]
+    dec = w.ClientCodec()
+    dec.receive_data(render_messages(entries))
+    assert dec.frames() == [
+        w.Message((1577836800000 + (m >> 22)) * 1_000_000, a, w.render_id(m), b) for m, a, b in spec]
+    assert render_messages([]) == b""
+
+
+def test_fin_runs_mixed_with_odd_ids_answer_in_order() -> None:
+    """FINs taken by the fast path, a FIN with a non-hex id and an unknown id answer in order."""
+    h = Harness()
+    c = h.consumer("t", "c", rdy=10)
+    p = h.client()
+    p.send(w.encode_mpub("t", [b"a", b"b", b"c"]))
+    h.settle()
+    got = [f.msg_id for f in c.frames() if isinstance(f, w.Message)]
+    assert len(got) == 3
+    c.send(b"".join([w.encode_fin(got[0]), w.encode_fin(b"00000000000000ff"),
+                     w.encode_fin(b"zzzzzzzzzzzzzzzz"), w.encode_fin(got[1]),
+                     w.encode_fin(got[2].upper())]))
+    assert c.frames() == [
+        w.ErrorFrame("E_FIN_FAILED", "FIN 00000000000000ff failed ID not in flight"),
+        w.ErrorFrame("E_FIN_FAILED", "FIN zzzzzzzzzzzzzzzz failed ID not in flight"),
+    ]
+    assert h.factory.hub.broker.queue(queue_name("t", "c")).in_flight == 0
+    assert not c.closed
