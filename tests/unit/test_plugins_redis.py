@@ -72,6 +72,42 @@ def test_codec_whole_bytewise_and_random_splits(resp: ModuleType) -> None:
         assert events(resp, pieces) == EXPECTED
 
 
+def test_codec_resumes_a_split_command_instead_of_reparsing_it(resp: ModuleType) -> None:
+    """A 20,000-argument command arriving in 1 KiB reads parses each header line about once
+    (re-parsing from the start on every read would cost about 2,000,000 header parses)."""
+    n = 20_000
+    data = b"*%d\r\n" % n + b"".join(b"$%d\r\n%d\r\n" % (len(b"%d" % i), i) for i in range(n))
+    data += b"*1\r\n$4\r\nPING\r\n"
+    codec = resp.RespCodec()
+    parsed_lines = 0
+    line = codec._line
+
+    def counting_line(start: int) -> Any:
+        """Count header-line parses."""
+        nonlocal parsed_lines
+        parsed_lines += 1
+        return line(start)
+
+    codec._line = counting_line
+    out = []
+    reads = 0
+    for i in range(0, len(data), 1024):
+        codec.receive_data(data[i : i + 1024])
+        reads += 1
+        while (event := codec.next_event()) is not resp.NEED_DATA:
+            out.append(event)
+    assert out == [[b"%d" % i for i in range(n)], [b"PING"]]
+    assert parsed_lines <= n + 1 + 2 + 2 * reads
+
+
+def test_codec_skips_many_empty_multibulks_without_recursing(resp: ModuleType) -> None:
+    """Thousands of ``*0`` in one read are skipped in a loop (no RecursionError out of the codec)."""
+    codec = resp.RespCodec()
+    codec.receive_data(b"*0\r\n" * 5000 + b"*1\r\n$4\r\nPING\r\n")
+    assert codec.next_event() == [b"PING"]
+    assert codec.next_event() is resp.NEED_DATA
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [

@@ -1,9 +1,10 @@
 """Sans-IO RESP codec: request parsing (arrays of bulk strings, or inline) and reply encoding.
 
 Strategy: bytes accumulate in a bytearray with a read offset. ``next_event`` parses one complete
-command from the offset, or returns NEED_DATA without consuming anything, so a command split
-across reads is simply re-parsed once more bytes arrive (commands are small; the buffer is
-compacted once half of it has been consumed). Limits mirror redis-server's: a bulk string, an
+command from the offset, or returns NEED_DATA without consuming anything. A multibulk command
+split across reads keeps what it has parsed so far (count, arguments, position), so the next read
+resumes where the last one stopped: a huge command costs linear, not quadratic, work. The buffer
+is compacted once half of it has been consumed. Limits mirror redis-server's: a bulk string, an
 array length and an inline line are bounded, and breaking a limit or the framing is a fatal
 ``ProtocolError`` with redis-server's own wording. This module imports neither Twisted nor zope.
 """
@@ -60,11 +61,16 @@ class RespCodec:
         self.max_inline = max_inline
         self._pending = bytearray()
         self._offset = 0
+        #: a multibulk command cut by the end of the buffer: (count, args so far, next position)
+        self._partial: tuple[int, Command, int] | None = None
 
     def receive_data(self, data: bytes) -> None:
         """Append bytes read from the connection."""
         if self._offset and self._offset * 2 >= len(self._pending):
             del self._pending[: self._offset]
+            if self._partial is not None:
+                count, args, pos = self._partial
+                self._partial = (count, args, pos - self._offset)
             self._offset = 0
         self._pending += data
 
@@ -81,7 +87,10 @@ class RespCodec:
             if start >= len(buf):
                 return NEED_DATA
             if buf[start] == 0x2A:  # b"*"
-                return self._multibulk(start)
+                command = self._multibulk(start)
+                if command == []:
+                    continue  # "*0\r\n" is ignored, as by redis-server
+                return command
             end = buf.find(b"\n", start)
             if end < 0:
                 if len(buf) - start > self.max_inline:
@@ -105,44 +114,52 @@ class RespCodec:
         return bytes(self._pending[start:end]), end + 2
 
     def _multibulk(self, start: int) -> Command | _NeedData:
-        """Parse ``*N\\r\\n`` followed by N ``$len\\r\\ndata\\r\\n`` bulk strings."""
-        header = self._line(start)
-        if header is None:
-            return NEED_DATA
-        line, pos = header
-        try:
-            count = int(line[1:])
-        except ValueError:
-            raise ProtocolError("ERR", "Protocol error: invalid multibulk length") from None
-        if count > self.max_args:
-            raise ProtocolError("ERR", "Protocol error: invalid multibulk length")
-        args: Command = []
+        """Parse ``*N\\r\\n`` followed by N ``$len\\r\\ndata\\r\\n`` bulk strings.
+
+        Resumes a command an earlier call left incomplete; an empty list is ``*0``.
+        """
+        if self._partial is not None:
+            count, args, pos = self._partial
+            self._partial = None
+        else:
+            header = self._line(start)
+            if header is None:
+                return NEED_DATA
+            line, pos = header
+            try:
+                count = int(line[1:])
+            except ValueError:
+                raise ProtocolError("ERR", "Protocol error: invalid multibulk length") from None
+            if count > self.max_args:
+                raise ProtocolError("ERR", "Protocol error: invalid multibulk length")
+            args = []
         buf = self._pending
-        for _ in range(count):
+        while len(args) < count:
             if pos >= len(buf):
+                self._partial = (count, args, pos)
                 return NEED_DATA
             if buf[pos] != 0x24:  # b"$"
                 got = chr(buf[pos])
                 raise ProtocolError("ERR", f"Protocol error: expected '$', got '{got}'")
             header = self._line(pos)
             if header is None:
+                self._partial = (count, args, pos)
                 return NEED_DATA
-            line, pos = header
+            line, after = header
             try:
                 size = int(line[1:])
             except ValueError:
                 raise ProtocolError("ERR", "Protocol error: invalid bulk length") from None
             if size < 0 or size > self.max_bulk:
                 raise ProtocolError("ERR", "Protocol error: invalid bulk length")
-            if pos + size + 2 > len(buf):
+            if after + size + 2 > len(buf):
+                self._partial = (count, args, pos)
                 return NEED_DATA
-            if buf[pos + size : pos + size + 2] != b"\r\n":
+            if buf[after + size : after + size + 2] != b"\r\n":
                 raise ProtocolError("ERR", "Protocol error: bulk string not terminated by CRLF")
-            args.append(bytes(buf[pos : pos + size]))
-            pos += size + 2
+            args.append(bytes(buf[after : after + size]))
+            pos = after + size + 2
         self._offset = pos
-        if not args:
-            return self.next_event()  # "*0\r\n" is ignored, as by redis-server
         return args
 
 
