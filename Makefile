@@ -1,5 +1,6 @@
 # mqhub: `make run` sets up and runs the broker; `make test` sets up and runs the whole suite.
-PYTHON ?= python3
+# python3.11 when the machine has it (python3 may be another version), else python3 (>= 3.11).
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
