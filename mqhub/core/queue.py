@@ -98,6 +98,7 @@ class Queue:
         self._unsettled = 0                   # this queue's put batches not yet committed
         self._put_gen = 0                     # bumps whenever stored-only entries are added
         self._volatile: set[int] = set()      # ids of persist=False entries in a durable queue
+        self._skip: set[int] = set()          # ids removed while a page was being read
         # in flight
         self._inflight: dict[int, Entry] = {}
         # msg_id -> (consumer, deadline); one tuple shared by every message of a delivered batch
@@ -428,6 +429,13 @@ class Queue:
         inflight = self._inflight
         claimed = self._claimed
         fresh = [e for e in entries if e[0] not in inflight and e[0] not in claimed]
+        if self._skip:
+            skip = self._skip
+            gone = [e for e in fresh if e[0] in skip]
+            if gone:
+                fresh = [e for e in fresh if e[0] not in skip]
+                self._stored_only = max(0, self._stored_only - len(gone))
+            self._skip = set()
         last = entries[-1]
         self._horizon = (last[1], last[0])
         self.broker.ids.observe(max(e[0] for e in entries))
@@ -812,6 +820,49 @@ class Queue:
             self._nready -= len(expired)
             self._expire(expired, now)
         return scanned
+
+    # -- removal by id -------------------------------------------------------------------------
+
+    def remove(self, msg_ids: Iterable[int]) -> list[int]:
+        """Remove ready (not in-flight) entries by id, with their store entries.
+
+        Returns the ids that were not removed: unknown, in flight, deferred, or in the stored
+        backlog beyond the in-memory window (only the window, at least ``window`` entries, is
+        searched). One scan of the window and one store commit per call.
+        """
+        ids = msg_ids if isinstance(msg_ids, list) else list(msg_ids)
+        wanted = set(ids)
+        if self._paging and self._stored_only:
+            # a page being read may still hold them: make sure it does not bring them back
+            self._skip.update(wanted)
+        removed: list[Entry] = []
+        for p in self._prios:
+            d = self._ready[p]
+            if not d:
+                continue
+            hit = [e for e in d if e[0] in wanted]
+            if hit:
+                removed.extend(hit)
+                keep = [e for e in d if e[0] not in wanted]
+                d.clear()
+                d.extend(keep)
+                if len(removed) == len(wanted):
+                    break
+        if not removed:
+            return ids
+        self._nready -= len(removed)
+        gone = {e[0] for e in removed}
+        stored = [e for e in removed if e[0] not in self._volatile]
+        if self._volatile:
+            self._volatile.difference_update(gone)
+        if stored and self.durable:
+            b = WriteBatch()
+            b.delete_entries(self.name, [(e[1], e[0]) for e in stored])
+            self._write(b)
+        if self._parent is not None:
+            fanout.done(self._parent, self, removed)
+        self._maybe_page()
+        return [mid for mid in ids if mid not in gone]
 
     # -- pull (mq9 QUERY) ----------------------------------------------------------------------
 

@@ -184,7 +184,7 @@ class EmqpRouter:
         self.pub_bridge = tuple(pub_bridge)
         self._bridge_bindings: list[Any] = []
         self.stats = {"requests": 0, "dispatched": 0, "replies": 0, "retries": 0,
-                      "published": 0, "scheduled_runs": 0}
+                      "published": 0, "scheduled_runs": 0, "late_replies": 0}
         if self.scheduler is not None and hasattr(self.scheduler, "register"):
             self.scheduler.register(SCHEDULE_KEY_PREFIX, self._schedule_due)
 
@@ -335,6 +335,8 @@ class EmqpRouter:
                     continue
                 worker = self.workers.get(cmd.peer)
                 if worker is None:
+                    if name == b"REPLY" and self._orphan_reply(cmd, results):
+                        continue
                     raise F.ProtocolError(F.E_BAD_VALUE, f"{name.decode()} from an unknown worker")
                 worker.last_seen = now
                 if name == b"READY":
@@ -409,6 +411,41 @@ class EmqpRouter:
             results.append(F.reply_result(client, self.ids.next(), result, client_msgid))
         if worker.leaving and not worker.inflight:
             self._remove_worker(worker)
+
+    def _orphan_reply(self, cmd: F.Command, results: list[Frames]) -> bool:
+        """A REPLY from a worker this broker does not know (it ran the job before a restart).
+
+        The job it names (by the request id, which is the client's msgid) was recovered as a
+        waiting job. When exactly one waiting job carries that msgid, it is settled now with
+        ``Queue.remove`` instead of running again, and its result goes to the client if asked.
+        A failure of a retryable job is left to run again, like any retry. Returns False when
+        no single waiting job matches (the REPLY is then dropped as before).
+        """
+        if len(cmd.body) != 2:
+            return False
+        result, req = cmd.body
+        msgid = req.decode("utf-8", "replace")
+        found: list[tuple[Any, tuple]] = []
+        for consumer in self.consumers.values():
+            queue = consumer.queue
+            for entry in queue.peek(queue.depth):
+                meta = entry[HEADERS]
+                if meta is not None and meta.get(H_MSGID) == msgid:
+                    found.append((queue, entry))
+        if len(found) != 1:
+            return False
+        queue, entry = found[0]
+        meta = entry[HEADERS]
+        if H_MAX in meta and F.is_failure(result):
+            return True  # a retryable job that failed runs again, as a retry would
+        if queue.remove([entry[MSG_ID]]):
+            return False
+        self.stats["late_replies"] += 1
+        client = bytes.fromhex(meta.get(H_CLIENT, ""))
+        if client and H_REPLY in meta:
+            results.append(F.reply_result(client, self.ids.next(), result, req))
+        log.info("eMQP: job {m} settled by a result from before the restart", m=msgid)
+        return True
 
     def _settle(self, acks: dict[str, list[int]], retries: dict[str, list[int]]) -> None:
         """Ack finished jobs and requeue failed retryable ones, one core call per queue."""

@@ -519,3 +519,45 @@ def test_replies_wait_on_the_core_barrier_without_empty_commits():
     clock.advance(0)
     assert len([f for f in rig.sent(rig.front, b"REPLY", b"c") if len(f) == 7]) == 2
     assert batches and all(batch for batch in batches)
+
+
+def test_result_from_a_pre_restart_worker_settles_the_recovered_job():
+    """A job in flight at a restart is recovered as waiting; when the old jobmanager's result
+    arrives before another worker takes it, the job is finished (not run again) and the
+    client gets the result."""
+    rig = Rig()
+    rig.worker(b"w1", ready=1)
+    rig.request(b"c", b"long", headers=b"guarantee,reply-requested")
+    assert rig.jobs_to(b"w1") == [b"long"]
+    rig.router.stop()
+    hub2 = restart_hub(rig.hub)
+    rig2 = Rig(hub2)
+    assert rig2.queue().depth == 1
+    rig2.reply(b"w1", b"long", b'{"value": 42}')   # w1 is unknown to the new broker
+    advance(rig2.clock, 0.1)
+    results = [f for f in rig2.sent(rig2.front, b"REPLY", b"c") if len(f) == 7]
+    assert [(f[5], f[6]) for f in results] == [(b'{"value": 42}', b"long")]
+    assert rig2.queue().depth == 0 and rig2.router.stats["late_replies"] == 1
+    hub3 = restart_hub(hub2)
+    rig3 = Rig(hub3)
+    rig3.worker(b"w2", ready=1)
+    assert rig3.jobs_to(b"w2") == []
+
+
+def test_late_failure_of_a_retryable_job_lets_it_run_again():
+    """A timed-out result from before the restart of a guaranteed job: the job runs again."""
+    rig = Rig()
+    rig.worker(b"w1", ready=1)
+    rig.request(b"c", b"j", headers=b"guarantee")
+    rig.router.stop()
+    rig2 = Rig(restart_hub(rig.hub))
+    rig2.reply(b"w1", b"j", b'{"value": "TimeoutError"}')
+    rig2.worker(b"w2", ready=1)
+    assert rig2.jobs_to(b"w2") == [b"j"]
+
+
+def test_late_reply_matching_no_single_job_is_dropped():
+    """An unknown worker's REPLY that names no waiting job is dropped and counted."""
+    rig = Rig()
+    rig.reply(b"ghost", b"nothing")
+    assert rig.router.drops.total >= 1 and rig.router.stats["late_replies"] == 0
