@@ -82,7 +82,8 @@ class ListenerService(Service):
         drain_timeout: float = 2.0,
     ) -> None:
         """:param endpoint: a Twisted server endpoint string, e.g. ``tcp:4150:interface=127.0.0.1``.
-        :param reactor: the reactor to listen with (the global one when None).
+        :param reactor: the reactor to listen with (``hub.reactor``). The global reactor is
+            never used: a hub without a reactor (unit tests) builds listeners but cannot start them.
         :param drain_timeout: seconds to wait for connections to close before aborting them.
         """
         self.endpoint = endpoint
@@ -94,17 +95,22 @@ class ListenerService(Service):
         self.listening: Deferred[Any] = Deferred()
 
     def _get_reactor(self) -> Any:
-        """The reactor given, or the global one."""
-        if self._reactor is None:
-            from twisted.internet import reactor
+        """The reactor given to the constructor.
 
-            self._reactor = reactor
+        :raises RuntimeError: when there is none (a reactor-less hub must not bind ports).
+        """
+        if self._reactor is None:
+            raise RuntimeError(f"{self.name or self.endpoint}: no reactor to listen with")
         return self._reactor
 
     def startService(self) -> None:
-        """Start listening; failures are logged and reported through ``listening``."""
+        """Start listening; failures are logged and reported through ``listening``.
+
+        :raises RuntimeError: when the service was built without a reactor.
+        """
+        reactor = self._get_reactor()
         Service.startService(self)
-        d = serverFromString(self._get_reactor(), self.endpoint).listen(self._tracking)
+        d = serverFromString(reactor, self.endpoint).listen(self._tracking)
         d.addCallbacks(self._listened, self._listen_failed)
 
     def _listened(self, port: IListeningPort) -> None:
@@ -141,7 +147,10 @@ class ListenerService(Service):
 
     def _close_all(self, _: object) -> Deferred[None]:
         """Ask every connection to close; fire once none is left or after aborting the rest."""
-        for protocol in self._tracking.open_connections():
+        open_now = self._tracking.open_connections()
+        if not open_now:
+            return succeed(None)
+        for protocol in open_now:
             protocol.transport.loseConnection()
         clock = self._get_reactor()
         deadline = clock.seconds() + self.drain_timeout

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from twisted.application.service import Service
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, fail, succeed
@@ -308,6 +309,17 @@ def test_listener_aborts_connections_that_do_not_close() -> None:
     reactor.advance(0.2)
     assert fired == [None]
     assert transport.disconnecting
+
+
+def test_listener_without_a_reactor_never_reaches_the_global_one() -> None:
+    """Built on a reactor-less hub (hub.reactor None) a listener refuses to start instead of
+    binding through the global reactor; stopping it still completes."""
+    service = ListenerService("tcp:0:interface=127.0.0.1", Factory.forProtocol(Quiet), reactor=None)
+    service.setName("quiet")
+    with pytest.raises(RuntimeError, match="quiet: no reactor"):
+        service.startService()
+    assert not service.running and service.port is None
+    assert service.stopService().called
 
 
 def test_json_observer_writes_one_object_per_line() -> None:
