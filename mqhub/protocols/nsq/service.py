@@ -9,7 +9,6 @@ from typing import Any
 
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web.server import Site
 
@@ -22,9 +21,6 @@ from mqhub.protocols.nsq.server import NsqFactory
 from mqhub.protocols.nsq.topics import TopicRegistry
 
 log = Logger(namespace="mqhub.nsq")
-
-#: seconds between sweeps that move deferred messages stranded in a topic buffer to its channels
-RELEASE_INTERVAL = 0.5
 
 
 class NsqService(MultiService):
@@ -82,16 +78,6 @@ class NsqService(MultiService):
 
         d.addCallback(start_children)
         d.addErrback(lambda f: log.failure("nsq: could not recover topics", f))
-        self._sweep = LoopingCall(self.registry.release_stranded)
-        self._sweep.clock = self.hub.clock
-        self._sweep.start(RELEASE_INTERVAL, now=False)
-
-    def stopService(self) -> Any:
-        """Stop the buffer sweep, then the listeners."""
-        sweep = getattr(self, "_sweep", None)
-        if sweep is not None and sweep.running:
-            sweep.stop()
-        return super().stopService()
 
 
 def _port_of(endpoint: str) -> int:

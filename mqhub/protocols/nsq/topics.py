@@ -142,15 +142,8 @@ class TopicRegistry:
         return DeferredList(ds, consumeErrors=True)
 
     def _empty_parked(self, topic: Topic) -> Deferred[Any]:
-        """Drop the messages the topic holds for channels that do not exist yet."""
-        empty = getattr(self.broker, "empty_parked", None)
-        if empty is not None:
-            return maybeDeferred(empty, topic.address)
-        # The core has no public call for this yet: empty the address's parking queue.
-        parked = self.broker.router.parking.get(topic.address)
-        if parked is None:
-            return succeed(None)
-        return maybeDeferred(parked.empty)
+        """Drop the messages the topic holds for channels that do not exist yet (and its delays)."""
+        return maybeDeferred(self.broker.empty_parked, topic.address)
 
     def empty_topic(self, name: str) -> Deferred[Any]:
         """Drop the topic's own backlog (messages not yet handed to a channel)."""
@@ -223,20 +216,6 @@ class TopicRegistry:
             del topic.channels[channel]
         if topic.ephemeral and not topic.channels:
             self.delete_topic(topic_name)
-
-    def release_stranded(self) -> int:
-        """Hand channels any messages left in a topic's buffer although channels exist.
-
-        A DPUB to a topic without channels is deferred against the topic's buffer; if a channel
-        appears before it is due, it lands in the buffer afterwards. This moves such messages
-        on (through the core's public ``resume_address``). Returns how many topics had some.
-        """
-        moved = 0
-        for topic in list(self.topics.values()):
-            if topic.channels and not topic.paused and self.topic_depth(topic):
-                maybeDeferred(self.broker.resume_address, topic.address)
-                moved += 1
-        return moved
 
     def count_published(self, topic: Topic, bodies: list[bytes]) -> None:
         """Account messages published through NSQ (stats)."""
