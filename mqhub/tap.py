@@ -18,6 +18,7 @@ from mqhub.discovery import Discovery, load_plugins, plugin_dirs
 from mqhub.errors import PluginError
 from mqhub.hub import HubService, build_hub
 from mqhub.logs import forward_stdlib_logging
+from mqhub.plugins.builtin import BUILTIN
 
 log = Logger(namespace="mqhub.tap")
 
@@ -54,15 +55,14 @@ Examples:
   twistd -n mqhub --plugin-path plugins --protocols redis
 """
 
-    # A plain list: protocol plugins append their own [long, short, default, doc] lines.
+    # A plain list: the hub's own [long, short, default, doc] lines, then the extra flags the
+    # built-in descriptors declare (drop-ins use --option NAME.KEY=VALUE).
     optParameters: list[list[Any]] = [
         ["protocols", "p", "all", "Comma-separated protocol names (or aliases), or 'all'."],
         ["data-dir", "d", "./var", "Directory of the durable store."],
         ["log-format", None, "text", "Log output: text or json (one JSON object per line)."],
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
-        ["nsq-auth-secrets", None, None, "NSQ: JSON secrets file; clients must AUTH (see docs/protocols/nsq.md)."],
-        ["nsq-tls-cert", None, None, "NSQ: PEM certificate (and key) enabling the tls_v1 upgrade."],
-        ["nsq-tls-key", None, None, "NSQ: PEM key when not in the --nsq-tls-cert file."],
+        *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
     ]
 
     def __init__(self) -> None:

@@ -11,6 +11,10 @@ from zope.interface import implementer
 from mqhub.errors import PluginError
 from mqhub.interfaces import IProtocolPlugin
 
+#: One extra ``twistd mqhub`` option of a built-in protocol, as a usage.Options
+#: ``optParameters`` line: (long name, short name, default, help).
+OptionLine = tuple[str, str | None, str | None, str]
+
 
 def _tcp(port: int) -> str:
     """Twisted endpoint string for TCP ``port`` on the loopback interface."""
@@ -23,6 +27,8 @@ class BuiltinProtocol:
     """Descriptor of a protocol whose server lives in ``mqhub.protocols.<package>.service``.
 
     The server module must define ``make_service(hub, endpoints, options) -> IService``.
+    ``option_lines`` are protocol-specific ``twistd mqhub`` flags (read from ``options`` by the
+    server); every other setting goes through ``--option NAME.KEY=VALUE``.
     """
 
     name: str
@@ -30,6 +36,7 @@ class BuiltinProtocol:
     description: str
     default_endpoints: dict[str, str]
     aliases: tuple[str, ...] = field(default=())
+    option_lines: tuple[OptionLine, ...] = field(default=())
 
     def make_service(self, hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> Any:
         """Import the protocol's server module and build (not start) its service.
@@ -56,6 +63,12 @@ nsq = BuiltinProtocol(
     package="nsq",
     description="NSQ: nsqd TCP protocol V2 plus the nsqd HTTP API and nsqlookupd-style /lookup",
     default_endpoints={"tcp": _tcp(4150), "http": _tcp(4151)},
+    option_lines=(
+        ("nsq-auth-secrets", None, None,
+         "NSQ: JSON secrets file; clients must AUTH (see docs/protocols/nsq.md)."),
+        ("nsq-tls-cert", None, None, "NSQ: PEM certificate (and key) enabling the tls_v1 upgrade."),
+        ("nsq-tls-key", None, None, "NSQ: PEM key when not in the --nsq-tls-cert file."),
+    ),
 )
 
 mq9 = BuiltinProtocol(
@@ -91,3 +104,6 @@ vibemq = BuiltinProtocol(
     description="VibeMQ binary frames: queues, publish acks, compression",
     default_endpoints={"tcp": _tcp(2925)},
 )
+
+#: Every built-in descriptor (tap.Options adds their ``option_lines`` to its flags).
+BUILTIN: tuple[BuiltinProtocol, ...] = (nsq, mq9, emqp, mqks, vibemq)
