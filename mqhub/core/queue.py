@@ -37,7 +37,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Consumer", "Queue", "MAX_ATTEMPTS_HEADER", "OVERFLOW_POLICIES", "MODES"]
+__all__ = ["Consumer", "Queue", "MAX_ATTEMPTS_HEADER", "OVERFLOW_POLICIES", "MODES",
+           "NOT_IN_FLIGHT", "NOT_OWNER"]
+
+#: failure reasons of ack/requeue/touch/reject (see Queue.failure_reasons)
+NOT_IN_FLIGHT = "not_in_flight"
+NOT_OWNER = "not_owner"
 
 #: Header a message may carry to override its queue's ``max_attempts``.
 MAX_ATTEMPTS_HEADER = "mqhub-max-attempts"
@@ -658,6 +663,38 @@ class Queue:
             got.append(inflight.pop(mid))
         consumer.in_flight -= len(got)
         return got, failed
+
+    def owner_of(self, msg_id: int) -> Consumer | None:
+        """The consumer holding ``msg_id`` in flight on this queue (or its fan-out subscribers)."""
+        rec = self._owner.get(msg_id)
+        if rec is not None:
+            return rec[0]
+        for sub in self._subs:
+            rec = sub._owner.get(msg_id)
+            if rec is not None:
+                return rec[0]
+        return None
+
+    def failure_reasons(self, consumer: Consumer,
+                        msg_ids: Iterable[int]) -> list[tuple[int, str]]:
+        """Why ``consumer`` cannot ack/requeue/touch/reject each id: ``(msg_id, reason)``.
+
+        ``NOT_OWNER`` ("not_owner"): the message is in flight on another consumer;
+        ``NOT_IN_FLIGHT`` ("not_in_flight"): unknown, ready, deferred or already finished.
+        Meant for the ids an operation returned as failed (NSQ ``E_FIN_FAILED`` texts); an id
+        that ``consumer`` does hold is reported as ``"ok"``.
+        """
+        owner = consumer.queue._owner
+        out: list[tuple[int, str]] = []
+        for mid in msg_ids:
+            rec = owner.get(mid)
+            if rec is None:
+                out.append((mid, NOT_IN_FLIGHT))
+            elif rec[0] is consumer:
+                out.append((mid, "ok"))
+            else:
+                out.append((mid, NOT_OWNER))
+        return out
 
     def ack(self, consumer: Consumer, msg_ids: Iterable[int]) -> list[int]:
         """Acknowledge (NSQ FIN); return the ids that were not in flight on ``consumer``."""
