@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,13 @@ import time
 from pathlib import Path
 
 import zmq
+
+try:
+    from benchmarks import _common
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
+
+free_port, wait_port, stop = _common.free_port, _common.wait_port, _common.stop
 
 V = b"eMQP/1.0"
 # pyzmq's sugar layer makes an enum of every flag; the load generators call the backend
@@ -48,25 +54,6 @@ def recv(sock: zmq.Socket) -> list[bytes]:
     return out
 BODY = json.dumps(["run", {"callable": "noop", "path": "bench", "args": [], "kwargs": {},
                            "class_args": [], "class_kwargs": {}}]).encode()
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 20.0) -> None:
-    """Wait until something accepts on ``port``."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
 
 
 # synthetic workers (run in their own process) -----------------------------------------------
@@ -183,15 +170,10 @@ def measure(frontend: str, backend: str, jobs: int, workers: int, slots: int,
 def start_mqhub(tmp: Path, durability: str) -> tuple[subprocess.Popen[bytes], str, str]:
     """``twistd -n mqhub --protocols emqp`` on free ports; returns (process, frontend, backend)."""
     ports = {role: free_port() for role in ("frontend", "backend", "pub-in", "pub-out")}
-    twistd = Path(sys.executable).parent / "twistd"
-    args = [str(twistd), "-n", "--pidfile=", "mqhub", "--protocols", "emqp",
-            "--data-dir", str(tmp / f"data-{durability}"), "--durability", durability]
-    for role, port in ports.items():
-        args += ["--listen", f"emqp.{role}=tcp://127.0.0.1:{port}"]
-    log = open(tmp / f"mqhub-{durability}.log", "wb")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    wait_port(ports["backend"])
+    proc = _common.start_mqhub(
+        "emqp", [f"emqp.{role}=tcp://127.0.0.1:{port}" for role, port in ports.items()],
+        tmp / f"data-{durability}", durability, tmp / f"mqhub-{durability}.log",
+        wait_for=ports["backend"])
     return proc, f"tcp://127.0.0.1:{ports['frontend']}", f"tcp://127.0.0.1:{ports['backend']}"
 
 
@@ -208,16 +190,6 @@ def start_original(tmp: Path) -> tuple[subprocess.Popen[bytes], str, str]:
                             stderr=subprocess.DEVNULL)
     wait_port(back)
     return proc, f"tcp://127.0.0.1:{front}", f"tcp://127.0.0.1:{back}"
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Terminate a router process (kill after 10 s)."""
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,43 +33,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-HOST = "127.0.0.1"
+try:
+    from benchmarks import _common
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
+
+HOST = _common.HOST
+free_port, wait_port, stop = _common.free_port, _common.wait_port, _common.stop
 CHUNK = 64 * 1024
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true}\r\n'
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    """Poll until ``port`` accepts, or fail if the process died or the deadline passed."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with socket.create_connection((HOST, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open")
 
 
 def start_mqhub(data_dir: str, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int]:
     """Start ``twistd -n mqhub --protocols nats`` on a free port with a durable store."""
     port = free_port()
-    twistd = Path(sys.executable).parent / "twistd"
-    cmd = [str(twistd)] if twistd.exists() else [sys.executable, "-m", "twisted"]
-    cmd += ["-n", "--pidfile=", "mqhub", "--protocols", "nats", "--data-dir", data_dir,
-            "--durability", "sync", "--listen", f"mq9.tcp=tcp:{port}:interface={HOST}", *extra]
-    log = open(os.path.join(data_dir, "mqhub.log"), "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                            cwd=str(Path(__file__).resolve().parents[1]))
-    wait_port(port, proc)
+    proc = _common.start_mqhub("nats", [f"mq9.tcp=tcp:{port}:interface={HOST}"], data_dir, "sync",
+                               os.path.join(data_dir, "mqhub.log"), wait_for=port, extra=extra)
     return proc, port
 
 
@@ -89,16 +68,6 @@ def start_nats_server(binary: str, work: str) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen([binary, "-c", conf], stdout=log, stderr=subprocess.STDOUT)
     wait_port(port, proc)
     return proc, port
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Terminate a server subprocess (kill it if it lingers)."""
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # load generators (each in its own process) ------------------------------------------------

@@ -31,7 +31,13 @@ import time
 import uuid
 from typing import Any
 
-HOST = "127.0.0.1"
+try:
+    from benchmarks import _common
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
+
+HOST = _common.HOST
+free_port = _common.free_port
 MAGIC = b"  V2"
 _HEAD = struct.Struct(">ii")
 _I32 = struct.Struct(">i")
@@ -40,40 +46,12 @@ OK_FRAME = _HEAD.pack(6, 0) + b"OK"
 WINDOW = 8
 
 
-def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    """Poll until ``port`` accepts, or fail if the server died or the deadline passed."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with socket.create_connection((HOST, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open")
-
-
 def start_mqhub(data_dir: str, durability: str) -> tuple[subprocess.Popen, int]:
     """Start ``twistd -n mqhub --protocols nsq`` on free loopback ports."""
     tcp, http = free_port(), free_port()
-    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    cmd = [twistd] if os.path.exists(twistd) else [
-        sys.executable, "-c", "import sys; from twisted.scripts.twistd import run; run()"]
-    cmd += ["-n", "--pidfile=", "mqhub", "--protocols", "nsq", "--data-dir", data_dir,
-            "--durability", durability,
-            "--listen", f"nsq.tcp=tcp:{tcp}:interface={HOST}",
-            "--listen", f"nsq.http=tcp:{http}:interface={HOST}"]
-    log = open(os.path.join(data_dir, "..", "mqhub.log"), "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    wait_port(tcp, proc)
+    proc = _common.start_mqhub(
+        "nsq", [f"nsq.tcp=tcp:{tcp}:interface={HOST}", f"nsq.http=tcp:{http}:interface={HOST}"],
+        data_dir, durability, os.path.join(data_dir, "..", "mqhub.log"), wait_for=tcp)
     return proc, tcp
 
 
@@ -244,11 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{tag}_e2e {e2e:.0f} msg/s", flush=True)
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _common.stop(proc)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -1,0 +1,94 @@
+"""Helpers shared by the protocol benchmarks: loopback ports and the mqhub server they start.
+
+Every benchmark talks to 127.0.0.1 only. ``start_mqhub`` runs ``twistd -n mqhub`` as a child
+process with the given ``--listen`` endpoints and returns once the first given port accepts.
+
+Import from a benchmark script so that both ``python benchmarks/x_bench.py`` (the script's
+folder is on ``sys.path``) and ``mqhub bench x`` (the source root is on ``sys.path``) work::
+
+    try:
+        from benchmarks._common import free_port, start_mqhub, stop
+    except ImportError:  # run as a script
+        from _common import free_port, start_mqhub, stop
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+HOST = "127.0.0.1"
+#: the source tree (benchmarks/..), the working directory of the servers started here
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
+    """Poll until ``port`` accepts; fail if ``proc`` exited or the deadline passed."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+def twistd_command() -> list[str]:
+    """How to run twistd with this Python (the venv's script, else twistd's entry point)."""
+    twistd = Path(sys.executable).parent / "twistd"
+    if twistd.exists():
+        return [str(twistd)]
+    return [sys.executable, "-c", "import sys; from twisted.scripts.twistd import run; run()"]
+
+
+def start_mqhub(protocols: str, listens: Sequence[str], data_dir: str | os.PathLike[str],
+                durability: str, log_path: str | os.PathLike[str], wait_for: int,
+                extra: Sequence[str] = ()) -> subprocess.Popen:
+    """Start ``twistd -n mqhub`` and return once ``wait_for`` accepts connections.
+
+    :param protocols: the ``--protocols`` value (``nsq``, ``nats``, ``emqp``...).
+    :param listens: ``--listen`` values, e.g. ``nsq.tcp=tcp:4150:interface=127.0.0.1``.
+    :param log_path: file receiving the server's stdout and stderr.
+    :param extra: further twistd mqhub options.
+    """
+    cmd = twistd_command() + ["-n", "--pidfile=", "mqhub", "--protocols", protocols,
+                              "--data-dir", str(data_dir), "--durability", durability]
+    for listen in listens:
+        cmd += ["--listen", listen]
+    cmd += list(extra)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=str(SOURCE_ROOT))
+    try:
+        wait_port(wait_for, proc)
+    except RuntimeError:
+        stop(proc)
+        raise
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate a server subprocess (kill it if it lingers 10 s)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
