@@ -124,13 +124,19 @@ def fill_messages(path: str, n: int) -> float:
         broker.publish_batch(QUEUE, bodies, origin="bench")
         if (first // step) % 4 == 3:
             clock.advance(0)
-        if time.perf_counter() - last > 30:
+        if time.perf_counter() - last > 10:
             last = time.perf_counter()
-            note(f"filled {first + step:,} of {n:,} ({(first + step) / (last - t0):,.0f} msg/s)")
+            mem = _memory()
+            note(f"filled {first + step:,} of {n:,} ({(first + step) / (last - t0):,.0f} msg/s;"
+                 f" RSS {mem['VmRSS']:.0f} MiB, anon {mem['RssAnon']:.0f}, file"
+                 f" {mem['RssFile']:.0f}, peak {mem['VmHWM']:.0f})")
     clock.advance(0)
     rate = n / (time.perf_counter() - t0)
     depth = broker.queue(QUEUE).depth
     assert depth == n, (depth, n)
+    for key, value in _memory().items():
+        if key != "ru_maxrss":
+            emit(f"fill_process_{key}", value, "MiB")
     hub.scheduler.stopService()
     hub.broker.stop()
     clock.advance(0)
