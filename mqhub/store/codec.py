@@ -28,6 +28,9 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable
+from typing import Any
+
+from mqhub.errors import StoreError
 
 FORMAT_VERSION = 1
 
@@ -133,6 +136,20 @@ def value_address(value: bytes) -> str:
     """Return just the address stored in an ``entries`` value."""
     mlen = VALUE_HEAD.unpack_from(value)[4]
     return decode_meta(value[HEAD_SIZE:HEAD_SIZE + mlen])[0]
+
+
+def segment_body(txn: Any, messages_db: Any, segments: Any, msg_id: int) -> bytes:
+    """Read the body of ``msg_id`` kept in a segment file, through its ``messages`` row.
+
+    :param segments: the :class:`mqhub.store.segments.SegmentLog` the row points into.
+    :raises StoreError: when the row is missing or the record is damaged (CorruptRecord).
+    """
+    row = txn.get(U64.pack(msg_id), db=messages_db)
+    if row is None:
+        raise StoreError(f"message {msg_id} has no stored body")
+    seg, off, size, _ = MSG_REF.unpack_from(row)
+    body: bytes = segments.read(seg, off, size)
+    return body
 
 
 def count_addresses(values: Iterable[bytes]) -> dict[str, int]:

@@ -871,6 +871,7 @@ class LmdbStore:
         unpack_key = ENTRY_KEY.unpack
         unpack_head = VALUE_HEAD.unpack_from
         decode_meta = codec.decode_meta
+        messages = self._dbs[b"messages"]
         h = HEAD_SIZE
         with self._env.begin(db=self._dbs[b"entries"]) as txn:
             cur = txn.cursor()
@@ -890,21 +891,13 @@ class LmdbStore:
                 flags, att, d_at, e_at, ml = unpack_head(v)
                 address, headers, origin = decode_meta(v[h:h + ml])
                 if flags & FLAG_SEGMENT:
-                    body = self._segment_body(txn, mid)
+                    body = codec.segment_body(txn, messages, self._segments, mid)
                 else:
                     body = v[h + ml:]
                 append((mid, 9 - pb, att, d_at, e_at, address, headers, body, origin))
                 if len(out) >= limit:
                     break
         return out
-
-    def _segment_body(self, txn: Any, msg_id: int) -> bytes:
-        """Read a body kept in a segment file."""
-        row = txn.get(U64.pack(msg_id), db=self._dbs[b"messages"])
-        if row is None:
-            raise StoreError(f"message {msg_id} has no stored body")
-        seg, off, size, _ = MSG_REF.unpack_from(row)
-        return self._segments.read(seg, off, size)
 
     def count_entries(self, queue: str) -> Deferred[int]:
         """Fire with the number of stored entries of ``queue``."""

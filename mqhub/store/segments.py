@@ -140,7 +140,7 @@ class SegmentLog:
         os.makedirs(self.directory, exist_ok=True)
         self.active = numbers[-1] if numbers else 1
         path = self.path(self.active)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = self._open_active()
         actual = os.path.getsize(path)
         good = 0
         for offset, size, payload in scan(path):
@@ -206,7 +206,11 @@ class SegmentLog:
         os.close(self._fd)
         self.active += 1
         self.active_size = 0
-        self._fd = os.open(self.path(self.active), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = self._open_active()
+
+    def _open_active(self) -> int:
+        """Open (creating it if needed) the active segment for appending; return its fd."""
+        return os.open(self.path(self.active), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def sync(self) -> None:
         """fsync the active file if anything was appended since the last sync."""

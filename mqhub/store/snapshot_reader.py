@@ -86,16 +86,9 @@ class SnapshotReader:
                     break
                 body = None
                 if v[0] & codec.FLAG_SEGMENT:
-                    body = self._segment_body(txn, codec.ENTRY_KEY.unpack(k)[2])
+                    msg_id = codec.ENTRY_KEY.unpack(k)[2]
+                    body = codec.segment_body(txn, self._dbs[b"messages"], self._segments, msg_id)
                 yield names.get(codec.U32.unpack_from(k)[0], ""), codec.decode_entry(k, v, body)
-
-    def _segment_body(self, txn: Any, msg_id: int) -> bytes:
-        """Read one body kept in a segment file."""
-        row = txn.get(codec.U64.pack(msg_id), db=self._dbs[b"messages"])
-        if row is None:
-            raise StoreError(f"message {msg_id} has no body in the snapshot")
-        seg, off, size, _ = codec.MSG_REF.unpack(row)
-        return self._segments.read(seg, off, size)
 
     def address_counts(self) -> dict[str, int]:
         """Return ``{address: entry count}`` computed from the entries."""
