@@ -44,9 +44,9 @@ def bench(ctx: click.Context, name: str | None, args: tuple[str, ...]) -> None:
         click.echo(ctx.get_help())
         click.echo("\nbenchmarks: " + (", ".join(names) or "none yet"))
         return
-    path = BENCH_DIR / f"{name}_bench.py"
-    if not path.is_file():
+    if name not in names:  # only listed names: NAME never becomes a path of its own
         raise click.UsageError(f"no benchmark {name!r}; available: {', '.join(names) or 'none'}")
+    path = BENCH_DIR / f"{name}_bench.py"
     spec = importlib.util.spec_from_file_location(f"mqhub_bench_{name}", path)
     assert spec is not None and spec.loader is not None
     module: Any = importlib.util.module_from_spec(spec)

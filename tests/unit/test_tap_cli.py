@@ -48,6 +48,12 @@ def test_bench_unknown_name_is_a_usage_error(tmp_path: Path, monkeypatch: pytest
     result = CliRunner().invoke(cli.main, ["bench", "nope"])
     assert result.exit_code == 2
     assert "no benchmark 'nope'" in result.output
+    # a name is never a path: a script outside the benchmarks folder is not run
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "outside_bench.py").write_text("def main(argv):\n    print('ran')\n")
+    monkeypatch.setattr(cli, "BENCH_DIR", tmp_path / "sub")
+    escaped = CliRunner().invoke(cli.main, ["bench", "../outside"])
+    assert escaped.exit_code == 2 and "ran" not in escaped.output
 
 
 def test_snapshot_of_a_broker_data_dir(tmp_path: Path) -> None:
