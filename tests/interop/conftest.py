@@ -24,6 +24,7 @@ def make_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     brokers: list[BrokerProcess] = []
 
     def make(protocols: list[str], start: bool = True, **kwargs: Any) -> BrokerProcess:
+        """Build (and by default start) a broker that is closed after the test."""
         kwargs.setdefault("data_dir", tmp_path / f"data{len(brokers) or ''}")
         kwargs.setdefault("log_dir", tmp_path)
         broker = BrokerProcess(protocols, **kwargs)
