@@ -125,7 +125,9 @@ class Broker:
         for key, value in (yield self.store.scan_meta("q/")):
             settings = json.loads(value)
             name = key[2:]
-            self._queues[name] = Queue(self, name, window=self.window, **settings)
+            own = int(settings.pop("window", 0) or 0)
+            self._queues[name] = Queue(self, name, window=own or self.window,
+                                       window_setting=own, **settings)
         for prefix in ("park/", "pause/"):
             for key, _ in (yield self.store.scan_meta(prefix)):
                 address = key[len(prefix):]
@@ -243,16 +245,21 @@ class Broker:
                       overflow: str = "drop_oldest", ttl: float = 0.0, max_attempts: int = 0,
                       msg_timeout: float = 60.0, expires_at: float = 0.0,
                       auto_delete: bool = False, expire_to_dead_letters: bool = False,
-                      mode: str = "competing") -> Queue:
-        """Create the queue or return the existing one (whose settings are kept)."""
+                      mode: str = "competing", window: int = 0) -> Queue:
+        """Create the queue or return the existing one (whose settings are kept).
+
+        ``window``: ready entries this queue keeps in memory (0 = the broker's ``window``).
+        """
         q = self._queues.get(name)
         if q is not None:
             return q
         validate_queue_name(name)
+        window = max(0, int(window))
         q = Queue(self, name, tier=tier, max_size=max_size, overflow=overflow, ttl=ttl,
                   max_attempts=max_attempts, msg_timeout=msg_timeout, expires_at=expires_at,
                   auto_delete=auto_delete, expire_to_dead_letters=expire_to_dead_letters,
-                  window=self.window, incarnation=self.ids.next_id(), mode=mode)
+                  window=window or self.window, incarnation=self.ids.next_id(), mode=mode,
+                  window_setting=window)
         self._queues[name] = q
         self._queue_changed(q)
         if expires_at:

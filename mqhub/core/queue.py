@@ -59,7 +59,8 @@ class Queue:
                  max_size: int = 0, overflow: str = "drop_oldest", ttl: float = 0.0,
                  max_attempts: int = 0, msg_timeout: float = 60.0, expires_at: float = 0.0,
                  auto_delete: bool = False, expire_to_dead_letters: bool = False,
-                 window: int = 10_000, incarnation: int = 0, mode: str = "competing") -> None:
+                 window: int = 10_000, incarnation: int = 0, mode: str = "competing",
+                 window_setting: int = 0) -> None:
         """Made by :meth:`Broker.declare_queue` (see docs/core-api.md for the settings)."""
         if tier not in (TIER_DURABLE, TIER_MEMORY):
             raise InvalidName(f"unknown tier {tier!r}")
@@ -80,6 +81,8 @@ class Queue:
         self.auto_delete = bool(auto_delete)
         self.expire_to_dead_letters = bool(expire_to_dead_letters)
         self.window = max(1, int(window))
+        #: the queue's own window size (0 = the broker's); ``window`` is the one in effect
+        self.window_setting = max(0, int(window_setting))
         self.mode = mode
         # fan-out: one private memory sub-queue per consumer gets a copy of every message; the
         # parent keeps the stored entry until every sub-queue that got it is done with it
@@ -136,18 +139,28 @@ class Queue:
                 "msg_timeout": self.msg_timeout, "expires_at": self.expires_at,
                 "auto_delete": self.auto_delete,
                 "expire_to_dead_letters": self.expire_to_dead_letters,
-                "incarnation": self.incarnation, "mode": self.mode}
+                "incarnation": self.incarnation, "mode": self.mode,
+                "window": self.window_setting}
 
     def configure(self, **settings: Any) -> None:
         """Change settings (tier cannot change); persisted for durable queues."""
         for key, value in settings.items():
             if key not in ("max_size", "overflow", "ttl", "max_attempts", "msg_timeout",
-                           "expires_at", "auto_delete", "expire_to_dead_letters"):
+                           "expires_at", "auto_delete", "expire_to_dead_letters", "window"):
                 raise InvalidName(f"cannot configure {key!r}")
             if key == "overflow" and value not in OVERFLOW_POLICIES:
                 raise InvalidName(f"unknown overflow policy {value!r}")
+            if key == "window":
+                self.window_setting = max(0, int(value))
+                self.window = max(1, self.window_setting or self.broker.window)
+                continue
             setattr(self, key, value)
         self.broker._queue_changed(self)
+        if "window" in settings and self.durable:
+            if self._nready > self._effective_window():
+                self._evict()
+            else:
+                self._maybe_page()
         if "expires_at" in settings:
             self.broker._schedule_expiry(self)
 
