@@ -577,8 +577,8 @@ class Broker:
             return
         entries.sort(key=lambda e: (-e[1], e[0]))
         for q in dests:
-            inc = counted.get(q.name)
-            if inc is not None and inc != q.incarnation and not q.name.startswith(PARK_PREFIX):
+            was = counted.get(q.name)
+            if was is not None and was != q.incarnation and not q.name.startswith(PARK_PREFIX):
                 continue
             q._put(entries, batch, persist, now)
 
