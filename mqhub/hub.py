@@ -151,6 +151,7 @@ class HubService(MultiService):
             recovered = maybeDeferred(hub.broker.start)
 
         def start_scheduler(_: object) -> None:
+            """Start the scheduler unless the hub was stopped during recovery."""
             if hub.scheduler is not None and self.running:
                 hub.scheduler.startService()
 
@@ -183,6 +184,7 @@ class HubService(MultiService):
         d.addTimeout(self.stop_budget[step], self.hub.clock)
 
         def report(result: Any) -> None:
+            """Log how the step ended; never pass a failure on to the next step."""
             if isinstance(result, Failure):
                 log.failure("stopping {step} failed", result, step=step)
             else:

@@ -157,6 +157,7 @@ class ListenerService(Service):
         done: Deferred[None] = Deferred()
 
         def check() -> None:
+            """Fire when every connection is gone; abort the rest at the deadline."""
             remaining = self._tracking.open_connections()
             if not remaining:
                 done.callback(None)

@@ -188,6 +188,7 @@ def install_stop_signals(reactor: Any) -> None:
     """
 
     def on_signal(signum: int, frame: Any) -> None:
+        """Log the signal and stop the reactor (safe from a signal handler)."""
         log.info("received {signal}: stopping", signal=signal.Signals(signum).name)
         reactor.callFromThread(reactor.stop)
 

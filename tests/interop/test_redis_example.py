@@ -156,11 +156,13 @@ def test_redis_and_nats_share_the_address_space(make_broker: MakeBroker) -> None
     wait_subscribed(redis_sub, 1)
 
     async def exchange() -> list[bytes]:
+        """Publish from redis-py and nats-py; return what a nats-py subscriber received."""
         nc = await nats.connect(f"nats://127.0.0.1:{broker.port('mq9')}")
         received: list[bytes] = []
         done = asyncio.Event()
 
         async def on_message(msg: Any) -> None:
+            """Collect one message."""
             received.append(msg.data)
             done.set()
 

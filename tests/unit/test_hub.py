@@ -172,7 +172,10 @@ def test_one_listener_failing_to_start_does_not_stop_the_others() -> None:
     events: list[str] = []
 
     class Exploding(RecordingService):
+        """A listener whose port cannot be bound."""
+
         def startService(self) -> None:
+            """Fail like a bind error."""
             raise OSError("address in use")
 
     hub = Hub(clock=Clock(), store=RecordingStore(events))

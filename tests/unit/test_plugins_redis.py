@@ -291,6 +291,7 @@ def test_random_input_never_escapes_the_connection(server: ModuleType) -> None:
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.lists(pieces, max_size=12))
     def feed(chunks: list[bytes]) -> None:
+        """Feed one drawn sequence of chunks to a fresh connection, then close it."""
         conn = Conn(server, hub)
         for chunk in chunks:
             if not conn.transport.connected:

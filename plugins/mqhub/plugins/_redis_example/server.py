@@ -361,10 +361,12 @@ class RespProtocol(Protocol):
         count = len(bodies)
 
         def confirmed(_: object) -> None:
+            """Stored: answer each PUBLISH with its receiver count."""
             for _i in range(count):
                 self._reply(receivers)
 
         def failed(failure: Failure) -> None:
+            """Not stored: log it and answer each PUBLISH with an error."""
             self.log.failure("publish to {address} failed", failure, address=address)
             for _i in range(count):
                 self._reply(ErrorReply(f"ERR publish failed: {failure.getErrorMessage()}"))
@@ -380,6 +382,7 @@ class RespProtocol(Protocol):
             self.transport.pauseProducing()
 
         def resume(_: object) -> None:
+            """Read again and run the commands that queued meanwhile."""
             self._waiting = None
             if self.transport is not None and self.connected:
                 self.transport.resumeProducing()
