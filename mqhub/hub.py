@@ -103,7 +103,6 @@ class HubService(MultiService):
         self.stop_budget = {"listeners": 2.5, "scheduler": 0.5, "broker": 0.5, "store": 1.0}
         if stop_budget:
             self.stop_budget.update(stop_budget)
-        self._listeners_started = False
 
     def add_listener(self, name: str, service: IService) -> None:
         """Add a protocol's service; it starts after recovery and stops first."""
@@ -161,7 +160,6 @@ class HubService(MultiService):
         """Start every child; one that fails is logged and the others still start."""
         if not self.running:
             return
-        self._listeners_started = True
         for child in list(self):
             try:
                 child.privilegedStartService()
