@@ -748,8 +748,8 @@ class LmdbStore:
             flags |= FLAG_SEGMENT
             self._ref_body(t, msg_id, body)
             body = b""
-        meta = codec.encode_meta(address, headers, origin)
-        v = VALUE_HEAD.pack(flags, attempts, d_at, e_at, len(meta)) + meta + body
+        v = codec.encode_value(flags, attempts, d_at, e_at,
+                               codec.encode_meta(address, headers, origin), body)
         entries = self._dbs[b"entries"]
         old = txn.replace(k, v, db=entries)
         if old is not None and old[0]:
@@ -878,7 +878,7 @@ class LmdbStore:
             if after is None:
                 found = cur.set_range(prefix)
             else:
-                k0 = ENTRY_KEY.pack(qid, 9 - after[0], after[1])
+                k0 = codec.entry_key(qid, after[0], after[1])
                 found = cur.set_range(k0)
                 if found and cur.key() == k0:
                     found = cur.next()
