@@ -31,6 +31,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from mqhub.core.queue import NOT_OWNER
 from mqhub.errors import InvalidName, MqhubError, QueueFull
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.nsq import codec as wire
@@ -53,6 +54,8 @@ _OK = wire.OK_FRAME
 #: unconfirmed messages per connection above which reading pauses until commits catch up
 MAX_UNCONFIRMED = 50_000
 _MSG_HEAD = struct.Struct(">iiqH")
+_NOT_IN_FLIGHT = b"ID not in flight"
+_NOT_OWNER = b"client does not own message"
 
 
 def _timestamp_ns(msg_id: int) -> int:
@@ -560,17 +563,26 @@ class NsqProtocol(Protocol):
         failed = self.queue.ack(self.consumer, ids) if ids else []
         self.finish_count += len(ids) - len(failed)
         if failed or bad:
-            errs = [wire.render_id(i) for i in failed] + list(bad)
+            errs = [(wire.render_id(i), why) for i, why in self._why(failed)]
+            errs += [(raw, _NOT_IN_FLIGHT) for raw in bad]
             self._respond(b"".join(
-                encode_error(b"E_FIN_FAILED FIN %s failed ID not in flight" % raw) for raw in errs))
+                encode_error(b"E_FIN_FAILED FIN %s failed %s" % err) for err in errs))
+
+    def _why(self, failed: list[int]) -> list[tuple[int, bytes]]:
+        """nsqd's reason text for each id an ack/requeue/touch refused (asked right after it)."""
+        if not failed:
+            return []
+        return [(mid, _NOT_OWNER if reason == NOT_OWNER else _NOT_IN_FLIGHT)
+                for mid, reason in self.queue.failure_reasons(self.consumer, failed)]
 
     def on_req(self, ev: wire.Req) -> None:
         """REQ id timeout_ms: back to the channel now (0) or after the delay (durable)."""
         self._require_consumer("REQ")
         ids, _ = self._ids([ev.msg_id])
-        failed = self.queue.requeue(self.consumer, ids, delay=ev.timeout_ms / 1000.0) if ids else [0]
-        if failed:
-            raise ProtocolError("E_REQ_FAILED", f"REQ {ev.msg_id.decode('latin-1')} failed ID not in flight",
+        failed = self.queue.requeue(self.consumer, ids, delay=ev.timeout_ms / 1000.0) if ids else []
+        if failed or not ids:
+            why = self._why(failed)[0][1] if failed else _NOT_IN_FLIGHT
+            raise ProtocolError("E_REQ_FAILED", f"REQ {ev.msg_id.decode('latin-1')} failed {why.decode()}",
                                 fatal=False)
         self.requeue_count += 1
 
@@ -578,9 +590,10 @@ class NsqProtocol(Protocol):
         """TOUCH id: reset the in-flight deadline."""
         self._require_consumer("TOUCH")
         ids, _ = self._ids([ev.msg_id])
-        failed = self.queue.touch(self.consumer, ids) if ids else [0]
-        if failed:
-            raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {ev.msg_id.decode('latin-1')} failed ID not in flight",
+        failed = self.queue.touch(self.consumer, ids) if ids else []
+        if failed or not ids:
+            why = self._why(failed)[0][1] if failed else _NOT_IN_FLIGHT
+            raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {ev.msg_id.decode('latin-1')} failed {why.decode()}",
                                 fatal=False)
 
     def on_cls(self, ev: wire.Cls) -> None:

@@ -704,3 +704,26 @@ def test_fin_runs_mixed_with_odd_ids_answer_in_order() -> None:
     ]
     assert h.factory.hub.broker.queue(queue_name("t", "c")).in_flight == 0
     assert not c.closed
+
+
+def test_fin_req_touch_of_another_clients_message_say_client_does_not_own_it() -> None:
+    """As nsqd: a message in flight on another client fails with "client does not own message"."""
+    h = Harness()
+    a = h.consumer("t", "c", rdy=1)
+    b = h.consumer("t", "c", rdy=0)
+    p = h.client()
+    p.send(w.encode_pub("t", b"m"))
+    h.settle()
+    (msg,) = [f for f in a.frames() if isinstance(f, w.Message)]
+    b.send(w.encode_fin(msg.msg_id), w.encode_req(msg.msg_id, 0), w.encode_touch(msg.msg_id))
+    text = msg.msg_id.decode()
+    assert b.frames() == [
+        w.ErrorFrame("E_FIN_FAILED", f"FIN {text} failed client does not own message"),
+        w.ErrorFrame("E_REQ_FAILED", f"REQ {text} failed client does not own message"),
+        w.ErrorFrame("E_TOUCH_FAILED", f"TOUCH {text} failed client does not own message"),
+    ]
+    assert not b.closed
+    a.send(w.encode_fin(msg.msg_id))
+    assert a.frames() == []  # the owner still holds it and finishes it
+    a.send(w.encode_fin(msg.msg_id))
+    assert a.frames() == [w.ErrorFrame("E_FIN_FAILED", f"FIN {text} failed ID not in flight")]
