@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import marshal
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -26,6 +25,7 @@ from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
 from mqhub.core.queue import Queue
 from mqhub.core.routing import Binding, Route, Router
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
+from mqhub.store import due_rows
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry
 
@@ -494,7 +494,7 @@ class Broker:
             prefix = DUE_PREFIX + queue.name.encode() + b"/"
             inc = queue.incarnation
             for e in entries:
-                batch.put_due(when, prefix + e[0].to_bytes(8, "big"), marshal.dumps((inc, e)))
+                batch.put_due(when, prefix + e[0].to_bytes(8, "big"), due_rows.encode_queue_row(inc, e))
             sched = self.scheduler
             self.clock.callLater(0, sched.note_due, when)
         else:
@@ -515,10 +515,9 @@ class Broker:
             q.deferred += n
         marks = tuple((q.name, q.incarnation) for q in queues)
         if persist and self.scheduler is not None and any(q.durable for q in queues):
-            dumps = marshal.dumps
             for e in entries:
                 batch.put_due(when, ADDRESS_DUE_PREFIX + e[0].to_bytes(8, "big"),
-                              dumps((address, marks, e)))
+                              due_rows.encode_address_row(address, marks, e))
             self.clock.callLater(0, self.scheduler.note_due, when)
         else:
             self._later(max(0.0, when - self.clock.seconds()), self._address_due_memory,
@@ -541,8 +540,8 @@ class Broker:
         groups: dict[tuple[str, Any], list[Entry]] = {}
         for _, key, payload in rows:
             try:
-                address, marks, entry = marshal.loads(payload)
-            except (ValueError, EOFError, TypeError):
+                address, marks, entry = due_rows.decode_address_row(payload)
+            except ValueError:
                 log.error("dropping unreadable due row %r", key)
                 continue
             groups.setdefault((address, tuple(map(tuple, marks))), []).append(tuple(entry))
@@ -603,8 +602,8 @@ class Broker:
             name = key[len(DUE_PREFIX):-9].decode("utf-8", "replace")
             q = self._queues.get(name) or self._hidden.get(name)
             try:
-                inc, entry = marshal.loads(payload)
-            except (ValueError, EOFError, TypeError):
+                inc, entry = due_rows.decode_queue_row(payload)
+            except ValueError:
                 log.error("dropping unreadable due row %r", key)
                 continue
             if q is None or q.deleted or inc != q.incarnation:

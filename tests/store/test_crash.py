@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -35,7 +34,6 @@ def test_sigkill_loses_no_confirmed_write(tmp_path: Any) -> None:
     rng = random.Random(1234)
     must: dict[str, set[int]] = {"a": set(), "b": set()}
     gone: dict[str, set[int]] = {"a": set(), "b": set()}
-    started = time.monotonic()
     for rnd in range(20):
         durability, writer = MODES[rnd % len(MODES)]
         child = StoreChild(data, (rnd + 1) * 10_000_000, durability, writer)
@@ -69,4 +67,3 @@ def test_sigkill_loses_no_confirmed_write(tmp_path: Any) -> None:
             assert counted == [len(stored)]
         store.close()
     assert sum(map(len, must.values())) > 1000
-    assert time.monotonic() - started < 60
