@@ -60,7 +60,8 @@ def inbox_address(mail_id: str, priority: str) -> str:
 class Mailbox:
     """One mailbox: its settings and its three core queues (core priority -> Queue)."""
 
-    __slots__ = ("mail_id", "token", "kind", "ttl", "created", "expires_at", "queues", "pending")
+    __slots__ = ("mail_id", "token", "kind", "ttl", "created", "expires_at", "queues", "qlist",
+                 "pending")
 
     def __init__(self, mail_id: str, token: str, kind: str, ttl: int, created: float) -> None:
         """Record the settings; ``ttl`` 0 means the mailbox never expires."""
@@ -71,6 +72,7 @@ class Mailbox:
         self.created = created
         self.expires_at = created + ttl if ttl else 0.0
         self.queues: dict[int, Any] = {}
+        self.qlist: tuple[Any, ...] = ()
         self.pending = 0          # messages accepted in this read, not yet handed to the core
 
     def record(self) -> bytes:
@@ -94,10 +96,14 @@ class Mailbox:
                                      expires_at=self.expires_at)
             broker.bind_queue(inbox_address(self.mail_id, name), qname)
             self.queues[prio] = q
+        self.qlist = tuple(self.queues[p] for p in ORDER)
 
     def count(self) -> int:
         """Unread messages (in the core queues, plus those accepted in the current read)."""
-        return sum(q.depth for q in self.queues.values() if not q.deleted) + self.pending
+        n = self.pending
+        for q in self.qlist:
+            n += q.depth
+        return n
 
 
 @implementer(IDeliveryTarget)

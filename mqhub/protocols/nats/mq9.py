@@ -70,6 +70,7 @@ META_MAILBOX = "mq9/mb/"
 META_BCAST_KEYS = "mq9/bk/"
 #: persisted broadcasts live under a store queue name the core's recovery leaves alone (``~``)
 BCAST_QUEUE = "~mq9/bc"
+OLD_BCAST_QUEUE = "mq9/bc"
 
 
 def _headers_dict(hdr: bytes | None) -> dict[str, str] | None:
@@ -162,6 +163,7 @@ class Mq9:
         d = self.broker.start() if self._own_broker else succeed(None)
         d.addCallback(lambda _: self.store.scan_meta(META_MAILBOX))
         d.addCallback(self._recover_mailboxes)
+        d.addCallback(self._migrate_broadcasts)
         d.addCallback(lambda _: self.store.read_entries(BCAST_QUEUE, None, 1 << 30))
         d.addCallback(self._recover_broadcasts)
         d.addCallback(self._start_sweep)
@@ -205,6 +207,24 @@ class Mq9:
                 name = PRIORITY_NAMES.get(e[PRIORITY], "normal")
                 self.broker.publish_entries(inbox_address(box.mail_id, name), [e])
             return self.broker.delete_queue(old)
+        d.addCallback(move)
+        return d
+
+    def _migrate_broadcasts(self, _: Any = None) -> Any:
+        """Move persisted broadcasts stored by older versions (queue ``mq9/bc``, which the core
+        recovers as one of its own queues) under :data:`BCAST_QUEUE`."""
+        if self.broker.queue(OLD_BCAST_QUEUE) is None:
+            return None
+        d = self.store.read_entries(OLD_BCAST_QUEUE, None, 1 << 30)
+
+        def move(entries: list[tuple]) -> Any:
+            """Write them under the new name, then drop the old queue."""
+            batch = WriteBatch()
+            if entries:
+                batch.put_entries(BCAST_QUEUE, entries)
+            d2 = self.store.commit(batch) if batch else succeed(None)
+            d2.addCallback(lambda _: self.broker.delete_queue(OLD_BCAST_QUEUE))
+            return d2
         d.addCallback(move)
         return d
 

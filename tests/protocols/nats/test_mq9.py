@@ -433,3 +433,30 @@ def test_persisted_broadcasts_past_the_bound_are_delivered_live_only() -> None:
     late = Client(srv)
     late.send(b"SUB $mq9.AI.BROADCAST.a.* 1\r\n")
     assert bodies(late.events()) == [b"0", b"1"]
+
+
+def test_persisted_broadcasts_of_the_old_layout_are_moved_and_replayed() -> None:
+    """Broadcasts stored under the old ``mq9/bc`` queue (which the core recovers as a queue of
+    its own) move under mq9's reserved name on start and still replay to late subscribers."""
+    from mqhub.store.batch import WriteBatch
+    from mqhub.store.memory import MemoryStore
+    from mqhub.testing import memory_hub
+
+    store = MemoryStore()
+    store.open()
+    seed = memory_hub(store=store)
+    now = seed.clock.seconds()
+    msg_id = seed.broker.ids.next_id()
+    batch = WriteBatch()
+    batch.put_entries("mq9/bc", [(msg_id, 0, 0, 0.0, now + 600, "$mq9.AI.BROADCAST.a.b", None,
+                                  b"kept", "nats")])
+    result_of(store.commit(batch))
+    hub = memory_hub(seed.clock, store=store)
+    assert hub.broker.queue("mq9/bc") is not None      # the core took it for one of its own
+    srv = make_mq9_server(hub)
+    hub.clock.advance(0)
+    assert hub.broker.queue("mq9/bc") is None
+    assert result_of(store.count_entries("mq9/bc")) == 0
+    late = Client(srv)
+    late.send(b"SUB $mq9.AI.BROADCAST.> 1\r\n")
+    assert bodies(late.events()) == [b"kept"]
