@@ -8,8 +8,10 @@ A mailbox ``{id}`` is three core queues, one per priority, each bound to its INB
 | normal | ``mq9/box/{id}/normal`` | ``$mq9.AI.INBOX.{id}.normal`` | durable |
 | notify | ``mq9/box/{id}/notify`` | ``$mq9.AI.INBOX.{id}.notify`` | memory (durable in ``latest``) |
 
-Every queue has ``expires_at`` = the mailbox's TTL; a ``latest`` mailbox's queues have
-``max_size=1`` with ``drop_oldest``. The backlog lives in the core (a bounded window in
+Every queue has ``expires_at`` = the mailbox's TTL and ``ttl`` = its priority's message TTL
+(urgent 86400 s, normal 3600 s, notify none: the core drops entries older than that by their id
+time, so the store needs no expiry row per message); a shorter ``mq9-ttl`` header becomes the
+entry's own expiry. A ``latest`` mailbox's queues have ``max_size=1`` with ``drop_oldest``. The backlog lives in the core (a bounded window in
 memory, the rest in the store), so any protocol publishing to the address reaches the mailbox.
 """
 
@@ -61,7 +63,7 @@ class Mailbox:
     """One mailbox: its settings and its three core queues (core priority -> Queue)."""
 
     __slots__ = ("mail_id", "token", "kind", "ttl", "created", "expires_at", "queues", "qlist",
-                 "pending")
+                 "pending", "room")
 
     def __init__(self, mail_id: str, token: str, kind: str, ttl: int, created: float) -> None:
         """Record the settings; ``ttl`` 0 means the mailbox never expires."""
@@ -74,6 +76,7 @@ class Mailbox:
         self.queues: dict[int, Any] = {}
         self.qlist: tuple[Any, ...] = ()
         self.pending = 0          # messages accepted in this read, not yet handed to the core
+        self.room = 0             # how many ``pending`` may reach (refreshed when reached)
 
     def record(self) -> bytes:
         """The metadata value persisted for this mailbox."""
@@ -89,11 +92,11 @@ class Mailbox:
     def declare(self, broker: Any) -> None:
         """Declare (or find again after a restart) the three queues and bind their addresses."""
         latest = self.kind == "latest"
-        for name, (prio, _, durable) in PRIORITIES.items():
+        for name, (prio, ttl, durable) in PRIORITIES.items():
             qname = mailbox_queue(self.mail_id, name)
             q = broker.declare_queue(qname, tier="durable" if durable or latest else "memory",
                                      max_size=1 if latest else 0, overflow="drop_oldest",
-                                     expires_at=self.expires_at)
+                                     ttl=ttl, expires_at=self.expires_at)
             broker.bind_queue(inbox_address(self.mail_id, name), qname)
             self.queues[prio] = q
         self.qlist = tuple(self.queues[p] for p in ORDER)

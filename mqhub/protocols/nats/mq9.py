@@ -145,7 +145,6 @@ class Mq9:
         self._pubs: list[list[Any]] = []
         self._now = 0.0
         self._kick_call: Any = None
-        self._flush_call: Any = None
         self._inflight = 0
         self._pushing = 0
         self._actions: list[tuple[Any, list[int] | None]] = []
@@ -265,10 +264,9 @@ class Mq9:
         if self._sweeper is not None and self._sweeper.running:
             self._sweeper.stop()
         self._sweeper = None
-        for call in (self._kick_call, self._flush_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._kick_call = self._flush_call = None
+        if self._kick_call is not None and self._kick_call.active():
+            self._kick_call.cancel()
+        self._kick_call = None
         self._flush_pubs()
         self._settle()
         d = self._commit()
@@ -307,7 +305,7 @@ class Mq9:
         self.filters[id(sub)] = prios
         self.subs.setdefault(mail_id, []).append(sub)
         self._flush_pubs()
-        box = self.mailboxes.get(mail_id)
+        box = self._live(mail_id)
         if box is not None:
             for prio in prios:
                 self._attach(box, prio)
@@ -333,12 +331,12 @@ class Mq9:
         self._actions.append((consumer, None))
 
     def _settle(self) -> None:
-        """Apply the acks and detaches pushes asked for.
+        """Apply the acks and detaches pushes asked for, after the push loop is done.
 
-        A push runs inside the core's dispatch, possibly inside the ``publish_batch`` that put
-        the entries, before that call handed its write batch to the store; acking there would
-        commit the deletes ahead of the puts. So pushes only record what to do, and this runs
-        once the publish returned (end of the read, after an attach, or on the next turn).
+        Acking from inside a push would re-enter the core's dispatch (and detaching would
+        hand entries back while the loop still walks them), so pushes only record what to do.
+        Pushes run after the commit that stored their entries, so the deletes of the acks are
+        always committed after the puts.
         """
         while self._actions:
             actions, self._actions = self._actions, []
@@ -375,17 +373,27 @@ class Mq9:
         self._settle()
 
     def push(self, pusher: MailboxPusher, consumer: Any, entries: list[tuple]) -> None:
-        """A mailbox queue delivered ``entries``: push them to the subscribers and ack them.
+        """A mailbox queue delivered ``entries`` to its consumer: push them once durable.
+
+        They wait (in flight on the consumer) behind every write before them, as any reply
+        does, so a message is pushed only after the commit that stored it.
+        """
+        self._ops.append((5, pusher, consumer, entries))
+        self.kick()
+
+    def _push_now(self, pusher: MailboxPusher, consumer: Any, entries: list[tuple]) -> None:
+        """Push ``entries`` to the subscribers and record their acks (delivered = read).
 
         With a message-limited SUB, what no subscriber can take any more goes back to the
         queue (unread) and the consumer detaches.
         """
+        if not consumer.attached:
+            return          # detached meanwhile: its in-flight entries are ready again
         mail_id = pusher.mail_id
         prio = pusher.priority
         receivers = self._receivers(mail_id, prio)
-        if not receivers:
+        if not receivers or self._live(mail_id) is None:
             self._forget(mail_id, prio, consumer)
-            self._arm_flush()
             return
         self._pushing += 1
         try:
@@ -401,7 +409,6 @@ class Mq9:
             self.stats["pushed"] += taken
         if taken < len(entries) or not self._receivers(mail_id, prio):
             self._forget(mail_id, prio, consumer)
-        self._arm_flush()
 
     def _push_all(self, mail_id: str, receivers: list[Subscription],
                   entries: list[tuple]) -> None:
@@ -463,17 +470,6 @@ class Mq9:
                 rr[name] = k = rr.get(name, -1) + 1
                 deliver(grp[k % len(grp)], e[5], reply, hdr, e[BODY])
         return taken
-
-    def _arm_flush(self) -> None:
-        """Settle and write pushes on the next turn (a read settles and writes its own sooner)."""
-        if self._flush_call is None:
-            self._flush_call = self.clock.callLater(0, self._flush_out)
-
-    def _flush_out(self) -> None:
-        """Settle pushes made outside a read and write the connections they touched."""
-        self._flush_call = None
-        self._settle()
-        self.server.flush()
 
     # broadcasts ---------------------------------------------------------------------------
 
@@ -558,7 +554,10 @@ class Mq9:
         if box_exp and box_exp <= now:
             self._error(reply, f"mailbox {box.mail_id} does not exist")
             return
-        if box.count() >= self.max_unread:
+        if not box.pending or box.pending >= box.room:
+            # the room left is counted once per read (pending counts what this read added)
+            box.room = self.max_unread - box.count() + box.pending
+        if box.pending >= box.room:
             self.stats["refused"] += 1
             self._error(reply, f"mailbox {box.mail_id} is full")
             return
@@ -568,10 +567,14 @@ class Mq9:
             if reply:
                 headers = dict(headers or {})
                 headers[RESERVED_REPLY] = reply
-            ttl = _ttl_header(headers) or ttl
-        expires = now + ttl if ttl else 0.0
-        if box_exp and (not expires or box_exp < expires):
-            expires = box_exp
+        # the priority's TTL is the queue's own ``ttl`` (cut by id time: no expiry index row in
+        # the store); only a shorter ``mq9-ttl`` needs the entry's expiry. The mailbox TTL is
+        # the queues' ``expires_at``: no message outlives its mailbox.
+        expires = 0.0
+        if headers is not None:
+            own = _ttl_header(headers)
+            if own and (not ttl or own < ttl):
+                expires = now + own
         box.pending += 1
         pubs = self._pubs
         if pubs:
@@ -786,19 +789,25 @@ class Mq9:
                 self._send(op[1], {"error": "store unavailable"})
             elif op[0] == 4 and op[1].connected:
                 op[1].out_ctl(codec.PONG)
+            elif op[0] == 5:
+                self._forget(op[1].mail_id, op[1].priority, op[2])   # back to ready
+        self._settle()
         self.server.flush()
 
     def _run_ops(self, _: Any, ops: list[tuple]) -> None:
         """Apply committed operations in order, then write."""
         for op in ops:
             kind = op[0]
-            if kind == 2:
+            if kind == 5:
+                self._push_now(op[1], op[2], op[3])
+            elif kind == 2:
                 self._deliver_broadcast(op[1], op[2], op[3], op[4], op[5])
             elif kind == 4:
                 if op[1].connected:
                     op[1].out_ctl(codec.PONG)
             else:
                 self.server.publish(None, op[1], None, None, op[2])
+        self._settle()
         if self._batch:
             self.kick()     # broadcast receiver sets ride with the next commit
         if self.server.bridge is not None:

@@ -353,7 +353,8 @@ def test_backlog_lives_in_core_queues_bound_to_inbox_addresses() -> None:
     result_of(hub.broker.publish_batch(f"$mq9.AI.INBOX.{mid}.urgent", [b"from the core"],
                                        origin="test"))
     assert queues[0].depth == 1 and queues[1].depth == 1
-    assert queues[1].peek(1)[0][4] == hub.clock.seconds() + 600   # capped by the mailbox TTL
+    assert [q.ttl for q in queues] == [86400.0, 3600.0, 0.0]     # priority TTLs are queue TTLs
+    assert queues[1].peek(1)[0][4] == 0.0           # so the entry needs no expiry of its own
     agent = Client(srv)
     agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
     assert bodies(agent.events()) == [b"from the core", b"from nats"]
@@ -460,3 +461,50 @@ def test_persisted_broadcasts_of_the_old_layout_are_moved_and_replayed() -> None
     late = Client(srv)
     late.send(b"SUB $mq9.AI.BROADCAST.> 1\r\n")
     assert bodies(late.events()) == [b"kept"]
+
+
+def test_pushes_wait_for_the_commit_that_stored_them() -> None:
+    """A mailbox message reaches a subscriber only after the store commit that holds it, and
+    its delete (delivered = read) is committed after that put."""
+    from twisted.internet.task import Clock
+
+    from mqhub.hub import Hub
+    from mqhub.store.memory import MemoryStore
+
+    clock = Clock()
+    clock.advance(1_800_000_000)
+    store = MemoryStore(clock=clock)      # commits group on the next turn, like LMDB
+    store.open()
+    srv = make_mq9_server(Hub(clock=clock, store=store))
+    c = Client(srv)
+    c.send(b"SUB _INBOX.t.* 99\r\n" + codec.encode_pub("$mq9.AI.MAILBOX.CREATE", b"{}",
+                                                      "_INBOX.t.1"))
+    clock.advance(0)
+    mid = json.loads([e for e in c.events() if e[0] == OP_MSG][0][4])["mail_id"]
+    agent = Client(srv)
+    agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    send(c, mid, "urgent", b"u")
+    assert agent.events() == []                    # not yet durable: not yet pushed
+    clock.advance(0)
+    assert bodies(agent.events()) == [b"u"]
+    for _ in range(3):
+        clock.advance(0)
+    assert result_of(store.count_entries(mailbox_queue(mid, "urgent"))) == 0
+
+
+def test_priority_ttl_is_the_longest_a_message_lives() -> None:
+    """``mq9-ttl`` shortens a message's life; the priority TTL (the queue's) bounds it."""
+    srv = make_mq9_server()
+    c = Client(srv)
+    box = create(c)
+    mid = box["mail_id"]
+    for ttl, body in (("60", b"short"), ("7200", b"long")):
+        c.send(codec.encode_hpub(f"$mq9.AI.INBOX.{mid}.normal",
+                                 codec.build_headers({"mq9-ttl": ttl}), body))
+    send(c, mid, "urgent", b"urgent")
+    srv.hub.clock.advance(61)
+    assert stored(srv, mid) == 2
+    srv.hub.clock.advance(3600)
+    assert stored(srv, mid) == 1
+    q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", json.dumps({"token": box["token"]}).encode())
+    assert [m["payload"] for m in q["messages"]] == ["urgent"]
