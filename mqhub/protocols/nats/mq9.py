@@ -159,7 +159,7 @@ class Mq9:
 
     def start(self) -> Any:
         """Recover mailboxes (their queues are the core's) and persisted broadcasts; sweep."""
-        d = self.broker.start() if self._own_broker else succeed(None)
+        d: Any = self.broker.start() if self._own_broker else succeed(None)
         d.addCallback(lambda _: self.store.scan_meta(META_MAILBOX))
         d.addCallback(self._recover_mailboxes)
         d.addCallback(self._migrate_broadcasts)
@@ -185,11 +185,11 @@ class Mq9:
             if not q.name.startswith(QUEUE_PREFIX):
                 continue
             mail_id, _, rest = q.name[len(QUEUE_PREFIX):].partition("/")
-            box = self.mailboxes.get(mail_id)
-            if box is None:
+            owner = self.mailboxes.get(mail_id)
+            if owner is None:
                 pending.append(self.broker.delete_queue(q.name))
             elif not rest:
-                pending.append(self._migrate(box, q.name))
+                pending.append(self._migrate(owner, q.name))
         return gatherResults(pending, consumeErrors=True) if pending else None
 
     def _migrate(self, box: Mailbox, old: str) -> Any:
@@ -592,6 +592,7 @@ class Mq9:
         pubs, self._pubs = self._pubs, []
         self._now = 0.0
         publish = self.broker.publish_batch
+        box: Mailbox
         for box, prio, subject, expires, bodies, headers in pubs:
             box.pending = 0
             if self.mailboxes.get(box.mail_id) is not box:
