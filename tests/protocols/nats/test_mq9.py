@@ -508,3 +508,31 @@ def test_priority_ttl_is_the_longest_a_message_lives() -> None:
     assert stored(srv, mid) == 1
     q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", json.dumps({"token": box["token"]}).encode())
     assert [m["payload"] for m in q["messages"]] == ["urgent"]
+
+
+def test_a_backlog_beyond_the_window_stays_in_the_store_and_arrives_in_order() -> None:
+    """Only a window of a mailbox's backlog is in memory; the rest is paged in as it drains."""
+    from mqhub.testing import memory_hub
+
+    hub = memory_hub(window=8)
+    srv = make_mq9_server(hub)
+    c = Client(srv)
+    box = create(c)
+    mid = box["mail_id"]
+    c.send(b"".join(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.normal", b"%d" % i)
+                    for i in range(50)))
+    queue = hub.broker.queue(mailbox_queue(mid, "normal"))
+    assert queue.depth == 50 and queue.stats()["in_memory"] <= 8
+    q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}",
+                json.dumps({"token": box["token"], "limit": 3}).encode())
+    assert q["unread"] == 50 and [m["payload"] for m in q["messages"]] == ["0", "1", "2"]
+    agent = Client(srv)
+    agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    got: list[bytes] = []
+    for _ in range(50):
+        got += bodies(agent.events())
+        if len(got) >= 47:
+            break
+        hub.clock.advance(0)
+    assert got == [b"%d" % i for i in range(3, 50)]
+    assert stored(srv, mid) == 0
