@@ -592,12 +592,19 @@ class Mq9:
         pubs, self._pubs = self._pubs, []
         self._now = 0.0
         publish = self.broker.publish_batch
+        last: dict[str, int] = {}
+        for i, group in enumerate(pubs):
+            if group[0].kind == "latest":
+                last[group[0].mail_id] = i      # only a latest box's newest message matters
         box: Mailbox
-        for box, prio, subject, expires, bodies, headers in pubs:
+        for i, (box, prio, subject, expires, bodies, headers) in enumerate(pubs):
             box.pending = 0
             if self.mailboxes.get(box.mail_id) is not box:
                 continue
             if box.kind == "latest":
+                if last[box.mail_id] != i:
+                    continue
+                bodies, headers = bodies[-1:], headers[-1:]
                 for p, q in box.queues.items():
                     if p != prio and q.depth and not q.deleted:
                         q.take(q.depth)

@@ -536,3 +536,19 @@ def test_a_backlog_beyond_the_window_stays_in_the_store_and_arrives_in_order() -
         hub.clock.advance(0)
     assert got == [b"%d" % i for i in range(3, 50)]
     assert stored(srv, mid) == 0
+
+
+def test_a_live_subscriber_of_a_latest_mailbox_gets_only_the_newest_of_a_read() -> None:
+    """Within one read, a latest mailbox pushes only its newest message, whatever the priority."""
+    srv = make_mq9_server()
+    c = Client(srv)
+    mid = create(c, type="latest")["mail_id"]
+    agent = Client(srv)
+    agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    c.send(b"".join(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.{prio}", body) for prio, body in (
+        ("normal", b"a"), ("urgent", b"b"), ("urgent", b"c"), ("notify", b"d"))))
+    assert bodies(agent.events()) == [b"d"]
+    assert stored(srv, mid) == 0
+    c.send(b"".join(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.{prio}", body) for prio, body in (
+        ("notify", b"e"), ("urgent", b"f"))))
+    assert bodies(agent.events()) == [b"f"]
