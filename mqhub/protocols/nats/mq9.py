@@ -2,33 +2,52 @@
 
 - ``$mq9.AI.MAILBOX.CREATE`` → ``{mail_id, token, inbox, type, ttl}``;
   ``$mq9.AI.MAILBOX.QUERY.{id}`` with ``{"token"}`` → ``{mail_id, unread, messages}``.
-- ``$mq9.AI.INBOX.{id}.urgent|normal|notify``: stored first (urgent/normal durable with default
-  TTLs 86400 s / 3600 s, notify memory-tier; everything durable in a ``latest`` mailbox), then
-  pushed to the mailbox's subscribers; without a subscriber it waits (unread).
-- A SUB on ``$mq9.AI.INBOX.{id}.*`` (or ``.>``, or one priority) gets the unread backlog in
-  priority order (urgent → normal → notify, FIFO within each), then live messages.
+- ``$mq9.AI.INBOX.{id}.urgent|normal|notify``: each mailbox priority is a core queue bound to
+  that address (see :mod:`mqhub.protocols.nats.mailbox`): urgent/normal durable with default
+  TTLs 86400 s / 3600 s (the entry's expiry), notify memory-tier; a ``latest`` mailbox's queues
+  are durable with ``max_size=1`` drop-oldest; the mailbox TTL is the queues' ``expires_at``.
+- A SUB on ``$mq9.AI.INBOX.{id}.*`` (or ``.>``, or one priority) attaches one core consumer per
+  priority queue (urgent first, so the backlog arrives urgent → normal → notify, FIFO within
+  each, then live); the consumer pushes to every subscriber (one member per queue group) and
+  acks what it pushed: delivered = read. QUERY takes from the queues (``Queue.take``).
 - ``$mq9.AI.BROADCAST.{domain}.{event}`` is plain NATS (``#`` at the end of a SUB means ``>``);
   with header ``mq9-persist: true`` the message is also stored for its TTL and replayed to
   late subscribers: once per queue group, or once per distinct SUB subject without a group.
 - Every mq9 error is a JSON ``{"error": "..."}`` reply on the request's reply subject.
 
-Mailboxes keep their unread messages in memory (a mirror of the store, rebuilt on start); each
-read's writes go to the store as one batch, and pushes happen only after that batch commits.
+INBOX publishes of one read are handed to the core as one ``publish_batch`` per subject at the
+end of the read; replies and PONGs wait until every write before them is committed.
 """
 
 from __future__ import annotations
 
-import base64
 import heapq
 import json
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import succeed
+from twisted.internet.defer import gatherResults, succeed
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from mqhub.errors import MqhubError
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.mailbox import (
+    INBOX,
+    ORDER,
+    PRIORITIES,
+    PRIORITY_NAMES,
+    QUEUE_PREFIX,
+    RESERVED_REPLY,
+    Mailbox,
+    MailboxPusher,
+    id_ms,
+    inbox_address,
+    mailbox_queue,
+    mailbox_queues,
+    query_item,
+    rendered,
+)
 from mqhub.protocols.nats.sublist import subject_matches
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import BODY, EXPIRES_AT, HEADERS, MSG_ID, PRIORITY
@@ -36,65 +55,22 @@ from mqhub.store.records import BODY, EXPIRES_AT, HEADERS, MSG_ID, PRIORITY
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.protocols.nats.server import NatsConnection, NatsServer, Subscription
 
+__all__ = ["Mq9", "mailbox_queue", "mailbox_queues", "Mailbox"]
+
 log = Logger()
 
-INBOX = "$mq9.AI.INBOX."
 MAILBOX = "$mq9.AI.MAILBOX."
 BROADCAST = "$mq9.AI.BROADCAST."
-
-#: priority name -> (store priority, default TTL seconds or 0, durable in a standard mailbox)
-PRIORITIES: dict[str, tuple[int, float, bool]] = {
-    "urgent": (2, 86400.0, True),
-    "normal": (1, 3600.0, True),
-    "notify": (0, 0.0, False),
-}
-PRIORITY_NAMES = {2: "urgent", 1: "normal", 0: "notify"}
-_NEVER = float(1 << 62)      # "no expiry" while taking a minimum (``% _NEVER`` maps it to 0)
 DEFAULT_MAILBOX_TTL = 86400
 DEFAULT_BROADCAST_TTL = 3600.0
 QUERY_LIMIT = 1000
-RESERVED_REPLY = "mqhub-reply"
+PUSH_BATCH = 1 << 16
 
 META_MAILBOX = "mq9/mb/"
 META_BCAST_KEYS = "mq9/bk/"
-BCAST_QUEUE = "mq9/bc"
-
-
-def mailbox_queue(mail_id: str) -> str:
-    """Store queue name holding a mailbox's durable messages."""
-    return "mq9/box/" + mail_id
-
-
-class Mailbox:
-    """One mailbox: its settings and its unread messages per priority (entry tuples)."""
-
-    __slots__ = ("mail_id", "token", "kind", "ttl", "created", "expires_at", "unread")
-
-    def __init__(self, mail_id: str, token: str, kind: str, ttl: int, created: float) -> None:
-        """Record the settings; ``ttl`` 0 means the mailbox never expires."""
-        self.mail_id = mail_id
-        self.token = token
-        self.kind = kind
-        self.ttl = ttl
-        self.created = created
-        self.expires_at = created + ttl if ttl else 0.0
-        self.unread: dict[int, list[tuple]] = {2: [], 1: [], 0: []}
-
-    def record(self) -> bytes:
-        """The metadata value persisted for this mailbox."""
-        return json.dumps({"token": self.token, "type": self.kind, "ttl": self.ttl,
-                           "created": self.created}).encode()
-
-    @classmethod
-    def from_record(cls, mail_id: str, data: bytes) -> Mailbox:
-        """Rebuild a mailbox from its metadata value."""
-        d = json.loads(data)
-        return cls(mail_id, d["token"], d["type"], int(d["ttl"]), float(d["created"]))
-
-    def count(self) -> int:
-        """Number of unread messages."""
-        u = self.unread
-        return len(u[2]) + len(u[1]) + len(u[0])
+#: persisted broadcasts live under a store queue name the core's recovery leaves alone (``~``)
+BCAST_QUEUE = "~mq9/bc"
+OLD_BCAST_QUEUE = "mq9/bc"
 
 
 def _headers_dict(hdr: bytes | None) -> dict[str, str] | None:
@@ -137,29 +113,41 @@ class Mq9:
     :param server: the :class:`NatsServer` (used to deliver and to find subscribers).
     :param store: the hub's IMessageStore.
     :param clock: the hub's clock.
-    :param ids: an id source with ``reserve(n)`` (and optionally ``observe(msg_id)``).
+    :param broker: the hub's core :class:`~mqhub.core.broker.Broker`; None makes a private one
+        over ``store`` (a hub without a core, e.g. the NATS server's unit tests), which
+        :meth:`start` starts and :meth:`stop` stops.
     """
 
-    def __init__(self, server: NatsServer, store: Any, clock: Any, ids: Any,
+    def __init__(self, server: NatsServer, store: Any, clock: Any, broker: Any = None, *,
                  sweep_interval: float = 1.0, max_unread: int = 1_000_000,
                  max_mailboxes: int = 1_000_000) -> None:
         """Start with no mailboxes; call :meth:`start` to recover from the store."""
+        self._own_broker = broker is None
+        if broker is None:
+            from mqhub.core.broker import Broker
+            broker = Broker(store, clock)
+        self.broker = broker
         self.server = server
         self.store = store
         self.clock = clock
-        self.ids = ids
+        self.ids = broker.ids
         self.sweep_interval = sweep_interval
         self.max_unread = max_unread
         self.max_mailboxes = max_mailboxes
         self.mailboxes: dict[str, Mailbox] = {}
         self.subs: dict[str, list[Subscription]] = {}
         self.filters: dict[int, tuple[int, ...]] = {}
+        self.pushers: dict[tuple[str, int], Any] = {}
         self._rr: dict[str, dict[str, int]] = {}
         self.broadcasts: list[tuple[tuple, set[str]]] = []
         self._batch = WriteBatch()
         self._ops: list[tuple] = []
+        self._pubs: list[list[Any]] = []
+        self._now = 0.0
         self._kick_call: Any = None
         self._inflight = 0
+        self._pushing = 0
+        self._actions: list[tuple[Any, list[int] | None]] = []
         self._due_heap: list[tuple[float, str]] = []
         self._sweeper: LoopingCall | None = None
         self._inbox_cache: dict[str, Any] = {}
@@ -170,17 +158,18 @@ class Mq9:
     # lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> Any:
-        """Recover mailboxes, unread messages and persisted broadcasts; start the TTL sweep."""
-        d = self.store.scan_meta(META_MAILBOX)
+        """Recover mailboxes (their queues are the core's) and persisted broadcasts; sweep."""
+        d: Any = self.broker.start() if self._own_broker else succeed(None)
+        d.addCallback(lambda _: self.store.scan_meta(META_MAILBOX))
         d.addCallback(self._recover_mailboxes)
+        d.addCallback(self._migrate_broadcasts)
         d.addCallback(lambda _: self.store.read_entries(BCAST_QUEUE, None, 1 << 30))
         d.addCallback(self._recover_broadcasts)
         d.addCallback(self._start_sweep)
         return d
 
     def _recover_mailboxes(self, rows: list[tuple[str, bytes]]) -> Any:
-        """Load each mailbox and its stored messages."""
-        pending = []
+        """Rebuild each mailbox on its core queues; drop queues of mailboxes that are gone."""
         for key, value in rows:
             mail_id = key[len(META_MAILBOX):]
             try:
@@ -189,30 +178,54 @@ class Mq9:
                 log.warn("mq9: unreadable mailbox record {key}", key=key)
                 continue
             self.mailboxes[mail_id] = box
-            d = self.store.read_entries(mailbox_queue(mail_id), None, 1 << 30)
-            d.addCallback(self._load_entries, box)
-            pending.append(d)
-        from twisted.internet.defer import gatherResults
-        return gatherResults(pending, consumeErrors=True) if pending else succeed(None)
+            box.declare(self.broker)
+            self._due(box.expires_at, mail_id)
+        pending = []
+        for q in self.broker.queues():
+            if not q.name.startswith(QUEUE_PREFIX):
+                continue
+            mail_id, _, rest = q.name[len(QUEUE_PREFIX):].partition("/")
+            owner = self.mailboxes.get(mail_id)
+            if owner is None:
+                pending.append(self.broker.delete_queue(q.name))
+            elif not rest:
+                pending.append(self._migrate(owner, q.name))
+        return gatherResults(pending, consumeErrors=True) if pending else None
 
-    def _load_entries(self, entries: list[tuple], box: Mailbox) -> None:
-        """Put recovered entries back in a mailbox (a ``latest`` box keeps only the newest)."""
-        if box.kind == "latest" and len(entries) > 1:
-            newest = max(entries, key=lambda e: e[MSG_ID])
-            stale = [(e[PRIORITY], e[MSG_ID]) for e in entries if e is not newest]
-            self._batch.delete_entries(mailbox_queue(box.mail_id), stale)
-            entries = [newest]
-        self._due(box.expires_at, box.mail_id)
-        nearest = _NEVER
-        for e in entries:
-            e = e[:EXPIRES_AT] + (_expiry(box, e),) + e[EXPIRES_AT + 1:]
-            box.unread[e[PRIORITY]].append(e)
-            if e[EXPIRES_AT] and e[EXPIRES_AT] < nearest:
-                nearest = e[EXPIRES_AT]
-            self._observe(e[MSG_ID])
-        self._due(nearest % _NEVER, box.mail_id)
-        for lst in box.unread.values():
-            lst.sort(key=lambda e: e[MSG_ID])
+    def _migrate(self, box: Mailbox, old: str) -> Any:
+        """Move a mailbox's entries from the one-queue layout of older versions to its queues."""
+        d = self.store.read_entries(old, None, 1 << 30)
+
+        def move(entries: list[tuple]) -> Any:
+            """Re-publish each entry to its INBOX address with its expiry derived again."""
+            entries = sorted(entries, key=lambda e: e[MSG_ID])
+            if box.kind == "latest":
+                entries = entries[-1:]
+            for e in entries:
+                e = e[:EXPIRES_AT] + (_expiry(box, e),) + e[EXPIRES_AT + 1:]
+                name = PRIORITY_NAMES.get(e[PRIORITY], "normal")
+                self.broker.publish_entries(inbox_address(box.mail_id, name), [e])
+            return self.broker.delete_queue(old)
+        d.addCallback(move)
+        return d
+
+    def _migrate_broadcasts(self, _: Any = None) -> Any:
+        """Move persisted broadcasts stored by older versions (queue ``mq9/bc``, which the core
+        recovers as one of its own queues) under :data:`BCAST_QUEUE`."""
+        if self.broker.queue(OLD_BCAST_QUEUE) is None:
+            return None
+        d = self.store.read_entries(OLD_BCAST_QUEUE, None, 1 << 30)
+
+        def move(entries: list[tuple]) -> Any:
+            """Write them under the new name, then drop the old queue."""
+            batch = WriteBatch()
+            if entries:
+                batch.put_entries(BCAST_QUEUE, entries)
+            d2 = self.store.commit(batch) if batch else succeed(None)
+            d2.addCallback(lambda _: self.broker.delete_queue(OLD_BCAST_QUEUE))
+            return d2
+        d.addCallback(move)
+        return d
 
     def _recover_broadcasts(self, entries: list[tuple]) -> Any:
         """Load persisted broadcasts and the consumers that already received each."""
@@ -234,10 +247,8 @@ class Mq9:
         return d
 
     def _observe(self, msg_id: int) -> None:
-        """Tell the id generator about a recovered id, when it can listen."""
-        observe = getattr(self.ids, "observe", None)
-        if observe is not None:
-            observe(msg_id)
+        """Tell the id generator about a recovered id."""
+        self.ids.observe(msg_id)
 
     def _start_sweep(self, _: Any = None) -> None:
         """Run the TTL sweep every ``sweep_interval`` seconds (and commit recovery clean-ups)."""
@@ -249,14 +260,19 @@ class Mq9:
             self._sweeper.start(self.sweep_interval, now=False)
 
     def stop(self) -> Any:
-        """Stop the sweep and commit what is pending."""
+        """Stop the sweep and commit what is pending (and stop a private broker)."""
         if self._sweeper is not None and self._sweeper.running:
             self._sweeper.stop()
         self._sweeper = None
         if self._kick_call is not None and self._kick_call.active():
             self._kick_call.cancel()
         self._kick_call = None
-        return self._commit()
+        self._flush_pubs()
+        self._settle()
+        d = self._commit()
+        if self._own_broker:
+            d.addCallback(lambda _: self.broker.stop())
+        return d
 
     # what mq9 owns -----------------------------------------------------------------------
 
@@ -280,21 +296,66 @@ class Mq9:
             return False
         return parts[1] in PRIORITIES or parts[1] in ("*", ">")
 
-    # subscriptions -------------------------------------------------------------------------
+    # subscriptions and pushes --------------------------------------------------------------
 
     def subscribe(self, sub: Subscription) -> None:
-        """Attach a mailbox subscriber and push the unread backlog it covers."""
+        """Attach a mailbox subscriber; the queues it covers push their backlog, urgent first."""
         mail_id, last = sub.subject[len(INBOX):].split(".")
-        prios = (2, 1, 0) if last in ("*", ">") else (PRIORITIES[last][0],)
+        prios = ORDER if last in ("*", ">") else (PRIORITIES[last][0],)
         self.filters[id(sub)] = prios
         self.subs.setdefault(mail_id, []).append(sub)
-        box = self.mailboxes.get(mail_id)
-        if box is not None and box.count():
-            self._drain(box)
-            self.kick()
+        self._flush_pubs()
+        box = self._live(mail_id)
+        if box is not None:
+            for prio in prios:
+                self._attach(box, prio)
+
+    def _attach(self, box: Mailbox, prio: int) -> None:
+        """Make sure a pushing consumer is attached to ``box``'s queue of ``prio``."""
+        key = (box.mail_id, prio)
+        if key in self.pushers:
+            return
+        q = box.queues.get(prio)
+        if q is None or q.deleted:
+            return
+        self.pushers[key] = None           # attaching: a push inside attach() sees the slot
+        consumer = q.attach(MailboxPusher(self, box.mail_id, prio), ready=PUSH_BATCH)
+        if self.pushers.get(key, 0) is None:
+            self.pushers[key] = consumer
+        self._settle()
+
+    def _forget(self, mail_id: str, prio: int, consumer: Any) -> None:
+        """Stop using ``consumer`` for new subscribers; it is detached by :meth:`_settle`."""
+        if self.pushers.get((mail_id, prio), 0) in (consumer, None):
+            self.pushers.pop((mail_id, prio), None)
+        self._actions.append((consumer, None))
+
+    def _settle(self) -> None:
+        """Apply the acks and detaches pushes asked for, after the push loop is done.
+
+        Acking from inside a push would re-enter the core's dispatch (and detaching would
+        hand entries back while the loop still walks them), so pushes only record what to do.
+        Pushes run after the commit that stored their entries, so the deletes of the acks are
+        always committed after the puts.
+        """
+        while self._actions:
+            actions, self._actions = self._actions, []
+            for consumer, ids in actions:
+                if not consumer.attached:
+                    continue
+                if ids is None:
+                    consumer.queue.detach(consumer, requeue=True)
+                else:
+                    consumer.queue.ack(consumer, ids)
+
+    def _receivers(self, mail_id: str, prio: int) -> list[Subscription]:
+        """The connected subscribers of ``mail_id`` covering ``prio``."""
+        filters = self.filters
+        return [s for s in self.subs.get(mail_id, ())
+                if prio in filters.get(id(s), ()) and s.conn.connected]
 
     def unsubscribe(self, sub: Subscription) -> None:
-        """Detach a mailbox subscriber."""
+        """Detach a mailbox subscriber (and the consumers nobody else needs)."""
         mail_id = sub.subject[len(INBOX):].split(".")[0]
         lst = self.subs.get(mail_id)
         if lst and sub in lst:
@@ -302,7 +363,115 @@ class Mq9:
             if not lst:
                 del self.subs[mail_id]
                 self._rr.pop(mail_id, None)
-        self.filters.pop(id(sub), None)
+        prios = self.filters.pop(id(sub), ())
+        if self._pushing:
+            return              # the running push re-checks its receivers when it ends
+        for prio in prios:
+            consumer = self.pushers.get((mail_id, prio))
+            if consumer is not None and not self._receivers(mail_id, prio):
+                self._forget(mail_id, prio, consumer)
+        self._settle()
+
+    def push(self, pusher: MailboxPusher, consumer: Any, entries: list[tuple]) -> None:
+        """A mailbox queue delivered ``entries`` to its consumer: push them once durable.
+
+        They wait (in flight on the consumer) behind every write before them, as any reply
+        does, so a message is pushed only after the commit that stored it.
+        """
+        self._ops.append((5, pusher, consumer, entries))
+        self.kick()
+
+    def _push_now(self, pusher: MailboxPusher, consumer: Any, entries: list[tuple]) -> None:
+        """Push ``entries`` to the subscribers and record their acks (delivered = read).
+
+        With a message-limited SUB, what no subscriber can take any more goes back to the
+        queue (unread) and the consumer detaches.
+        """
+        if not consumer.attached:
+            return          # detached meanwhile: its in-flight entries are ready again
+        mail_id = pusher.mail_id
+        prio = pusher.priority
+        receivers = self._receivers(mail_id, prio)
+        if not receivers or self._live(mail_id) is None:
+            self._forget(mail_id, prio, consumer)
+            return
+        self._pushing += 1
+        try:
+            if any(s.max is not None for s in receivers):
+                taken = self._push_limited(mail_id, prio, entries)
+            else:
+                self._push_all(mail_id, receivers, entries)
+                taken = len(entries)
+        finally:
+            self._pushing -= 1
+        if taken:
+            self._actions.append((consumer, [e[0] for e in entries[:taken]]))
+            self.stats["pushed"] += taken
+        if taken < len(entries) or not self._receivers(mail_id, prio):
+            self._forget(mail_id, prio, consumer)
+
+    def _push_all(self, mail_id: str, receivers: list[Subscription],
+                  entries: list[tuple]) -> None:
+        """Render every entry for every plain subscriber and one member of each group."""
+        srv = self.server
+        deliver = srv.deliver
+        dirty = srv.dirty
+        plain = [s for s in receivers if s.queue is None]
+        groups: dict[str, list[Any]] = {}
+        for s in receivers:
+            if s.queue is not None:
+                groups.setdefault(s.queue, []).append(s)
+        members = list(groups.values())
+        rr = self._rr.setdefault(mail_id, {}) if members else {}
+        fast = [(s.conn, s.conn.out, s.sid) for s in plain]
+        heads: dict[tuple[str, str], bytes] = {}
+        for e in entries:
+            headers = e[HEADERS]
+            body = e[BODY]
+            if not headers:
+                subject = e[5]
+                for conn, out, sid in fast:
+                    head = heads.get((subject, sid))
+                    if head is None:
+                        head = heads[(subject, sid)] = f"MSG {subject} {sid} ".encode()
+                    if not out:
+                        dirty.append(conn)
+                    out.append(head + b"%d\r\n" % len(body))
+                    out.append(body)
+                    out.append(b"\r\n")
+                reply = hdr = None
+            else:
+                reply, hdr = rendered(headers)
+                for sub in plain:
+                    deliver(sub, e[5], reply, hdr, body)
+            for grp in members:
+                rr[grp[0].queue] = k = rr.get(grp[0].queue, -1) + 1
+                deliver(grp[k % len(grp)], e[5], reply, hdr, body)
+
+    def _push_limited(self, mail_id: str, prio: int, entries: list[tuple]) -> int:
+        """Push ``entries`` one at a time while a receiver is left; return how many were taken."""
+        deliver = self.server.deliver
+        rr = self._rr.setdefault(mail_id, {})
+        taken = 0
+        for e in entries:
+            live = [s for s in self._receivers(mail_id, prio)
+                    if s.max is None or s.delivered < s.max]
+            if not live:
+                break
+            taken += 1
+            reply, hdr = rendered(e[HEADERS])
+            groups: dict[str, list[Any]] = {}
+            for s in live:
+                if s.queue is None:
+                    deliver(s, e[5], reply, hdr, e[BODY])
+                else:
+                    groups.setdefault(s.queue, []).append(s)
+            for name, grp in groups.items():
+                rr[name] = k = rr.get(name, -1) + 1
+                deliver(grp[k % len(grp)], e[5], reply, hdr, e[BODY])
+        return taken
+
+    # broadcasts ---------------------------------------------------------------------------
 
     def broadcast_subscribed(self, sub: Subscription) -> None:
         """Replay persisted broadcasts to a new subscriber whose group/subject has not had them."""
@@ -342,7 +511,7 @@ class Mq9:
         return 1
 
     def _resolve_inbox(self, subject: str) -> Any:
-        """``(box, priority, default_ttl, stored, queue)`` for an INBOX subject, or an error text.
+        """``(box, priority, default_ttl)`` for an INBOX subject, or an error text.
 
         Cached per subject; the cache is cleared whenever a mailbox is created or removed.
         """
@@ -352,8 +521,8 @@ class Mq9:
         box = self.mailboxes.get(parts[0])
         if box is None:
             return f"mailbox {parts[0]} does not exist"
-        prio, ttl, durable = PRIORITIES[parts[1]]
-        hit = (box, prio, ttl, durable or box.kind == "latest", mailbox_queue(box.mail_id))
+        prio, ttl, _ = PRIORITIES[parts[1]]
+        hit = (box, prio, ttl)
         if len(self._inbox_cache) > 100000:
             self._inbox_cache.clear()
         self._inbox_cache[subject] = hit
@@ -370,21 +539,25 @@ class Mq9:
 
     def _inbox(self, subject: str, reply: str | None, hdr: bytes | None,
                payload: bytes) -> None:
-        """Store one mailbox message; it is pushed after the read's batch commits."""
+        """Accept one mailbox message; it goes to the core with the rest of the read."""
         hit = self._inbox_cache.get(subject)
         if hit is None:
             hit = self._resolve_inbox(subject)
             if hit.__class__ is str:
                 self._error(reply, hit)
                 return
-        box, prio, ttl, stored, queue = hit
-        now = self.clock.seconds()
+        box, prio, ttl = hit
+        now = self._now
+        if not now:     # one time per read, so a read's messages share their expiry (one batch)
+            now = self._now = self.clock.seconds()
         box_exp = box.expires_at
         if box_exp and box_exp <= now:
             self._error(reply, f"mailbox {box.mail_id} does not exist")
             return
-        unread = box.unread
-        if len(unread[2]) + len(unread[1]) + len(unread[0]) >= self.max_unread:
+        if not box.pending or box.pending >= box.room:
+            # the room left is counted once per read (pending counts what this read added)
+            box.room = self.max_unread - box.count() + box.pending
+        if box.pending >= box.room:
             self.stats["refused"] += 1
             self._error(reply, f"mailbox {box.mail_id} is full")
             return
@@ -394,26 +567,59 @@ class Mq9:
             if reply:
                 headers = dict(headers or {})
                 headers[RESERVED_REPLY] = reply
-            ttl = _ttl_header(headers) or ttl
-        expires = now + ttl if ttl else 0.0
-        if box_exp and (not expires or box_exp < expires):
-            expires = box_exp
-        msg_id = self._new_id()
-        if stored:
-            # the store keeps no expiry: it is derived again on recovery (id time + TTL rule)
-            puts = self._batch.puts
-            lst = puts.get(queue)
-            if lst is None:
-                lst = puts[queue] = []
-            lst.append((msg_id, prio, 0, 0.0, 0.0, subject, headers, payload, "nats"))
-        entry = (msg_id, prio, 0, 0.0, expires, subject, headers, payload, "nats")
-        ops = self._ops
-        if ops:
-            last = ops[-1]
-            if last[0] == 0 and last[1] is box:
-                last[2].append(entry)
+        # the priority's TTL is the queue's own ``ttl`` (cut by id time: no expiry index row in
+        # the store); only a shorter ``mq9-ttl`` needs the entry's expiry. The mailbox TTL is
+        # the queues' ``expires_at``: no message outlives its mailbox.
+        expires = 0.0
+        if headers is not None:
+            own = _ttl_header(headers)
+            if own and (not ttl or own < ttl):
+                expires = now + own
+        box.pending += 1
+        pubs = self._pubs
+        if pubs:
+            last = pubs[-1]
+            if last[3] == expires and last[2] == subject:
+                last[4].append(payload)
+                last[5].append(headers)
                 return
-        ops.append((0, box, [entry]))
+        pubs.append([box, prio, subject, expires, [payload], [headers]])
+
+    def _flush_pubs(self) -> None:
+        """Hand the accepted INBOX messages to the core: one publish_batch per run of a subject."""
+        if not self._pubs:
+            return
+        pubs, self._pubs = self._pubs, []
+        self._now = 0.0
+        publish = self.broker.publish_batch
+        last: dict[str, int] = {}
+        for i, group in enumerate(pubs):
+            if group[0].kind == "latest":
+                last[group[0].mail_id] = i      # only a latest box's newest message matters
+        box: Mailbox
+        for i, (box, prio, subject, expires, bodies, headers) in enumerate(pubs):
+            box.pending = 0
+            if self.mailboxes.get(box.mail_id) is not box:
+                continue
+            if box.kind == "latest":
+                if last[box.mail_id] != i:
+                    continue
+                bodies, headers = bodies[-1:], headers[-1:]
+                for p, q in box.queues.items():
+                    if p != prio and q.depth and not q.deleted:
+                        q.take(q.depth)
+            try:
+                d = publish(subject, bodies, origin="nats", priority=prio, expires_at=expires,
+                            headers=headers if any(headers) else None)
+            except MqhubError as exc:
+                log.warn("mq9: core refused {subject}: {error}", subject=subject, error=exc)
+                continue
+            self.stats["stored"] += len(bodies)
+            if not d.called:
+                self._inflight += 1
+                d.addBoth(self._landed)
+            d.addErrback(lambda f: log.failure("mq9: store commit failed", f))
+        self._settle()
 
     def _live(self, mail_id: str) -> Mailbox | None:
         """The mailbox ``mail_id`` unless it is unknown or past its TTL (sweep pending)."""
@@ -436,12 +642,12 @@ class Mq9:
         if rest == "CREATE":
             self._create(reply, req)
         elif rest.startswith("QUERY.") and rest.count(".") == 1 and len(rest) > 6:
-            self._ops.append((1, rest[6:], req, reply))
+            self._query(rest[6:], req, reply)
         else:
             self._error(reply, f"unknown mq9 request: {subject}")
 
     def _create(self, reply: str | None, req: dict[str, Any]) -> None:
-        """Create a mailbox (its record commits with this read's batch, then the reply goes)."""
+        """Create a mailbox: its queues in the core, its record with this read's batch."""
         kind = req.get("type", "standard")
         if kind not in ("standard", "latest"):
             self._error(reply, "type must be 'standard' or 'latest'")
@@ -458,6 +664,7 @@ class Mq9:
         mail_id = "m" + secrets.token_hex(12)
         token = "tok-" + secrets.token_urlsafe(24)
         box = Mailbox(mail_id, token, kind, int(ttl), self.clock.seconds())
+        box.declare(self.broker)
         self.mailboxes[mail_id] = box
         self._inbox_cache.clear()
         self._due(box.expires_at, mail_id)
@@ -465,6 +672,30 @@ class Mq9:
         body = {"mail_id": mail_id, "token": token, "inbox": INBOX + mail_id, "type": kind,
                 "ttl": int(ttl)}
         self._reply(reply, body)
+
+    def _query(self, mail_id: str, req: dict[str, Any], reply: str | None) -> None:
+        """Answer QUERY: unread messages (up to ``limit``) taken from the queues, urgent first."""
+        self._flush_pubs()
+        box = self._live(mail_id)
+        if box is None:
+            self._error(reply, f"mailbox {mail_id} does not exist")
+            return
+        token = req.get("token")
+        if not isinstance(token, str) or not secrets.compare_digest(token, box.token):
+            self._error(reply, "invalid token")
+            return
+        limit = req.get("limit", QUERY_LIMIT)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+            limit = QUERY_LIMIT
+        items: list[dict[str, Any]] = []
+        for prio in ORDER:
+            q = box.queues.get(prio)
+            if q is None or q.deleted or len(items) >= limit:
+                continue
+            items.extend(query_item(e, prio) for e in q.take(limit - len(items)))
+        self.stats["queried"] += len(items)
+        self._reply(reply, {"mail_id": mail_id, "unread": len(items) + box.count(),
+                            "messages": items})
 
     def _persisted_broadcast(self, pub: NatsConnection | None, subject: str,
                              reply: str | None, hdr: bytes | None, payload: bytes) -> int:
@@ -496,7 +727,7 @@ class Mq9:
         """Reply ``{"error": text}``; never a -ERR."""
         self._reply(reply, {"error": text})
 
-    # commit and push -----------------------------------------------------------------------
+    # commit and replies --------------------------------------------------------------------
 
     def kick(self) -> None:
         """Arrange a commit on the next turn for writes made outside a read."""
@@ -509,11 +740,15 @@ class Mq9:
         self.end_turn()
 
     def end_turn(self) -> None:
-        """Commit this read's batch; run its operations (pushes, replies) once durable.
+        """Hand this read's INBOX messages to the core, commit mq9's own writes, and run the
+        read's operations (replies, broadcast deliveries, PONGs) once everything before them
+        is durable.
 
-        Operations always run in commit order: while a commit is in flight, even a batch
-        without writes goes through the store so its operations (a PONG barrier) wait.
+        While a write is in flight, even a batch without writes goes through the store so the
+        operations wait for it (the store commits in order).
         """
+        self._flush_pubs()
+        self._now = 0.0
         self._id_next = self._id_end     # ids of the next read come from a fresh block
         if not self._batch and not self._ops:
             return
@@ -539,13 +774,13 @@ class Mq9:
 
         This makes a client's flush() (PING/PONG) a durability barrier for its mq9 publishes.
         """
-        if not (self._batch or self._ops or self._inflight):
+        if not (self._batch or self._ops or self._inflight or self._pubs):
             return False
         self._ops.append((4, conn))
         return True
 
     def _commit(self) -> Any:
-        """Hand the pending batch to the store now (used outside reads: stop, deletes)."""
+        """Hand the pending batch to the store now (used outside reads: stop)."""
         batch, self._batch = self._batch, WriteBatch()
         if not batch:
             return succeed(None)
@@ -555,44 +790,24 @@ class Mq9:
         return d
 
     def _failed(self, failure: Any, ops: list[tuple]) -> None:
-        """A commit failed: tell requesters; stored messages were not confirmed to anyone."""
+        """A commit failed: tell requesters; nothing in it was confirmed to anyone."""
         log.failure("mq9: store commit failed", failure)
         for op in ops:
-            if op[0] == 1:
-                self._send(op[3], {"error": "store unavailable"})
+            if op[0] == 3:
+                self._send(op[1], {"error": "store unavailable"})
             elif op[0] == 4 and op[1].connected:
                 op[1].out_ctl(codec.PONG)
+            elif op[0] == 5:
+                self._forget(op[1].mail_id, op[1].priority, op[2])   # back to ready
+        self._settle()
         self.server.flush()
 
     def _run_ops(self, _: Any, ops: list[tuple]) -> None:
-        """Apply committed operations in order, then push and write."""
-        touched: dict[str, Mailbox] = {}
+        """Apply committed operations in order, then write."""
         for op in ops:
             kind = op[0]
-            if kind == 0:
-                box: Mailbox = op[1]
-                entries: list[tuple] = op[2]
-                if self.mailboxes.get(box.mail_id) is not box:
-                    continue
-                unread = box.unread
-                if box.kind == "latest":
-                    self._clear(box)
-                    if len(entries) > 1:
-                        self._batch.delete_entries(mailbox_queue(box.mail_id),
-                                                   [(e[PRIORITY], e[MSG_ID]) for e in entries[:-1]])
-                        entries = entries[-1:]
-                if len(entries) == 1 or all(e[PRIORITY] == entries[0][PRIORITY] for e in entries):
-                    unread[entries[0][PRIORITY]].extend(entries)
-                else:
-                    for e in entries:
-                        unread[e[PRIORITY]].append(e)
-                self._due(min(e[EXPIRES_AT] or _NEVER for e in entries) % _NEVER, box.mail_id)
-                touched[box.mail_id] = box
-            elif kind == 1:
-                for tbox in touched.values():
-                    self._drain(tbox)
-                touched.clear()
-                self._query(op[1], op[2], op[3])
+            if kind == 5:
+                self._push_now(op[1], op[2], op[3])
             elif kind == 2:
                 self._deliver_broadcast(op[1], op[2], op[3], op[4], op[5])
             elif kind == 4:
@@ -600,162 +815,12 @@ class Mq9:
                     op[1].out_ctl(codec.PONG)
             else:
                 self.server.publish(None, op[1], None, None, op[2])
-        for tbox in touched.values():
-            self._drain(tbox)
+        self._settle()
         if self._batch:
-            self.kick()     # deletes ride with the next read's commit (or the next turn)
+            self.kick()     # broadcast receiver sets ride with the next commit
         if self.server.bridge is not None:
             self.server.bridge.flush()
         self.server.flush()
-
-    def _clear(self, box: Mailbox) -> None:
-        """Drop every unread message of a mailbox (``latest`` overwrite)."""
-        keys: list[tuple[int, int]] = []
-        for lst in box.unread.values():
-            keys.extend((e[PRIORITY], e[MSG_ID]) for e in lst)
-            lst.clear()
-        if keys:
-            self._batch.delete_entries(mailbox_queue(box.mail_id), keys)
-
-    def _drain(self, box: Mailbox) -> None:
-        """Push unread messages to the mailbox's subscribers, highest priority first."""
-        subs = self.subs.get(box.mail_id)
-        if not subs:
-            return
-        now = self.clock.seconds()
-        srv = self.server
-        deliver = srv.deliver
-        dirty = srv.dirty
-        deleted: list[tuple[int, int]] = []
-        filters = self.filters
-        latest = box.kind == "latest"
-        for prio in (2, 1, 0):
-            entries = box.unread[prio]
-            if not entries:
-                continue
-            receivers = [s for s in subs if prio in filters.get(id(s), ())
-                         and s.conn.connected]
-            if not receivers:
-                continue
-            plain = [s for s in receivers if s.queue is None]
-            groups: dict[str, list[Any]] = {}
-            for s in receivers:
-                if s.queue is not None:
-                    groups.setdefault(s.queue, []).append(s)
-            members = list(groups.values())
-            rr = self._rr.setdefault(box.mail_id, {}) if members else {}
-            if any(s.max is not None for s in receivers):
-                # a SUB with a message limit: one by one, and what nobody can take stays unread
-                taken = self._drain_limited(box, prio, entries, now)
-                box.unread[prio] = entries[taken:]
-                if prio or latest:
-                    deleted.extend([(prio, e[MSG_ID]) for e in entries[:taken]])
-                subs = self.subs.get(box.mail_id)
-                if not subs:
-                    break
-                continue
-            # fast path: plain subscribers, messages without headers
-            fast = [(s.conn, s.conn.out, s.sid) for s in plain]
-            heads: dict[tuple[str, str], bytes] = {}
-            box.unread[prio] = []
-            if prio or latest:
-                deleted.extend([(prio, e[MSG_ID]) for e in entries])
-            for e in entries:
-                if e[EXPIRES_AT] and e[EXPIRES_AT] <= now:
-                    self.stats["expired"] += 1
-                    continue
-                headers = e[HEADERS]
-                body = e[BODY]
-                if headers is None:
-                    subject = e[5]
-                    for conn, out, sid in fast:
-                        head = heads.get((subject, sid))
-                        if head is None:
-                            head = heads[(subject, sid)] = f"MSG {subject} {sid} ".encode()
-                        if not out:
-                            dirty.append(conn)
-                        out.append(head + b"%d\r\n" % len(body))
-                        out.append(body)
-                        out.append(b"\r\n")
-                    reply = hdr = None
-                else:
-                    reply, hdr = _rendered(headers)
-                    for sub in plain:
-                        deliver(sub, e[5], reply, hdr, body)
-                for grp in members:
-                    rr[grp[0].queue] = k = rr.get(grp[0].queue, -1) + 1
-                    deliver(grp[k % len(grp)], e[5], reply, hdr, body)
-            self.stats["pushed"] += len(entries)
-            subs = self.subs.get(box.mail_id)   # a max-limited SUB may have gone
-            if not subs:
-                break
-        if deleted:
-            self._batch.delete_entries(mailbox_queue(box.mail_id), deleted)
-
-    def _drain_limited(self, box: Mailbox, prio: int, entries: list[tuple], now: float) -> int:
-        """Push ``entries`` one at a time while a receiver is left; return how many were taken."""
-        filters = self.filters
-        deliver = self.server.deliver
-        rr = self._rr.setdefault(box.mail_id, {})
-        taken = 0
-        for e in entries:
-            live = [s for s in self.subs.get(box.mail_id, ())
-                    if prio in filters.get(id(s), ()) and s.conn.connected
-                    and (s.max is None or s.delivered < s.max)]
-            if not live:
-                break
-            taken += 1
-            if e[EXPIRES_AT] and e[EXPIRES_AT] <= now:
-                self.stats["expired"] += 1
-                continue
-            reply, hdr = _rendered(e[HEADERS])
-            groups: dict[str, list[Any]] = {}
-            for s in live:
-                if s.queue is None:
-                    deliver(s, e[5], reply, hdr, e[BODY])
-                else:
-                    groups.setdefault(s.queue, []).append(s)
-            for name, grp in groups.items():
-                rr[name] = k = rr.get(name, -1) + 1
-                deliver(grp[k % len(grp)], e[5], reply, hdr, e[BODY])
-            self.stats["pushed"] += 1
-        return taken
-
-    def _query(self, mail_id: str, req: dict[str, Any], reply: str | None) -> None:
-        """Answer QUERY: every unread message (up to ``limit``), which becomes read."""
-        box = self._live(mail_id)
-        if box is None:
-            self._send(reply, {"error": f"mailbox {mail_id} does not exist"})
-            return
-        token = req.get("token")
-        if not isinstance(token, str) or not secrets.compare_digest(token, box.token):
-            self._send(reply, {"error": "invalid token"})
-            return
-        limit = req.get("limit", QUERY_LIMIT)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
-            limit = QUERY_LIMIT
-        now = self.clock.seconds()
-        unread = box.count()
-        items: list[dict[str, Any]] = []
-        deleted: list[tuple[int, int]] = []
-        for prio in (2, 1, 0):
-            entries = box.unread[prio]
-            take = 0
-            for e in entries:
-                if len(items) >= limit:
-                    break
-                take += 1
-                if prio or box.kind == "latest":
-                    deleted.append((prio, e[MSG_ID]))
-                if e[EXPIRES_AT] and e[EXPIRES_AT] <= now:
-                    unread -= 1
-                    continue
-                items.append(_item(e))
-            del entries[:take]
-        if deleted:
-            self._batch.delete_entries(mailbox_queue(mail_id), deleted)
-        self.stats["queried"] += len(items)
-        self._send(reply, {"mail_id": mail_id, "unread": unread, "messages": items})
 
     def _send(self, reply: str | None, body: dict[str, Any]) -> None:
         """Publish a JSON reply now (used after the commit)."""
@@ -794,11 +859,11 @@ class Mq9:
             heapq.heappush(self._due_heap, (when, mail_id))
 
     def sweep(self) -> None:
-        """Remove expired mailboxes (with everything in them), messages and broadcasts.
+        """Remove expired mailboxes (their queues with them) and expired broadcasts.
 
-        Only mailboxes whose earliest expiry (their own or a message's) is due are visited:
-        a heap of (time, mail_id) is fed by CREATE, by each committed group of messages and
-        by recovery, so a sweep costs nothing when nothing is due.
+        Only mailboxes whose TTL is due are visited (a heap of (time, mail_id) fed by CREATE
+        and recovery). Message TTLs are entry expiries in the core queues, dropped by the
+        core's TTL sweep (run from here when the broker has no scheduler).
         """
         now = self.clock.seconds()
         batch = self._batch
@@ -806,31 +871,19 @@ class Mq9:
         while heap and heap[0][0] <= now:
             _, mail_id = heapq.heappop(heap)
             box = self.mailboxes.get(mail_id)
-            if box is None:
+            if box is None or not box.expires_at or box.expires_at > now:
                 continue
-            if box.expires_at and box.expires_at <= now:
-                del self.mailboxes[mail_id]
-                self._inbox_cache.clear()
-                batch.purge_queue(mailbox_queue(mail_id))
-                batch.delete_meta(META_MAILBOX + mail_id)
-                self.stats["expired"] += box.count()
-                continue
-            nearest = 0.0
-            for prio, entries in box.unread.items():
-                if not entries:
-                    continue
-                keep = [e for e in entries if not e[EXPIRES_AT] or e[EXPIRES_AT] > now]
-                if len(keep) != len(entries):
-                    gone = [(prio, e[MSG_ID]) for e in entries
-                            if e[EXPIRES_AT] and e[EXPIRES_AT] <= now]
-                    if prio or box.kind == "latest":
-                        batch.delete_entries(mailbox_queue(mail_id), gone)
-                    self.stats["expired"] += len(gone)
-                    box.unread[prio] = keep
-                for e in keep:
-                    if e[EXPIRES_AT] and (not nearest or e[EXPIRES_AT] < nearest):
-                        nearest = e[EXPIRES_AT]
-            self._due(nearest, mail_id)
+            self.stats["expired"] += box.count()
+            del self.mailboxes[mail_id]
+            self._inbox_cache.clear()
+            for prio in ORDER:
+                self.pushers.pop((mail_id, prio), None)
+            for name in mailbox_queues(mail_id):
+                self.broker.delete_queue(name)
+            batch.delete_meta(META_MAILBOX + mail_id)
+        if self.broker.scheduler is None:
+            while self.broker.sweep_ttl(now, 10000):
+                pass
         if self.broadcasts:
             alive = []
             for entry, seen in self.broadcasts:
@@ -844,45 +897,11 @@ class Mq9:
             self.end_turn()
 
 
-def _rendered(headers: dict[str, str] | None) -> tuple[str | None, bytes | None]:
-    """The reply subject and NATS header block a stored message is delivered with."""
-    if not headers:
-        return None, None
-    reply = None
-    if RESERVED_REPLY in headers:
-        headers = dict(headers)
-        reply = headers.pop(RESERVED_REPLY)
-    return reply, (codec.build_headers(headers) if headers else None)
-
-
 def _expiry(box: Mailbox, entry: tuple) -> float:
-    """A recovered message's expiry: its id's time plus its TTL rule, capped by the mailbox's."""
-    ttl = _ttl_header(entry[HEADERS]) or PRIORITIES[PRIORITY_NAMES[entry[PRIORITY]]][1]
-    expires = _id_ms(entry[MSG_ID]) / 1000.0 + ttl if ttl else 0.0
+    """An old-layout message's expiry: its id's time plus its TTL rule, capped by the mailbox's."""
+    ttl = _ttl_header(entry[HEADERS]) or PRIORITIES[PRIORITY_NAMES.get(entry[PRIORITY],
+                                                                       "normal")][1]
+    expires = id_ms(entry[MSG_ID]) / 1000.0 + ttl if ttl else 0.0
     if box.expires_at and (not expires or box.expires_at < expires):
         expires = box.expires_at
     return expires
-
-
-def _item(entry: tuple) -> dict[str, Any]:
-    """A QUERY message item: payload as UTF-8 text, or base64 with ``encoding: base64``."""
-    headers = dict(entry[HEADERS] or {})
-    reply = headers.pop(RESERVED_REPLY, None)
-    body = entry[BODY]
-    try:
-        payload, encoding = body.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        payload, encoding = base64.b64encode(body).decode(), "base64"
-    item: dict[str, Any] = {
-        "msg_id": str(entry[MSG_ID]), "subject": entry[5],
-        "priority": PRIORITY_NAMES[entry[PRIORITY]], "payload": payload, "encoding": encoding,
-        "headers": headers, "ts": int(_id_ms(entry[MSG_ID])),
-    }
-    if reply:
-        item["reply_to"] = reply
-    return item
-
-
-def _id_ms(msg_id: int) -> float:
-    """Milliseconds since the epoch encoded in a hub id (ms since 2020-01-01 << 22)."""
-    return (msg_id >> 22) + 1577836800000

@@ -53,12 +53,7 @@ def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
         raise PluginError(f"mq9: bad option: {exc}") from exc
     server = NatsServer(hub, settings)
     broker = getattr(hub, "broker", None)
-    if broker is not None and hasattr(broker, "ids"):
-        ids = broker.ids
-    else:
-        from mqhub.core.ids import IdGenerator
-        ids = IdGenerator(hub.clock)
-    server.mq9 = Mq9(server, hub.store, hub.clock, ids,
+    server.mq9 = Mq9(server, hub.store, hub.clock, broker,
                      sweep_interval=float(plugin_options.get("sweep_interval", 1.0)),
                      max_unread=int(plugin_options.get("max_unread", 1_000_000)),
                      max_mailboxes=int(plugin_options.get("max_mailboxes", 1_000_000)))

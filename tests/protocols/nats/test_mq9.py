@@ -6,7 +6,7 @@ import json
 
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import OP_HMSG, OP_MSG
-from mqhub.protocols.nats.mq9 import mailbox_queue
+from mqhub.protocols.nats.mq9 import mailbox_queue, mailbox_queues
 from mqhub.testing import result_of
 from tests.protocols.nats.helpers import Client, make_hub, make_mq9_server, request
 
@@ -24,7 +24,7 @@ def bodies(events: list[tuple]) -> list[bytes]:
 def stored(srv, mail_id: str) -> int:
     """How many entries the store holds for a mailbox (after the next turn's commit)."""
     srv.hub.clock.advance(0)
-    return result_of(srv.hub.store.count_entries(mailbox_queue(mail_id)))
+    return sum(result_of(srv.hub.store.count_entries(name)) for name in mailbox_queues(mail_id))
 
 
 def send(c: Client, mail_id: str, prio: str, body: bytes) -> None:
@@ -282,16 +282,19 @@ def test_pong_waits_for_the_commit_of_mq9_writes() -> None:
     mid = json.loads(evs[0][4])["mail_id"]
     c.send(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.urgent", b"x") + b"PING\r\n")
     assert c.events() == []
-    assert result_of(store.count_entries(mailbox_queue(mid))) == 0
+    assert result_of(store.count_entries(mailbox_queue(mid, "urgent"))) == 0
     clock.advance(0)
     assert c.events() == [(codec.OP_PONG,)]
-    assert result_of(store.count_entries(mailbox_queue(mid))) == 1
+    assert result_of(store.count_entries(mailbox_queue(mid, "urgent"))) == 1
     c.send(b"PING\r\n")                           # nothing pending: answered at once
     assert c.events() == [(codec.OP_PONG,)]
 
 
-def test_recovered_latest_mailbox_keeps_only_newest_and_expiry_is_rederived() -> None:
-    """Recovery trims latest mailboxes and re-derives message expiry from ids."""
+def test_old_single_queue_layout_is_migrated_to_the_core_queues_on_start() -> None:
+    """Entries of the old one-queue-per-mailbox layout move to the core queues on start.
+
+    A latest mailbox keeps only its newest; a message's expiry is derived from its id's time.
+    """
     from mqhub.store.batch import WriteBatch
 
     hub = make_hub()
@@ -301,28 +304,67 @@ def test_recovered_latest_mailbox_keeps_only_newest_and_expiry_is_rederived() ->
     latest = create(c, type="latest")
     std = create(c)
     srv.mq9.stop()
-    # a crash between a put and the delete of its predecessor leaves two stored entries
     ids = srv.mq9.ids
-    q = mailbox_queue(latest["mail_id"])
     batch = WriteBatch()
     first, second = ids.reserve(1), ids.reserve(1)
-    batch.put_entries(q, [(first, 1, 0, 0.0, 0.0, "s", None, b"old", "nats"),
-                          (second, 2, 0, 0.0, 0.0, "s", None, b"new", "nats")])
+    lsub = f"$mq9.AI.INBOX.{latest['mail_id']}.normal"
+    batch.put_entries("mq9/box/" + latest["mail_id"],
+                      [(first, 1, 0, 0.0, 0.0, lsub, None, b"old", "nats"),
+                       (second, 2, 0, 0.0, 0.0, lsub.replace("normal", "urgent"), None, b"new",
+                        "nats")])
     old = ids.reserve(1)
-    batch.put_entries(mailbox_queue(std["mail_id"]),
+    batch.put_entries("mq9/box/" + std["mail_id"],
                       [(old, 1, 0, 0.0, 0.0, f"$mq9.AI.INBOX.{std['mail_id']}.normal", None,
                         b"normal ttl", "nats")])
     result_of(hub.store.commit(batch))
     hub.clock.advance(3000)                         # normal TTL is 3600 s from the id's time
     srv2 = make_mq9_server(hub)
+    hub.clock.advance(0)
+    assert result_of(hub.store.count_entries("mq9/box/" + std["mail_id"])) == 0
     assert stored(srv2, latest["mail_id"]) == 1
-    (entry,) = srv2.mq9.mailboxes[std["mail_id"]].unread[1]
+    (entry,) = srv2.mq9.mailboxes[std["mail_id"]].queues[1].peek(10)
     assert abs(entry[4] - (hub.clock.seconds() - 3000 + 3600)) < 1.0
     hub.clock.advance(601)
     agent = Client(srv2)
     agent.send(f"SUB $mq9.AI.INBOX.{latest['mail_id']}.* 1\r\n"
                f"SUB $mq9.AI.INBOX.{std['mail_id']}.* 2\r\n".encode())
     assert bodies(agent.events()) == [b"new"]        # the normal message expired meanwhile
+
+
+def test_backlog_lives_in_core_queues_bound_to_inbox_addresses() -> None:
+    """A mailbox is three core queues bound to its INBOX addresses: a core publish reaches it.
+
+    The backlog is the core's (a bounded window, the rest in the store); message TTL is the
+    entry's expiry and the mailbox TTL the queues' ``expires_at``; ``latest`` is max_size 1.
+    """
+    from mqhub.testing import memory_hub
+
+    hub = memory_hub()
+    srv = make_mq9_server(hub)
+    c = Client(srv)
+    box = create(c, ttl=600)
+    mid = box["mail_id"]
+    queues = [hub.broker.queue(name) for name in mailbox_queues(mid)]
+    assert [q.tier for q in queues] == ["durable", "durable", "memory"]
+    assert all(q.expires_at == hub.clock.seconds() + 600 for q in queues)
+    assert [b.pattern for b in hub.broker.bindings(mailbox_queue(mid, "urgent"))] == [
+        f"$mq9.AI.INBOX.{mid}.urgent"]
+    send(c, mid, "normal", b"from nats")
+    result_of(hub.broker.publish_batch(f"$mq9.AI.INBOX.{mid}.urgent", [b"from the core"],
+                                       origin="test"))
+    assert queues[0].depth == 1 and queues[1].depth == 1
+    assert [q.ttl for q in queues] == [86400.0, 3600.0, 0.0]     # priority TTLs are queue TTLs
+    assert queues[1].peek(1)[0][4] == 0.0           # so the entry needs no expiry of its own
+    agent = Client(srv)
+    agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    assert bodies(agent.events()) == [b"from the core", b"from nats"]
+    assert queues[0].depth == 0 and queues[1].depth == 0
+    latest = create(c, type="latest")["mail_id"]
+    assert {hub.broker.queue(n).max_size for n in mailbox_queues(latest)} == {1}
+    assert {hub.broker.queue(n).tier for n in mailbox_queues(latest)} == {"durable"}
+    hub.clock.advance(601)
+    assert mid not in srv.mq9.mailboxes
+    assert all(hub.broker.queue(n) is None for n in mailbox_queues(mid))
 
 
 def test_a_full_mailbox_refuses_with_a_json_error() -> None:
@@ -364,14 +406,14 @@ def test_mailbox_subscription_with_max_gets_exactly_max_and_the_rest_stays_unrea
 
 
 def test_sweep_visits_only_mailboxes_with_something_due() -> None:
-    """The TTL sweep pops due mailboxes from a heap instead of scanning every mailbox."""
+    """The mailbox TTL sweep pops due mailboxes from a heap instead of scanning every mailbox."""
     srv = make_mq9_server()
     c = Client(srv)
     boxes = [create(c, ttl=0)["mail_id"] for _ in range(50)]
     short = create(c, ttl=30)["mail_id"]
     c.send(codec.encode_hpub(f"$mq9.AI.INBOX.{boxes[0]}.normal",
                              codec.build_headers({"mq9-ttl": "5"}), b"brief"))
-    assert len(srv.mq9._due_heap) == 2                 # the short mailbox and the brief message
+    assert len(srv.mq9._due_heap) == 1         # the short mailbox (message TTLs are the core's)
     srv.hub.clock.advance(6)
     assert srv.mq9.mailboxes[boxes[0]].count() == 0 and len(srv.mq9._due_heap) == 1
     srv.hub.clock.advance(25)
@@ -392,3 +434,121 @@ def test_persisted_broadcasts_past_the_bound_are_delivered_live_only() -> None:
     late = Client(srv)
     late.send(b"SUB $mq9.AI.BROADCAST.a.* 1\r\n")
     assert bodies(late.events()) == [b"0", b"1"]
+
+
+def test_persisted_broadcasts_of_the_old_layout_are_moved_and_replayed() -> None:
+    """Broadcasts stored under the old ``mq9/bc`` queue (which the core recovers as a queue of
+    its own) move under mq9's reserved name on start and still replay to late subscribers."""
+    from mqhub.store.batch import WriteBatch
+    from mqhub.store.memory import MemoryStore
+    from mqhub.testing import memory_hub
+
+    store = MemoryStore()
+    store.open()
+    seed = memory_hub(store=store)
+    now = seed.clock.seconds()
+    msg_id = seed.broker.ids.next_id()
+    batch = WriteBatch()
+    batch.put_entries("mq9/bc", [(msg_id, 0, 0, 0.0, now + 600, "$mq9.AI.BROADCAST.a.b", None,
+                                  b"kept", "nats")])
+    result_of(store.commit(batch))
+    hub = memory_hub(seed.clock, store=store)
+    assert hub.broker.queue("mq9/bc") is not None      # the core took it for one of its own
+    srv = make_mq9_server(hub)
+    hub.clock.advance(0)
+    assert hub.broker.queue("mq9/bc") is None
+    assert result_of(store.count_entries("mq9/bc")) == 0
+    late = Client(srv)
+    late.send(b"SUB $mq9.AI.BROADCAST.> 1\r\n")
+    assert bodies(late.events()) == [b"kept"]
+
+
+def test_pushes_wait_for_the_commit_that_stored_them() -> None:
+    """A mailbox message reaches a subscriber only after the store commit that holds it, and
+    its delete (delivered = read) is committed after that put."""
+    from twisted.internet.task import Clock
+
+    from mqhub.hub import Hub
+    from mqhub.store.memory import MemoryStore
+
+    clock = Clock()
+    clock.advance(1_800_000_000)
+    store = MemoryStore(clock=clock)      # commits group on the next turn, like LMDB
+    store.open()
+    srv = make_mq9_server(Hub(clock=clock, store=store))
+    c = Client(srv)
+    c.send(b"SUB _INBOX.t.* 99\r\n" + codec.encode_pub("$mq9.AI.MAILBOX.CREATE", b"{}",
+                                                      "_INBOX.t.1"))
+    clock.advance(0)
+    mid = json.loads([e for e in c.events() if e[0] == OP_MSG][0][4])["mail_id"]
+    agent = Client(srv)
+    agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    send(c, mid, "urgent", b"u")
+    assert agent.events() == []                    # not yet durable: not yet pushed
+    clock.advance(0)
+    assert bodies(agent.events()) == [b"u"]
+    for _ in range(3):
+        clock.advance(0)
+    assert result_of(store.count_entries(mailbox_queue(mid, "urgent"))) == 0
+
+
+def test_priority_ttl_is_the_longest_a_message_lives() -> None:
+    """``mq9-ttl`` shortens a message's life; the priority TTL (the queue's) bounds it."""
+    srv = make_mq9_server()
+    c = Client(srv)
+    box = create(c)
+    mid = box["mail_id"]
+    for ttl, body in (("60", b"short"), ("7200", b"long")):
+        c.send(codec.encode_hpub(f"$mq9.AI.INBOX.{mid}.normal",
+                                 codec.build_headers({"mq9-ttl": ttl}), body))
+    send(c, mid, "urgent", b"urgent")
+    srv.hub.clock.advance(61)
+    assert stored(srv, mid) == 2
+    srv.hub.clock.advance(3600)
+    assert stored(srv, mid) == 1
+    q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}", json.dumps({"token": box["token"]}).encode())
+    assert [m["payload"] for m in q["messages"]] == ["urgent"]
+
+
+def test_a_backlog_beyond_the_window_stays_in_the_store_and_arrives_in_order() -> None:
+    """Only a window of a mailbox's backlog is in memory; the rest is paged in as it drains."""
+    from mqhub.testing import memory_hub
+
+    hub = memory_hub(window=8)
+    srv = make_mq9_server(hub)
+    c = Client(srv)
+    box = create(c)
+    mid = box["mail_id"]
+    c.send(b"".join(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.normal", b"%d" % i)
+                    for i in range(50)))
+    queue = hub.broker.queue(mailbox_queue(mid, "normal"))
+    assert queue.depth == 50 and queue.stats()["in_memory"] <= 8
+    q = request(c, f"$mq9.AI.MAILBOX.QUERY.{mid}",
+                json.dumps({"token": box["token"], "limit": 3}).encode())
+    assert q["unread"] == 50 and [m["payload"] for m in q["messages"]] == ["0", "1", "2"]
+    agent = Client(srv)
+    agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    got: list[bytes] = []
+    for _ in range(50):
+        got += bodies(agent.events())
+        if len(got) >= 47:
+            break
+        hub.clock.advance(0)
+    assert got == [b"%d" % i for i in range(3, 50)]
+    assert stored(srv, mid) == 0
+
+
+def test_a_live_subscriber_of_a_latest_mailbox_gets_only_the_newest_of_a_read() -> None:
+    """Within one read, a latest mailbox pushes only its newest message, whatever the priority."""
+    srv = make_mq9_server()
+    c = Client(srv)
+    mid = create(c, type="latest")["mail_id"]
+    agent = Client(srv)
+    agent.send(f"SUB $mq9.AI.INBOX.{mid}.* 1\r\n".encode())
+    c.send(b"".join(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.{prio}", body) for prio, body in (
+        ("normal", b"a"), ("urgent", b"b"), ("urgent", b"c"), ("notify", b"d"))))
+    assert bodies(agent.events()) == [b"d"]
+    assert stored(srv, mid) == 0
+    c.send(b"".join(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.{prio}", body) for prio, body in (
+        ("notify", b"e"), ("urgent", b"f"))))
+    assert bodies(agent.events()) == [b"f"]
