@@ -113,7 +113,7 @@ def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any)
             idle_until = last + 30
         if fins or nop:
             sock.sendall(b"".join(fins) + (b"NOP\n" if nop else b""))
-    out.send((count, last))
+    out.send((count, last, time.process_time()))
     sock.close()
 
 
@@ -164,12 +164,29 @@ def producer(host: str, port: int, topic: str, mode: str, size: int, duration: f
         buf = buf[pos:]
     end = time.perf_counter()
     total.value = sent_cmds * per_cmd
-    out.send((sent_cmds * per_cmd, start, end))
+    out.send((sent_cmds * per_cmd, start, end, time.process_time()))
     sock.close()
 
 
-def run_scenario(host: str, port: int, mode: str, size: int, duration: float) -> tuple[float, float]:
-    """One producer/consumer pair; returns (publish rate, end-to-end rate) in msg/s."""
+def server_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) the server process has used so far (0 when unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def run_scenario(host: str, port: int, mode: str, size: int, duration: float,
+                 server_pid: int | None = None) -> tuple[float, float]:
+    """One producer/consumer pair; returns (publish rate, end-to-end rate) in msg/s.
+
+    Also prints, as a ``#`` comment, the CPU each side spent per message (the cores are shared,
+    so this says which side limits the run).
+    """
     ctx = mp.get_context("fork")
     topic = f"bench_{mode}_{size}_{uuid.uuid4().hex[:8]}"
     ready = ctx.Event()
@@ -178,14 +195,19 @@ def run_scenario(host: str, port: int, mode: str, size: int, duration: float) ->
     p_recv, p_send = ctx.Pipe(False)
     cons = ctx.Process(target=consumer, args=(host, port, topic, ready, total, c_send))
     prod = ctx.Process(target=producer, args=(host, port, topic, mode, size, duration, ready, total, p_send))
+    cpu0 = server_cpu(server_pid)
     cons.start()
     prod.start()
-    sent, start, end = p_recv.recv()
-    count, last = c_recv.recv()
+    sent, start, end, prod_cpu = p_recv.recv()
+    count, last, cons_cpu = c_recv.recv()
     prod.join(10)
     cons.join(10)
     if count < sent:
         print(f"# {mode} {size}B: consumer got {count} of {sent}", file=sys.stderr)
+    per = 1e6 / max(1, sent)
+    server = f"server {(server_cpu(server_pid) - cpu0) * per:.2f}, " if server_pid else ""
+    print(f"# {mode} {size}B cpu us/msg: {server}producer {prod_cpu * per:.2f}, "
+          f"consumer {cons_cpu * per:.2f}")
     return sent / (end - start), count / (last - start)
 
 
@@ -216,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for mode in args.modes.split(","):
             for size in (int(s) for s in args.sizes.split(",")):
-                published, e2e = run_scenario(host, port, mode, size, args.duration)
+                published, e2e = run_scenario(host, port, mode, size, args.duration,
+                                              proc.pid if proc is not None else None)
                 tag = f"{mode}_{size}B" if size < 1024 else f"{mode}_{size // 1024}KiB"
                 print(f"{tag}_publish {published:.0f} msg/s")
                 print(f"{tag}_e2e {e2e:.0f} msg/s", flush=True)

@@ -29,6 +29,10 @@ class NsqConfig:
     max_output_buffer_size: int = 65536
     max_output_buffer_timeout: int = 30_000
     max_channel_consumers: int = 0
+    #: ready messages a durable channel keeps in memory before the rest is read back from the
+    #: store as it drains (nsqd's --mem-queue-size, whose default is 10,000; see
+    #: docs/protocols/nsq.md "Decisions" for why mqhub keeps more)
+    mem_queue_size: int = 50_000
     deflate: bool = True
     max_deflate_level: int = 6
     snappy: bool = True

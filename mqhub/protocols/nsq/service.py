@@ -36,7 +36,7 @@ class NsqService(MultiService):
         super().__init__()
         self.hub = hub
         self.config = config
-        self.registry = TopicRegistry(hub.broker, hub.store)
+        self.registry = TopicRegistry(hub.broker, hub.store, config.mem_queue_size)
         self.factory = NsqFactory(hub, config, self.registry, secrets)
         self.start_time = int(hub.clock.seconds())
         self.tcp_port = _port_of(endpoints.get("tcp", ""))

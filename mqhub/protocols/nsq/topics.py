@@ -63,12 +63,15 @@ class TopicRegistry:
 
     :param broker: the core :class:`mqhub.core.broker.Broker`.
     :param store: the hub's IMessageStore (topic metadata).
+    :param channel_window: ready messages a durable channel keeps in memory (the core queue's
+        ``window``; nsqd's ``--mem-queue-size``); 0 = the broker's default.
     """
 
-    def __init__(self, broker: Any, store: Any) -> None:
+    def __init__(self, broker: Any, store: Any, channel_window: int = 0) -> None:
         """Start empty; call :meth:`load` to recover topics from the store."""
         self.broker = broker
         self.store = store
+        self.channel_window = max(0, int(channel_window))
         self.topics: dict[str, Topic] = {}
         #: called with (topic, channel) when a channel is deleted (the server closes its clients)
         self.on_channel_deleted: list[Any] = []
@@ -94,6 +97,7 @@ class TopicRegistry:
                     continue
                 topic = self.topics.get(tname) or self._topic_object(tname)
                 topic.channels[cname] = queue
+                self._apply_window(queue)
 
         d.addCallback(restore)
         return d
@@ -181,10 +185,17 @@ class TopicRegistry:
             queue_name(topic_name, channel),
             tier="memory" if ephemeral else "durable",
             auto_delete=is_ephemeral(channel),
+            window=self.channel_window,
         )
+        self._apply_window(queue)
         self.broker.bind_queue(topic.address, queue.name)
         topic.channels[channel] = queue
         return queue
+
+    def _apply_window(self, queue: Any) -> None:
+        """Give a durable channel the configured in-memory window (a queue made with another)."""
+        if queue.durable and queue.window_setting != self.channel_window:
+            queue.configure(window=self.channel_window)
 
     def get_channel(self, topic_name: str, channel: str) -> Any:
         """The queue of a channel or None."""

@@ -727,3 +727,32 @@ def test_fin_req_touch_of_another_clients_message_say_client_does_not_own_it() -
     assert a.frames() == []  # the owner still holds it and finishes it
     a.send(w.encode_fin(msg.msg_id))
     assert a.frames() == [w.ErrorFrame("E_FIN_FAILED", f"FIN {text} failed ID not in flight")]
+
+
+def test_channels_keep_mem_queue_size_messages_in_memory() -> None:
+    """A durable channel's core window is NsqConfig.mem_queue_size (0: the broker's default)."""
+    h = Harness(NsqConfig(hostname="test-host", mem_queue_size=1234))
+    h.consumer("t", "c")
+    queue = h.factory.hub.broker.queue(queue_name("t", "c"))
+    assert queue.window == 1234 and queue.window_setting == 1234
+    ephemeral = h.service.registry.ensure_channel("t", "e#ephemeral")
+    assert not ephemeral.durable
+    default = Harness(NsqConfig(hostname="test-host", mem_queue_size=0))
+    default.consumer("t", "c")
+    assert default.factory.hub.broker.queue(queue_name("t", "c")).window == \
+        default.factory.hub.broker.window
+
+
+def test_recovered_channel_takes_the_configured_window() -> None:
+    """A channel queue made with another window (older run, other setting) is reconfigured on load."""
+    from mqhub.protocols.nsq.topics import TopicRegistry
+
+    h = Harness()
+    broker = h.factory.hub.broker
+    old = broker.declare_queue(queue_name("t", "old"), window=0)
+    assert old.window_setting == 0
+    registry = TopicRegistry(broker, h.factory.hub.store, channel_window=777)
+    registry.load()
+    h.settle()
+    assert registry.get_channel("t", "old") is old
+    assert old.window == 777 and old.settings()["window"] == 777
