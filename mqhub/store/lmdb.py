@@ -26,6 +26,7 @@ so nothing unstored is confirmed; reads keep working.
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import logging
 import os
@@ -34,6 +35,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 import lmdb
@@ -51,6 +53,7 @@ from mqhub.store.codec import (
     FLAG_SEGMENT,
     HEAD_SIZE,
     MSG_REF,
+    ORDER_KEY,
     QUEUE_ROW,
     SEG_ROW,
     U32,
@@ -69,6 +72,35 @@ AUTO_THREAD_AFTER = 0.002
 OWNER_LOCK = "store.lock"
 
 
+_KEY0 = itemgetter(0)
+
+
+def _append_tail(txn: Any, db: Any, rows: list[tuple[bytes, bytes]]
+                 ) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """Write the rows of sorted ``rows`` that sort after ``db``'s last key with MDB_APPEND.
+
+    Return ``(appended, rest)``: ``rest`` (keys not above the last key, or every row when the
+    tail repeats a key) is left for the caller to write normally. py-lmdb's append mode skips a
+    key that is out of order and only reports a lower count, so the count is checked and a row
+    that did not land is handed back in ``rest``: none is ever lost.
+    """
+    cur = txn.cursor(db=db)
+    i = bisect.bisect_right(rows, cur.key(), key=_KEY0) if cur.last() else 0
+    tail = rows[i:] if i else rows
+    if not tail:
+        return [], rows
+    if any(a[0] >= b[0] for a, b in zip(tail, tail[1:])):
+        return [], rows
+    added = cur.putmulti(tail, append=True)[1]
+    if added == len(tail):
+        return tail, rows[:i]
+    get = txn.get
+    missing = [r for r in tail if get(r[0], db=db) is None]
+    landed = [r for r in tail if get(r[0], db=db) is not None]
+    log.warning("MDB_APPEND stored %d of %d rows; writing the rest normally", added, len(tail))
+    return landed, rows[:i] + missing
+
+
 class _MapFull(Exception):
     """Internal: the LMDB map is full; grow it and retry the group."""
 
@@ -76,7 +108,8 @@ class _MapFull(Exception):
 class _Txn:
     """Changes one write transaction makes to the in-memory mirrors, applied after commit."""
 
-    __slots__ = ("txn", "qids", "counts", "seg_delta", "seg_end", "next_qid")
+    __slots__ = ("txn", "qids", "counts", "seg_delta", "seg_end", "next_qid", "plain",
+                 "plain_q")
 
     def __init__(self, txn: Any, next_qid: int) -> None:
         """Start tracking changes of ``txn``."""
@@ -86,6 +119,9 @@ class _Txn:
         self.seg_delta: dict[int, int] = {}
         self.seg_end: dict[int, int] = {}
         self.next_qid = next_qid
+        #: plain ``entries`` rows gathered for one batch, and ``{qid bytes: queue}`` they go to
+        self.plain: list[tuple[bytes, bytes]] = []
+        self.plain_q: dict[bytes, str] = {}
 
 
 @implementer(IMessageStore)
@@ -203,7 +239,10 @@ class LmdbStore:
             if fmt is None:
                 txn.put(b"format", U32.pack(codec.FORMAT_VERSION), db=sysdb)
             elif U32.unpack(fmt)[0] != codec.FORMAT_VERSION:
-                raise StoreError(f"store format {U32.unpack(fmt)[0]} is not supported")
+                raise StoreError(
+                    f"store {self.path!r} has format {U32.unpack(fmt)[0]}; this version reads only "
+                    f"format {codec.FORMAT_VERSION} (export it with the version that wrote it and "
+                    f"import it here)")
             nq = txn.get(b"next_qid", db=sysdb)
             self._next_qid = U32.unpack(nq)[0] if nq else 1
             for k, v in txn.cursor(db=self._dbs[b"queues"]):
@@ -295,7 +334,7 @@ class LmdbStore:
         with self._env.begin(db=self._dbs[b"entries"]) as txn:
             for k, v in txn.cursor():
                 if v[0] & FLAG_SEGMENT and bytes(k[codec.KEY_MSG_ID]) in broken:
-                    qid, pb, mid = ENTRY_KEY.unpack(k)
+                    mid, qid, pb = ENTRY_KEY.unpack(k)
                     victims.append((names.get(qid, ""), (9 - pb, mid)))
         log.error("segment tail lost: dropping %d entries whose bodies were not recoverable",
                   len(victims))
@@ -609,17 +648,19 @@ class LmdbStore:
         """Apply one batch's operations in WriteBatch's documented order."""
         txn = t.txn
         entries = self._dbs[b"entries"]
+        order = self._dbs[b"order"]
         for queue in batch.purges:
             self._purge(t, queue)
         archive = batch.archive
         for queue, items in batch.puts.items():
             self._put(t, queue, items, queue in archive)
+        self._flush_plain(t)
         for queue, updates in batch.attempts.items():
             qid = self._qid(t, queue, False)
             if qid is None:
                 continue
             for priority, msg_id, attempts in updates:
-                k = ENTRY_KEY.pack(qid, 9 - priority, msg_id)
+                k = ENTRY_KEY.pack(msg_id, qid, 9 - priority)
                 v = txn.get(k, db=entries)
                 if v is not None:
                     txn.put(k, codec.with_attempts(v, attempts), db=entries)
@@ -630,11 +671,13 @@ class LmdbStore:
             removed = 0
             pack = ENTRY_KEY.pack
             pop = txn.cursor(db=entries).pop
+            delete = txn.delete
             for priority, msg_id in keys:
-                k = pack(qid, 9 - priority, msg_id)
+                k = pack(msg_id, qid, 9 - priority)
                 v = pop(k)
                 if v is not None:
                     removed += 1
+                    delete(k[8:] + k[:8], db=order)
                     if v[0]:
                         self._release(t, k, v)
             if removed:
@@ -658,9 +701,10 @@ class LmdbStore:
             txn.delete(mkey.encode(), db=meta)
 
     def _put(self, t: _Txn, queue: str, items: list[Entry], archive: bool) -> None:
-        """Store entries of one queue: a C-level putmulti for plain ones, a loop for the rest."""
+        """Store entries of one queue: plain ones are gathered for :meth:`_flush_plain`."""
         qid = self._qid(t, queue, True)
         assert qid is not None
+        t.plain_q[U32.pack(qid)] = queue
         pack_key = ENTRY_KEY.pack
         pack_head = VALUE_HEAD.pack
         encode_meta = codec.encode_meta
@@ -668,22 +712,21 @@ class LmdbStore:
         if not archive and items:
             fast = self._uniform_values(qid, items)
             if fast is not None:
-                added = self._put_plain(t, fast)
-                if added:
-                    t.counts[queue] = self._count(t, queue) + added
+                t.plain.extend(fast)
                 return
-        plain: list[tuple[bytes, bytes]] = []
+        plain = t.plain
         prefixes: dict[tuple[int, float, str, str], bytes] = {}
         added = 0
         for e in items:
             msg_id, priority, attempts, d_at, e_at, address, headers, body, origin = e
             if not 0 <= priority <= 9:
                 raise ValueError(f"priority {priority!r} is outside 0..9")
-            k = pack_key(qid, 9 - priority, msg_id)
+            k = pack_key(msg_id, qid, 9 - priority)
             if e_at or archive or len(body) > threshold:
                 if plain:  # keep list order: a later put of the same key must win
-                    added += self._put_plain(t, plain)
-                    plain = []
+                    self._flush_plain(t)
+                    t.plain_q[U32.pack(qid)] = queue
+                    plain = t.plain
                 added += self._put_special(t, k, e, archive)
                 continue
             if headers is None:
@@ -697,8 +740,6 @@ class LmdbStore:
                 meta = encode_meta(address, headers, origin)
                 pre = pack_head(0, attempts, d_at, 0.0, len(meta)) + meta
             plain.append((k, pre + body))
-        if plain:
-            added += self._put_plain(t, plain)
         if added:
             t.counts[queue] = self._count(t, queue) + added
 
@@ -720,22 +761,50 @@ class LmdbStore:
         meta = codec.encode_meta(first[5], None, first[8])
         pre = VALUE_HEAD.pack(0, first[2], first[3], 0.0, len(meta)) + meta
         pack_key = ENTRY_KEY.pack
-        return [(pack_key(qid, 9 - e[1], e[0]), pre + e[7]) for e in items]
+        return [(pack_key(e[0], qid, 9 - e[1]), pre + e[7]) for e in items]
 
-    def _put_plain(self, t: _Txn, plain: list[tuple[bytes, bytes]]) -> int:
-        """putmulti entries that need no index row; return how many keys are new."""
+    def _flush_plain(self, t: _Txn) -> None:
+        """Write the gathered plain rows (inline bodies, no expiry) and their ``order`` rows.
+
+        The rows are sorted by key; those above the table's last key (new messages: hub ids
+        are time-ordered) go in with MDB_APPEND, which fills leaf pages; the rest (re-puts,
+        old ids) are written one by one, releasing what a replaced value referenced.
+        """
+        rows = t.plain
+        if not rows:
+            t.plain_q.clear()
+            return
+        names = t.plain_q
+        t.plain = []
+        t.plain_q = {}
         txn = t.txn
         entries = self._dbs[b"entries"]
-        consumed, added = txn.cursor(db=entries).putmulti(plain, overwrite=False)
-        if added < consumed:
-            # some keys existed: overwrite them in order, releasing what old values referenced
-            for k, v in plain:
-                cur = txn.get(k, db=entries)
-                if cur != v:
-                    txn.put(k, v, db=entries)
-                    if cur[0]:
-                        self._release(t, k, cur)
-        return int(added)
+        rows.sort(key=_KEY0)
+        appended, rest = _append_tail(txn, entries, rows)
+        new: dict[bytes, int] = {}
+        if appended:
+            if len(names) == 1:
+                new[next(iter(names))] = len(appended)
+            else:
+                for k, _ in appended:
+                    q = k[8:12]
+                    new[q] = new.get(q, 0) + 1
+        replace = txn.replace
+        for k, v in rest:
+            old = replace(k, v, db=entries)
+            if old is None:
+                q = k[8:12]
+                new[q] = new.get(q, 0) + 1
+            elif old[0]:
+                self._release(t, k, old)
+        order = self._dbs[b"order"]
+        orows = sorted([(k[8:] + k[:8], b"") for k, _ in rows])
+        _, orest = _append_tail(txn, order, orows)
+        if orest:
+            txn.cursor(db=order).putmulti(orest)
+        for q, n in new.items():
+            queue = names[q]
+            t.counts[queue] = self._count(t, queue) + n
 
     def _put_special(self, t: _Txn, k: bytes, e: Entry, archive: bool) -> int:
         """Store one entry with an expiry and/or a segment body; return 1 if it is new."""
@@ -754,8 +823,10 @@ class LmdbStore:
         old = txn.replace(k, v, db=entries)
         if old is not None and old[0]:
             self._release(t, k, old)
+        ok = k[8:] + k[:8]
+        txn.put(ok, b"", db=self._dbs[b"order"])
         if e_at:
-            txn.put(codec.time_key(e_at) + k, b"", db=self._dbs[b"expiry"])
+            txn.put(codec.time_key(e_at) + ok, b"", db=self._dbs[b"expiry"])
         return 1 if old is None else 0
 
     def _ref_body(self, t: _Txn, msg_id: int, body: bytes) -> None:
@@ -782,12 +853,12 @@ class LmdbStore:
         t.txn.put(U32.pack(seg), codec.SEG_ROW.pack(max(live, 0), end), db=self._dbs[b"segments"])
 
     def _release(self, t: _Txn, k: bytes, v: bytes) -> None:
-        """Drop what a removed entry value referenced: its expiry row and segment body."""
+        """Drop what a removed ``entries`` value (key ``k``) referenced: expiry row, segment body."""
         txn = t.txn
         flags = v[0]
         if flags & FLAG_EXPIRES:
             e_at = F64.unpack_from(v, codec.EXPIRES_OFFSET)[0]
-            txn.delete(codec.time_key(e_at) + bytes(k), db=self._dbs[b"expiry"])
+            txn.delete(codec.time_key(e_at) + codec.to_order_key(bytes(k)), db=self._dbs[b"expiry"])
         if flags & FLAG_SEGMENT:
             messages = self._dbs[b"messages"]
             mk = bytes(k[codec.KEY_MSG_ID])
@@ -810,14 +881,18 @@ class LmdbStore:
         if qid is None:
             return
         prefix = U32.pack(qid)
-        cur = t.txn.cursor(db=self._dbs[b"entries"])
+        txn = t.txn
+        entries = self._dbs[b"entries"]
+        cur = txn.cursor(db=self._dbs[b"order"])
         removed = 0
         if cur.set_range(prefix):
             while cur.key()[:4] == prefix:
-                v = cur.value()
-                if v[0]:
-                    self._release(t, bytes(cur.key()), v)
-                removed += 1
+                k = codec.to_entry_key(bytes(cur.key()))
+                v = txn.pop(k, db=entries)
+                if v is not None:
+                    if v[0]:
+                        self._release(t, k, v)
+                    removed += 1
                 if not cur.delete():
                     break
         if removed:
@@ -864,7 +939,7 @@ class LmdbStore:
         return self._guarded(self._read_entries, qid, after, limit)
 
     def _read_entries(self, qid: int, after: EntryKey | None, limit: int) -> list[Entry]:
-        """Synchronous body of :meth:`read_entries`."""
+        """Synchronous body of :meth:`read_entries`: walk ``order``, fetch rows with getmulti."""
         prefix = U32.pack(qid)
         out: list[Entry] = []
         append = out.append
@@ -873,21 +948,27 @@ class LmdbStore:
         decode_meta = codec.decode_meta
         messages = self._dbs[b"messages"]
         h = HEAD_SIZE
-        with self._env.begin(db=self._dbs[b"entries"]) as txn:
+        with self._env.begin(db=self._dbs[b"order"]) as txn:
             cur = txn.cursor()
             if after is None:
                 found = cur.set_range(prefix)
             else:
-                k0 = codec.entry_key(qid, after[0], after[1])
+                k0 = codec.order_key(qid, after[0], after[1])
                 found = cur.set_range(k0)
                 if found and cur.key() == k0:
                     found = cur.next()
             if not found:
                 return out
-            for k, v in cur:
+            keys: list[bytes] = []
+            for k in cur.iternext(values=False):
                 if k[:4] != prefix:
                     break
-                _, pb, mid = unpack_key(k)
+                keys.append(k[5:] + k[:5])
+                if len(keys) >= limit:
+                    break
+            rows = txn.cursor(db=self._dbs[b"entries"]).getmulti(keys)
+            for k, v in rows:
+                mid, _, pb = unpack_key(k)
                 flags, att, d_at, e_at, ml = unpack_head(v)
                 address, headers, origin = decode_meta(v[h:h + ml])
                 if flags & FLAG_SEGMENT:
@@ -895,8 +976,6 @@ class LmdbStore:
                 else:
                     body = v[h + ml:]
                 append((mid, 9 - pb, att, d_at, e_at, address, headers, body, origin))
-                if len(out) >= limit:
-                    break
         return out
 
     def count_entries(self, queue: str) -> Deferred[int]:
@@ -951,7 +1030,7 @@ class LmdbStore:
                 when = F64.unpack_from(k)[0]
                 if when > until or len(out) >= limit:
                     break
-                qid, pb, mid = ENTRY_KEY.unpack_from(k, 8)
+                qid, pb, mid = ORDER_KEY.unpack_from(k, 8)
                 out.append((names.get(qid, ""), (9 - pb, mid), when))
         return out
 

@@ -36,6 +36,10 @@ class SnapshotReader:
                 self.manifest: dict[str, Any] = json.load(f)
         except (OSError, ValueError) as e:
             raise StoreError(f"{path!r} is not a readable snapshot: {e}") from e
+        fmt = self.manifest.get("store_format")
+        if fmt != codec.FORMAT_VERSION:
+            raise StoreError(f"snapshot {path!r} holds store format {fmt}; this version reads "
+                             f"only format {codec.FORMAT_VERSION}")
         try:
             self._env = lmdb.open(os.path.join(path, "index"), readonly=True, lock=False,
                                   max_dbs=len(codec.DB_NAMES) + 2, readahead=False)
@@ -78,17 +82,21 @@ class SnapshotReader:
                 return
             prefix = codec.U32.pack(ids[0])
         with self._env.begin() as txn:
-            cur = txn.cursor(db=self._dbs[b"entries"])
+            cur = txn.cursor(db=self._dbs[b"order"])
             if not cur.set_range(prefix):
                 return
-            for k, v in cur:
-                if not k.startswith(prefix):
+            for ok in cur.iternext(values=False):
+                if not ok.startswith(prefix):
                     break
+                k = codec.to_entry_key(ok)
+                v = txn.get(k, db=self._dbs[b"entries"])
+                if v is None:
+                    continue
                 body = None
                 if v[0] & codec.FLAG_SEGMENT:
-                    msg_id = codec.ENTRY_KEY.unpack(k)[2]
+                    msg_id = codec.ENTRY_KEY.unpack(k)[0]
                     body = codec.segment_body(txn, self._dbs[b"messages"], self._segments, msg_id)
-                yield names.get(codec.U32.unpack_from(k)[0], ""), codec.decode_entry(k, v, body)
+                yield names.get(codec.U32.unpack_from(ok)[0], ""), codec.decode_entry(k, v, body)
 
     def address_counts(self) -> dict[str, int]:
         """Return ``{address: entry count}`` computed from the entries."""

@@ -1,0 +1,117 @@
+"""LmdbStore format 2: appends fill leaf pages, odd orders still land, old formats are refused."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lmdb
+import pytest
+from twisted.internet.task import Clock
+
+from mqhub.errors import StoreError
+from mqhub.store import codec
+from mqhub.store.batch import WriteBatch
+from mqhub.store.records import make_entry
+from tests.unit.store.conftest import Harness, make_lmdb
+
+KIB = b"k" * 1024
+
+
+def open_store(path: str, **kw: Any) -> Harness:
+    """Open an LmdbStore on ``path`` (``none`` durability: these tests check layout, not fsync)."""
+    kw.setdefault("durability", "none")
+    kw.setdefault("segment_threshold", 64 << 10)
+    clock = Clock()
+    return Harness(make_lmdb(path, clock, **kw), clock)
+
+
+def put(h: Harness, queues: list[str], ids: list[int], body: bytes = KIB, prio: int = 0) -> None:
+    """Commit one batch putting ``ids`` on every queue in ``queues``."""
+    b = WriteBatch()
+    for q in queues:
+        b.put_entries(q, [make_entry(i, body + str(i).encode(), "a", priority=prio) for i in ids])
+    h.result(h.store.commit(b))
+
+
+def entries_pages(h: Harness) -> int:
+    """Return how many pages the ``entries`` table occupies (leaf + branch + overflow)."""
+    env = h.store._env
+    with env.begin() as txn:
+        st = txn.stat(h.store._dbs[b"entries"])
+    return int(st["leaf_pages"] + st["branch_pages"] + st["overflow_pages"])
+
+
+def test_in_order_appends_fill_pages(tmp_path: Any) -> None:
+    """6,000 1 KiB entries on two queues (fan-out: same ids) use ~1.4 KiB of pages each, not 2.
+
+    Format 1 split every full page in half (two 1 KiB entries per 4 KiB page); MDB_APPEND on
+    the msg_id-first key keeps three per page.
+    """
+    h = open_store(str(tmp_path / "d"))
+    for start in range(0, 3000, 300):
+        put(h, ["q1", "q2"], list(range(start, start + 300)))
+    assert h.result(h.store.count_entries("q1")) == 3000
+    assert h.result(h.store.count_entries("q2")) == 3000
+    per_entry = entries_pages(h) * 4096 / 6000
+    assert per_entry < 1.5 * 1024, per_entry
+    got = h.result(h.store.read_entries("q2", None, 5000))
+    assert [e[0] for e in got] == list(range(3000))
+    assert got[7][7] == KIB + b"7"
+    h.result(h.store.close())
+
+
+def test_out_of_order_and_repeated_puts_all_land(tmp_path: Any) -> None:
+    """Old ids after new ones, re-puts and a key repeated in one batch: nothing lost or double-counted."""
+    h = open_store(str(tmp_path / "d"))
+    put(h, ["q"], list(range(100, 200)))
+    b = WriteBatch()
+    b.put_entries("q", [make_entry(i, b"old%d" % i, "a") for i in range(0, 50)])
+    b.put_entries("q", [make_entry(i, b"new%d" % i, "a") for i in range(150, 250)])
+    b.put_entries("q", [make_entry(300, b"first", "a"), make_entry(300, b"second", "a")])
+    b.put_entries("r", [make_entry(5, b"r5", "a", priority=3)])
+    h.result(h.store.commit(b))
+    assert h.result(h.store.count_entries("q")) == 50 + 150 + 1
+    assert h.result(h.store.count_entries("r")) == 1
+    got = {e[0]: e[7] for e in h.result(h.store.read_entries("q", None, 1000))}
+    assert sorted(got) == list(range(0, 50)) + list(range(100, 250)) + [300]
+    assert got[10] == b"old10" and got[120] == KIB + b"120" and got[170] == b"new170"
+    assert got[300] == b"second"
+    b = WriteBatch()
+    b.delete_entries("q", [(0, i) for i in range(0, 250, 2)])
+    h.result(h.store.commit(b))
+    assert h.result(h.store.count_entries("q")) == 101
+    with h.store._env.begin() as txn:
+        assert txn.stat(h.store._dbs[b"order"])["entries"] == 102
+        assert txn.stat(h.store._dbs[b"entries"])["entries"] == 102
+    h.result(h.store.close())
+
+
+def test_priorities_and_paging_follow_the_order_index(tmp_path: Any) -> None:
+    """Ready order is priority first, then msg_id; ``after`` pages through it."""
+    h = open_store(str(tmp_path / "d"))
+    put(h, ["q"], [1, 2, 3])
+    put(h, ["q"], [4, 5], prio=9)
+    put(h, ["q"], [6], prio=4)
+    first = h.result(h.store.read_entries("q", None, 3))
+    assert [(e[1], e[0]) for e in first] == [(9, 4), (9, 5), (4, 6)]
+    rest = h.result(h.store.read_entries("q", (4, 6), 10))
+    assert [e[0] for e in rest] == [1, 2, 3]
+    h.result(h.store.close())
+
+
+def test_format_1_store_is_refused(tmp_path: Any) -> None:
+    """A store written in format 1 fails to open with a StoreError naming both formats."""
+    path = str(tmp_path / "d")
+    h = open_store(path)
+    put(h, ["q"], [1])
+    h.result(h.store.close())
+    env = lmdb.open(os.path.join(path, "index"), max_dbs=len(codec.DB_NAMES) + 2)
+    with env.begin(write=True) as txn:
+        txn.put(b"format", codec.U32.pack(1), db=env.open_db(b"sys", txn=txn))
+    env.close()
+    with pytest.raises(StoreError, match="format 1.*format 2"):
+        open_store(path)
+    # the refused open released its lock: a later open (after an upgrade) is not blocked by it
+    with pytest.raises(StoreError, match="format 1"):
+        open_store(path)
