@@ -97,6 +97,11 @@ class Broker:
         #: uncommitted store commits -> the barriers waiting for them
         self._pending: dict[Deferred[Any], list[_Barrier]] = {}
         self._unsettled: dict[int, list[Queue]] = {}
+        #: the put batch being filled while its entries are delivered (see _join), the commits
+        #: merged into it (their Deferreds) and the ones that must follow it
+        self._open: WriteBatch | None = None
+        self._joined: list[Deferred[None]] = []
+        self._held: list[tuple[WriteBatch, Deferred[None]]] = []
         self._mem_timers: set[Any] = set()
         self._started = False
         self._sweep_cursor = 0
@@ -190,12 +195,25 @@ class Broker:
         return result
 
     def _commit(self, batch: WriteBatch) -> Deferred[None]:
-        """Commit ``batch`` (background write: failures are logged)."""
+        """Commit ``batch`` (background write: failures are logged).
+
+        While a put batch is open (its entries are being delivered) the commit joins it instead,
+        so it can never reach the store before the puts it settles (see :meth:`_join`).
+        """
         if not batch:
             return succeed(None)
+        if self._open is not None:
+            return self._join(batch)
+        return self._commit_now(batch)
+
+    def _commit_now(self, batch: WriteBatch,
+                    joined: list[Deferred[None]] | None = None) -> Deferred[None]:
+        """Hand ``batch`` to the store now; ``joined`` Deferreds fire with its result."""
         d = self.store.commit(batch)
         if id(batch) in self._unsettled:
             d.addBoth(self._settle_batch, batch)
+        if joined:
+            d.addBoth(self._fire_joined, joined)
         if d.called:
             d.addErrback(self._log_failure)
             return d
@@ -203,6 +221,89 @@ class Broker:
         d.addBoth(self._done, d)
         d.addErrback(self._log_failure)
         return d
+
+    def _join(self, batch: WriteBatch) -> Deferred[None]:
+        """A commit issued while ``self._open`` is being filled and delivered (an adapter acking,
+        rejecting or requeueing inside ``deliver_batch``, or publishing again from there).
+
+        Attempt updates and entry deletes only (acks) are merged into the open batch: the store
+        applies a batch's puts before its attempts and deletes, so the result is the same as
+        committing them after it, in one commit. Anything else is held and committed right
+        after the open batch, in issue order. Returns a Deferred that fires when it is stored.
+        """
+        d: Deferred[None] = Deferred()
+        self._pending[d] = []
+        d.addBoth(self._done, d)
+        d.addErrback(self._log_failure)
+        if (batch.purges or batch.puts or batch.due_puts or batch.due_deletes
+                or batch.meta_puts or batch.meta_deletes):
+            self._held.append((batch, d))
+            return d
+        into = self._open
+        assert into is not None
+        for name, items in batch.attempts.items():
+            into.set_attempts(name, items)
+        for name, keys in batch.deletes.items():
+            into.delete_entries(name, keys)
+        queues = self._unsettled.pop(id(batch), None)
+        if queues:
+            self._unsettled.setdefault(id(into), []).extend(queues)
+        self._joined.append(d)
+        return d
+
+    @staticmethod
+    def _fire_joined(result: Any, joined: list[Deferred[None]]) -> Any:
+        """The batch ``joined`` were merged into was committed: fire them with its result."""
+        for d in joined:
+            if isinstance(result, Failure):
+                d.errback(result)
+            else:
+                d.callback(None)
+        return result
+
+    def _open_window(self, batch: WriteBatch) -> WriteBatch | None:
+        """Start filling ``batch`` with puts whose entries may be delivered at once."""
+        prev = self._open
+        self._open = batch
+        return prev
+
+    def _commit_window(self, batch: WriteBatch, prev: WriteBatch | None) -> Deferred[None]:
+        """Close the window opened on ``batch`` and commit it, then the held batches (cold paths)."""
+        if prev is not None:
+            self._open = prev
+            return self._commit(batch)
+        self._open = None
+        joined, self._joined = self._joined, []
+        d = self._commit_now(batch, joined) if batch else succeed(None)
+        self._commit_held()
+        return d
+
+    def _commit_held(self) -> None:
+        """Commit the batches held while a window was open, in the order they were issued."""
+        if self._held:
+            held, self._held = self._held, []
+            for b, proxy in held:
+                self._commit_now(b, [proxy])
+
+    def _close_due_window(self, batch: WriteBatch, prev: WriteBatch | None) -> Any:
+        """A scheduler handler filled ``batch``, which the scheduler commits after it returns.
+
+        Returns the after-commit hook: it fires the merged commits and settles the queues.
+        Held batches are committed on the next turn, after the scheduler's commit was issued.
+        """
+        self._open = prev
+        if prev is not None:
+            return None
+        joined, self._joined = self._joined, []
+        if self._held:
+            self.clock.callLater(0, self._commit_held)
+        if not joined and id(batch) not in self._unsettled:
+            return None
+
+        def committed() -> None:
+            self._settle_batch(None, batch)
+            self._fire_joined(None, joined)
+        return committed
 
     def _done(self, result: Any, d: Deferred[Any]) -> Any:
         """A tracked commit fired: release the barriers that waited for it."""
@@ -443,28 +544,55 @@ class Broker:
                 raise QueueFull(q.name)
         batch = None
         now = self.clock.seconds() if deliver_at else 0.0
+        outer = self._open
         if queues:
-            batch = WriteBatch()
-            if deliver_at > now:
-                self._defer_address(address, queues, entries, deliver_at, batch, persist)
+            # the batch stays open while its entries are delivered: commits issued meanwhile
+            # (acks in deliver_batch) join it or follow it, never precede it
+            batch = self._open = outer if outer is not None else WriteBatch()
+        try:
+            if batch is not None:
+                if deliver_at > now:
+                    self._defer_address(address, queues, entries, deliver_at, batch, persist)
+                else:
+                    now = now or self.clock.seconds()
+                    for q in queues:
+                        q._put(entries, batch, persist, now, uniform)
+            if deliver_at > now and (route.targets or route.groups):
+                # live subscribers see a delayed message when it is due (memory-held, like them)
+                self._later(deliver_at - now, self._deliver_live, address, entries)
             else:
-                now = now or self.clock.seconds()
-                for q in queues:
-                    q._put(entries, batch, persist, now, uniform)
-        if deliver_at > now and (route.targets or route.groups):
-            # live subscribers see a delayed message when it is due (memory-held, like them)
-            self._later(deliver_at - now, self._deliver_live, address, entries)
-        else:
-            self._deliver_live(address, entries, route)
-        if batch:
-            d = self.store.commit(batch)
-            if id(batch) in self._unsettled:
-                d.addBoth(self._settle_batch, batch)
-            if not d.called:
-                self._pending[d] = []
-                d.addBoth(self._done, d)
+                self._deliver_live(address, entries, route)
+        except BaseException:
+            if batch is not None:
+                self._open = outer
+                if outer is None:
+                    self._commit_window(batch, None)
+            raise
+        if batch is None:
+            return succeed(None)
+        if outer is not None:
+            # published from inside another delivery: stored with the outer batch
+            d: Deferred[None] = Deferred()
+            self._pending[d] = []
+            d.addBoth(self._done, d)
+            self._joined.append(d)
             return d
-        return succeed(None)
+        self._open = None
+        if not batch:
+            self._commit_held()
+            return succeed(None)
+        d = self.store.commit(batch)
+        if id(batch) in self._unsettled:
+            d.addBoth(self._settle_batch, batch)
+        if not d.called:
+            self._pending[d] = []
+            d.addBoth(self._done, d)
+        if self._joined:
+            joined, self._joined = self._joined, []
+            d.addBoth(self._fire_joined, joined)
+        if self._held:
+            self._commit_held()
+        return d
 
     def _deliver_live(self, address: str, entries: list[Entry], route: Route | None = None) -> None:
         """Hand ``entries`` to the live subscribers of ``address`` (one call per binding)."""
@@ -527,8 +655,11 @@ class Broker:
                             marks: tuple[tuple[str, int], ...], persist: bool) -> None:
         """A clock-held delayed publish came due."""
         b = WriteBatch()
-        self._route_due(address, entries, marks, b, persist, self.clock.seconds())
-        self._commit(b)
+        prev = self._open_window(b)
+        try:
+            self._route_due(address, entries, marks, b, persist, self.clock.seconds())
+        finally:
+            self._commit_window(b, prev)
 
     def _on_address_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                         now: float) -> Any:
@@ -545,11 +676,13 @@ class Broker:
                 log.error("dropping unreadable due row %r", key)
                 continue
             groups.setdefault((address, tuple(map(tuple, marks))), []).append(tuple(entry))
-        for (address, marks), entries in groups.items():
-            self._route_due(address, entries, marks, batch, True, now)
-        if id(batch) in self._unsettled:
-            return lambda: self._settle_batch(None, batch)
-        return None
+        prev = self._open_window(batch)
+        try:
+            for (address, marks), entries in groups.items():
+                self._route_due(address, entries, marks, batch, True, now)
+        finally:
+            hook = self._close_due_window(batch, prev)
+        return hook
 
     def _route_due(self, address: str, entries: list[Entry], marks: tuple[tuple[str, int], ...],
                    batch: WriteBatch, persist: bool, now: float) -> None:
@@ -587,8 +720,11 @@ class Broker:
             return
         queue.deferred = max(0, queue.deferred - len(entries))
         b = WriteBatch()
-        queue._put(entries, b, True, self.clock.seconds())
-        self._commit(b)
+        prev = self._open_window(b)
+        try:
+            queue._put(entries, b, True, self.clock.seconds())
+        finally:
+            self._commit_window(b, prev)
 
     def _on_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                 now: float) -> Any:
@@ -609,14 +745,16 @@ class Broker:
             if q is None or q.deleted or inc != q.incarnation:
                 continue
             per_queue.setdefault(name, []).append(tuple(entry))
-        for name, entries in per_queue.items():
-            q = self._queues.get(name) or self._hidden[name]
-            q.deferred = max(0, q.deferred - len(entries))
-            entries.sort(key=lambda e: (-e[1], e[0]))
-            q._put(entries, batch, True, now)
-        if id(batch) in self._unsettled:
-            return lambda: self._settle_batch(None, batch)
-        return None
+        prev = self._open_window(batch)
+        try:
+            for name, entries in per_queue.items():
+                q = self._queues.get(name) or self._hidden[name]
+                q.deferred = max(0, q.deferred - len(entries))
+                entries.sort(key=lambda e: (-e[1], e[0]))
+                q._put(entries, batch, True, now)
+        finally:
+            hook = self._close_due_window(batch, prev)
+        return hook
 
     def _on_queue_expiry(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                          now: float) -> None:
@@ -743,11 +881,14 @@ class Broker:
         now = self.clock.seconds()
         entries = q._pop_ready(q._nready)
         b = WriteBatch()
-        if entries:
-            b.delete_entries(q.name, [(e[1], e[0]) for e in entries])
-            for dest in dests:
-                dest._put(entries, b, True, now)
-        d = self._commit(b)
+        prev = self._open_window(b)
+        try:
+            if entries:
+                b.delete_entries(q.name, [(e[1], e[0]) for e in entries])
+                for dest in dests:
+                    dest._put(entries, b, True, now)
+        finally:
+            d = self._commit_window(b, prev)
         if q._stored_only and not q._paging:
             q._paging = True
             after = q._horizon
@@ -823,8 +964,12 @@ class Broker:
             q._mem_dead.extend(kept)
         entries = sorted((from_dead(e) for e in chosen), key=lambda e: (-e[1], e[0]))
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
-        q._put(entries, b, True, self.clock.seconds())
-        yield self._commit(b)
+        prev = self._open_window(b)
+        try:
+            q._put(entries, b, True, self.clock.seconds())
+        finally:
+            d = self._commit_window(b, prev)
+        yield d
         return len(chosen)
 
     @inlineCallbacks
