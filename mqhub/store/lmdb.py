@@ -35,7 +35,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from operator import itemgetter
+from operator import itemgetter, lt
 from typing import Any
 
 import lmdb
@@ -89,7 +89,8 @@ def _append_tail(txn: Any, db: Any, rows: list[tuple[bytes, bytes]]
     tail = rows[i:] if i else rows
     if not tail:
         return [], rows
-    if any(a[0] >= b[0] for a, b in zip(tail, tail[1:])):
+    keys = list(map(_KEY0, tail))
+    if not all(map(lt, keys, keys[1:])):  # a repeated key: MDB_APPEND would skip it
         return [], rows
     added = cur.putmulti(tail, append=True)[1]
     if added == len(tail):
@@ -671,13 +672,14 @@ class LmdbStore:
             removed = 0
             pack = ENTRY_KEY.pack
             pop = txn.cursor(db=entries).pop
-            delete = txn.delete
+            pop_order = txn.cursor(db=order).pop
+            opack = ORDER_KEY.pack
             for priority, msg_id in keys:
                 k = pack(msg_id, qid, 9 - priority)
                 v = pop(k)
                 if v is not None:
                     removed += 1
-                    delete(k[8:] + k[:8], db=order)
+                    pop_order(opack(qid, 9 - priority, msg_id))
                     if v[0]:
                         self._release(t, k, v)
             if removed:
