@@ -132,6 +132,19 @@ class NsqPublisher:
         self.conn.close()
 
 
+class NsqMpubPublisher(NsqPublisher):
+    """NSQ ``MPUB`` over TCP: all bodies in one command, confirmed by one ``OK``."""
+
+    def publish(self, address: str, bodies: list[bytes]) -> None:
+        """MPUB every body at once and wait for the OK."""
+        parts = [struct.pack(">I", len(bodies))]
+        for body in bodies:
+            parts += [struct.pack(">I", len(body)), body]
+        payload = b"".join(parts)
+        self.conn.send(b"MPUB %s\n%s%s" % (address.encode(), struct.pack(">I", len(payload)), payload))
+        assert self.conn.expect(NSQ_RESPONSE) == b"OK"
+
+
 class NsqConsumer:
     """An NSQ channel consumer (``SUB topic channel``, ``RDY``); messages are FINished on receipt."""
 
@@ -142,6 +155,8 @@ class NsqConsumer:
         assert self.conn.expect(NSQ_RESPONSE) == b"OK"
         self.conn.send(b"RDY 100\n")
         self.received: list[bytes] = []
+        #: (timestamp ns, attempts, message id) of every message received, in order.
+        self.meta: list[tuple[int, int, bytes]] = []
 
     def take(self, count: int, timeout: float = WAIT) -> list[bytes]:
         """Collect ``count`` messages (FIN each) within ``timeout``."""
@@ -150,7 +165,9 @@ class NsqConsumer:
             assert time.monotonic() < deadline, f"NSQ consumer got only {self.received}"
             for kind, data in self.conn.frames():
                 assert kind == NSQ_MESSAGE, f"unexpected NSQ frame {(kind, data)}"
+                timestamp, attempts = struct.unpack(">qH", data[:10])
                 msg_id, body = data[10:26], data[26:]
+                self.meta.append((timestamp, attempts, msg_id))
                 self.conn.send(b"FIN %s\n" % msg_id)
                 self.received.append(body)
             assert not self.conn.closed, "NSQ consumer closed by the broker"
@@ -191,13 +208,15 @@ class NatsPublisher:
         """Connect with nats-py."""
         self.loop = loop
         self.nc = loop.run(nats.connect(url, allow_reconnect=False))
+        #: Headers sent with every publish (HPUB) when set.
+        self.headers: dict[str, str] | None = None
 
     def publish(self, address: str, bodies: list[bytes]) -> None:
-        """Publish every body, then flush."""
+        """Publish every body (with ``headers`` if set), then flush."""
         async def go() -> None:
             """Publish and wait for the PONG."""
             for body in bodies:
-                await self.nc.publish(address, body)
+                await self.nc.publish(address, body, headers=self.headers)
             await self.nc.flush()
         self.loop.run(go())
 
@@ -316,7 +335,7 @@ class EmqpPublisher:
 
     def __init__(self, address: str) -> None:
         """Connect a DEALER to ``address`` (a ``tcp://`` ZeroMQ address)."""
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
 

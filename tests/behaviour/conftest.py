@@ -19,6 +19,7 @@ from tests.behaviour.clients import (
     NatsConsumer,
     NatsPublisher,
     NsqConsumer,
+    NsqMpubPublisher,
     NsqPublisher,
     Publisher,
     RedisConsumer,
@@ -65,10 +66,12 @@ class Drivers:
         return self.broker.url("mq9", "tcp", scheme="nats")
 
     def publisher(self, protocol: str) -> Publisher:
-        """A connected publisher of ``protocol`` (nsq, nats, redis or emqp)."""
+        """A connected publisher of ``protocol`` (nsq, nsq-mpub, nats, redis or emqp)."""
         made: Publisher
         if protocol == "nsq":
             made = NsqPublisher(self.broker.port("nsq", "tcp"))
+        elif protocol == "nsq-mpub":
+            made = NsqMpubPublisher(self.broker.port("nsq", "tcp"))
         elif protocol == "nats":
             made = NatsPublisher(self.loop, self.nats_url)
         elif protocol == "redis":

@@ -1,8 +1,10 @@
 """Cross-protocol matrix (DESIGN.md §3): every publisher protocol reaches every consumer protocol.
 
-Publishers: NSQ ``PUB``, NATS (nats-py), the Redis example (redis-py) and eMQP ``PUBLISH``.
-Consumers: an NSQ channel, a NATS subscriber, a Redis subscriber. Body bytes must arrive
-unchanged and in publish order. NSQ, NATS and Redis carry arbitrary bytes, so their documented
+Publishers: NSQ ``PUB`` and ``MPUB``, NATS (nats-py), the Redis example (redis-py) and eMQP
+``PUBLISH``. Consumers: an NSQ channel, a NATS subscriber, a Redis subscriber. Body bytes must
+arrive unchanged and in publish order, rendered as the receiving protocol's own messages (NSQ:
+attempts 1, a 16-hex-digit id, a publish timestamp in ns; NATS: a plain ``MSG`` without headers
+for protocols that have none). NSQ, NATS and Redis carry arbitrary bytes, so their documented
 rule is "byte for byte" (docs/protocols/nsq.md, nats.md). eMQP can only carry UTF-8 frames
 (docs/protocols/emqp.md, ``E_NOT_UTF8``): such a PUBLISH is dropped with a logged warning and
 never reaches anyone, which is checked too.
@@ -10,12 +12,16 @@ never reaches anyone, which is checked too.
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 
+from tests.behaviour.clients import NatsConsumer, NatsPublisher, NsqConsumer
 from tests.behaviour.conftest import Drivers
 from tests.interop.broker import BrokerProcess
 
-PUBLISHERS = ["nsq", "nats", "redis", "emqp"]
+PUBLISHERS = ["nsq", "nsq-mpub", "nats", "redis", "emqp"]
 CONSUMERS = ["nsq", "nats", "redis"]
 
 #: Plain text, a newline (MQKS-style line protocols cannot carry it raw), CRLF inside the body
@@ -40,8 +46,40 @@ def test_message_reaches_every_protocol_intact(
     bodies = UTF8_BODIES if publisher_protocol == "emqp" else BINARY_BODIES
     consumer = drivers.consumer(consumer_protocol, address)
     publisher = drivers.publisher(publisher_protocol)
+    published_ns = time.time_ns()
     publisher.publish(address, bodies)
     assert consumer.take(len(bodies)) == bodies
+    if isinstance(consumer, NsqConsumer):
+        for timestamp, attempts, msg_id in consumer.meta:
+            assert attempts == 1
+            assert re.fullmatch(rb"[0-9a-f]{16}", msg_id), msg_id
+            assert abs(timestamp - published_ns) < 60 * 10**9, (timestamp, published_ns)
+        assert len({msg_id for _, _, msg_id in consumer.meta}) == len(bodies)
+    if isinstance(consumer, NatsConsumer) and publisher_protocol != "nats":
+        assert consumer.headers == [None] * len(bodies)
+
+
+@pytest.mark.parametrize("consumer_protocol", ["nsq", "redis"])
+def test_nats_headers_stay_out_of_bodies_of_headerless_protocols(
+    drivers: Drivers, consumer_protocol: str
+) -> None:
+    """NATS HPUB headers are dropped for NSQ and Redis (no headers there); the body is unchanged."""
+    address = f"headers.{consumer_protocol}"
+    consumer = drivers.consumer(consumer_protocol, address)
+    publisher = drivers.publisher("nats")
+    assert isinstance(publisher, NatsPublisher)
+    publisher.headers = {"X-Trace": "abc", "Content-Type": "application/octet-stream"}
+    publisher.publish(address, BINARY_BODIES[:3])
+    assert consumer.take(3) == BINARY_BODIES[:3]
+
+
+def test_wildcard_subscribers_of_other_protocols_see_a_publish(drivers: Drivers) -> None:
+    """An NSQ publish reaches NATS ``*``/``>`` wildcard subscribers (patterns are hub patterns)."""
+    star = drivers.consumer("nats", "wild.*.leaf")
+    tail = drivers.consumer("nats", "wild.>")
+    drivers.publisher("nsq").publish("wild.mid.leaf", [b"\x00wild\n"])
+    assert star.take(1) == [b"\x00wild\n"]
+    assert tail.take(1) == [b"\x00wild\n"]
 
 
 @pytest.mark.parametrize("consumer_protocol", CONSUMERS)
