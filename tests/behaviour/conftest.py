@@ -97,6 +97,12 @@ class Drivers:
         self.opened.append(made)
         return made
 
+    def consumer_on_channel(self, address: str, channel: str) -> NsqConsumer:
+        """An NSQ consumer of a named channel (closed after the test)."""
+        made = NsqConsumer(self.broker.port("nsq", "tcp"), address, channel)
+        self.opened.append(made)
+        return made
+
     def close(self) -> None:
         """Close every driver opened (ignoring ones the broker already closed)."""
         for driver in reversed(self.opened):
