@@ -9,6 +9,8 @@ Waiting is always a condition polled against a deadline.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import socket
 import struct
 import threading
@@ -352,3 +354,84 @@ class EmqpPublisher:
     def close(self) -> None:
         """Close the socket."""
         self.sock.close(linger=0)
+
+
+# mq9 mailboxes (nats-py requests and subscriptions) -----------------------------------------
+
+
+def create_mailbox(loop: AsyncLoop, url: str) -> tuple[str, str]:
+    """``$mq9.AI.MAILBOX.CREATE`` a standard mailbox; return (inbox subject prefix, token)."""
+    async def go() -> dict[str, Any]:
+        """Connect, request, disconnect."""
+        nc = await nats.connect(url, allow_reconnect=False)
+        try:
+            reply = await nc.request("$mq9.AI.MAILBOX.CREATE", b'{"type":"standard"}', timeout=WAIT)
+        finally:
+            await nc.close()
+        return dict(json.loads(reply.data))
+
+    created = loop.run(go())
+    assert "error" not in created, created
+    return str(created["inbox"]), str(created["token"])
+
+
+class Mq9PushConsumer(NatsConsumer):
+    """A new mq9 mailbox read by SUB push (``$mq9.AI.INBOX.{id}.*``); bodies arrive as bytes.
+
+    :ivar address: the mailbox's ``normal`` INBOX subject, where publishers send.
+    """
+
+    def __init__(self, loop: AsyncLoop, url: str) -> None:
+        """Create the mailbox and subscribe to all its priorities."""
+        inbox, _token = create_mailbox(loop, url)
+        self.address = f"{inbox}.normal"
+        super().__init__(loop, url, f"{inbox}.*")
+
+
+class Mq9QueryConsumer:
+    """A new mq9 mailbox read by ``MAILBOX.QUERY`` (JSON; non-UTF-8 bodies come as base64).
+
+    :ivar address: the mailbox's ``normal`` INBOX subject, where publishers send.
+    :ivar encodings: the ``encoding`` of every message taken, in order.
+    """
+
+    def __init__(self, loop: AsyncLoop, url: str) -> None:
+        """Create the mailbox and keep a nats-py connection for queries."""
+        self.loop = loop
+        inbox, self.token = create_mailbox(loop, url)
+        self.address = f"{inbox}.normal"
+        self.query_subject = "$mq9.AI.MAILBOX.QUERY." + inbox.rsplit(".", 1)[1]
+        self.nc = loop.run(nats.connect(url, allow_reconnect=False))
+        self.encodings: list[str] = []
+
+    def _query(self) -> list[dict[str, Any]]:
+        """One QUERY: the unread messages (they are marked read)."""
+        async def go() -> Any:
+            """Request and decode the JSON reply."""
+            request = json.dumps({"token": self.token}).encode()
+            return json.loads((await self.nc.request(self.query_subject, request, timeout=WAIT)).data)
+
+        reply = self.loop.run(go())
+        assert "error" not in reply, reply
+        return list(reply["messages"])
+
+    def take(self, count: int, timeout: float = WAIT) -> list[bytes]:
+        """Query until ``count`` messages arrived; decode each by its ``encoding``."""
+        got: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < count:
+            assert time.monotonic() < deadline, f"mailbox query returned only {got}"
+            for item in self._query():
+                self.encodings.append(item["encoding"])
+                if item["encoding"] == "base64":
+                    got.append(base64.b64decode(item["payload"]))
+                else:
+                    assert item["encoding"] == "utf-8", item
+                    got.append(item["payload"].encode("utf-8"))
+            if len(got) < count:
+                time.sleep(0.01)
+        return got
+
+    def close(self) -> None:
+        """Close the nats-py connection."""
+        self.loop.run(self.nc.close())

@@ -16,6 +16,8 @@ from tests.behaviour.clients import (
     AsyncLoop,
     Consumer,
     EmqpPublisher,
+    Mq9PushConsumer,
+    Mq9QueryConsumer,
     NatsConsumer,
     NatsPublisher,
     NsqConsumer,
@@ -84,9 +86,17 @@ class Drivers:
         return made
 
     def consumer(self, protocol: str, address: str) -> Consumer:
-        """A live subscription of ``protocol`` (nsq channel, nats or redis subscriber)."""
+        """A live subscription of ``protocol`` (nsq channel, nats or redis subscriber).
+
+        ``mq9-push`` and ``mq9-query`` create a new mailbox and ignore ``address``: publish to
+        the consumer's own ``address`` (its INBOX subject) instead.
+        """
         made: Consumer
-        if protocol == "nsq":
+        if protocol == "mq9-push":
+            made = Mq9PushConsumer(self.loop, self.nats_url)
+        elif protocol == "mq9-query":
+            made = Mq9QueryConsumer(self.loop, self.nats_url)
+        elif protocol == "nsq":
             made = NsqConsumer(self.broker.port("nsq", "tcp"), address)
         elif protocol == "nats":
             made = NatsConsumer(self.loop, self.nats_url, address)

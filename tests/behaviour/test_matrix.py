@@ -18,7 +18,13 @@ import time
 import pytest
 
 from tests.behaviour.bodies import BINARY_BODIES, UTF8_BODIES
-from tests.behaviour.clients import NatsConsumer, NatsPublisher, NsqConsumer
+from tests.behaviour.clients import (
+    Mq9PushConsumer,
+    Mq9QueryConsumer,
+    NatsConsumer,
+    NatsPublisher,
+    NsqConsumer,
+)
 from tests.behaviour.conftest import Drivers
 from tests.interop.broker import BrokerProcess
 
@@ -95,3 +101,34 @@ def test_one_publish_fans_out_to_all_protocols_at_once(drivers: Drivers) -> None
     drivers.publisher("nats").publish(address, BINARY_BODIES[:3])
     for consumer in consumers:
         assert consumer.take(3) == BINARY_BODIES[:3]
+
+
+def is_utf8(body: bytes) -> bool:
+    """Whether ``body`` is valid UTF-8."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("consumer_protocol", ["mq9-push", "mq9-query"])
+@pytest.mark.parametrize("publisher_protocol", ["nats", "redis", "emqp"])
+def test_message_reaches_mq9_mailbox(
+    drivers: Drivers, publisher_protocol: str, consumer_protocol: str
+) -> None:
+    """A publish to a mailbox's INBOX subject lands in the mailbox; QUERY renders non-UTF-8 as base64.
+
+    NSQ is not a publisher here: NSQ names cannot contain ``$``, so no NSQ topic maps to a
+    ``$mq9.AI.INBOX...`` address (docs/protocols/nsq.md, names).
+    """
+    consumer = drivers.consumer(consumer_protocol, "")
+    assert isinstance(consumer, Mq9PushConsumer | Mq9QueryConsumer)
+    address = consumer.address
+    bodies = UTF8_BODIES if publisher_protocol == "emqp" else BINARY_BODIES
+    drivers.publisher(publisher_protocol).publish(address, bodies)
+    assert consumer.take(len(bodies)) == bodies
+    if consumer_protocol == "mq9-query":
+        expected = ["utf-8" if is_utf8(body) else "base64" for body in bodies]
+        assert isinstance(consumer, Mq9QueryConsumer)
+        assert consumer.encodings == expected
