@@ -15,6 +15,8 @@ import socket
 import struct
 import threading
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
@@ -145,6 +147,25 @@ class NsqMpubPublisher(NsqPublisher):
         payload = b"".join(parts)
         self.conn.send(b"MPUB %s\n%s%s" % (address.encode(), struct.pack(">I", len(payload)), payload))
         assert self.conn.expect(NSQ_RESPONSE) == b"OK"
+
+
+class NsqHttpPublisher:
+    """NSQ HTTP ``POST /pub?topic=T`` per body; ``OK`` comes after the commit."""
+
+    def __init__(self, port: int) -> None:
+        """:param port: the broker's NSQ HTTP port."""
+        self.port = port
+
+    def publish(self, address: str, bodies: list[bytes]) -> None:
+        """POST each body and check the 200 ``OK``."""
+        for body in bodies:
+            url = f"http://{HOST}:{self.port}/pub?topic={urllib.parse.quote(address)}"
+            request = urllib.request.Request(url, data=body, method="POST")
+            with urllib.request.urlopen(request, timeout=WAIT) as response:
+                assert (response.status, response.read()) == (200, b"OK")
+
+    def close(self) -> None:
+        """Nothing to close (one HTTP connection per request)."""
 
 
 class NsqConsumer:

@@ -21,6 +21,7 @@ from tests.behaviour.clients import (
     NatsConsumer,
     NatsPublisher,
     NsqConsumer,
+    NsqHttpPublisher,
     NsqMpubPublisher,
     NsqPublisher,
     Publisher,
@@ -68,12 +69,14 @@ class Drivers:
         return self.broker.url("mq9", "tcp", scheme="nats")
 
     def publisher(self, protocol: str) -> Publisher:
-        """A connected publisher of ``protocol`` (nsq, nsq-mpub, nats, redis or emqp)."""
+        """A connected publisher of ``protocol`` (nsq, nsq-mpub, nsq-http, nats, redis or emqp)."""
         made: Publisher
         if protocol == "nsq":
             made = NsqPublisher(self.broker.port("nsq", "tcp"))
         elif protocol == "nsq-mpub":
             made = NsqMpubPublisher(self.broker.port("nsq", "tcp"))
+        elif protocol == "nsq-http":
+            made = NsqHttpPublisher(self.broker.port("nsq", "http"))
         elif protocol == "nats":
             made = NatsPublisher(self.loop, self.nats_url)
         elif protocol == "redis":

@@ -1,6 +1,6 @@
 """Cross-protocol at-least-once across ``kill -9`` (DESIGN.md §8), for every publisher that confirms.
 
-NSQ ``PUB``/``MPUB`` answer ``OK`` and Redis ``PUBLISH`` answers its receiver count only after
+NSQ ``PUB``/``MPUB`` and HTTP ``/pub`` answer ``OK`` and Redis ``PUBLISH`` answers its receiver count only after
 the store committed the batch, so a message they confirmed into a durable queue (an NSQ
 channel) must survive SIGKILL of the broker. This module has its own broker (the module-scoped
 fixture), because the test kills it.
@@ -13,13 +13,13 @@ from tests.behaviour.clients import NsqConsumer
 from tests.behaviour.conftest import Drivers
 from tests.interop.broker import BrokerProcess
 
-CONFIRMING_PUBLISHERS = ["nsq", "nsq-mpub", "redis"]
+CONFIRMING_PUBLISHERS = ["nsq", "nsq-mpub", "nsq-http", "redis"]
 
 
 def test_confirmed_messages_of_every_protocol_survive_sigkill(
     broker: BrokerProcess, drivers: Drivers
 ) -> None:
-    """Messages NSQ PUB/MPUB and Redis PUBLISH confirmed into an NSQ channel are there after kill -9."""
+    """Messages NSQ PUB/MPUB/HTTP and Redis PUBLISH confirmed into an NSQ channel are there after kill -9."""
     port = broker.port("nsq", "tcp")
     for protocol in CONFIRMING_PUBLISHERS:
         NsqConsumer(port, f"durable.{protocol}", channel="keep").close()  # creates the channel

@@ -1,6 +1,6 @@
 """Cross-protocol matrix (DESIGN.md §3): every publisher protocol reaches every consumer protocol.
 
-Publishers: NSQ ``PUB`` and ``MPUB``, NATS (nats-py), the Redis example (redis-py) and eMQP
+Publishers: NSQ ``PUB``, ``MPUB`` and HTTP ``/pub``, NATS (nats-py), the Redis example (redis-py) and eMQP
 ``PUBLISH``. Consumers: an NSQ channel, a NATS subscriber, a Redis subscriber. Body bytes must
 arrive unchanged and in publish order, rendered as the receiving protocol's own messages (NSQ:
 attempts 1, a 16-hex-digit id, a publish timestamp in ns; NATS: a plain ``MSG`` without headers
@@ -28,7 +28,7 @@ from tests.behaviour.clients import (
 from tests.behaviour.conftest import Drivers
 from tests.interop.broker import BrokerProcess
 
-PUBLISHERS = ["nsq", "nsq-mpub", "nats", "redis", "emqp"]
+PUBLISHERS = ["nsq", "nsq-mpub", "nsq-http", "nats", "redis", "emqp"]
 CONSUMERS = ["nsq", "nats", "redis"]
 
 
