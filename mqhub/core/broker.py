@@ -959,9 +959,7 @@ class Broker:
             b.delete_entries(dlq_name(queue_name), [(0, e[0]) for e in chosen])
         else:
             ids = {e[0] for e in chosen}
-            kept = [e for e in q._mem_dead if e[0] not in ids]
-            q._mem_dead.clear()
-            q._mem_dead.extend(kept)
+            q._keep_mem_dead([e for e in q._mem_dead if e[0] not in ids], replace=True)
         entries = sorted((from_dead(e) for e in chosen), key=lambda e: (-e[1], e[0]))
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
         prev = self._open_window(b)
@@ -989,9 +987,7 @@ class Broker:
             yield self._commit(b)
         else:
             ids = {e[0] for e in chosen}
-            kept = [e for e in q._mem_dead if e[0] not in ids]
-            q._mem_dead.clear()
-            q._mem_dead.extend(kept)
+            q._keep_mem_dead([e for e in q._mem_dead if e[0] not in ids], replace=True)
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
         return len(chosen)
 

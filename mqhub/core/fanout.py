@@ -30,6 +30,12 @@ def attach(parent: Queue, target: Any, ready: int, credit: int, timeout: float |
                      msg_timeout=parent.msg_timeout,
                      expire_to_dead_letters=parent.expire_to_dead_letters)
     sub._parent = parent
+    sub._open = set()
+    if not parent._subs:
+        parent._subs = []
+        if not parent._claimed:
+            parent._claimed = {}
+            parent._refs = {}
     parent._subs.append(sub)
     c = sub.attach(target, ready=ready, credit=credit, timeout=timeout, tag=tag)
     parent.dispatch()
@@ -92,7 +98,7 @@ def dead(parent: Queue, sub: Queue, entries: list[Entry], reason: str, error: st
         b.put_entries(dlq_name(parent.name), dead)
         parent.broker._commit(b)
     else:
-        parent._mem_dead.extend(dead)
+        parent._keep_mem_dead(dead)
     done(parent, sub, entries)
 
 
@@ -116,7 +122,7 @@ def release(parent: Queue, sub: Queue) -> None:
         b = WriteBatch()
         b.delete_entries(parent.name, [(e[1], e[0]) for e in done])
         parent._write(b)
-    sub._open.clear()
+    sub._open = set()
     sub._close()
     if back:
         back.sort(key=lambda e: (-e[1], e[0]))

@@ -14,6 +14,7 @@ import logging
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from mqhub.core import fanout
@@ -51,9 +52,31 @@ MODES = ("competing", "fanout")
 INF = float("inf")
 _MEM_DEAD_LIMIT = 10_000
 
+# Shared, immutable stand-ins for containers an idle queue never fills: each one is replaced by
+# a real container of the queue's own at the first write (an idle queue costs no empty dict,
+# set, deque or list). Reads (len, in, get, iteration) work on them unchanged.
+_NO_MAP: Any = MappingProxyType({})
+_NO_IDS: Any = frozenset()
+_NO_LIST: Any = ()
+
 
 class Queue:
-    """Ready entries ordered by (priority desc, msg_id asc), in-flight entries with deadlines."""
+    """Ready entries ordered by (priority desc, msg_id asc), in-flight entries with deadlines.
+
+    Slotted, and its containers are made on first use: an idle queue is one small object
+    (see docs/core-api.md, "Memory").
+    """
+
+    __slots__ = (
+        "broker", "name", "tier", "durable", "max_size", "overflow", "ttl", "max_attempts",
+        "msg_timeout", "expires_at", "auto_delete", "expire_to_dead_letters", "window",
+        "window_setting", "mode", "_parent", "_subs", "_claimed", "_refs", "_open", "_fan_seq",
+        "incarnation", "paused", "deleted", "consumers", "_ready", "_prios", "_nready",
+        "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_volatile", "_skip",
+        "_inflight", "_owner", "_may_expire", "_deadlines", "_heap_ids", "_dseq", "_timer",
+        "_timer_at", "_rr", "_dispatching", "_again", "deferred", "message_count",
+        "requeue_count", "timeout_count", "expired_count", "dropped_count", "dead_letter_count",
+        "_mem_dead")
 
     def __init__(self, broker: Broker, name: str, *, tier: str = TIER_DURABLE,
                  max_size: int = 0, overflow: str = "drop_oldest", ttl: float = 0.0,
@@ -87,32 +110,32 @@ class Queue:
         # fan-out: one private memory sub-queue per consumer gets a copy of every message; the
         # parent keeps the stored entry until every sub-queue that got it is done with it
         self._parent: Queue | None = None
-        self._subs: list[Queue] = []
-        self._claimed: dict[int, Entry] = {}
-        self._refs: dict[int, int] = {}
-        self._open: set[int] = set()          # (sub-queue) ids received and not yet done
+        self._subs: list[Queue] = _NO_LIST
+        self._claimed: dict[int, Entry] = _NO_MAP
+        self._refs: dict[int, int] = _NO_MAP
+        self._open: set[int] = _NO_IDS        # (sub-queue) ids received and not yet done
         self._fan_seq = 0
         self.incarnation = incarnation
         self.paused = False
         self.deleted = False
-        self.consumers: list[Consumer] = []
+        self.consumers: list[Consumer] = _NO_LIST
         # ready window
-        self._ready: dict[int, deque[Entry]] = {}
-        self._prios: list[int] = []           # priorities with a deque, descending
+        self._ready: dict[int, deque[Entry]] = _NO_MAP
+        self._prios: list[int] = _NO_LIST     # priorities with a deque, descending
         self._nready = 0
         self._stored_only = 0                 # durable entries in the store beyond the window
         self._horizon: EntryKey | None = None   # last key in the window when paged
         self._paging = False
         self._unsettled = 0                   # this queue's put batches not yet committed
         self._put_gen = 0                     # bumps whenever stored-only entries are added
-        self._volatile: set[int] = set()      # ids of persist=False entries in a durable queue
-        self._skip: set[int] = set()          # ids removed while a page was being read
+        self._volatile: set[int] = _NO_IDS    # ids of persist=False entries in a durable queue
+        self._skip: set[int] = _NO_IDS        # ids removed while a page was being read
         # in flight
-        self._inflight: dict[int, Entry] = {}
+        self._inflight: dict[int, Entry] = _NO_MAP
         # msg_id -> (consumer, deadline); one tuple shared by every message of a delivered batch
-        self._owner: dict[int, tuple[Consumer, float]] = {}
+        self._owner: dict[int, tuple[Consumer, float]] = _NO_MAP
         self._may_expire = False              # some entry with expires_at was added
-        self._deadlines: list[tuple[float, int, list[int]]] = []
+        self._deadlines: list[tuple[float, int, list[int]]] = _NO_LIST
         self._heap_ids = 0                    # ids held by _deadlines (acked ones included)
         self._dseq = 0
         self._timer: Any = None
@@ -128,7 +151,7 @@ class Queue:
         self.expired_count = 0
         self.dropped_count = 0
         self.dead_letter_count = 0
-        self._mem_dead: deque[Entry] = deque(maxlen=_MEM_DEAD_LIMIT)
+        self._mem_dead: deque[Entry] = _NO_LIST   # memory-tier dead letters (newest kept)
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -195,6 +218,9 @@ class Queue:
         """The ready deque of ``priority`` (created on demand)."""
         d = self._ready.get(priority)
         if d is None:
+            if self._ready is _NO_MAP:
+                self._ready = {}
+                self._prios = []
             d = self._ready[priority] = deque()
             self._prios.append(priority)
             self._prios.sort(reverse=True)
@@ -277,6 +303,8 @@ class Queue:
             self._put_gen += 1
             entries = keep
         elif not stored and self.durable:
+            if self._volatile is _NO_IDS:
+                self._volatile = set()
             self._volatile.update([e[0] for e in entries])
         if entries:
             if not self._may_expire and (entries[0][4] if uniform
@@ -453,7 +481,7 @@ class Queue:
             if gone:
                 fresh = [e for e in fresh if e[0] not in skip]
                 self._stored_only = max(0, self._stored_only - len(gone))
-            self._skip = set()
+            self._skip = _NO_IDS
         last = entries[-1]
         self._horizon = (last[1], last[0])
         self.broker.ids.observe(max(e[0] for e in entries))
@@ -492,6 +520,8 @@ class Queue:
             return fanout.attach(self, target, ready, credit, timeout, tag)
         c = Consumer(self, target, int(ready or 0), int(credit or 0),
                      self.msg_timeout if timeout is None else float(timeout), tag)
+        if self.consumers is _NO_LIST:
+            self.consumers = []
         self.consumers.append(c)
         self.dispatch()
         return c
@@ -581,6 +611,9 @@ class Queue:
             out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
             deadline = now + c.timeout
             ids = [e[0] for e in out]
+            if self._inflight is _NO_MAP:
+                self._inflight = {}
+                self._owner = {}
             self._inflight.update(zip(ids, out, strict=False))
             self._owner.update(dict.fromkeys(ids, (c, deadline)))
             n = len(out)
@@ -600,6 +633,8 @@ class Queue:
     def _push_deadline(self, deadline: float, ids: list[int]) -> None:
         """Track ``ids`` expiring at ``deadline`` and arm the queue timer if it is the earliest."""
         self._dseq += 1
+        if self._deadlines is _NO_LIST:
+            self._deadlines = []
         heapq.heappush(self._deadlines, (deadline, self._dseq, ids))
         self._heap_ids += len(ids)
         if self._heap_ids > 4 * len(self._owner) + 4096:
@@ -819,7 +854,13 @@ class Queue:
             batch.put_entries(dlq_name(self.name), dead)
             self._mark(batch)
         else:
-            self._mem_dead.extend(dead)
+            self._keep_mem_dead(dead)
+
+    def _keep_mem_dead(self, dead: list[Entry], replace: bool = False) -> None:
+        """Add (or with ``replace``, set) this memory queue's dead letters; the newest are kept."""
+        if replace or self._mem_dead is _NO_LIST:
+            self._mem_dead = deque(self._mem_dead if not replace else (), maxlen=_MEM_DEAD_LIMIT)
+        self._mem_dead.extend(dead)
 
     def _expire(self, entries: list[Entry], now: float) -> None:
         """Count and drop (or dead-letter) expired entries taken from the window."""
@@ -884,6 +925,8 @@ class Queue:
         wanted = set(ids)
         if self._paging and self._stored_only:
             # a page being read may still hold them: make sure it does not bring them back
+            if self._skip is _NO_IDS:
+                self._skip = set()
             self._skip.update(wanted)
         removed: list[Entry] = []
         for p in self._prios:
@@ -968,19 +1011,22 @@ class Queue:
         """Forget all messages in memory and every consumer's in-flight count."""
         for sub in self._subs:
             sub._clear()
-            sub._open.clear()
+            sub._open = set() if sub._open is not _NO_IDS else _NO_IDS
             sub.incarnation += 1
-        self._claimed.clear()
-        self._refs.clear()
+        if self._claimed:
+            self._claimed.clear()
+        if self._refs:
+            self._refs.clear()
         for d in self._ready.values():
             d.clear()
         self._nready = 0
         self._stored_only = 0
         self._horizon = None
-        self._volatile.clear()
-        self._inflight.clear()
-        self._owner.clear()
-        self._deadlines.clear()
+        self._volatile = _NO_IDS
+        if self._inflight:
+            self._inflight.clear()
+            self._owner.clear()
+        self._deadlines = _NO_LIST
         self._heap_ids = 0
         self.deferred = 0
         for c in self.consumers:
@@ -996,10 +1042,10 @@ class Queue:
         self._clear()
         for c in self.consumers:
             c.attached = False
-        self.consumers = []
+        self.consumers = _NO_LIST
         for sub in self._subs:
             sub._close()
-        self._subs = []
+        self._subs = _NO_LIST
 
     def __repr__(self) -> str:
         """Readable form."""
