@@ -16,6 +16,7 @@ This module imports neither Twisted nor zope.
 from __future__ import annotations
 
 import re
+from types import MappingProxyType
 from typing import Any
 
 from mqhub.errors import InvalidName
@@ -80,6 +81,12 @@ def pattern_matches(pattern: str, address: str) -> bool:
     return len(ats) == len(pts)
 
 
+# Shared, immutable stand-ins for a node's empty containers (replaced at the first write), so a
+# node costs one small object: one mq9 mailbox alone adds four nodes.
+_NO_MAP: Any = MappingProxyType({})
+_NO_LIST: Any = ()
+
+
 class _Node:
     """One trie level: literal children, the ``*`` child, mask children and terminal values."""
 
@@ -87,12 +94,12 @@ class _Node:
 
     def __init__(self) -> None:
         """Start empty."""
-        self.children: dict[str, _Node] = {}
+        self.children: dict[str, _Node] = _NO_MAP
         self.star: _Node | None = None
-        self.masks: dict[str, tuple[re.Pattern[str], _Node]] = {}
-        self.values: list[Any] = []      # patterns ending exactly here
-        self.tail: list[Any] = []        # patterns ending here with ``>``/``#``
-        self.wild: list[tuple[re.Pattern[str] | None, _Node]] = []   # star then masks
+        self.masks: dict[str, tuple[re.Pattern[str], _Node]] = _NO_MAP
+        self.values: list[Any] = _NO_LIST      # patterns ending exactly here
+        self.tail: list[Any] = _NO_LIST        # patterns ending here with ``>``/``#``
+        self.wild: list[tuple[re.Pattern[str] | None, _Node]] = _NO_LIST   # star then masks
 
     def rebuild(self) -> None:
         """Recompute ``wild`` (the ``*`` child first, then mask children) after a change."""
@@ -100,7 +107,7 @@ class _Node:
         if self.star is not None:
             wild.append((None, self.star))
         wild.extend(self.masks.values())
-        self.wild = wild
+        self.wild = wild if wild else _NO_LIST
 
     def is_empty(self) -> bool:
         """True when no pattern passes through this node."""
@@ -126,6 +133,8 @@ class AddressTrie:
         last = len(tokens) - 1
         for i, token in enumerate(tokens):
             if i == last and token in (">", "#"):
+                if node.tail is _NO_LIST:
+                    node.tail = []
                 node.tail.append(value)
                 self._count += 1
                 return
@@ -137,14 +146,20 @@ class AddressTrie:
             elif "*" in token:
                 entry = node.masks.get(token)
                 if entry is None:
+                    if node.masks is _NO_MAP:
+                        node.masks = {}
                     entry = node.masks[token] = (_mask_regex(token), _Node())
                     node.rebuild()
                 node = entry[1]
             else:
                 child = node.children.get(token)
                 if child is None:
+                    if node.children is _NO_MAP:
+                        node.children = {}
                     child = node.children[token] = _Node()
                 node = child
+        if node.values is _NO_LIST:
+            node.values = []
         node.values.append(value)
         self._count += 1
 

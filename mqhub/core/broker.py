@@ -9,6 +9,7 @@ store commit, and delivers to live targets synchronously. Durable state lives in
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import re
@@ -103,6 +104,11 @@ class Broker:
         self._joined: list[Deferred[None]] = []
         self._held: list[tuple[WriteBatch, Deferred[None]]] = []
         self._mem_timers: set[Any] = set()
+        #: queue expiries without the scheduler: one heap, one clock timer for all of them
+        self._expiries: list[tuple[float, int, Queue]] = []
+        self._expiry_seq = 0
+        self._expiry_call: Any = None
+        self._expiry_at = float("inf")
         self._started = False
         self._sweep_cursor = 0
         #: address -> ids below this were held for it when empty_parked ran (their delays are dropped)
@@ -173,6 +179,10 @@ class Broker:
             if t.active():
                 t.cancel()
         self._mem_timers.clear()
+        if self._expiry_call is not None and self._expiry_call.active():
+            self._expiry_call.cancel()
+        self._expiry_call = None
+        self._expiry_at = float("inf")
         for q in list(self._queues.values()) + list(self._hidden.values()):
             if q._timer is not None and q._timer.active():
                 q._timer.cancel()
@@ -379,8 +389,38 @@ class Broker:
             self._arm_memory_expiry(q)
 
     def _arm_memory_expiry(self, q: Queue) -> None:
-        """Delete ``q`` at its ``expires_at`` using a plain clock timer."""
-        self._later(max(0.0, q.expires_at - self.clock.seconds()), self._expire_queue, q)
+        """Delete ``q`` at its ``expires_at`` (memory queues, or no scheduler).
+
+        Every such queue shares one heap and one clock timer armed for the earliest (a timer
+        per queue would cost more than an idle queue itself).
+        """
+        self._expiry_seq += 1
+        heapq.heappush(self._expiries, (q.expires_at, self._expiry_seq, q))
+        if q.expires_at < self._expiry_at:
+            self._arm_expiry_timer(q.expires_at)
+
+    def _arm_expiry_timer(self, when: float) -> None:
+        """(Re)arm the shared queue-expiry timer for ``when``."""
+        if self._expiry_call is not None and self._expiry_call.active():
+            self._expiry_call.cancel()
+        self._expiry_at = when
+        self._expiry_call = self.clock.callLater(max(0.0, when - self.clock.seconds()),
+                                                 self._run_expiries)
+
+    def _run_expiries(self) -> None:
+        """The shared timer fired: delete every queue whose time has come, then re-arm."""
+        self._expiry_call = None
+        self._expiry_at = float("inf")
+        now = self.clock.seconds()
+        heap = self._expiries
+        while heap and heap[0][0] <= now:
+            q = heapq.heappop(heap)[2]
+            try:
+                self._expire_queue(q)
+            except Exception:
+                log.exception("expiring queue %r failed", q.name)
+        if heap:
+            self._arm_expiry_timer(heap[0][0])
 
     def _later(self, delay: float, func: Any, *args: Any) -> None:
         """A plain clock timer that ``stop()`` cancels and that forgets itself when it runs."""
