@@ -78,7 +78,7 @@ def decode_queue_row(payload: bytes) -> tuple[int, Entry]:
             _, inc = _QUEUE_HEAD.unpack_from(payload)
             return inc, _decode_entry(payload, _QUEUE_HEAD.size)
         inc, entry = _legacy(payload)
-        return int(inc), tuple(entry)  # type: ignore[return-value]
+        return int(inc), tuple(entry)
     except (struct.error, UnicodeDecodeError, TypeError) as e:
         raise ValueError(f"unreadable due row: {e}") from e
 
@@ -102,7 +102,8 @@ def decode_address_row(payload: bytes) -> tuple[str, Marks, Entry]:
     try:
         if payload[:1] != bytes((ADDRESS_ROW_V1,)):
             address, marks, entry = _legacy(payload)
-            return str(address), tuple((str(n), int(i)) for n, i in marks), tuple(entry)  # type: ignore[return-value]
+            old_marks = tuple((str(n), int(i)) for n, i in marks)
+            return str(address), old_marks, tuple(entry)
         pos = 1
         (alen,) = _U16.unpack_from(payload, pos)
         pos += 2

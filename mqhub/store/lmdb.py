@@ -855,7 +855,7 @@ class LmdbStore:
         t.txn.put(U32.pack(seg), codec.SEG_ROW.pack(max(live, 0), end), db=self._dbs[b"segments"])
 
     def _release(self, t: _Txn, k: bytes, v: bytes) -> None:
-        """Drop what a removed ``entries`` value (key ``k``) referenced: expiry row, segment body."""
+        """Drop what a removed ``entries`` row ``k`` referenced: its expiry row, segment body."""
         txn = t.txn
         flags = v[0]
         if flags & FLAG_EXPIRES:

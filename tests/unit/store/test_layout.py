@@ -62,7 +62,7 @@ def test_in_order_appends_fill_pages(tmp_path: Any) -> None:
 
 
 def test_out_of_order_and_repeated_puts_all_land(tmp_path: Any) -> None:
-    """Old ids after new ones, re-puts and a key repeated in one batch: nothing lost or double-counted."""
+    """Old ids after new ones, re-puts, a key repeated in one batch: none lost or double-counted."""
     h = open_store(str(tmp_path / "d"))
     put(h, ["q"], list(range(100, 200)))
     b = WriteBatch()
