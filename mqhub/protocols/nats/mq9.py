@@ -64,6 +64,9 @@ BROADCAST = "$mq9.AI.BROADCAST."
 DEFAULT_MAILBOX_TTL = 86400
 DEFAULT_BROADCAST_TTL = 3600.0
 QUERY_LIMIT = 1000
+#: live mailboxes by default: an empty one costs ~5.2 KB of RAM (three core queues, their
+#: bindings and records; docs/core-api.md "Memory"), so 250,000 stay near 1.2 GiB
+DEFAULT_MAX_MAILBOXES = 250_000
 PUSH_BATCH = 1 << 16
 
 META_MAILBOX = "mq9/mb/"
@@ -120,7 +123,7 @@ class Mq9:
 
     def __init__(self, server: NatsServer, store: Any, clock: Any, broker: Any = None, *,
                  sweep_interval: float = 1.0, max_unread: int = 1_000_000,
-                 max_mailboxes: int = 1_000_000) -> None:
+                 max_mailboxes: int = DEFAULT_MAX_MAILBOXES) -> None:
         """Start with no mailboxes; call :meth:`start` to recover from the store."""
         self._own_broker = broker is None
         if broker is None:

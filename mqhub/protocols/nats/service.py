@@ -11,7 +11,7 @@ from twisted.logger import Logger
 from mqhub.errors import PluginError
 from mqhub.listener import ListenerService
 from mqhub.protocols.nats.bridge import CoreBridge
-from mqhub.protocols.nats.mq9 import Mq9
+from mqhub.protocols.nats.mq9 import DEFAULT_MAX_MAILBOXES, Mq9
 from mqhub.protocols.nats.server import NatsServer, NatsSettings
 
 log = Logger()
@@ -56,7 +56,7 @@ def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
     server.mq9 = Mq9(server, hub.store, hub.clock, broker,
                      sweep_interval=float(plugin_options.get("sweep_interval", 1.0)),
                      max_unread=int(plugin_options.get("max_unread", 1_000_000)),
-                     max_mailboxes=int(plugin_options.get("max_mailboxes", 1_000_000)))
+                     max_mailboxes=int(plugin_options.get("max_mailboxes", DEFAULT_MAX_MAILBOXES)))
     if broker is not None:
         server.bridge = CoreBridge(server, broker)
     return server
