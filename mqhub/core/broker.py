@@ -284,7 +284,11 @@ class Broker:
             return self._commit(batch)
         self._open = None
         joined, self._joined = self._joined, []
-        d = self._commit_now(batch, joined) if batch else succeed(None)
+        if batch:
+            d = self._commit_now(batch, joined)
+        else:
+            d = succeed(None)
+            self._fire_joined(None, joined)
         self._commit_held()
         return d
 
@@ -619,6 +623,10 @@ class Broker:
             return d
         self._open = None
         if not batch:
+            # nothing to store (memory queues); publishes nested in the delivery fire too
+            if self._joined:
+                joined, self._joined = self._joined, []
+                self._fire_joined(None, joined)
             self._commit_held()
             return succeed(None)
         d = self.store.commit(batch)

@@ -266,3 +266,32 @@ def test_reject_inside_delivery_of_a_due_message_follows_the_scheduler_commit(en
     env.settle()
     assert fired == [None]
     assert redelivered(env, hub) == []
+
+
+def test_nested_publish_into_a_memory_only_delivery_fires(env: Env) -> None:
+    """A publish made while a memory queue's batch is delivered fires, and barrier() too."""
+    hub = env.start()
+    broker = hub.broker
+    mem = broker.declare_queue("mem", tier="memory")
+    broker.bind_queue("mem", "mem")
+    broker.declare_queue("plain", tier="memory")
+    broker.bind_queue("plain", "plain")
+    inner: list[Any] = []
+
+    class Republisher(CollectingTarget):
+        """Publishes each batch on to ``plain`` from inside deliver_batch, then acks."""
+
+        def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
+            """Republish, then ack."""
+            super().deliver_batch(binding, address, messages)
+            broker.publish_batch("plain", [e[7] for e in messages]).addBoth(inner.append)
+            binding.queue.ack(binding, [e[0] for e in messages])
+
+    mem.attach(Republisher(), ready=10)
+    outer: list[Any] = []
+    broker.publish_batch("mem", [b"x"]).addBoth(outer.append)
+    fired: list[Any] = []
+    broker.barrier().addBoth(fired.append)
+    env.settle()
+    assert inner == [None] and outer == [None] and fired == [None]
+    assert broker.queue("plain").depth == 1
