@@ -295,3 +295,21 @@ def test_nested_publish_into_a_memory_only_delivery_fires(env: Env) -> None:
     env.settle()
     assert inner == [None] and outer == [None] and fired == [None]
     assert broker.queue("plain").depth == 1
+
+
+def test_large_body_acked_inside_delivery_is_gone_after_restart(env: Env) -> None:
+    """A body above the segment threshold, put and deleted in one commit, does not come back."""
+    hub = env.start()
+    q = hub.broker.declare_queue("q")
+    hub.broker.bind_queue("a", "q")
+    q.attach(Settler("ack"), ready=10)
+    big = bytes(range(256)) * 400
+    hub.broker.publish_batch("a", [big, b"small"])
+    env.settle()
+    assert count(hub, "q") == 0
+    hub = env.restart(hub)
+    t = CollectingTarget()
+    hub.broker.queue("q").attach(t, ready=10)
+    hub.broker.publish_batch("a", [big])
+    env.settle()
+    assert t.bodies == [big]
