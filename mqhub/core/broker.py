@@ -723,7 +723,7 @@ class Broker:
             except ValueError:
                 log.error("dropping unreadable due row %r", key)
                 continue
-            groups.setdefault((address, tuple(map(tuple, marks))), []).append(tuple(entry))
+            groups.setdefault((address, tuple(map(tuple, marks))), []).append(entry)
         prev = self._open_window(batch)
         try:
             for (address, marks), entries in groups.items():
@@ -792,7 +792,7 @@ class Broker:
                 continue
             if q is None or q.deleted or inc != q.incarnation:
                 continue
-            per_queue.setdefault(name, []).append(tuple(entry))
+            per_queue.setdefault(name, []).append(entry)
         prev = self._open_window(batch)
         try:
             for name, entries in per_queue.items():

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from mqhub.core import queue as queue_module
 from mqhub.core.address import AddressTrie
 from mqhub.hub import Hub
-from mqhub.testing import CollectingTarget, memory_hub, result_of
+from mqhub.testing import CollectingTarget, result_of
 
 
 def bytes_per_call(hub: Hub, n: int, make: Callable[[int], None]) -> float:
