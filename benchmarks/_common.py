@@ -92,3 +92,23 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def fsync_ms(tmp: str, size: int = 4096, rounds: int = 31) -> float:
+    """Median latency in ms of writing ``size`` bytes and fsyncing them, in directory ``tmp``.
+
+    Printed beside the durable figures so they can be read against the disk of the moment.
+    """
+    path = os.path.join(tmp, "fsync.probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    times = []
+    try:
+        for _ in range(rounds):
+            os.write(fd, b"x" * size)
+            t = time.perf_counter()
+            os.fsync(fd)
+            times.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return sorted(times)[len(times) // 2] * 1000.0

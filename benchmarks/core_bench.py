@@ -26,6 +26,11 @@ from twisted.internet.task import Clock
 from zope.interface import implementer
 
 from mqhub.interfaces import IDeliveryTarget
+
+try:
+    from benchmarks import _common
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
 from mqhub.testing import START_TIME, memory_hub, result_of
 
 
@@ -173,7 +178,7 @@ def bench_queues(tmp: str, batch: int) -> None:
          _best(3, lambda: _put_get_ack("memory", None, _clock(), 600_000, batch, 1)), "msg/s")
     emit(f"queue_durable_memorystore_put_get_ack_b{batch}",
          _best(2, lambda: _put_get_ack("durable", None, _clock(), 300_000, batch, 1)), "msg/s")
-    fs = _fsync_ms(tmp)
+    fs = _common.fsync_ms(tmp, size=512, rounds=21)
     emit("disk_fsync_median", fs, "ms")
     for mode, per_turn, total in (("sync", 1, 60_000), ("sync", 8, 240_000),
                                   ("batch", 1, 240_000)):
@@ -202,23 +207,6 @@ def bench_live(batch: int) -> None:
 
     for size in (1, batch):
         emit(f"live_publish_deliver_b{size}", _best(3, lambda: run(size)), "msg/s")  # noqa: B023
-
-
-def _fsync_ms(tmp: str) -> float:
-    """Median fsync latency of this disk (so the durable figures can be read in context)."""
-    path = os.path.join(tmp, "fsync.probe")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    times = []
-    try:
-        for _ in range(21):
-            os.write(fd, b"x" * 512)
-            t0 = time.perf_counter()
-            os.fsync(fd)
-            times.append(time.perf_counter() - t0)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return sorted(times)[len(times) // 2] * 1000.0
 
 
 def _rss_mib() -> float:

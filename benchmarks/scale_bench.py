@@ -38,6 +38,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+try:
+    from benchmarks import _common
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
+
 QUEUE = "scale"
 LATER = "later"
 SERVE = 10_000
@@ -319,23 +324,6 @@ def run_probe(kind: str, path: str, expected: int, first: int) -> dict[str, Any]
 
 # -- sync-append curve -------------------------------------------------------------------------
 
-def fsync_ms(tmp: str) -> float:
-    """Median fsync latency of a 4 KiB write on this disk, in ms."""
-    path = os.path.join(tmp, "fsync.probe")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    times = []
-    try:
-        for _ in range(31):
-            os.write(fd, b"x" * 4096)
-            t = time.perf_counter()
-            os.fsync(fd)
-            times.append(time.perf_counter() - t)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return sorted(times)[len(times) // 2] * 1000.0
-
-
 def write_fsync_ms(tmp: str, kib: int) -> float:
     """Median time to write ``kib`` KiB of fresh 4 KiB pages at the end of a file and fsync."""
     path = os.path.join(tmp, "write.probe")
@@ -392,7 +380,7 @@ def sync_curve(tmp: str, groups: list[int], seconds: float, rounds: int) -> None
     """Raw py-lmdb vs LmdbStore sync appends per group size, interleaved slices; best and median."""
     import lmdb
     body = os.urandom(BODY_SIZE)
-    emit("disk_fsync_median_4k", fsync_ms(tmp), "ms")
+    emit("disk_fsync_median_4k", _common.fsync_ms(tmp), "ms")
     for kib in (4, 256, 1024, 4096):
         emit(f"disk_write_fsync_{kib}KiB", write_fsync_ms(tmp, kib), "ms")
     for group in groups:
@@ -433,7 +421,7 @@ def sync_curve(tmp: str, groups: list[int], seconds: float, rounds: int) -> None
              "msg/s")
         emit(f"store_sync_append_g{group}_best", store_rates[-1], "msg/s")
         emit(f"store_sync_append_g{group}_median", store_rates[len(store_rates) // 2], "msg/s")
-    emit("disk_fsync_median_4k_after", fsync_ms(tmp), "ms")
+    emit("disk_fsync_median_4k_after", _common.fsync_ms(tmp), "ms")
 
 
 # -- driver --------------------------------------------------------------------------------

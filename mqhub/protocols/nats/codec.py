@@ -64,6 +64,21 @@ _CACHE_LIMIT = 16384
 _CRLF = b"\r\n"
 
 
+
+def _json_object(raw: bytes, code: str, verb: str) -> dict[str, Any]:
+    """Parse the JSON object argument of CONNECT or INFO (empty means ``{}``).
+
+    :raises ProtocolError: with ``code`` when it is not valid JSON or not an object.
+    """
+    raw = raw.strip()
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError as exc:
+        raise ProtocolError(code, f"invalid {verb} JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(code, f"{verb} JSON must be an object")
+    return value
+
 class ProtocolError(Exception):
     """A violation of the NATS protocol found by the codec.
 
@@ -473,14 +488,7 @@ class NatsParser:
                     raise ProtocolError(E_BAD_ARGS, "UNSUB needs sid [max]")
                 return nxt
             if op == b"CONNECT":
-                raw = line.lstrip()[7:].strip()
-                try:
-                    opts = json.loads(raw) if raw else {}
-                except ValueError as exc:
-                    raise ProtocolError(E_BAD_CONNECT, f"invalid CONNECT JSON: {exc}") from None
-                if not isinstance(opts, dict):
-                    raise ProtocolError(E_BAD_CONNECT, "CONNECT JSON must be an object")
-                out.append((OP_CONNECT, opts))
+                out.append((OP_CONNECT, _json_object(line.lstrip()[7:], E_BAD_CONNECT, "CONNECT")))
                 return nxt
         else:
             if op == b"MSG":
@@ -488,14 +496,7 @@ class NatsParser:
             if op == b"HMSG":
                 return self._hmsg(buf, pos, nxt, args, out)
             if op == b"INFO":
-                raw = line.lstrip()[4:].strip()
-                try:
-                    info = json.loads(raw) if raw else {}
-                except ValueError as exc:
-                    raise ProtocolError(E_BAD_ARGS, f"invalid INFO JSON: {exc}") from None
-                if not isinstance(info, dict):
-                    raise ProtocolError(E_BAD_ARGS, "INFO JSON must be an object")
-                out.append((OP_INFO, info))
+                out.append((OP_INFO, _json_object(line.lstrip()[4:], E_BAD_ARGS, "INFO")))
                 return nxt
         if op == b"PING" and not args:
             out.append((OP_PING,))
