@@ -594,7 +594,17 @@ class NatsParser:
             subject, sid, reply, size_f = args[0], args[1], _text(args[2]), args[3]
         else:
             raise ProtocolError(E_BAD_ARGS, "MSG needs subject sid [reply] size")
-        size = _int(size_f)
+        stop = self._payload_end(buf, pos, nxt, _int(size_f))
+        if stop < 0:
+            return -1
+        out.append((OP_MSG, _text(subject), _text(sid), reply, buf[nxt:stop]))
+        return stop + 2
+
+    def _payload_end(self, buf: bytes, pos: int, nxt: int, size: int) -> int:
+        """Check a MSG/HMSG payload of ``size`` bytes at ``nxt``; return where it ends, or -1 to wait.
+
+        :raises ProtocolError: over max_payload, or when the payload is not followed by CRLF.
+        """
         if size > self.max_payload:
             raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
         stop = nxt + size
@@ -603,8 +613,7 @@ class NatsParser:
             return -1
         if buf[stop:stop + 2] != _CRLF:
             raise ProtocolError(E_UNKNOWN_OP, "payload not followed by CRLF")
-        out.append((OP_MSG, _text(subject), _text(sid), reply, buf[nxt:stop]))
-        return stop + 2
+        return stop
 
     def _hmsg(self, buf: bytes, pos: int, nxt: int, args: list[bytes], out: list[Event]) -> int:
         """Parse an HMSG line (client side), its header block and payload."""
@@ -617,14 +626,9 @@ class NatsParser:
         hsize, total = _int(hs), _int(ts)
         if hsize > total:
             raise ProtocolError(E_BAD_ARGS, "header size larger than total size")
-        if total > self.max_payload:
-            raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
-        stop = nxt + total
-        if stop + 2 > len(buf):
-            self._wait(pos, stop + 2 - pos)
+        stop = self._payload_end(buf, pos, nxt, total)
+        if stop < 0:
             return -1
-        if buf[stop:stop + 2] != _CRLF:
-            raise ProtocolError(E_UNKNOWN_OP, "payload not followed by CRLF")
         out.append((OP_HMSG, _text(subject), _text(sid), reply, buf[nxt:nxt + hsize],
                     buf[nxt + hsize:stop]))
         return stop + 2
