@@ -192,6 +192,24 @@ def start_original(tmp: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     return proc, f"tcp://127.0.0.1:{front}", f"tcp://127.0.0.1:{back}"
 
 
+def run_router(label: str, started: tuple[subprocess.Popen[bytes], str, str], jobs: int,
+               a: argparse.Namespace) -> float:
+    """Measure one started router, stop it, print its ``label``-prefixed figures; return jobs/s."""
+    proc, front, back = started
+    try:
+        cpu0 = cpu_seconds(proc.pid)
+        done, secs = measure(front, back, jobs, a.workers, a.slots, a.limit)
+        cpu = cpu_seconds(proc.pid) - cpu0
+    finally:
+        stop(proc)
+    if done:
+        print(f"{label}_router_cpu_per_job {cpu / done * 1e6:.0f} us")
+    rate = done / secs if secs else 0.0
+    print(f"{label}_jobs_per_s {rate:.0f} jobs/s")
+    print(f"{label}_jobs_answered {done} jobs")
+    return rate
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison and print ``<figure> <value> <unit>`` lines."""
     p = argparse.ArgumentParser(prog="mqhub bench emqp", description=__doc__)
@@ -212,31 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     rates: dict[str, float] = {}
     try:
         for durability in a.durability.split(","):
-            proc, front, back = start_mqhub(tmp, durability)
-            try:
-                cpu0 = cpu_seconds(proc.pid)
-                done, secs = measure(front, back, a.jobs, a.workers, a.slots, a.limit)
-                cpu = cpu_seconds(proc.pid) - cpu0
-            finally:
-                stop(proc)
-            if done:
-                print(f"emqp_mqhub_{durability}_router_cpu_per_job {cpu / done * 1e6:.0f} us")
-            rates[durability] = done / secs if secs else 0.0
-            print(f"emqp_mqhub_{durability}_jobs_per_s {rates[durability]:.0f} jobs/s")
-            print(f"emqp_mqhub_{durability}_jobs_answered {done} jobs")
+            rates[durability] = run_router(f"emqp_mqhub_{durability}", start_mqhub(tmp, durability),
+                                           a.jobs, a)
         if not a.skip_original:
-            proc, front, back = start_original(tmp)
-            try:
-                cpu0 = cpu_seconds(proc.pid)
-                done, secs = measure(front, back, a.original_jobs, a.workers, a.slots, a.limit)
-                cpu = cpu_seconds(proc.pid) - cpu0
-            finally:
-                stop(proc)
-            if done:
-                print(f"emqp_original_router_cpu_per_job {cpu / done * 1e6:.0f} us")
-            original = done / secs if secs else 0.0
-            print(f"emqp_original_jobs_per_s {original:.0f} jobs/s")
-            print(f"emqp_original_jobs_answered {done} jobs")
+            original = run_router("emqp_original", start_original(tmp), a.original_jobs, a)
             if original:
                 for durability, rate in rates.items():
                     print(f"emqp_speedup_{durability} {rate / original:.1f} x")
