@@ -21,7 +21,18 @@ import marshal
 import struct
 
 from mqhub.store.codec import decode_meta, encode_meta
-from mqhub.store.records import Entry
+from mqhub.store.records import (
+    ADDRESS,
+    ATTEMPTS,
+    BODY,
+    DELIVER_AT,
+    EXPIRES_AT,
+    HEADERS,
+    MSG_ID,
+    ORIGIN,
+    PRIORITY,
+    Entry,
+)
 
 QUEUE_ROW_V1 = 0x01
 ADDRESS_ROW_V1 = 0x02
@@ -37,8 +48,9 @@ Marks = tuple[tuple[str, int], ...]
 
 def _encode_entry(e: Entry) -> bytes:
     """Return the bytes of one entry tuple."""
-    meta = encode_meta(e[5], e[6], e[8])
-    return _ENTRY.pack(e[0], e[1], e[2], e[3], e[4], len(meta)) + meta + bytes(e[7])
+    meta = encode_meta(e[ADDRESS], e[HEADERS], e[ORIGIN])
+    return (_ENTRY.pack(e[MSG_ID], e[PRIORITY], e[ATTEMPTS], e[DELIVER_AT], e[EXPIRES_AT],
+                        len(meta)) + meta + bytes(e[BODY]))
 
 
 def _decode_entry(data: bytes, pos: int) -> Entry:

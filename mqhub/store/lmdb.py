@@ -60,7 +60,21 @@ from mqhub.store.codec import (
     U64,
     VALUE_HEAD,
 )
-from mqhub.store.records import Entry, EntryKey
+from mqhub.store.records import (
+    ADDRESS,
+    ATTEMPTS,
+    BODY,
+    DELIVER_AT,
+    EXPIRES_AT,
+    HEADERS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    MSG_ID,
+    ORIGIN,
+    PRIORITY,
+    Entry,
+    EntryKey,
+)
 from mqhub.store.segments import CorruptRecord, SegmentLog, list_segments
 
 log = logging.getLogger("mqhub.store.lmdb")
@@ -752,18 +766,20 @@ class LmdbStore:
         deliver_at, address and origin; returns None otherwise (the general loop handles it).
         """
         first = items[0]
-        shape = (first[2], first[3], first[5], first[8])
-        if (any(e[4] or e[6] is not None for e in items)
-                or max(map(len, [e[7] for e in items])) > self._threshold
-                or any((e[2], e[3], e[5], e[8]) != shape for e in items)):
+        shape = (first[ATTEMPTS], first[DELIVER_AT], first[ADDRESS], first[ORIGIN])
+        if (any(e[EXPIRES_AT] or e[HEADERS] is not None for e in items)
+                or max(map(len, [e[BODY] for e in items])) > self._threshold
+                or any((e[ATTEMPTS], e[DELIVER_AT], e[ADDRESS], e[ORIGIN]) != shape
+                       for e in items)):
             return None
-        prios = [e[1] for e in items]
-        if min(prios) < 0 or max(prios) > 9:
-            raise ValueError("priority is outside 0..9")
-        meta = codec.encode_meta(first[5], None, first[8])
-        pre = VALUE_HEAD.pack(0, first[2], first[3], 0.0, len(meta)) + meta
+        prios = [e[PRIORITY] for e in items]
+        if min(prios) < MIN_PRIORITY or max(prios) > MAX_PRIORITY:
+            raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
+        meta = codec.encode_meta(first[ADDRESS], None, first[ORIGIN])
+        pre = VALUE_HEAD.pack(0, first[ATTEMPTS], first[DELIVER_AT], 0.0, len(meta)) + meta
         pack_key = ENTRY_KEY.pack
-        return [(pack_key(e[0], qid, 9 - e[1]), pre + e[7]) for e in items]
+        return [(pack_key(e[MSG_ID], qid, MAX_PRIORITY - e[PRIORITY]), pre + e[BODY])
+                for e in items]
 
     def _flush_plain(self, t: _Txn) -> None:
         """Write the gathered plain rows (inline bodies, no expiry) and their ``order`` rows.
