@@ -70,6 +70,17 @@ def _invalid(what: str, value: int) -> ProtocolError:
     return ProtocolError("E_BAD_BODY", f"IDENTIFY {what} ({value}) is invalid")
 
 
+def _ranged(data: dict[str, Any], name: str, what: str, low: int, high: int) -> int:
+    """Field ``name``: 0 (absent) keeps the default, -1 disables, anything else must be in low..high.
+
+    :raises ProtocolError: nsqd's ``E_BAD_BODY`` for a value outside the range.
+    """
+    value = int(data.get(name) or 0)
+    if value not in (0, -1) and not low <= value <= high:
+        raise _invalid(what, value)
+    return value
+
+
 def negotiate(
     body: bytes,
     config: NsqConfig,
@@ -91,29 +102,17 @@ def negotiate(
     ident.hostname = data.get("hostname") or data.get("long_id") or ""
     ident.user_agent = data.get("user_agent") or ""
 
-    hb = int(data.get("heartbeat_interval") or 0)
-    if hb == -1:
-        ident.heartbeat_interval = -1
-    elif hb != 0:
-        if hb < 1000 or hb > config.max_heartbeat_interval:
-            raise _invalid("heartbeat interval", hb)
+    hb = _ranged(data, "heartbeat_interval", "heartbeat interval", 1000, config.max_heartbeat_interval)
+    if hb:
         ident.heartbeat_interval = hb
-
-    obs = int(data.get("output_buffer_size") or 0)
-    if obs == -1:
-        ident.output_buffer_size = -1
-        ident.output_buffer_timeout = 0
-    elif obs != 0:
-        if obs < 64 or obs > config.max_output_buffer_size:
-            raise _invalid("output buffer size", obs)
+    obs = _ranged(data, "output_buffer_size", "output buffer size", 64, config.max_output_buffer_size)
+    if obs:
         ident.output_buffer_size = obs
-
-    obt = int(data.get("output_buffer_timeout") or 0)
-    if obt == -1:
-        ident.output_buffer_timeout = -1
-    elif obt != 0:
-        if obt < 25 or obt > config.max_output_buffer_timeout:
-            raise _invalid("output buffer timeout", obt)
+    if obs == -1:
+        ident.output_buffer_timeout = 0
+    obt = _ranged(data, "output_buffer_timeout", "output buffer timeout", 25,
+                  config.max_output_buffer_timeout)
+    if obt:
         ident.output_buffer_timeout = obt
 
     rate = int(data.get("sample_rate") or 0)

@@ -274,13 +274,29 @@ def test_identify_feature_negotiation_has_nsqd_fields() -> None:
     assert c.frames() == [OK]  # without negotiation: plain OK, and IDENTIFY may be repeated
 
 
+def test_identify_minus_one_disables_buffering() -> None:
+    """output_buffer_size -1 disables buffering (timeout 0); an explicit timeout still wins."""
+    h = Harness()
+    c = h.client()
+    c.send(w.encode_identify({"feature_negotiation": True, "output_buffer_size": -1}))
+    data = json.loads(c.frames()[0].data)
+    assert (data["output_buffer_size"], data["output_buffer_timeout"]) == (-1, 0)
+    c.send(w.encode_identify({"feature_negotiation": True, "output_buffer_size": -1,
+                              "output_buffer_timeout": -1}))
+    data = json.loads(c.frames()[0].data)
+    assert (data["output_buffer_size"], data["output_buffer_timeout"]) == (-1, -1)
+
+
 def test_identify_bad_values_are_fatal_bad_body() -> None:
     """Out-of-range IDENTIFY values and bad JSON get E_BAD_BODY and close."""
     h = Harness()
     for body, text in [({"heartbeat_interval": 500}, "IDENTIFY heartbeat interval (500) is invalid"),
                        ({"msg_timeout": 999}, "IDENTIFY msg timeout (999) is invalid"),
                        ({"sample_rate": 100}, "IDENTIFY sample rate (100) is invalid"),
-                       ({"output_buffer_size": 10}, "IDENTIFY output buffer size (10) is invalid")]:
+                       ({"output_buffer_size": 10}, "IDENTIFY output buffer size (10) is invalid"),
+                       ({"output_buffer_timeout": 10},
+                        "IDENTIFY output buffer timeout (10) is invalid"),
+                       ({"msg_timeout": -1}, "IDENTIFY msg timeout (-1) is invalid")]:
         c = h.client()
         c.send(w.encode_identify(body))
         assert c.frames() == [w.ErrorFrame("E_BAD_BODY", text)]
