@@ -67,24 +67,34 @@ def dispatch(parent: Queue) -> None:
 
 def done(parent: Queue, sub: Queue, entries: list[Entry]) -> None:
     """``sub`` is finished with ``entries`` (acked, expired or dead): release the copies."""
-    refs = parent._refs
     done: list[Entry] = []
     for e in entries:
         mid = e[0]
         if mid not in sub._open:
             continue
         sub._open.discard(mid)
-        left = refs.get(mid, 1) - 1
-        if left > 0:
-            refs[mid] = left
-        else:
-            refs.pop(mid, None)
-            orig = parent._claimed.pop(mid, None)
-            if orig is not None:
-                done.append(orig)
-    if done and parent.durable:
+        orig = _drop_copy(parent, mid)
+        if orig is not None:
+            done.append(orig)
+    _delete_stored(parent, done)
+
+
+def _drop_copy(parent: Queue, mid: int) -> Entry | None:
+    """One copy of ``mid`` is finished: return the parent's entry when it was the last copy."""
+    refs = parent._refs
+    left = refs.get(mid, 1) - 1
+    if left > 0:
+        refs[mid] = left
+        return None
+    refs.pop(mid, None)
+    return parent._claimed.pop(mid, None)
+
+
+def _delete_stored(parent: Queue, entries: list[Entry]) -> None:
+    """Delete the parent's stored copies of ``entries`` (every subscriber is done with them)."""
+    if entries and parent.durable:
         b = WriteBatch()
-        b.delete_entries(parent.name, [(e[1], e[0]) for e in done])
+        b.delete_entries(parent.name, [(e[1], e[0]) for e in entries])
         parent._write(b)
 
 
@@ -108,20 +118,11 @@ def release(parent: Queue, sub: Queue) -> None:
         parent._subs.remove(sub)
     back: list[Entry] = []
     done: list[Entry] = []
-    refs = parent._refs
     for mid in sub._open:
-        left = refs.get(mid, 1) - 1
-        if left > 0:
-            refs[mid] = left
-        else:
-            refs.pop(mid, None)
-            orig = parent._claimed.pop(mid, None)
-            if orig is not None:
-                (done if parent._subs else back).append(orig)
-    if done and parent.durable:
-        b = WriteBatch()
-        b.delete_entries(parent.name, [(e[1], e[0]) for e in done])
-        parent._write(b)
+        orig = _drop_copy(parent, mid)
+        if orig is not None:
+            (done if parent._subs else back).append(orig)
+    _delete_stored(parent, done)
     sub._open = set()
     sub._close()
     if back:
