@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransportWithDisconnection
 
 from mqhub.hub import Hub
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import NEED_DATA, NatsParser
 from mqhub.protocols.nats.server import NatsServer, NatsSettings
 from mqhub.store.memory import MemoryStore
+from mqhub.testing import connect as connect_transport
+from mqhub.testing import take_output
 
 
 def make_hub() -> Hub:
@@ -34,10 +34,7 @@ class Client:
                  handshake: bool = True) -> None:
         """Connect, read INFO, and (by default) send CONNECT + PING and read the PONG."""
         self.server = server
-        self.proto = server.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
-        self.transport = StringTransportWithDisconnection()
-        self.transport.protocol = self.proto
-        self.proto.makeConnection(self.transport)
+        self.proto, self.transport = connect_transport(server)
         self.parser = NatsParser(server=False, max_payload=1 << 30)
         first = self.events()
         assert first[0][0] == codec.OP_INFO
@@ -55,19 +52,16 @@ class Client:
 
     def raw(self) -> bytes:
         """Take everything written to this client so far."""
-        data = self.transport.value()
-        self.transport.clear()
-        return data
+        return take_output(self.transport)
 
     def events(self) -> list[tuple]:
         """Parse everything written so far into client-side events."""
         self.parser.receive_data(self.raw())
-        out = []
-        while True:
-            ev = self.parser.next_event()
-            if ev is NEED_DATA:
-                return out
+        out: list[tuple] = []
+        while (ev := self.parser.next_event()) is not NEED_DATA:
+            assert isinstance(ev, tuple)
             out.append(ev)
+        return out
 
     @property
     def closed(self) -> bool:
