@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import ssl
 from collections.abc import Callable
@@ -10,39 +9,22 @@ from pathlib import Path
 
 import nsq
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.interop.broker import BrokerProcess
+from tests.interop.test_nats_auth_tls import self_signed
 from tests.interop.test_nsq_pynsq import call, http, run, until
 
 pytestmark = pytest.mark.interop
 
 
-def self_signed(path: Path) -> Path:
-    """Write a throwaway self-signed certificate and key for 127.0.0.1 into one PEM file."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .sign(key, hashes.SHA256()))
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    return path
-
-
 def test_pynsq_tls_deflate_and_auth(make_broker: Callable[..., BrokerProcess], tmp_path: Path) -> None:
     """tls_v1 is accepted with a certificate, deflate on top works, and AUTH gates publishing."""
-    pem = self_signed(tmp_path / "server.pem")
+    cert, key = self_signed(tmp_path)
     secrets = tmp_path / "secrets.json"
     secrets.write_text(json.dumps({"secrets": {"s3cret": {"identity": "svc", "authorizations": [
         {"topic": "^secure$", "channels": [".*"], "permissions": ["publish", "subscribe"]}]}}}))
-    broker = make_broker(["nsq"], extra_args=["--nsq-tls-cert", str(pem), "--nsq-auth-secrets", str(secrets)])
+    broker = make_broker(["nsq"], extra_args=["--nsq-tls-cert", str(cert), "--nsq-tls-key", str(key),
+                                            "--nsq-auth-secrets", str(secrets)])
     addr = f"127.0.0.1:{broker.port('nsq', 'tcp')}"
     tls_options = {"cert_reqs": ssl.CERT_NONE}
     got: list[bytes] = []
