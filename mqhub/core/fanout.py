@@ -49,11 +49,7 @@ def dispatch(parent: Queue) -> None:
         now = parent.broker.clock.seconds()
         ttl_cut = parent._ttl_cut(now)
         if parent._may_expire or ttl_cut:
-            expired = [e for e in entries if (e[4] and e[4] <= now) or e[0] < ttl_cut]
-            if expired:
-                parent._expire(expired, now)
-                entries = [e for e in entries
-                           if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
+            entries = parent._drop_expired(entries, now, ttl_cut)
         subs = list(parent._subs)
         ids = [e[0] for e in entries]
         parent._claimed.update(zip(ids, entries, strict=False))

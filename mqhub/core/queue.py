@@ -440,6 +440,13 @@ class Queue:
             return 0
         return int((now - self.ttl - EPOCH) * 1000.0) << SEQ_BITS
 
+    def _drop_expired(self, entries: list[Entry], now: float, ttl_cut: int) -> list[Entry]:
+        """Expire the entries of ``entries`` past their deadline or the queue TTL; return the rest."""
+        live = [e for e in entries if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
+        if len(live) != len(entries):
+            self._expire([e for e in entries if (e[4] and e[4] <= now) or e[0] < ttl_cut], now)
+        return live
+
     # -- paging --------------------------------------------------------------------------------
 
     def _maybe_page(self) -> None:
@@ -713,11 +720,9 @@ class Queue:
                 continue
             taken = self._pop_ready(avail)
             if self._may_expire or ttl_cut:
-                expired = [e for e in taken if (e[4] and e[4] <= now) or e[0] < ttl_cut]
-                if expired:
-                    self._expire(expired, now)
-                    taken = [e for e in taken
-                             if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
+                n = len(taken)
+                taken = self._drop_expired(taken, now, ttl_cut)
+                if len(taken) != n:
                     self._again = True
                 if not taken:
                     continue
@@ -1088,10 +1093,7 @@ class Queue:
         """Remove and return up to ``limit`` ready entries (read and marked consumed)."""
         now = self.broker.clock.seconds()
         taken = self._pop_ready(limit)
-        ttl_cut = self._ttl_cut(now)
-        out = [e for e in taken if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
-        if len(out) != len(taken):
-            self._expire([e for e in taken if (e[4] and e[4] <= now) or e[0] < ttl_cut], now)
+        out = self._drop_expired(taken, now, self._ttl_cut(now))
         if out and self.durable:
             b = WriteBatch()
             b.delete_entries(self.name, [(e[1], e[0]) for e in out])
