@@ -38,6 +38,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from mqhub.store.records import BODY, MSG_ID
+
 try:
     from benchmarks import _common
 except ImportError:  # run as a script: benchmarks/ is on sys.path
@@ -108,18 +110,31 @@ def _open_store(path: str, durability: str) -> Any:
     return store
 
 
+def _filler_hub(path: str, queue: str) -> Any:
+    """A started Hub over a fresh ``none``-durability store with ``queue`` declared and bound."""
+    from mqhub.testing import memory_hub
+    store = _open_store(path, "none")
+    hub = memory_hub(store._clock, store=store)
+    hub.broker.declare_queue(queue)
+    hub.broker.bind_queue(queue, queue)
+    hub.clock.advance(0)
+    return hub
+
+
+def _stop_hub(hub: Any) -> None:
+    """Stop the scheduler and the broker and let their last store writes run."""
+    hub.scheduler.stopService()
+    hub.broker.stop()
+    hub.clock.advance(0)
+
+
 # -- filling (parent process) ---------------------------------------------------------------
 
 def fill_messages(path: str, n: int) -> float:
     """Queue ``n`` 1 KiB messages on a durable queue through the Broker; return msg/s."""
-    from mqhub.testing import memory_hub, result_of
-    store = _open_store(path, "none")
-    clock = store._clock
-    hub = memory_hub(clock, store=store)
-    broker = hub.broker
-    broker.declare_queue(QUEUE)
-    broker.bind_queue(QUEUE, QUEUE)
-    clock.advance(0)
+    from mqhub.testing import result_of
+    hub = _filler_hub(path, QUEUE)
+    store, clock, broker = hub.store, hub.clock, hub.broker
     pad = os.urandom(BODY_SIZE - 12)
     step = 1000
     t0 = time.perf_counter()
@@ -142,9 +157,7 @@ def fill_messages(path: str, n: int) -> float:
     for key, value in _memory().items():
         if key != "ru_maxrss":
             emit(f"fill_process_{key}", value, "MiB")
-    hub.scheduler.stopService()
-    hub.broker.stop()
-    clock.advance(0)
+    _stop_hub(hub)
     t0 = time.perf_counter()
     result_of(store.close())
     note(f"closed the filled store in {time.perf_counter() - t0:.1f} s")
@@ -153,14 +166,9 @@ def fill_messages(path: str, n: int) -> float:
 
 def fill_delays(path: str, n: int) -> float:
     """Publish ``n`` delayed 1 KiB messages (``PER_SECOND`` per due second); return msg/s."""
-    from mqhub.testing import memory_hub, result_of
-    store = _open_store(path, "none")
-    clock = store._clock
-    hub = memory_hub(clock, store=store)
-    broker = hub.broker
-    broker.declare_queue(LATER)
-    broker.bind_queue(LATER, LATER)
-    clock.advance(0)
+    from mqhub.testing import result_of
+    hub = _filler_hub(path, LATER)
+    store, clock, broker = hub.store, hub.clock, hub.broker
     pad = os.urandom(BODY_SIZE - 12)
     t0 = time.perf_counter()
     last = t0
@@ -173,9 +181,7 @@ def fill_delays(path: str, n: int) -> float:
             note(f"delayed {first + PER_SECOND:,} of {n:,}")
     rate = n / (time.perf_counter() - t0)
     assert clock.seconds() == START and broker.queue(LATER).depth == 0
-    hub.scheduler.stopService()
-    hub.broker.stop()
-    clock.advance(0)
+    _stop_hub(hub)
     result_of(store.close())
     return rate
 
@@ -250,18 +256,16 @@ def probe_messages(path: str, expected: int, first: int) -> dict[str, Any]:
             got = sink.pending
             sink.pending = []
             for e in got:
-                assert e[7][:12] == b"%012d" % (first + served), (e[7][:12], first + served)
+                assert e[BODY][:12] == b"%012d" % (first + served), (e[BODY][:12], first + served)
                 served += 1
-            q.ack(consumer, [e[0] for e in got])
+            q.ack(consumer, [e[MSG_ID] for e in got])
     clock.advance(0)
     t_served = time.perf_counter()
     assert served == want, (served, want)
     left = q.depth + q.in_flight        # the consumer already holds its next credit's worth
     assert left == expected - want, (q.depth, q.in_flight, expected - want)
     mem = _memory()
-    hub.scheduler.stopService()
-    hub.broker.stop()
-    clock.advance(0)
+    _stop_hub(hub)
     result_of(store.close())
     return {"open": t_open - t0, "recover": t_recover - t_open,
             "first": sink.first_at - t0, "served": t_served - t0, "count": served,
@@ -301,9 +305,7 @@ def probe_delays(path: str, expected: int) -> dict[str, Any]:
     move_ms = (time.perf_counter() - t2) * 1000.0
     second_slice = q.depth
     mem = _memory()
-    hub.scheduler.stopService()
-    hub.broker.stop()
-    clock.advance(0)
+    _stop_hub(hub)
     result_of(store.close())
     return {"restart": t_restart, "arm_us": arm_us, "next_due": due0 - START,
             "timer_armed_at": (armed - START) if armed is not None else None,
