@@ -73,7 +73,7 @@ class NsqConfig:
             except ValueError:
                 raise PluginError(f"nsq: option {key} expects a number, got {value!r}") from None
             setattr(config, key, parsed)
-        if bool(config.tls_cert) != bool(config.tls_key) and config.tls_cert and not config.tls_key:
+        if config.tls_cert and not config.tls_key:
             config.tls_key = config.tls_cert  # one PEM file holding both is fine
         return config
 
