@@ -13,6 +13,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from mqhub.core.consumer import Consumer
+from mqhub.core.queue import Queue
 from mqhub.hub import Hub
 from mqhub.store.memory import MemoryStore
 from mqhub.testing import START_TIME, CollectingTarget, memory_hub, result_of
@@ -107,13 +108,19 @@ def redelivered(env: Env, hub: Hub, queue: str = "q") -> list[bytes]:
     return t.bodies
 
 
+def settled_queue(hub: Hub, target: Settler, ready: int = 100) -> Queue:
+    """Queue ``q`` bound to address ``a`` with ``target`` attached."""
+    q = hub.broker.declare_queue("q")
+    hub.broker.bind_queue("a", "q")
+    q.attach(target, ready=ready)
+    return q
+
+
 def test_ack_inside_delivery_of_a_publish_is_not_redelivered(env: Env) -> None:
     """A consumer that acks in deliver_batch during publish_batch leaves nothing stored."""
     hub = env.start()
-    q = hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
     t = Settler("ack")
-    q.attach(t, ready=100)
+    q = settled_queue(hub, t)
     d = hub.broker.publish_batch("a", [b"one", b"two", b"three"])
     env.settle()
     assert result_of(d) is None
@@ -127,9 +134,7 @@ def test_ack_inside_delivery_is_one_commit_with_the_publish(tmp_path: Any) -> No
     """The ack joins the publish's own store commit (one commit per read)."""
     env = Env("memory-grouped", str(tmp_path))
     hub = env.start()
-    q = hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
-    q.attach(Settler("ack"), ready=100)
+    settled_queue(hub, Settler("ack"))
     env.settle()
     store = hub.store
     before = len(store._pending), store.commits
@@ -142,9 +147,7 @@ def test_ack_inside_delivery_is_one_commit_with_the_publish(tmp_path: Any) -> No
 def test_barrier_inside_the_window_waits_for_the_joined_ack(env: Env) -> None:
     """barrier() fires once the publish and the ack made during its delivery are stored."""
     hub = env.start()
-    q = hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
-    q.attach(Settler("ack"), ready=100)
+    settled_queue(hub, Settler("ack"))
     hub.broker.publish_batch("a", [b"x"])
     fired: list[Any] = []
     hub.broker.barrier().addBoth(fired.append)
@@ -156,9 +159,7 @@ def test_barrier_inside_the_window_waits_for_the_joined_ack(env: Env) -> None:
 def test_reject_inside_delivery_keeps_only_the_dead_letter(env: Env) -> None:
     """A reject in deliver_batch stores the dead letter and removes the entry."""
     hub = env.start()
-    q = hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
-    q.attach(Settler("reject"), ready=100)
+    q = settled_queue(hub, Settler("reject"))
     hub.broker.publish_batch("a", [b"bad"])
     env.settle()
     assert count(hub, "q") == 0
@@ -170,9 +171,7 @@ def test_reject_inside_delivery_keeps_only_the_dead_letter(env: Env) -> None:
 def test_delayed_requeue_inside_delivery_survives_restart_once(env: Env) -> None:
     """A requeue with delay in deliver_batch moves the entry to a due row: it comes back once."""
     hub = env.start()
-    q = hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
-    q.attach(Settler("requeue", delay=50.0), ready=100)
+    settled_queue(hub, Settler("requeue", delay=50.0))
     hub.broker.publish_batch("a", [b"later"])
     env.settle()
     assert count(hub, "q") == 0
@@ -190,10 +189,8 @@ def test_delayed_requeue_inside_delivery_survives_restart_once(env: Env) -> None
 def test_ack_inside_delivery_of_a_due_message_is_not_redelivered(env: Env) -> None:
     """A delayed publish acked in deliver_batch when it comes due stays gone after a restart."""
     hub = env.start()
-    q = hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
     t = Settler("ack")
-    q.attach(t, ready=100)
+    settled_queue(hub, t)
     hub.broker.publish_batch("a", [b"due"], deliver_at=hub.clock.seconds() + 5)
     env.settle()
     hub.clock.advance(6)
@@ -252,9 +249,7 @@ def test_ack_of_a_fanout_copy_inside_delivery(env: Env) -> None:
 def test_reject_inside_delivery_of_a_due_message_follows_the_scheduler_commit(env: Env) -> None:
     """A reject made while a due slice is delivered is stored after the slice's put."""
     hub = env.start()
-    q = hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
-    q.attach(Settler("reject"), ready=100)
+    settled_queue(hub, Settler("reject"))
     hub.broker.publish_batch("a", [b"due"], deliver_at=hub.clock.seconds() + 5)
     env.settle()
     hub.clock.advance(6)
@@ -300,9 +295,7 @@ def test_nested_publish_into_a_memory_only_delivery_fires(env: Env) -> None:
 def test_large_body_acked_inside_delivery_is_gone_after_restart(env: Env) -> None:
     """A body above the segment threshold, put and deleted in one commit, does not come back."""
     hub = env.start()
-    q = hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
-    q.attach(Settler("ack"), ready=10)
+    settled_queue(hub, Settler("ack"), ready=10)
     big = bytes(range(256)) * 400
     hub.broker.publish_batch("a", [big, b"small"])
     env.settle()
