@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import nats
 import pytest
 
 from tests.interop.broker import BrokerProcess
-from tests.interop.test_nats_py import barrier, run, until, url
+from tests.interop.test_nats_py import barrier, collector, run, until, url
 
 
 @pytest.fixture
@@ -31,13 +31,6 @@ async def query(nc: Any, mail_id: str, token: str) -> dict[str, Any]:
     msg = await nc.request(f"$mq9.AI.MAILBOX.QUERY.{mail_id}",
                            json.dumps({"token": token}).encode(), timeout=5)
     return json.loads(msg.data)
-
-
-def collector(store: list[Any]) -> Callable[[Any], Awaitable[None]]:
-    """A nats-py callback appending every message."""
-    async def cb(msg: Any) -> None:
-        store.append(msg)
-    return cb
 
 
 def test_create_backlog_priority_order_query_and_latest(broker: BrokerProcess) -> None:

@@ -18,7 +18,7 @@ from cryptography.x509.oid import NameOID
 from nats.errors import Error as NatsError
 
 from tests.interop.broker import BrokerProcess
-from tests.interop.test_nats_py import barrier, run, until
+from tests.interop.test_nats_py import barrier, collector, run, until
 
 
 def self_signed(tmp: Path) -> tuple[Path, Path]:
@@ -44,46 +44,31 @@ def self_signed(tmp: Path) -> tuple[Path, Path]:
 
 async def echo_roundtrip(nc: Any) -> bytes:
     """Subscribe, publish, and return what came back."""
-    got: list[bytes] = []
-
-    async def cb(msg: Any) -> None:
-        got.append(msg.data)
-
-    await nc.subscribe("secure.x", cb=cb)
+    got: list[Any] = []
+    await nc.subscribe("secure.x", cb=collector(got))
     await barrier(nc)
     await nc.publish("secure.x", b"hello")
     await nc.flush()
     await until(lambda: bool(got))
-    return got[0]
+    return bytes(got[0].data)
 
 
-def test_token_auth(make_broker: Callable[..., BrokerProcess]) -> None:
-    """Token auth: a wrong token or no CONNECT first is an Authorization Violation."""
-    broker = make_broker(["nats"], extra_args=["--option", "nats.token=s3cret"])
+@pytest.mark.parametrize(("options", "good", "bad"), [
+    (["nats.token=s3cret"], "s3cret@", "wrong@"),
+    (["nats.user=agent", "nats.password=pw"], "agent:pw@", "agent:nope@"),
+], ids=["token", "user_password"])
+def test_auth(make_broker: Callable[..., BrokerProcess], options: list[str], good: str,
+              bad: str) -> None:
+    """nats-py with token or user/password auth; wrong credentials are an Authorization Violation."""
+    broker = make_broker(["nats"], extra_args=[a for o in options for a in ("--option", o)])
     port = broker.port("mq9")
 
     async def main() -> None:
-        nc = await nats.connect(f"nats://s3cret@127.0.0.1:{port}")
+        nc = await nats.connect(f"nats://{good}127.0.0.1:{port}")
         assert await echo_roundtrip(nc) == b"hello"
         await nc.close()
         with pytest.raises(NatsError, match="Authorization Violation"):
-            await nats.connect(f"nats://wrong@127.0.0.1:{port}", allow_reconnect=False,
-                               max_reconnect_attempts=0)
-    run(main())
-
-
-def test_user_password_auth(make_broker: Callable[..., BrokerProcess]) -> None:
-    """nats-py with user/password auth; a wrong password is refused."""
-    broker = make_broker(["nats"], extra_args=["--option", "nats.user=agent",
-                                                "--option", "nats.password=pw"])
-    port = broker.port("mq9")
-
-    async def main() -> None:
-        nc = await nats.connect(f"nats://agent:pw@127.0.0.1:{port}")
-        assert await echo_roundtrip(nc) == b"hello"
-        await nc.close()
-        with pytest.raises(NatsError, match="Authorization Violation"):
-            await nats.connect(f"nats://agent:nope@127.0.0.1:{port}", allow_reconnect=False,
+            await nats.connect(f"nats://{bad}127.0.0.1:{port}", allow_reconnect=False,
                                max_reconnect_attempts=0)
     run(main())
 

@@ -9,7 +9,7 @@ from typing import Any
 import nats
 
 from tests.interop.broker import BrokerProcess
-from tests.interop.test_nats_py import barrier, run, until, url
+from tests.interop.test_nats_py import barrier, collector, run, until, url
 
 
 def test_nsq_http_publish_reaches_nats_subscribers(make_broker: Callable[..., BrokerProcess]) -> None:
@@ -24,15 +24,10 @@ def test_nsq_http_publish_reaches_nats_subscribers(make_broker: Callable[..., Br
         q1: list[Any] = []
         q2: list[Any] = []
 
-        def into(store: list[Any]) -> Any:
-            async def cb(msg: Any) -> None:
-                store.append(msg)
-            return cb
-
-        await nc.subscribe("events", cb=into(exact))
-        await nc.subscribe("*", cb=into(star))
-        await nc.subscribe("events", queue="w", cb=into(q1))
-        await nc.subscribe("events", queue="w", cb=into(q2))
+        await nc.subscribe("events", cb=collector(exact))
+        await nc.subscribe("*", cb=collector(star))
+        await nc.subscribe("events", queue="w", cb=collector(q1))
+        await nc.subscribe("events", queue="w", cb=collector(q2))
         await barrier(nc)
         for body in (b"one", b"two\x00bin"):
             req = urllib.request.Request(f"http://127.0.0.1:{http}/pub?topic=events", data=body,

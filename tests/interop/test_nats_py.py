@@ -40,6 +40,13 @@ def url(broker: BrokerProcess) -> str:
     return f"nats://127.0.0.1:{broker.port('mq9', 'tcp')}"
 
 
+def collector(store: list[Any]) -> Callable[[Any], Awaitable[None]]:
+    """A nats-py callback appending every message to ``store``."""
+    async def cb(msg: Any) -> None:
+        store.append(msg)
+    return cb
+
+
 async def barrier(nc: Any) -> None:
     """Two flushes: nats-py's flush alone is no ordering barrier (clients.md)."""
     await nc.flush()
@@ -52,17 +59,11 @@ def test_pub_sub_wildcards_headers_and_queue_groups(broker: BrokerProcess) -> No
         nc = await nats.connect(url(broker))
         assert nc.max_payload == 1024 * 1024
         got: dict[str, list[Any]] = {"exact": [], "star": [], "gt": [], "q1": [], "q2": []}
-
-        def collect(name: str) -> Callable[[Any], Awaitable[None]]:
-            async def cb(msg: Any) -> None:
-                got[name].append(msg)
-            return cb
-
-        await nc.subscribe("demo.a", cb=collect("exact"))
-        await nc.subscribe("demo.*", cb=collect("star"))
-        await nc.subscribe("demo.>", cb=collect("gt"))
-        await nc.subscribe("work", queue="workers", cb=collect("q1"))
-        await nc.subscribe("work", queue="workers", cb=collect("q2"))
+        await nc.subscribe("demo.a", cb=collector(got["exact"]))
+        await nc.subscribe("demo.*", cb=collector(got["star"]))
+        await nc.subscribe("demo.>", cb=collector(got["gt"]))
+        await nc.subscribe("work", queue="workers", cb=collector(got["q1"]))
+        await nc.subscribe("work", queue="workers", cb=collector(got["q2"]))
         await barrier(nc)
         pub = await nats.connect(url(broker))
         await pub.publish("demo.a", b"one", headers={"X-Test": "1"})
