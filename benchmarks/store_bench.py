@@ -30,6 +30,7 @@ from twisted.internet.task import Clock
 
 from mqhub.store.batch import WriteBatch
 from mqhub.store.lmdb import LmdbStore
+from mqhub.store.records import EntryKey, entry_key
 
 SIZES = {"16B": 16, "1KiB": 1024, "100KiB": 100 * 1024}
 MODES = ("sync", "batch", "none")
@@ -80,7 +81,7 @@ def bench_inline(path: str, mode: str, body: bytes, group: int, seconds: float,
 def _read_all(store: LmdbStore, n: int) -> float:
     """Page through the whole queue 1000 entries at a time; return entries/s."""
     start = time.perf_counter()
-    after: tuple[int, int] | None = None
+    after: EntryKey | None = None
     total = 0
     while True:
         page: list[Any] = []
@@ -88,7 +89,7 @@ def _read_all(store: LmdbStore, n: int) -> float:
         if not page:
             break
         total += len(page)
-        after = (page[-1][1], page[-1][0])
+        after = entry_key(page[-1])
     assert total == n, (total, n)
     return total / (time.perf_counter() - start)
 
