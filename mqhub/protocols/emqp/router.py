@@ -246,8 +246,7 @@ class EmqpRouter:
                 if name == b"REQUEST":
                     self._take_request(cmd, jobs)
                 elif name == b"HEARTBEAT":
-                    if cmd.peer in self.schedulers:
-                        self.schedulers[cmd.peer] = now
+                    pass  # a scheduler's liveness is refreshed below, as for every command
                 elif name == b"INFORM":
                     self._inform_scheduler(cmd, now)
                 elif name == b"SCHEDULE" or name == b"UNSCHEDULE":
@@ -388,7 +387,7 @@ class EmqpRouter:
             lst.sort(key=lambda item: -item[0])
         self.send_backend(F.ack(cmd.peer, self.ids.next(), cmd.msgid))
         # eventmq's jobmanager starts its processes on the broker's first HEARTBEAT
-        self.send_backend(F.heartbeat(cmd.peer, self.ids.next(), self.clock.seconds()))
+        self.send_backend(F.heartbeat(cmd.peer, self.ids.next(), now))
         log.info("eMQP: worker {p} serves {q}", p=F.peer_label(cmd.peer), q=good)
 
     def _reply(self, worker: Worker, cmd: F.Command, acks: dict[str, list[int]],
@@ -478,7 +477,7 @@ class EmqpRouter:
             for msg in post:
                 self._safe(self.send_frontend, msg)
 
-        self.hub.broker.barrier().addBoth(flush)
+        self.broker.barrier().addBoth(flush)
 
     def _worker_leaving(self, worker: Worker, reply_kbye: bool) -> None:
         """KBYE/DISCONNECT from a worker: no new jobs; its running jobs may still reply."""
@@ -723,7 +722,7 @@ class EmqpRouter:
 
     def _schedule_due(self, rows: list[tuple[float, bytes, bytes]], batch: Any, now: float) -> None:
         """SchedulerService handler: each due schedule run becomes one job on its queue."""
-        jobs: dict[str, tuple[list[bytes], list[dict[str, str] | None]]] = {}
+        jobs: dict[str, JobBatch] = {}
         for _when, _key, payload in rows:
             try:
                 data = json.loads(payload)
