@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 
@@ -14,7 +13,7 @@ from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.server import NsqFactory, NsqProtocol
 from mqhub.protocols.nsq.service import NsqService
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import memory_hub
+from mqhub.testing import connect, memory_hub, take_output
 
 
 class Client:
@@ -22,10 +21,9 @@ class Client:
 
     def __init__(self, service: NsqService, port: int) -> None:
         """Connect to ``service``'s factory (port only names the peer)."""
-        self.proto: NsqProtocol = service.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", port))
-        self.transport = StringTransportWithDisconnection(peerAddress=IPv4Address("TCP", "127.0.0.1", port))
-        self.transport.protocol = self.proto
-        self.proto.makeConnection(self.transport)
+        self.proto: NsqProtocol
+        self.transport: StringTransportWithDisconnection
+        self.proto, self.transport = connect(service.factory, port=port)
         self.codec = wire.ClientCodec()
 
     def send(self, *chunks: bytes) -> None:
@@ -35,8 +33,7 @@ class Client:
 
     def frames(self) -> list[Any]:
         """Every frame written since the last call, decoded."""
-        self.codec.receive_data(self.transport.value())
-        self.transport.clear()
+        self.codec.receive_data(take_output(self.transport))
         return self.codec.frames()
 
     @property

@@ -12,6 +12,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from mqhub.protocols.nsq import codec as w
 from mqhub.protocols.nsq.http import NsqHttpResource
+from mqhub.testing import advance
 from tests.protocols.nsq.harness import Harness
 
 
@@ -61,8 +62,7 @@ def test_mpub_text_and_binary_and_deferred_pub() -> None:
     assert [f.body for f in c.frames()] == [b"a", b"b", b"x", b"\ny"]
     assert call(h, b"POST", b"/pub", {"topic": "t", "defer": "500"}, b"late")[:2] == (200, b"OK")
     assert c.frames() == []
-    for _ in range(10):
-        h.clock.advance(0.1)
+    advance(h.clock, 1.0)
     assert [f.body for f in c.frames()] == [b"late"]
 
 

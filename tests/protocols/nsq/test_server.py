@@ -14,6 +14,7 @@ from mqhub.protocols.nsq.auth import SecretsFile
 from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.server import render_messages
 from mqhub.protocols.nsq.topics import queue_name, topic_address
+from mqhub.testing import advance
 from tests.protocols.nsq.harness import Harness
 
 OK = w.Response(b"OK")
@@ -131,8 +132,7 @@ def test_req_with_delay_redelivers_later_with_attempts() -> None:
     h.settle()
     h.clock.advance(1.5)
     assert c.frames() == []
-    for _ in range(10):
-        h.clock.advance(0.2)
+    advance(h.clock, 2.0, step=0.2)
     (again,) = c.frames()
     assert again.msg_id == msg.msg_id and again.attempts == 2 and again.body == b"job"
     c.send(w.encode_req(again.msg_id, 0))
@@ -153,8 +153,7 @@ def test_msg_timeout_redelivers_and_touch_extends() -> None:
     c.send(w.encode_touch(msg.msg_id))
     h.clock.advance(0.8)
     assert c.frames() == []  # touched at 0.8: deadline now 1.8
-    for _ in range(10):
-        h.clock.advance(0.1)
+    advance(h.clock, 1.0)
     (again,) = c.frames()
     assert again.msg_id == msg.msg_id and again.attempts == 2
     stats = h.service.registry.get_channel("t", "c").stats()
@@ -171,8 +170,7 @@ def test_dpub_defers_delivery() -> None:
     assert p.frames() == [OK]
     h.clock.advance(2.0)
     assert c.frames() == []
-    for _ in range(20):
-        h.clock.advance(0.1)
+    advance(h.clock, 2.0)
     assert [f.body for f in c.frames()] == [b"later"]
 
 
@@ -526,8 +524,7 @@ def test_dpub_before_first_channel_is_delivered_after_its_delay() -> None:
     h.clock.advance(0.5)
     h.settle()
     assert c.frames() == []  # not before its time
-    for _ in range(10):
-        h.clock.advance(0.1)
+    advance(h.clock, 1.0)
     h.settle()  # the core routes the due batch to the channel bound by then: no sweep
     assert [f.body for f in c.frames()] == [b"later"]
     assert h.service.registry.topic_depth(h.service.registry.topics["t"]) == 0
@@ -545,8 +542,7 @@ def test_topic_empty_drops_held_messages_and_pending_delays() -> None:
     h.settle()
     assert h.service.registry.topic_depth(h.service.registry.topics["t"]) == 0
     c = h.consumer("t", "c", rdy=5)
-    for _ in range(15):
-        h.clock.advance(0.1)
+    advance(h.clock, 1.5)
     h.settle()
     assert c.frames() == []  # neither the held message nor the delayed one arrives
     p.send(w.encode_pub("t", b"fresh"))
@@ -635,8 +631,7 @@ def test_req_delay_and_dpub_survive_a_restart_of_the_hub() -> None:
     c2 = h.consumer("t", "c", rdy=5)
     h.clock.advance(2)
     assert c2.frames() == []  # still deferred after the restart
-    for _ in range(40):
-        h.clock.advance(0.1)
+    advance(h.clock, 4.0)
     got = {f.body: f for f in c2.frames()}
     assert set(got) == {b"retry", b"later"}
     assert got[b"retry"].attempts == 2 and got[b"later"].attempts == 1
