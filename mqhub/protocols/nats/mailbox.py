@@ -25,7 +25,7 @@ from zope.interface import implementer
 
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.nats import codec
-from mqhub.store.records import BODY, HEADERS, MSG_ID
+from mqhub.store.records import ADDRESS, BODY, HEADERS, MSG_ID
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.protocols.nats.mq9 import Mq9
@@ -147,7 +147,7 @@ def query_item(entry: tuple, priority: int) -> dict[str, Any]:
     except UnicodeDecodeError:
         payload, encoding = base64.b64encode(body).decode(), "base64"
     item: dict[str, Any] = {
-        "msg_id": str(entry[MSG_ID]), "subject": entry[5],
+        "msg_id": str(entry[MSG_ID]), "subject": entry[ADDRESS],
         "priority": PRIORITY_NAMES[priority], "payload": payload,
         "encoding": encoding, "headers": headers, "ts": int(id_ms(entry[MSG_ID])),
     }

@@ -50,7 +50,7 @@ from mqhub.protocols.nats.mailbox import (
 )
 from mqhub.protocols.nats.sublist import subject_matches
 from mqhub.store.batch import WriteBatch
-from mqhub.store.records import BODY, EXPIRES_AT, HEADERS, MSG_ID, PRIORITY
+from mqhub.store.records import ADDRESS, BODY, EXPIRES_AT, HEADERS, MSG_ID, PRIORITY
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.protocols.nats.server import NatsConnection, NatsServer, Subscription
@@ -408,7 +408,7 @@ class Mq9:
         finally:
             self._pushing -= 1
         if taken:
-            self._actions.append((consumer, [e[0] for e in entries[:taken]]))
+            self._actions.append((consumer, [e[MSG_ID] for e in entries[:taken]]))
             self.stats["pushed"] += taken
         if taken < len(entries) or not self._receivers(mail_id, prio):
             self._forget(mail_id, prio, consumer)
@@ -432,7 +432,7 @@ class Mq9:
             headers = e[HEADERS]
             body = e[BODY]
             if not headers:
-                subject = e[5]
+                subject = e[ADDRESS]
                 for conn, out, sid in fast:
                     head = heads.get((subject, sid))
                     if head is None:
@@ -446,10 +446,10 @@ class Mq9:
             else:
                 reply, hdr = rendered(headers)
                 for sub in plain:
-                    deliver(sub, e[5], reply, hdr, body)
+                    deliver(sub, e[ADDRESS], reply, hdr, body)
             for grp in members:
                 rr[grp[0].queue] = k = rr.get(grp[0].queue, -1) + 1
-                deliver(grp[k % len(grp)], e[5], reply, hdr, body)
+                deliver(grp[k % len(grp)], e[ADDRESS], reply, hdr, body)
 
     def _push_limited(self, mail_id: str, prio: int, entries: list[tuple]) -> int:
         """Push ``entries`` one at a time while a receiver is left; return how many were taken."""
@@ -466,12 +466,12 @@ class Mq9:
             groups: dict[str, list[Any]] = {}
             for s in live:
                 if s.queue is None:
-                    deliver(s, e[5], reply, hdr, e[BODY])
+                    deliver(s, e[ADDRESS], reply, hdr, e[BODY])
                 else:
                     groups.setdefault(s.queue, []).append(s)
             for name, grp in groups.items():
                 rr[name] = k = rr.get(name, -1) + 1
-                deliver(grp[k % len(grp)], e[5], reply, hdr, e[BODY])
+                deliver(grp[k % len(grp)], e[ADDRESS], reply, hdr, e[BODY])
         return taken
 
     # broadcasts ---------------------------------------------------------------------------
@@ -485,12 +485,12 @@ class Mq9:
         for entry, seen in self.broadcasts:
             if key in seen or (entry[EXPIRES_AT] and entry[EXPIRES_AT] <= now):
                 continue
-            if not subject_matches(sub.subject, entry[5]):
+            if not subject_matches(sub.subject, entry[ADDRESS]):
                 continue
             seen.add(key)
             hdrs = entry[HEADERS]
-            self.server.deliver(sub, entry[5], None, codec.build_headers(hdrs) if hdrs else None,
-                                entry[BODY])
+            self.server.deliver(sub, entry[ADDRESS], None,
+                                codec.build_headers(hdrs) if hdrs else None, entry[BODY])
             self._batch.put_meta(META_BCAST_KEYS + str(entry[MSG_ID]),
                                  json.dumps(sorted(seen)).encode())
         self.kick()
@@ -835,7 +835,7 @@ class Mq9:
                            reply: str | None, hdr: bytes | None) -> None:
         """Deliver a committed persisted broadcast and remember who got it."""
         srv = self.server
-        subject = entry[5]
+        subject = entry[ADDRESS]
         plain, groups = srv.sublist.match(subject)
         echo_off = pub is not None and not pub.echo
         for sub in plain:
