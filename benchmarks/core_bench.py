@@ -31,7 +31,7 @@ try:
     from benchmarks import _common
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import _common  # type: ignore[no-redef]
-from mqhub.testing import START_TIME, memory_hub, result_of
+from mqhub.testing import memory_hub, result_of, start_clock
 
 
 def emit(figure: str, value: float, unit: str, out: Any = None) -> None:
@@ -55,13 +55,6 @@ class _Sink:
         """Keep the ids of this batch."""
         self.last = [m[0] for m in messages]
         self.count += len(messages)
-
-
-def _clock() -> Clock:
-    """A Clock at the harness start time."""
-    c = Clock()
-    c.advance(START_TIME)
-    return c
 
 
 def _lmdb(path: str, clock: Clock, durability: str = "sync") -> Any:
@@ -175,15 +168,15 @@ def _put_get_ack(tier: str, store: Any, clock: Clock, total: int, batch: int,
 def bench_queues(tmp: str, batch: int) -> None:
     """Memory-tier and durable put + get + ack throughput."""
     emit(f"queue_memory_put_get_ack_b{batch}",
-         _best(3, lambda: _put_get_ack("memory", None, _clock(), 600_000, batch, 1)), "msg/s")
+         _best(3, lambda: _put_get_ack("memory", None, start_clock(), 600_000, batch, 1)), "msg/s")
     emit(f"queue_durable_memorystore_put_get_ack_b{batch}",
-         _best(2, lambda: _put_get_ack("durable", None, _clock(), 300_000, batch, 1)), "msg/s")
+         _best(2, lambda: _put_get_ack("durable", None, start_clock(), 300_000, batch, 1)), "msg/s")
     fs = _common.fsync_ms(tmp, size=512, rounds=21)
     emit("disk_fsync_median", fs, "ms")
     for mode, per_turn, total in (("sync", 1, 60_000), ("sync", 8, 240_000),
                                   ("batch", 1, 240_000)):
         path = os.path.join(tmp, f"q-{mode}-{per_turn}")
-        clock = _clock()
+        clock = start_clock()
         store = _lmdb(path, clock, mode)
         rate = _put_get_ack("durable", store, clock, total, batch, per_turn)
         result_of(store.close())
@@ -230,7 +223,7 @@ def _rss_parts() -> dict[str, float]:
 def bench_backlog(tmp: str, queued: int) -> None:
     """Queue ``queued`` durable 1 KiB messages; report RSS growth and a restart's recovery time."""
     path = os.path.join(tmp, "backlog")
-    clock = _clock()
+    clock = start_clock()
     store = _lmdb(path, clock, "none")
     hub = memory_hub(clock, store=store)
     broker = hub.broker
@@ -276,7 +269,7 @@ def bench_backlog(tmp: str, queued: int) -> None:
 def bench_delayed(tmp: str, delayed: int) -> None:
     """``delayed`` pending delayed messages: arm cost, restart time, first-slice correctness."""
     path = os.path.join(tmp, "delayed")
-    clock = _clock()
+    clock = start_clock()
     store = _lmdb(path, clock, "none")
     hub = memory_hub(clock, store=store)
     broker = hub.broker

@@ -26,6 +26,13 @@ from mqhub.store.memory import MemoryStore
 START_TIME = 1767225600.0
 
 
+def start_clock() -> Clock:
+    """A task.Clock already advanced to :data:`START_TIME`."""
+    clock = Clock()
+    clock.advance(START_TIME)
+    return clock
+
+
 def memory_hub(clock: Clock | None = None, *, store: Any = None, start: bool = True,
                **broker_kw: Any) -> Hub:
     """A Hub with a Clock, an opened MemoryStore (or ``store``), a started Broker and scheduler.
@@ -34,8 +41,7 @@ def memory_hub(clock: Clock | None = None, *, store: Any = None, start: bool = T
     find their queues. Pass ``start=False`` to get the parts unstarted.
     """
     if clock is None:
-        clock = Clock()
-        clock.advance(START_TIME)
+        clock = start_clock()
     if store is None:
         store = MemoryStore()
         store.open()

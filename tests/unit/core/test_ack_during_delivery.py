@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from twisted.internet.task import Clock
 
 from mqhub.core.consumer import Consumer
 from mqhub.core.queue import Queue
 from mqhub.hub import Hub
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import START_TIME, CollectingTarget, memory_hub, result_of
+from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
 
 
 class Settler(CollectingTarget):
@@ -51,8 +50,7 @@ class Env:
         """Remember the store kind and where an LMDB store lives."""
         self.kind = kind
         self.path = path
-        self.clock = Clock()
-        self.clock.advance(START_TIME)
+        self.clock = start_clock()
         self.memory: MemoryStore | None = None
 
     def _store(self) -> Any:

@@ -6,19 +6,17 @@ from typing import Any
 
 import pytest
 from twisted.internet.defer import Deferred, fail
-from twisted.internet.task import Clock
 
 from mqhub.errors import StoreError
 from mqhub.hub import Hub
 from mqhub.store.batch import WriteBatch
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import START_TIME, CollectingTarget, memory_hub, result_of
+from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
 
 
 def grouped_hub() -> Hub:
     """A hub whose MemoryStore commits once per reactor turn (like LMDB's group commit)."""
-    clock = Clock()
-    clock.advance(START_TIME)
+    clock = start_clock()
     store = MemoryStore(clock)
     store.open()
     return memory_hub(clock, store=store)
@@ -86,8 +84,7 @@ def test_barrier_waits_for_requeues_and_publishes_of_several_queues() -> None:
 
 def test_barrier_reports_a_failed_write() -> None:
     """If an ack's commit failed, the barrier errbacks (the ack is not durable)."""
-    clock = Clock()
-    clock.advance(START_TIME)
+    clock = start_clock()
     store = FailingDeletes()
     store.open()
     hub = memory_hub(clock, store=store)

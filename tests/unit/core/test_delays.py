@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mqhub.hub import Hub
 from mqhub.store.lmdb import LmdbStore
-from mqhub.testing import CollectingTarget, memory_hub, restart_hub, result_of
+from mqhub.testing import CollectingTarget, memory_hub, restart_hub, result_of, start_clock
 
 
 def settle(hub: Hub) -> None:
@@ -122,11 +122,7 @@ def test_memory_tier_delay_is_routed_at_due_time(hub: Hub) -> None:
 
 def test_parked_delay_survives_restart_and_reaches_the_new_channel(tmp_path: object) -> None:
     """Over LMDB: DPUB to a parked topic, restart, channel created, due -> delivered once."""
-    from twisted.internet.task import Clock
-
-    from mqhub.testing import START_TIME
-    clock = Clock()
-    clock.advance(START_TIME)
+    clock = start_clock()
     store = LmdbStore(str(tmp_path), clock=clock, durability="none", writer="inline")
     store.open()
     hub = memory_hub(clock, store=store)

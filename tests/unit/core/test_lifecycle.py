@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.task import Clock
-
 from mqhub.hub import Hub
 from mqhub.store.lmdb import LmdbStore
-from mqhub.testing import START_TIME, CollectingTarget, memory_hub, result_of
+from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
 
 
 def test_durable_queue_expires_at_its_ttl(hub: Hub) -> None:
@@ -34,8 +32,7 @@ def test_memory_queue_expires_at_its_ttl(hub: Hub) -> None:
 
 def test_paging_over_grouped_lmdb_commits(tmp_path: Any) -> None:
     """With a real LMDB store (commits grouped per turn) a paged backlog is delivered whole, in order."""
-    clock = Clock()
-    clock.advance(START_TIME)
+    clock = start_clock()
     store = LmdbStore(str(tmp_path / "d"), clock=clock, durability="none")
     store.open()
     hub = memory_hub(clock, store=store, window=16)

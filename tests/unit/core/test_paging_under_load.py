@@ -11,18 +11,16 @@ import random
 from typing import Any
 
 import pytest
-from twisted.internet.task import Clock
 
 from mqhub.core.queue import Queue
 from mqhub.hub import Hub
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import START_TIME, CollectingTarget, memory_hub, result_of
+from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
 
 
 def _grouped_hub(window: int = 8) -> tuple[Hub, Queue]:
     """A hub over a MemoryStore whose commits fire on the clock, with queue ``q`` bound to ``a``."""
-    clock = Clock()
-    clock.advance(START_TIME)
+    clock = start_clock()
     store = MemoryStore(clock=clock)
     store.open()
     hub = memory_hub(clock, store=store)
@@ -121,8 +119,7 @@ def _run_mixed(seed: int, path: str) -> None:
     """Random publishes (mixed priorities), acks, requeues and commits; then restart on LMDB."""
     from mqhub.store.lmdb import LmdbStore
     rnd = random.Random(seed)
-    clock = Clock()
-    clock.advance(START_TIME)
+    clock = start_clock()
     store = LmdbStore(path, clock=clock, durability="sync")
     store.open()
     hub = memory_hub(clock, store=store)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import START_TIME, CollectingTarget, memory_hub, result_of
+from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
 
 op = st.one_of(
     st.tuples(st.just("pub"), st.integers(1, 6), st.integers(0, 3)),
@@ -25,9 +25,7 @@ op = st.one_of(
 @given(st.lists(op, max_size=40), st.booleans())
 def test_every_message_is_delivered_until_acked_exactly_once(ops: list[Any], grouped: bool) -> None:
     """Whatever the interleaving, each published message is acked once and the store ends empty."""
-    from twisted.internet.task import Clock
-    clock = Clock()
-    clock.advance(START_TIME)
+    clock = start_clock()
     store = MemoryStore(clock=clock if grouped else None)
     store.open()
     hub = memory_hub(clock, store=store, window=4)

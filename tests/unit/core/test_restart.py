@@ -15,7 +15,7 @@ from twisted.internet.task import Clock
 from mqhub.hub import Hub
 from mqhub.scheduler.spec import ScheduleSpec
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import START_TIME, CollectingTarget, memory_hub, result_of
+from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
 
 
 class Stores:
@@ -41,8 +41,7 @@ class Stores:
 @pytest.fixture(params=["memory", "lmdb"])
 def env(request: Any, tmp_path: Any) -> tuple[Stores, Callable[..., Hub]]:
     """A (stores, start) pair: ``start(store=None)`` boots a hub on the shared clock."""
-    clock = Clock()
-    clock.advance(START_TIME)
+    clock = start_clock()
     stores = Stores(request.param, str(tmp_path / "data"), clock)
 
     def start(store: Any = None, **kw: Any) -> Hub:

@@ -6,11 +6,10 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet.task import Clock
 
 from mqhub.scheduler.service import SchedulerService
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import START_TIME, result_of
+from mqhub.testing import result_of, start_clock
 
 op = st.one_of(
     st.tuples(st.just("at"), st.integers(0, 9), st.floats(0, 30)),
@@ -24,8 +23,7 @@ op = st.one_of(
 @given(st.lists(op, max_size=30), st.booleans())
 def test_keys_fire_once_never_early(ops: list[Any], grouped: bool) -> None:
     """Model: key -> due time; each fires once at or after it, cancel and replace win."""
-    clock = Clock()
-    clock.advance(START_TIME)
+    clock = start_clock()
     store = MemoryStore(clock=clock if grouped else None)
     store.open()
     fired: list[tuple[float, bytes, bytes]] = []

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from twisted.internet.task import Clock
 from zope.interface.verify import verifyObject
 
 from mqhub.interfaces import IScheduler
 from mqhub.scheduler.service import SchedulerService
 from mqhub.scheduler.spec import ScheduleSpec
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import START_TIME, result_of
+from mqhub.testing import START_TIME, result_of, start_clock
 
 
 class Recorder:
@@ -35,8 +34,7 @@ class Recorder:
 @pytest.fixture
 def sched() -> SchedulerService:
     """A started scheduler on a Clock at START_TIME."""
-    clock = Clock()
-    clock.advance(START_TIME)
+    clock = start_clock()
     store = MemoryStore()
     store.open()
     s = SchedulerService(store, clock, slice_size=10)
