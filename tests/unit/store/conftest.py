@@ -13,6 +13,7 @@ from twisted.python.failure import Failure
 
 from mqhub.store.lmdb import LmdbStore
 from mqhub.store.memory import MemoryStore
+from mqhub.testing import result_of
 
 #: bodies longer than this go to segment files in the LMDB variant (exercises both paths)
 SMALL_THRESHOLD = 64
@@ -28,12 +29,7 @@ class Harness:
     def result(self, d: Deferred[Any]) -> Any:
         """Let the turn end, then return what ``d`` fired with (raise if it failed or is pending)."""
         self.clock.advance(0)
-        got: list[Any] = []
-        d.addBoth(got.append)
-        assert got, "Deferred did not fire"
-        if isinstance(got[0], Failure):
-            got[0].raiseException()
-        return got[0]
+        return result_of(d)
 
     def failure(self, d: Deferred[Any]) -> Failure:
         """Let the turn end and return the Failure ``d`` fired with."""
@@ -51,6 +47,12 @@ def make_lmdb(path: str, clock: Clock, **kw: Any) -> LmdbStore:
     store = LmdbStore(path, clock=clock, **kw)
     store.open()
     return store
+
+
+def open_lmdb(path: str, **kw: Any) -> Harness:
+    """A Harness over :func:`make_lmdb` on a fresh Clock."""
+    clock = Clock()
+    return Harness(make_lmdb(path, clock, **kw), clock)
 
 
 @pytest.fixture(params=["memory", "lmdb"])

@@ -7,13 +7,12 @@ from typing import Any
 
 import lmdb
 import pytest
-from twisted.internet.task import Clock
 
 from mqhub.errors import StoreError
 from mqhub.store import codec
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import make_entry
-from tests.unit.store.conftest import Harness, make_lmdb
+from tests.unit.store.conftest import Harness, open_lmdb
 
 KIB = b"k" * 1024
 
@@ -22,8 +21,7 @@ def open_store(path: str, **kw: Any) -> Harness:
     """Open an LmdbStore on ``path`` (``none`` durability: these tests check layout, not fsync)."""
     kw.setdefault("durability", "none")
     kw.setdefault("segment_threshold", 64 << 10)
-    clock = Clock()
-    return Harness(make_lmdb(path, clock, **kw), clock)
+    return open_lmdb(path, **kw)
 
 
 def put(h: Harness, queues: list[str], ids: list[int], body: bytes = KIB, prio: int = 0) -> None:

@@ -19,7 +19,7 @@ from mqhub.store.batch import WriteBatch
 from mqhub.store.lmdb import LmdbStore
 from mqhub.store.records import make_entry
 from mqhub.store.segments import list_segments
-from tests.unit.store.conftest import Harness, make_lmdb
+from tests.unit.store.conftest import Harness, make_lmdb, open_lmdb
 
 
 def commit(h: Harness, fill: Callable[[WriteBatch], None]) -> None:
@@ -32,8 +32,7 @@ def commit(h: Harness, fill: Callable[[WriteBatch], None]) -> None:
 def reopen(h: Harness, path: str, **kw: Any) -> Harness:
     """Close the store and open a new one on the same directory."""
     h.result(h.store.close())
-    clock = Clock()
-    return Harness(make_lmdb(path, clock, **kw), clock)
+    return open_lmdb(path, **kw)
 
 
 def seg_dir(path: str) -> str:
@@ -44,8 +43,7 @@ def seg_dir(path: str) -> str:
 def test_reopen_recovers_everything(tmp_path: Any) -> None:
     """Entries (with attempts), due rows, meta and counts survive a close and reopen."""
     path = str(tmp_path / "d")
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock), clock)
+    h = open_lmdb(path)
 
     def fill(b: WriteBatch) -> None:
         """Entries, attempts, a due row and metadata in one batch."""
@@ -71,8 +69,7 @@ def test_reopen_recovers_everything(tmp_path: Any) -> None:
 def test_large_bodies_go_to_segments_once_per_message(tmp_path: Any) -> None:
     """A body above the threshold is written once to a segment, however many queues hold it."""
     path = str(tmp_path / "d")
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock, segment_threshold=1000), clock)
+    h = open_lmdb(path, segment_threshold=1000)
     big = os.urandom(5000)
 
     def fill(b: WriteBatch) -> None:
@@ -91,8 +88,7 @@ def test_large_bodies_go_to_segments_once_per_message(tmp_path: Any) -> None:
 def test_unreferenced_segments_are_deleted(tmp_path: Any) -> None:
     """Rolled-over segments are deleted once nothing references them, and not before."""
     path = str(tmp_path / "d")
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock, segment_threshold=100, segment_size=4096), clock)
+    h = open_lmdb(path, segment_threshold=100, segment_size=4096)
     commit(h, lambda b: b.put_entries("q", [make_entry(i, bytes([i]) * 1500) for i in range(10)]))
     numbers = list_segments(seg_dir(path))
     assert len(numbers) >= 4
@@ -108,8 +104,7 @@ def test_unreferenced_segments_are_deleted(tmp_path: Any) -> None:
 
 def _write_big(path: str, n: int, size: int = 300) -> None:
     """Write ``n`` entries whose bodies live in segments, then close."""
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock, segment_threshold=100), clock)
+    h = open_lmdb(path, segment_threshold=100)
     commit(h, lambda b: b.put_entries("q", [make_entry(i, bytes([65 + i]) * size) for i in range(n)]))
     commit(h, lambda b: b.put_entries("q", [make_entry(100, b"inline")]))
     h.result(h.store.close())
@@ -126,8 +121,7 @@ def test_corrupt_tail_is_truncated_and_its_entry_dropped(tmp_path: Any, caplog: 
         f.seek(-10, os.SEEK_END)
         f.write(bytes([byte[0] ^ 0xFF]))
     caplog.set_level(logging.WARNING)
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock, segment_threshold=100), clock)
+    h = open_lmdb(path, segment_threshold=100)
     assert any("damaged record" in r.getMessage() for r in caplog.records)
     assert h.store.stats()["recovered_dropped_entries"] == 1
     got = h.result(h.store.read_entries("q", None, 10))
@@ -148,8 +142,7 @@ def test_truncated_segment_is_recovered(tmp_path: Any, caplog: Any) -> None:
     full = os.path.getsize(seg)
     os.truncate(seg, full - 100)
     caplog.set_level(logging.WARNING)
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock, segment_threshold=100), clock)
+    h = open_lmdb(path, segment_threshold=100)
     assert h.store.stats()["recovered_truncated_bytes"] == full - 100 - 3 * (300 + 9)
     assert [e[0] for e in h.result(h.store.read_entries("q", None, 10))] == [0, 1, 2, 100]
     h.store.close()
@@ -165,8 +158,7 @@ def test_flipped_byte_inside_the_active_segment_drops_only_that_entry(tmp_path: 
     with open(seg, "r+b") as f:
         f.seek(9 + 5)
         f.write(b"\x00")
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock, segment_threshold=100), clock)
+    h = open_lmdb(path, segment_threshold=100)
     assert h.store.stats()["recovered_dropped_entries"] == 1
     got = h.result(h.store.read_entries("q", None, 10))
     assert [(e[0], e[7][:1]) for e in got] == [(1, b"B"), (2, b"C"), (100, b"i")]
@@ -178,8 +170,7 @@ def test_corruption_in_an_older_segment_fails_the_read(tmp_path: Any) -> None:
     """A flipped byte in a rolled-over segment is caught by its CRC when read: StoreError,
     and the entries after it stay readable."""
     path = str(tmp_path / "d")
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock, segment_threshold=100, segment_size=1000), clock)
+    h = open_lmdb(path, segment_threshold=100, segment_size=1000)
     commit(h, lambda b: b.put_entries("q", [make_entry(i, bytes([65 + i]) * 600) for i in range(3)]))
     assert len(list_segments(seg_dir(path))) == 3
     with open(os.path.join(seg_dir(path), "seg-0000000001.seg"), "r+b") as f:
@@ -193,12 +184,11 @@ def test_corruption_in_an_older_segment_fails_the_read(tmp_path: Any) -> None:
 
 def test_map_grows_on_demand(tmp_path: Any) -> None:
     """Writes beyond the initial map size grow the map; every write is confirmed and readable."""
-    clock = Clock()
-    h = Harness(make_lmdb(str(tmp_path / "d"), clock, map_size=1 << 20,
-                                 segment_threshold=1 << 16), clock)
+    h = open_lmdb(str(tmp_path / "d"), map_size=1 << 20, segment_threshold=1 << 16)
     for n in range(10):
-        commit(h, lambda b, n=n: b.put_entries("q", [make_entry(n * 1000 + i, b"g" * 200)
-                                                     for i in range(1000)]))
+        b = WriteBatch()
+        b.put_entries("q", [make_entry(n * 1000 + i, b"g" * 200) for i in range(1000)])
+        h.result(h.store.commit(b))
     assert h.store.stats()["map_grows"] >= 1
     assert h.result(h.store.count_entries("q")) == 10000
     assert len(h.result(h.store.read_entries("q", None, 20000))) == 10000
@@ -209,8 +199,7 @@ def test_disk_full_fails_the_write_and_reads_continue(tmp_path: Any) -> None:
     """A write the file system refuses (EFBIG past RLIMIT_FSIZE) fails with StoreError, is not
     applied, and the store keeps reading and later writes succeed."""
     path = str(tmp_path / "d")
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock, segment_threshold=100), clock)
+    h = open_lmdb(path, segment_threshold=100)
     commit(h, lambda b: b.put_entries("q", [make_entry(1, b"kept")]))
     old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
     old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -235,12 +224,11 @@ def test_disk_full_fails_the_write_and_reads_continue(tmp_path: Any) -> None:
 def test_batch_durability_syncs_on_the_clock(tmp_path: Any) -> None:
     """In batch mode commits confirm at once and an fsync runs every batch_interval."""
     path = str(tmp_path / "d")
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock, durability="batch", batch_interval=0.05), clock)
+    h = open_lmdb(path, durability="batch", batch_interval=0.05)
     commit(h, lambda b: b.put_entries("q", [make_entry(1, b"x" * 500)]))
-    assert len(clock.getDelayedCalls()) == 1  # the periodic sync timer
-    clock.advance(0.05)
-    assert len(clock.getDelayedCalls()) == 1  # re-armed
+    assert len(h.clock.getDelayedCalls()) == 1  # the periodic sync timer
+    h.clock.advance(0.05)
+    assert len(h.clock.getDelayedCalls()) == 1  # re-armed
     h2 = reopen(h, path)
     assert h2.result(h2.store.count_entries("q")) == 1
     h2.store.close()
@@ -270,7 +258,7 @@ def test_thread_writer_pipelines_groups(tmp_path: Any) -> None:
     for n in range(3):
         b = WriteBatch()
         b.put_entries("q", [make_entry(n * 10 + i, b"t") for i in range(10)])
-        store.commit(b).addCallback(lambda _, n=n: fired.append(n))
+        store.commit(b).addCallback(lambda _, k: fired.append(k), n)
         if n == 0:
             clock.advance(0)  # group 1 goes to the thread; 2 and 3 wait for it
     drain_until(lambda: len(fired) == 3)
@@ -324,8 +312,7 @@ def test_segment_deletion_waits_for_a_snapshot_lock(tmp_path: Any) -> None:
     import fcntl
 
     path = str(tmp_path / "d")
-    clock = Clock()
-    h = Harness(make_lmdb(path, clock, segment_threshold=100, segment_size=2048), clock)
+    h = open_lmdb(path, segment_threshold=100, segment_size=2048)
     commit(h, lambda b: b.put_entries("q", [make_entry(i, os.urandom(1500)) for i in range(3)]))
     first = list_segments(seg_dir(path))[0]
     fd = os.open(os.path.join(path, "segments.lock"), os.O_RDWR)
@@ -344,8 +331,7 @@ def test_segment_deletion_waits_for_a_snapshot_lock(tmp_path: Any) -> None:
 
 def test_reads_on_a_closed_store_fail(tmp_path: Any) -> None:
     """Every read of a closed LmdbStore fails with StoreError instead of touching LMDB."""
-    clock = Clock()
-    h = Harness(make_lmdb(str(tmp_path / "d"), clock), clock)
+    h = open_lmdb(str(tmp_path / "d"))
     h.result(h.store.close())
     for d in (h.store.read_entries("q", None, 1), h.store.count_entries("q"),
               h.store.queue_names(), h.store.read_due(1.0, 1), h.store.next_due(),
