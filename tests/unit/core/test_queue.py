@@ -349,7 +349,7 @@ def test_paging_keeps_a_bounded_window(hub: Hub) -> None:
     assert q.depth == 51 and q._nready <= 11
     t = CollectingTarget()
     c = q.attach(t, ready=7)
-    got = []
+    got: list[bytes] = []
     while len(got) < 51:
         ids = t.ids()[len(got):]
         assert ids, "delivery stalled"

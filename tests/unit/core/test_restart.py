@@ -29,6 +29,7 @@ class Stores:
 
     def make(self) -> Any:
         """A freshly opened store of this kind over the same data."""
+        store: Any
         if self.kind == "memory":
             store = MemoryStore()
         else:

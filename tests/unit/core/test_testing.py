@@ -14,6 +14,7 @@ class Echo(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         """Echo."""
+        assert self.transport is not None
         self.transport.write(data)
 
 

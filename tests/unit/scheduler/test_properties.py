@@ -50,9 +50,9 @@ def test_keys_fire_once_never_early(ops: list[Any], grouped: bool) -> None:
             result_of(d)
             model[key] = (when, b"%d" % version)
         elif kind == "cancel":
-            d = sched.cancel(key)
+            cancelled = sched.cancel(key)
             clock.advance(0)
-            assert result_of(d) == (key in model)
+            assert result_of(cancelled) == (key in model)
             model.pop(key, None)
         elif kind == "advance":
             clock.advance(x)
