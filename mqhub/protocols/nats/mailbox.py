@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from zope.interface import implementer
 
+from mqhub.core.ids import id_time
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.nats import codec
 from mqhub.store.records import ADDRESS, BODY, HEADERS, MSG_ID
@@ -149,13 +150,8 @@ def query_item(entry: tuple, priority: int) -> dict[str, Any]:
     item: dict[str, Any] = {
         "msg_id": str(entry[MSG_ID]), "subject": entry[ADDRESS],
         "priority": PRIORITY_NAMES[priority], "payload": payload,
-        "encoding": encoding, "headers": headers, "ts": int(id_ms(entry[MSG_ID])),
+        "encoding": encoding, "headers": headers, "ts": round(id_time(entry[MSG_ID]) * 1000),
     }
     if reply:
         item["reply_to"] = reply
     return item
-
-
-def id_ms(msg_id: int) -> float:
-    """Milliseconds since the epoch encoded in a hub id (ms since 2020-01-01 << 22)."""
-    return (msg_id >> 22) + 1577836800000

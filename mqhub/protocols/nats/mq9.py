@@ -30,6 +30,7 @@ from twisted.internet.defer import gatherResults, succeed
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from mqhub.core.ids import id_time
 from mqhub.errors import MqhubError
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.mailbox import (
@@ -41,7 +42,6 @@ from mqhub.protocols.nats.mailbox import (
     RESERVED_REPLY,
     Mailbox,
     MailboxPusher,
-    id_ms,
     inbox_address,
     mailbox_queue,
     mailbox_queues,
@@ -904,7 +904,7 @@ def _expiry(box: Mailbox, entry: tuple) -> float:
     """An old-layout message's expiry: its id's time plus its TTL rule, capped by the mailbox's."""
     ttl = _ttl_header(entry[HEADERS]) or PRIORITIES[PRIORITY_NAMES.get(entry[PRIORITY],
                                                                        "normal")][1]
-    expires = id_ms(entry[MSG_ID]) / 1000.0 + ttl if ttl else 0.0
+    expires = id_time(entry[MSG_ID]) + ttl if ttl else 0.0
     if box.expires_at and (not expires or box.expires_at < expires):
         expires = box.expires_at
     return expires

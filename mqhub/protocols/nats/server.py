@@ -39,7 +39,7 @@ from mqhub.protocols.nats.codec import (
     NatsParser,
     ProtocolError,
 )
-from mqhub.protocols.nats.sublist import Sublist
+from mqhub.protocols.nats.sublist import Sublist, subject_matches
 
 log = Logger()
 
@@ -337,7 +337,7 @@ class NatsServer(Factory):
     def no_responders(self, pub: NatsConnection, subject: str, reply: str) -> None:
         """Send the publisher a 503 HMSG on its subscription matching ``reply``."""
         for sub in pub.subs.values():
-            if not sub.mq9 and _matches(sub.subject, reply):
+            if not sub.mq9 and subject_matches(sub.subject, reply):
                 out = pub.out
                 if not out:
                     self.dirty.append(pub)
@@ -388,12 +388,6 @@ class NatsServer(Factory):
         if self.bridge is not None:
             self.bridge.flush()
         self.flush()
-
-
-def _matches(pattern: str, subject: str) -> bool:
-    """NATS pattern match for the cold paths."""
-    from mqhub.protocols.nats.sublist import subject_matches
-    return subject_matches(pattern, subject)
 
 
 @implementer(IPushProducer)

@@ -109,6 +109,8 @@ def test_query_with_right_and_wrong_token() -> None:
     first, second = q["messages"]
     assert first["priority"] == "urgent" and first["encoding"] == "base64"
     assert first["payload"] == "/wA=" and first["headers"] == {"k": "v"}
+    now_ms = round(srv.hub.clock.seconds() * 1000)
+    assert first["ts"] == second["ts"] == now_ms     # the id's time, in ms since the epoch
     assert second == {**second, "priority": "normal", "payload": '{"type":"task"}',
                       "encoding": "utf-8", "subject": f"$mq9.AI.INBOX.{mid}.normal"}
     assert stored(srv, mid) == 0
