@@ -31,6 +31,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from mqhub.core.ids import EPOCH, SEQ_BITS
 from mqhub.core.queue import NOT_OWNER
 from mqhub.errors import InvalidName, MqhubError, QueueFull
 from mqhub.interfaces import IDeliveryTarget
@@ -41,6 +42,7 @@ from mqhub.protocols.nsq.codec import NEED_DATA, ProtocolError, encode_error, en
 from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.identify import Identity, default_identity, negotiate
 from mqhub.protocols.nsq.topics import TopicRegistry
+from mqhub.store.records import ATTEMPTS, BODY, MSG_ID
 
 log = Logger(namespace="mqhub.nsq")
 
@@ -48,19 +50,13 @@ STATE_INIT = "init"
 STATE_SUBSCRIBED = "subscribed"
 STATE_CLOSING = "closing"
 
-_EPOCH_MS = 1577836800000  # mqhub.core.ids.EPOCH in milliseconds
-_SEQ_BITS = 22
+_EPOCH_MS = int(EPOCH * 1000)
 _OK = wire.OK_FRAME
 #: unconfirmed messages per connection above which reading pauses until commits catch up
 MAX_UNCONFIRMED = 50_000
 _MSG_HEAD = struct.Struct(">iiqH")
 _NOT_IN_FLIGHT = b"ID not in flight"
 _NOT_OWNER = b"client does not own message"
-
-
-def _timestamp_ns(msg_id: int) -> int:
-    """The publish time of a hub id, in nanoseconds (the NSQ message timestamp)."""
-    return (_EPOCH_MS + (msg_id >> _SEQ_BITS)) * 1_000_000
 
 
 def render_messages(messages: list[tuple]) -> bytes:
@@ -71,23 +67,23 @@ def render_messages(messages: list[tuple]) -> bytes:
     """
     if not messages:
         return b""
-    ids = [e[0] for e in messages]
+    ids = [e[MSG_ID] for e in messages]
     hexes = wire.render_ids(ids)
-    bodies = [e[7] for e in messages]
+    bodies = [e[BODY] for e in messages]
     pack = _MSG_HEAD.pack
-    lo = min(ids) >> _SEQ_BITS
-    if lo == max(ids) >> _SEQ_BITS:
+    lo = min(ids) >> SEQ_BITS
+    if lo == max(ids) >> SEQ_BITS:
         ts = (_EPOCH_MS + lo) * 1_000_000
         sizes = set(map(len, bodies))
         if len(sizes) == 1:
-            attempts = {e[2] for e in messages}
+            attempts = {e[ATTEMPTS] for e in messages}
             if len(attempts) == 1:
                 head = pack(sizes.pop() + 30, 2, ts, attempts.pop())
                 return head + head.join(map(bytes.__add__, hexes, bodies))
-        return b"".join([pack(len(b) + 30, 2, ts, e[2]) + h + b
+        return b"".join([pack(len(b) + 30, 2, ts, e[ATTEMPTS]) + h + b
                          for e, h, b in zip(messages, hexes, bodies, strict=True)])
-    return b"".join([pack(len(b) + 30, 2, (_EPOCH_MS + (m >> _SEQ_BITS)) * 1_000_000, e[2]) + h + b
-                     for e, m, h, b in zip(messages, ids, hexes, bodies, strict=True)])
+    return b"".join([pack(len(b) + 30, 2, (_EPOCH_MS + (m >> SEQ_BITS)) * 1_000_000, e[ATTEMPTS])
+                     + h + b for e, m, h, b in zip(messages, ids, hexes, bodies, strict=True)])
 
 
 class _Slot:
@@ -391,7 +387,7 @@ class NsqProtocol(Protocol):
             for entry in messages:
                 (keep if self._rng.randrange(100) < rate else drop).append(entry)
             if drop and self.queue is not None:
-                self.queue.ack(binding, [e[0] for e in drop])
+                self.queue.ack(binding, [e[MSG_ID] for e in drop])
             messages = keep
             if not messages:
                 return
