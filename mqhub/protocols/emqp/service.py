@@ -60,12 +60,16 @@ class Drainer:
         if self.call is None and not self.running:
             self.call = self.reactor.callLater(0, self.drain)
 
-    def drain(self) -> None:
-        """Read and handle batches from every socket until a whole pass finds nothing."""
+    def cancel(self) -> None:
+        """Cancel the pending follow-up drain, if any."""
         if self.call is not None:
             if self.call.active():
                 self.call.cancel()
             self.call = None
+
+    def drain(self) -> None:
+        """Read and handle batches from every socket until a whole pass finds nothing."""
+        self.cancel()
         if self.running:
             return
         self.running = True
@@ -231,10 +235,8 @@ class EmqpService(Service):
         if self.factory is not None:
             self.factory.shutdown()
             self.factory = None
-        if self.drainer is not None and self.drainer.call is not None:
-            if self.drainer.call.active():
-                self.drainer.call.cancel()
-            self.drainer.call = None
+        if self.drainer is not None:
+            self.drainer.cancel()
         self.sockets = {}
 
 
