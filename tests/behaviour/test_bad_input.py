@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pytest
 import zmq
 
-from tests.behaviour.clients import HOST, EmqpPublisher
+from tests.behaviour.clients import HOST, EmqpPublisher, wait_until
 from tests.behaviour.conftest import Drivers
 from tests.interop.broker import BrokerProcess
 
@@ -154,12 +154,10 @@ def send_bad_emqp(broker: BrokerProcess, case: Case) -> bytes:
     assert isinstance(case.payload, list)
     bad = EmqpPublisher(broker.url("emqp", "pub-in"))
     try:
-        before = broker.output().count(case.error.decode())
+        code = case.error.decode()
+        before = broker.output().count(code)
         bad.send(case.payload)
-        deadline = time.monotonic() + 10
-        while broker.output().count(case.error.decode()) <= before:
-            assert time.monotonic() < deadline, f"{case.error!r} was not logged"
-            time.sleep(0.01)
+        wait_until(lambda: broker.output().count(code) > before, f"{code!r} logged")
         if bad.sock.poll(200, zmq.POLLIN):
             return b"".join(bad.sock.recv_multipart())
         return b""
