@@ -43,6 +43,10 @@ class StoreChild:
                 raise AssertionError("child did not reach the expected state in time")
             time.sleep(0.01)
 
+    def wait_for_lines(self, count: int) -> None:
+        """Poll until the child has printed at least ``count`` lines."""
+        self.wait_for(lambda lines: len(lines) >= count)
+
     def kill(self) -> list[str]:
         """SIGKILL the child and return every line it printed before dying."""
         self.proc.kill()

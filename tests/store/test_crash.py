@@ -8,6 +8,8 @@ from typing import Any
 from twisted.internet.task import Clock
 
 from mqhub.store.lmdb import LmdbStore
+from mqhub.store.records import BODY, MSG_ID
+from mqhub.testing import result_of
 from tests.store.child import StoreChild
 from tests.store.crash_child import body_for
 
@@ -17,11 +19,9 @@ MODES = [("sync", "inline"), ("sync", "thread"), ("batch", "inline"), ("sync", "
 
 def read_all(store: LmdbStore, clock: Clock, queue: str) -> dict[int, bytes]:
     """Return ``{msg_id: body}`` of every entry of ``queue``."""
-    got: list[Any] = []
-    store.read_entries(queue, None, 10_000_000).addBoth(got.append)
+    d = store.read_entries(queue, None, 10_000_000)
     clock.advance(0)
-    assert isinstance(got[0], list), got[0]
-    return {e[0]: e[7] for e in got[0]}
+    return {e[MSG_ID]: e[BODY] for e in result_of(d)}
 
 
 def test_sigkill_loses_no_confirmed_write(tmp_path: Any) -> None:
@@ -38,8 +38,7 @@ def test_sigkill_loses_no_confirmed_write(tmp_path: Any) -> None:
         durability, writer = MODES[rnd % len(MODES)]
         child = StoreChild(data, (rnd + 1) * 10_000_000, durability, writer)
         child.wait_for(lambda lines: any(x.startswith("P ") for x in lines))
-        target = len(child.lines) + rng.randrange(1, 200)
-        child.wait_for(lambda lines, t=target: len(lines) >= t)
+        child.wait_for_lines(len(child.lines) + rng.randrange(1, 200))
         for line in child.kill():
             kind, *rest = line.split()
             if kind == "READY":
@@ -62,8 +61,6 @@ def test_sigkill_loses_no_confirmed_write(tmp_path: Any) -> None:
             assert not missing, f"round {rnd} ({durability}/{writer}): lost {len(missing)} on {q}"
             assert all(stored[i] == body_for(i) for i in must[q])
             assert not gone[q] & stored.keys(), f"round {rnd}: a confirmed delete came back"
-            counted: list[int] = []
-            store.count_entries(q).addCallback(counted.append)
-            assert counted == [len(stored)]
+            assert result_of(store.count_entries(q)) == len(stored)
         store.close()
     assert sum(map(len, must.values())) > 1000

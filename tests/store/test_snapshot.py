@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from mqhub.errors import StoreError
 from mqhub.store.batch import WriteBatch
 from mqhub.store.lmdb import LmdbStore
-from mqhub.store.records import make_entry
+from mqhub.store.records import BODY, MSG_ID, make_entry
 from mqhub.store.snapshot import take_snapshot
 from mqhub.store.snapshot_reader import SnapshotReader
 from tests.store.child import ROOT, StoreChild
@@ -32,8 +32,7 @@ def test_snapshot_while_writing_matches_its_manifest(tmp_path: Any) -> None:
         for n in range(2):
             out = str(tmp_path / f"snap{n}")
             manifests.append(take_snapshot(data, out))
-            seen = len(child.lines)
-            child.wait_for(lambda lines, k=seen: len(lines) > k + 20)
+            child.wait_for_lines(len(child.lines) + 21)
     finally:
         child.kill()
     assert manifests[1]["entries"] != manifests[0]["entries"]  # writes went on in between
@@ -49,7 +48,7 @@ def test_snapshot_while_writing_matches_its_manifest(tmp_path: Any) -> None:
             per_queue: dict[str, int] = {}
             for queue, entry in snap.iter_entries():
                 per_queue[queue] = per_queue.get(queue, 0) + 1
-                assert entry[7] == body_for(entry[0])
+                assert entry[BODY] == body_for(entry[MSG_ID])
             assert per_queue == manifest["queues"]
             assert sum(per_queue.values()) == manifest["entries"]
             assert snap.address_counts() == manifest["addresses"] == {"crash.test": manifest["entries"]}
