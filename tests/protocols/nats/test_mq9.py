@@ -7,6 +7,7 @@ import json
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import OP_HMSG, OP_MSG
 from mqhub.protocols.nats.mq9 import mailbox_queue, mailbox_queues
+from mqhub.protocols.nats.server import NatsServer
 from mqhub.testing import result_of
 from tests.protocols.nats.helpers import Client, make_hub, make_mq9_server, request
 
@@ -21,7 +22,7 @@ def bodies(events: list[tuple]) -> list[bytes]:
     return [e[4] if e[0] == OP_MSG else e[5] for e in events if e[0] in (OP_MSG, OP_HMSG)]
 
 
-def stored(srv, mail_id: str) -> int:
+def stored(srv: NatsServer, mail_id: str) -> int:
     """How many entries the store holds for a mailbox (after the next turn's commit)."""
     srv.hub.clock.advance(0)
     return sum(result_of(srv.hub.store.count_entries(name)) for name in mailbox_queues(mail_id))
