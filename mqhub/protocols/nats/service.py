@@ -65,7 +65,7 @@ def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
 class NatsService(MultiService):
     """Recovers mq9 from the store, then listens; stops listening, then commits mq9."""
 
-    def __init__(self, server: NatsServer, listener: Service) -> None:
+    def __init__(self, server: NatsServer, listener: ListenerService) -> None:
         """Own ``listener`` as the only child."""
         super().__init__()
         self.server = server

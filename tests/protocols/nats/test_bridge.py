@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from mqhub.hub import Hub
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import OP_HMSG, OP_MSG
 from mqhub.protocols.nats.service import build_server
+from mqhub.store.records import HEADERS, ORIGIN
 from mqhub.testing import CollectingTarget, memory_hub, result_of
 from tests.protocols.nats.helpers import Client
 
@@ -15,6 +19,19 @@ def make() -> tuple:
     srv = build_server(hub, {})
     result_of(srv.mq9.start())
     return hub, srv
+
+
+def spy_publish_batch(hub: Hub) -> list[tuple]:
+    """Record the positional arguments of every ``hub.broker.publish_batch`` call."""
+    calls: list[tuple] = []
+    orig = hub.broker.publish_batch
+
+    def spy(*a: Any, **k: Any) -> Any:
+        calls.append(a)
+        return orig(*a, **k)
+
+    hub.broker.publish_batch = spy
+    return calls
 
 
 def test_foreign_publish_reaches_nats_subscribers_with_headers() -> None:
@@ -48,7 +65,7 @@ def test_nats_publish_reaches_foreign_bindings_once() -> None:
     pub.send(codec.encode_pub("metrics.cpu", b"42") + codec.encode_pub("metrics.cpu", b"43")
              + codec.encode_hpub("metrics.cpu", codec.build_headers({"u": "pct"}), b"44"))
     assert target.bodies == [b"42", b"43", b"44"]
-    assert target.entries[2][6] == {"u": "pct"} and target.entries[0][8] == "nats"
+    assert target.entries[2][HEADERS] == {"u": "pct"} and target.entries[0][ORIGIN] == "nats"
     assert q.depth == 3
     assert [e[4] if e[0] == OP_MSG else e[5] for e in nats_sub.events()] == [b"42", b"43", b"44"]
 
@@ -56,9 +73,7 @@ def test_nats_publish_reaches_foreign_bindings_once() -> None:
 def test_no_foreign_binding_means_no_core_publish() -> None:
     """Without foreign bindings NATS traffic never calls the core."""
     hub, srv = make()
-    calls = []
-    orig = hub.broker.publish_batch
-    hub.broker.publish_batch = lambda *a, **k: (calls.append(a), orig(*a, **k))[1]
+    calls = spy_publish_batch(hub)
     s = Client(srv)
     s.send(b"SUB local 1\r\n")
     Client(srv).send(codec.encode_pub("local", b"x"))
@@ -83,13 +98,11 @@ def test_one_core_call_per_subject_per_read() -> None:
     hub, srv = make()
     target = CollectingTarget("vibemq")
     hub.broker.subscribe("feed.*", target)
-    calls = []
-    orig = hub.broker.publish_batch
-    hub.broker.publish_batch = lambda *a, **k: (calls.append(a[0]), orig(*a, **k))[1]
+    calls = spy_publish_batch(hub)
     pub = Client(srv)
     pub.send(b"".join(codec.encode_pub("feed.a" if i % 2 else "feed.b", b"%d" % i)
                       for i in range(100)))
-    assert sorted(calls) == ["feed.a", "feed.b"]
+    assert sorted(a[0] for a in calls) == ["feed.a", "feed.b"]
     assert sorted(target.bodies) == sorted(b"%d" % i for i in range(100))
     assert [b for b in target.bodies if int(b) % 2] == [b"%d" % i for i in range(1, 100, 2)]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -69,12 +70,11 @@ EXPECTED = [
 
 def drain(parser: NatsParser) -> list[tuple]:
     """Collect events with next_event until NEED_DATA."""
-    out = []
-    while True:
-        ev = parser.next_event()
-        if ev is NEED_DATA:
-            return out
+    out: list[tuple] = []
+    while (ev := parser.next_event()) is not NEED_DATA:
+        assert isinstance(ev, tuple)
         out.append(norm(ev))
+    return out
 
 
 def feed_in_pieces(data: bytes, cuts: list[int], server: bool = True) -> list[tuple]:
@@ -155,7 +155,7 @@ def test_headers_status_line() -> None:
         codec.parse_headers(b"HTTP/1.1 200\r\n\r\n")
 
 
-def expect_fatal(data: bytes, code: str, **kw: object) -> ProtocolError:
+def expect_fatal(data: bytes, code: str, **kw: Any) -> ProtocolError:
     """Feed ``data`` and return the fatal ProtocolError it must raise."""
     p = NatsParser(**kw)
     p.receive_data(data)
@@ -175,7 +175,7 @@ def test_control_line_limit() -> None:
     expect_fatal(b"PUB " + b"a" * 5000, codec.E_MAX_CONTROL)   # no newline yet, already too long
     p = NatsParser()
     p.receive_data(b"SUB " + b"a" * 1100 + b" 1\r\n")
-    assert p.next_event()[0] == OP_SUB
+    assert p.events()[0][0] == OP_SUB
 
 
 def test_max_payload() -> None:

@@ -42,9 +42,14 @@ def test_many_pubs_in_one_read_are_written_once() -> None:
     sub = Client(srv)
     pub = Client(srv)
     sub.send(b"SUB a 1\r\n")
-    writes = []
+    writes: list[bytes] = []
     orig = sub.transport.write
-    sub.transport.write = lambda d: (writes.append(d), orig(d))  # type: ignore[method-assign]
+
+    def counting_write(data: bytes) -> None:
+        writes.append(data)
+        orig(data)
+
+    sub.transport.write = counting_write  # type: ignore[method-assign]
     pub.send(b"".join(codec.encode_pub("a", b"m%d" % i) for i in range(100)))
     assert len(writes) == 1
     assert [e[4] for e in sub.events()] == [b"m%d" % i for i in range(100)]
