@@ -109,9 +109,10 @@ def _append_tail(txn: Any, db: Any, rows: list[tuple[bytes, bytes]]
     added = cur.putmulti(tail, append=True)[1]
     if added == len(tail):
         return tail, rows[:i]
-    get = txn.get
-    missing = [r for r in tail if get(r[0], db=db) is None]
-    landed = [r for r in tail if get(r[0], db=db) is not None]
+    landed: list[tuple[bytes, bytes]] = []
+    missing: list[tuple[bytes, bytes]] = []
+    for r in tail:
+        (missing if txn.get(r[0], db=db) is None else landed).append(r)
     log.warning("MDB_APPEND stored %d of %d rows; writing the rest normally", added, len(tail))
     return landed, rows[:i] + missing
 
