@@ -13,7 +13,7 @@ import heapq
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
@@ -292,6 +292,15 @@ class Broker:
             d = succeed(None)
             self._fire_joined(None, joined)
         self._commit_held()
+        return d
+
+    def _in_window(self, batch: WriteBatch, fill: Callable[[], object]) -> Deferred[None]:
+        """Run ``fill`` (puts into ``batch``) inside a window opened on ``batch``; commit it."""
+        prev = self._open_window(batch)
+        try:
+            fill()
+        finally:
+            d = self._commit_window(batch, prev)
         return d
 
     def _commit_held(self) -> None:
@@ -705,11 +714,8 @@ class Broker:
                             marks: tuple[tuple[str, int], ...], persist: bool) -> None:
         """A clock-held delayed publish came due."""
         b = WriteBatch()
-        prev = self._open_window(b)
-        try:
-            self._route_due(address, entries, marks, b, persist, self.clock.seconds())
-        finally:
-            self._commit_window(b, prev)
+        self._in_window(b, lambda: self._route_due(address, entries, marks, b, persist,
+                                                   self.clock.seconds()))
 
     def _on_address_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                         now: float) -> Any:
@@ -770,11 +776,7 @@ class Broker:
             return
         queue.deferred = max(0, queue.deferred - len(entries))
         b = WriteBatch()
-        prev = self._open_window(b)
-        try:
-            queue._put(entries, b, True, self.clock.seconds())
-        finally:
-            self._commit_window(b, prev)
+        self._in_window(b, lambda: queue._put(entries, b, True, self.clock.seconds()))
 
     def _on_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                 now: float) -> Any:
@@ -931,14 +933,14 @@ class Broker:
         now = self.clock.seconds()
         entries = q._pop_ready(q._nready)
         b = WriteBatch()
-        prev = self._open_window(b)
-        try:
+
+        def move() -> None:
             if entries:
                 b.delete_entries(q.name, [(e[1], e[0]) for e in entries])
                 for dest in dests:
                     dest._put(entries, b, True, now)
-        finally:
-            d = self._commit_window(b, prev)
+
+        d = self._in_window(b, move)
         if q._stored_only and not q._paging:
             q._paging = True
             after = q._horizon
@@ -1012,12 +1014,7 @@ class Broker:
             q._keep_mem_dead([e for e in q._mem_dead if e[0] not in ids], replace=True)
         entries = sorted((from_dead(e) for e in chosen), key=lambda e: (-e[1], e[0]))
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
-        prev = self._open_window(b)
-        try:
-            q._put(entries, b, True, self.clock.seconds())
-        finally:
-            d = self._commit_window(b, prev)
-        yield d
+        yield self._in_window(b, lambda: q._put(entries, b, True, self.clock.seconds()))
         return len(chosen)
 
     @inlineCallbacks
