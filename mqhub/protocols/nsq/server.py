@@ -546,10 +546,6 @@ class NsqProtocol(Protocol):
         if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise ProtocolError("E_INVALID", f"cannot {verb} in current state")
 
-    def _ids(self, raw_ids: list[bytes]) -> tuple[list[int], list[bytes]]:
-        """Split raw ids into parsed hub ids and ones that cannot be ours."""
-        return wire.parse_ids(raw_ids)
-
     def _finish(self, ids: list[int], bad: Sequence[bytes] = ()) -> None:
         """FIN a run of parsed ids with one core call; E_FIN_FAILED (non-fatal) for unknown ones.
 
@@ -571,26 +567,28 @@ class NsqProtocol(Protocol):
         return [(mid, _NOT_OWNER if reason == NOT_OWNER else _NOT_IN_FLIGHT)
                 for mid, reason in self.queue.failure_reasons(self.consumer, failed)]
 
-    def on_req(self, ev: wire.Req) -> None:
-        """REQ id timeout_ms: back to the channel now (0) or after the delay (durable)."""
-        self._require_consumer("REQ")
-        ids, _ = self._ids([ev.msg_id])
-        failed = self.queue.requeue(self.consumer, ids, delay=ev.timeout_ms / 1000.0) if ids else []
+    def _one_id(self, verb: str, raw_id: bytes, op: Callable[[list[int]], list[int]]) -> None:
+        """REQ or TOUCH of one raw id through ``op(ids)`` (a queue call returning refused ids).
+
+        :raises ProtocolError: nsqd's non-fatal ``E_<VERB>_FAILED`` with its reason text.
+        """
+        self._require_consumer(verb)
+        ids, _ = wire.parse_ids([raw_id])
+        failed = op(ids) if ids else []
         if failed or not ids:
             why = self._why(failed)[0][1] if failed else _NOT_IN_FLIGHT
-            raise ProtocolError("E_REQ_FAILED", f"REQ {ev.msg_id.decode('latin-1')} failed {why.decode()}",
-                                fatal=False)
+            raise ProtocolError(f"E_{verb}_FAILED",
+                                f"{verb} {raw_id.decode('latin-1')} failed {why.decode()}", fatal=False)
+
+    def on_req(self, ev: wire.Req) -> None:
+        """REQ id timeout_ms: back to the channel now (0) or after the delay (durable)."""
+        delay = ev.timeout_ms / 1000.0
+        self._one_id("REQ", ev.msg_id, lambda ids: self.queue.requeue(self.consumer, ids, delay=delay))
         self.requeue_count += 1
 
     def on_touch(self, ev: wire.Touch) -> None:
         """TOUCH id: reset the in-flight deadline."""
-        self._require_consumer("TOUCH")
-        ids, _ = self._ids([ev.msg_id])
-        failed = self.queue.touch(self.consumer, ids) if ids else []
-        if failed or not ids:
-            why = self._why(failed)[0][1] if failed else _NOT_IN_FLIGHT
-            raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {ev.msg_id.decode('latin-1')} failed {why.decode()}",
-                                fatal=False)
+        self._one_id("TOUCH", ev.msg_id, lambda ids: self.queue.touch(self.consumer, ids))
 
     def on_cls(self, ev: wire.Cls) -> None:
         """CLS: stop sending messages; the client closes once it has FINed what it holds."""
