@@ -75,6 +75,12 @@ META_BCAST_KEYS = "mq9/bk/"
 BCAST_QUEUE = "~mq9/bc"
 OLD_BCAST_QUEUE = "mq9/bc"
 
+# kinds of the after-commit operations in ``Mq9._ops`` (first field of each op tuple)
+_OP_BROADCAST = 2   # (kind, publisher, entry, seen, reply, hdr): deliver a persisted broadcast
+_OP_REPLY = 3       # (kind, reply subject, JSON bytes): answer a MAILBOX request
+_OP_PONG = 4        # (kind, connection): a flush() barrier's PONG
+_OP_PUSH = 5        # (kind, pusher, consumer, entries): push stored mailbox messages
+
 
 def _headers_dict(hdr: bytes | None) -> dict[str, str] | None:
     """A header block as a dict (last value wins), or None."""
@@ -381,7 +387,7 @@ class Mq9:
         They wait (in flight on the consumer) behind every write before them, as any reply
         does, so a message is pushed only after the commit that stored it.
         """
-        self._ops.append((5, pusher, consumer, entries))
+        self._ops.append((_OP_PUSH, pusher, consumer, entries))
         self.kick()
 
     def _push_now(self, pusher: MailboxPusher, consumer: Any, entries: list[tuple]) -> None:
@@ -716,7 +722,7 @@ class Mq9:
         self._batch.put_entries(BCAST_QUEUE, (entry,))
         seen: set[str] = set()
         self.broadcasts.append((entry, seen))
-        self._ops.append((2, pub, entry, seen, reply, hdr))
+        self._ops.append((_OP_BROADCAST, pub, entry, seen, reply, hdr))
         return 1
 
     # replies -----------------------------------------------------------------------------
@@ -724,7 +730,7 @@ class Mq9:
     def _reply(self, reply: str | None, body: dict[str, Any]) -> None:
         """Send a JSON reply after this read's batch commits (nothing without a reply subject)."""
         if reply:
-            self._ops.append((3, reply, json.dumps(body, separators=(",", ":")).encode()))
+            self._ops.append((_OP_REPLY, reply, json.dumps(body, separators=(",", ":")).encode()))
 
     def _error(self, reply: str | None, text: str) -> None:
         """Reply ``{"error": text}``; never a -ERR."""
@@ -779,7 +785,7 @@ class Mq9:
         """
         if not (self._batch or self._ops or self._inflight or self._pubs):
             return False
-        self._ops.append((4, conn))
+        self._ops.append((_OP_PONG, conn))
         return True
 
     def _commit(self) -> Any:
@@ -809,14 +815,14 @@ class Mq9:
         """Apply committed operations in order, then write."""
         for op in ops:
             kind = op[0]
-            if kind == 5:
+            if kind == _OP_PUSH:
                 self._push_now(op[1], op[2], op[3])
-            elif kind == 2:
+            elif kind == _OP_BROADCAST:
                 self._deliver_broadcast(op[1], op[2], op[3], op[4], op[5])
-            elif kind == 4:
+            elif kind == _OP_PONG:
                 if op[1].connected:
                     op[1].out_ctl(codec.PONG)
-            else:
+            else:       # _OP_REPLY
                 self.server.publish(None, op[1], None, None, op[2])
         self._settle()
         if self._batch:
