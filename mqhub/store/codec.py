@@ -46,6 +46,8 @@ SEGMENT_LOCK = "segments.lock"
 
 DB_NAMES = (b"entries", b"order", b"messages", b"due", b"due_keys", b"expiry", b"meta", b"queues",
             b"segments", b"sys")
+#: ``max_dbs`` for every ``lmdb.open`` of a store index (its sub-databases plus headroom)
+MAX_DBS = len(DB_NAMES) + 2
 
 FLAG_SEGMENT = 1
 FLAG_EXPIRES = 2

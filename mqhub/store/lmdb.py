@@ -243,7 +243,7 @@ class LmdbStore:
     def _open_env(self, index: str) -> None:
         """Body of :meth:`open` once the owner lock is held."""
         sync = self.durability == "sync"
-        self._env = lmdb.open(index, map_size=self._map_size, max_dbs=len(codec.DB_NAMES) + 2,
+        self._env = lmdb.open(index, map_size=self._map_size, max_dbs=codec.MAX_DBS,
                               sync=sync, metasync=sync, readahead=False, max_readers=256)
         info = self._env.info()
         self._map_size = max(self._map_size, info["map_size"])

@@ -51,7 +51,7 @@ def take_snapshot(data_dir: str, out_dir: str, *, now: float | None = None) -> d
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_SH)
         try:
-            env = lmdb.open(index, readonly=True, max_dbs=len(codec.DB_NAMES) + 2, lock=True,
+            env = lmdb.open(index, readonly=True, max_dbs=codec.MAX_DBS, lock=True,
                             readahead=False)
         except lmdb.Error as e:
             raise StoreError(f"cannot open the store in {data_dir!r}: {e}") from e

@@ -42,7 +42,7 @@ class SnapshotReader:
                              f"only format {codec.FORMAT_VERSION}")
         try:
             self._env = lmdb.open(os.path.join(path, "index"), readonly=True, lock=False,
-                                  max_dbs=len(codec.DB_NAMES) + 2, readahead=False)
+                                  max_dbs=codec.MAX_DBS, readahead=False)
             self._dbs = {n: self._env.open_db(n, create=False) for n in codec.DB_NAMES}
         except lmdb.Error as e:
             raise StoreError(f"cannot open snapshot index in {path!r}: {e}") from e

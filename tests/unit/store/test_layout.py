@@ -104,7 +104,7 @@ def test_format_1_store_is_refused(tmp_path: Any) -> None:
     h = open_store(path)
     put(h, ["q"], [1])
     h.result(h.store.close())
-    env = lmdb.open(os.path.join(path, "index"), max_dbs=len(codec.DB_NAMES) + 2)
+    env = lmdb.open(os.path.join(path, "index"), max_dbs=codec.MAX_DBS)
     with env.begin(write=True) as txn:
         txn.put(b"format", codec.U32.pack(1), db=env.open_db(b"sys", txn=txn))
     env.close()
