@@ -385,12 +385,6 @@ def request(peer: bytes, msgid: bytes, queue: bytes, headers: bytes, body: bytes
     return [peer, EMPTY, VERSION, b"REQUEST", msgid, queue, headers, body]
 
 
-def schedule_frames(peer: bytes, command: bytes, msgid: bytes,
-                    body: tuple[bytes, ...]) -> list[bytes]:
-    """SCHEDULE/UNSCHEDULE forwarded to a scheduler peer."""
-    return [peer, EMPTY, VERSION, command, msgid, *body]
-
-
 def is_failure(result: bytes) -> bool:
     """True when a worker's REPLY body reports a timeout (``{"value": "TimeoutError"}``)."""
     return b'"TimeoutError"' in result and result.replace(b" ", b"") == b'{"value":"TimeoutError"}'

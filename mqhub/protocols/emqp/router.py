@@ -696,7 +696,7 @@ class EmqpRouter:
             self.scheduler.cancel(key).addErrback(
                 lambda f: log.failure("eMQP: UNSCHEDULE failed", f))
             for peer in self.schedulers:  # old schedules an emq-scheduler may still hold
-                self.send_frontend(F.schedule_frames(peer, cmd.name, cmd.msgid, cmd.body))
+                self.send_frontend(F.build(peer, cmd.name, cmd.msgid, *cmd.body))
             return
         h = F.parse_headers(spec.headers)
         try:
@@ -718,7 +718,7 @@ class EmqpRouter:
             return
         peers = list(self.schedulers) if unschedule else [list(self.schedulers)[-1]]
         for peer in peers:
-            self.send_frontend(F.schedule_frames(peer, cmd.name, cmd.msgid, cmd.body))
+            self.send_frontend(F.build(peer, cmd.name, cmd.msgid, *cmd.body))
 
     def _schedule_due(self, rows: list[tuple[float, bytes, bytes]], batch: Any, now: float) -> None:
         """SchedulerService handler: each due schedule run becomes one job on its queue."""
