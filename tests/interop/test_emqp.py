@@ -232,10 +232,9 @@ def test_real_emq_scheduler_still_works_in_forward_mode(make_broker, jobs):
             if 5 in jobs.results():
                 return True
             schedule(client.sender, "emqjobs.work", interval_secs=1, args=[5])
-            time.sleep(0.3)
             return False
 
-        wait_until(first_run, timeout=30, what="a run from emq-scheduler")
+        wait_until(first_run, timeout=30, interval=0.3, what="a run from emq-scheduler")
         runs = jobs.results().count(5)
         wait_until(lambda: jobs.results().count(5) >= runs + 2, timeout=15,
                    what="interval runs from emq-scheduler")
