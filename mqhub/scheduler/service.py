@@ -36,6 +36,11 @@ INF = float("inf")
 RETRY_UNHANDLED = 60.0
 
 
+def _key_meta(key: bytes) -> str:
+    """The meta key noting one-shot due key ``key``."""
+    return "sk/" + key.hex()
+
+
 @implementer(IScheduler)
 class SchedulerService(Service):
     """Durable one-shot and repeating timers plus sliced sweeps (see the module docstring)."""
@@ -88,7 +93,7 @@ class SchedulerService(Service):
 
     def _start_sweep(self, name: str) -> None:
         """Start the LoopingCall of sweep ``name``."""
-        func, interval = self._sweeps[name]
+        interval = self._sweeps[name][1]
         old = self._loops.pop(name, None)
         if old is not None and old.running:
             old.stop()
@@ -157,7 +162,7 @@ class SchedulerService(Service):
         if key in self._schedules:
             self._forget_schedule(key, b)
         b.put_due(when, key, payload)
-        b.put_meta("sk/" + key.hex(), json.dumps({"when": when}).encode())
+        b.put_meta(_key_meta(key), json.dumps({"when": when}).encode())
         self._keys[key] = when
         return self._commit_and_note(b, when)
 
@@ -167,7 +172,7 @@ class SchedulerService(Service):
         existed = key in self._keys or key in self._schedules
         b.delete_due(key)
         if self._keys.pop(key, None) is not None:
-            b.delete_meta("sk/" + key.hex())
+            b.delete_meta(_key_meta(key))
         if key in self._schedules:
             self._forget_schedule(key, b)
         return self.store.commit(b).addCallback(lambda _: existed)
@@ -178,7 +183,7 @@ class SchedulerService(Service):
             spec = ScheduleSpec(**spec)
         b = WriteBatch()
         if self._keys.pop(key, None) is not None:
-            b.delete_meta("sk/" + key.hex())
+            b.delete_meta(_key_meta(key))
         first = spec.first_time(self.clock.seconds())
         self._schedules[key] = spec
         self._runs[key] = 0
@@ -286,33 +291,29 @@ class SchedulerService(Service):
         if not rows:
             return False
         b = WriteBatch()
-        groups: dict[Any, list[Row]] = {}
-        order: list[Any] = []
+        groups: dict[Handler, list[Row]] = {}   # insertion order is the order handlers run
         for row in rows:
             key = row[1]
             if key in self._schedules:
                 self._advance_schedule(row, b, now)
             elif self._keys.pop(key, None) is not None:
-                b.delete_meta("sk/" + key.hex())
+                b.delete_meta(_key_meta(key))
             handler = self._handler_for(key)
             if handler is None:
                 log.warning("no handler for due key %r; retrying in %ss", key, RETRY_UNHANDLED)
                 b.put_due(now + RETRY_UNHANDLED, key, row[2])
                 continue
-            if handler not in groups:
-                groups[handler] = []
-                order.append(handler)
-            groups[handler].append(row)
+            groups.setdefault(handler, []).append(row)
         after: list[Callable[[], None]] = []
-        for handler in order:
+        for handler, handled in groups.items():
             try:
-                done = handler(groups[handler], b, now)
+                done = handler(handled, b, now)
                 if done is not None:
                     after.append(done)
             except Exception:
                 log.exception("due handler %r failed; retrying its rows in %ss", handler,
                               RETRY_UNHANDLED)
-                for _, key, payload in groups[handler]:
+                for _, key, payload in handled:
                     b.put_due(now + RETRY_UNHANDLED, key, payload)
         self.fired += len(rows)
         reput = {k for _, k, _ in b.due_puts}
