@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 
 from mqhub.store.batch import WriteBatch
 from mqhub.store.memory import MemoryStore
-from tests.unit.store.conftest import Harness, make_lmdb
+from tests.unit.store.conftest import Harness, open_lmdb
 
 QUEUES = ["a", "b", "c.d"]
 ids = st.integers(min_value=1, max_value=40)
@@ -85,8 +85,7 @@ def test_lmdb_matches_memory(turns: list[list[tuple]]) -> None:
         mem_clock = Clock()
         mem = Harness(MemoryStore(mem_clock), mem_clock)
         mem.store.open()
-        clock = Clock()
-        lm = Harness(make_lmdb(tmp, clock, durability="none"), clock)
+        lm = open_lmdb(tmp, durability="none")
         for turn in turns:
             for h in (mem, lm):
                 ds = [h.store.commit(to_batch(op)) for op in turn]
@@ -94,8 +93,7 @@ def test_lmdb_matches_memory(turns: list[list[tuple]]) -> None:
                     h.result(d)
             assert state(lm) == state(mem)
         lm.store.close()
-        clock2 = Clock()
-        lm2 = Harness(make_lmdb(tmp, clock2, durability="none"), clock2)
+        lm2 = open_lmdb(tmp, durability="none")
         assert state(lm2) == state(mem)
         lm2.store.close()
     finally:
