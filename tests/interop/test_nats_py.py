@@ -99,12 +99,8 @@ def test_request_reply_no_responders_auto_unsub_and_drain(broker: BrokerProcess)
         assert reply.data == b"pong:old"
         with pytest.raises(NoRespondersError):
             await nc.request("svc.none", b"x", timeout=5)
-        seen: list[bytes] = []
-
-        async def cb(msg: Any) -> None:
-            seen.append(msg.data)
-
-        sub = await nc.subscribe("limited", cb=cb)
+        seen: list[Any] = []
+        sub = await nc.subscribe("limited", cb=collector(seen))
         await sub.unsubscribe(limit=2)
         await barrier(nc)
         for i in range(5):
@@ -112,7 +108,7 @@ def test_request_reply_no_responders_auto_unsub_and_drain(broker: BrokerProcess)
         await svc.flush()
         await until(lambda: len(seen) == 2)
         await barrier(nc)
-        assert seen == [b"0", b"1"]
+        assert [m.data for m in seen] == [b"0", b"1"]
         await nc.drain()
         assert nc.is_closed
         await svc.close()
@@ -122,7 +118,7 @@ def test_request_reply_no_responders_auto_unsub_and_drain(broker: BrokerProcess)
 def test_reconnect_after_broker_restart(broker: BrokerProcess) -> None:
     """nats-py reconnects after a broker restart and its subscription works again."""
     async def main() -> None:
-        got: list[bytes] = []
+        got: list[Any] = []
         reconnected = asyncio.Event()
 
         async def on_reconnect() -> None:
@@ -130,11 +126,7 @@ def test_reconnect_after_broker_restart(broker: BrokerProcess) -> None:
 
         nc = await nats.connect(url(broker), reconnected_cb=on_reconnect, max_reconnect_attempts=-1,
                                 reconnect_time_wait=0.2)
-
-        async def cb(msg: Any) -> None:
-            got.append(msg.data)
-
-        await nc.subscribe("after.restart", cb=cb)
+        await nc.subscribe("after.restart", cb=collector(got))
         await barrier(nc)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, broker.restart)
@@ -142,7 +134,7 @@ def test_reconnect_after_broker_restart(broker: BrokerProcess) -> None:
         await barrier(nc)
         await nc.publish("after.restart", b"back")
         await nc.flush()
-        await until(lambda: got == [b"back"])
+        await until(lambda: [m.data for m in got] == [b"back"])
         await nc.close()
     run(main())
 
@@ -170,13 +162,9 @@ def test_bad_input_gets_nats_errors_and_others_are_unaffected(broker: BrokerProc
     port = broker.port("mq9", "tcp")
 
     async def main() -> None:
-        got: list[bytes] = []
+        got: list[Any] = []
         nc = await nats.connect(url(broker))
-
-        async def cb(msg: Any) -> None:
-            got.append(msg.data)
-
-        await nc.subscribe("still.ok", cb=cb)
+        await nc.subscribe("still.ok", cb=collector(got))
         await barrier(nc)
         loop = asyncio.get_running_loop()
         cases = [
@@ -193,7 +181,7 @@ def test_bad_input_gets_nats_errors_and_others_are_unaffected(broker: BrokerProc
         assert out == b"-ERR 'Invalid Subject'\r\nPONG\r\n"
         await nc.publish("still.ok", b"yes")
         await nc.flush()
-        await until(lambda: got == [b"yes"])
+        await until(lambda: [m.data for m in got] == [b"yes"])
         assert nc.is_connected
         await nc.close()
     run(main())
