@@ -265,15 +265,8 @@ class NsqHttpResource(Resource):
 
     def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int) -> Any:
         """Publish through the core; the Deferred fires with ``OK`` once durable."""
-        registry = self.service.registry
-        topic = registry.ensure_topic(topic_name)
-        hub = self.service.hub
-        deliver_at = hub.clock.seconds() + defer_ms / 1000.0 if defer_ms else 0.0
-        d = hub.broker.publish_batch(topic.address, bodies, origin="nsq", deliver_at=deliver_at,
-                                     persist=not topic.ephemeral)
-        registry.count_published(topic, bodies)
-        d.addCallback(lambda _: b"OK")
-        return d
+        return self.service.registry.publish(topic_name, bodies, defer_ms).addCallback(
+            lambda _: b"OK")
 
     def stats(self, request: Any) -> Any:
         """GET /stats: text report, or nsqd's JSON shape with ``format=json``."""

@@ -108,7 +108,6 @@ class NsqProtocol(Protocol):
         """Bind to the factory's hub, config and topic registry."""
         self.factory = factory
         self.config: NsqConfig = factory.config
-        self.broker = factory.hub.broker
         self.clock = factory.hub.clock
         self.registry: TopicRegistry = factory.registry
         self.codec = wire.ServerCodec(
@@ -408,15 +407,10 @@ class NsqProtocol(Protocol):
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer_ms: int, oks: int) -> None:
         """One core publish for ``bodies``; ``oks`` OK frames are released once it is durable."""
         self._check_publish(verb, topic_name)
-        topic = self.registry.ensure_topic(topic_name)
-        deliver_at = self.clock.seconds() + defer_ms / 1000.0 if defer_ms else 0.0
         try:
-            d = self.broker.publish_batch(
-                topic.address, bodies, origin="nsq", deliver_at=deliver_at, persist=not topic.ephemeral
-            )
+            d = self.registry.publish(topic_name, bodies, defer_ms)
         except (QueueFull, InvalidName) as exc:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {exc}") from None
-        self.registry.count_published(topic, bodies)
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
         slot = _Slot()
         self._slots.append(slot)
