@@ -13,7 +13,6 @@ NATS subscribers and NATS publishes reach other protocols' bindings.
 
 from __future__ import annotations
 
-import os
 import random
 import secrets
 from typing import Any
@@ -278,12 +277,9 @@ class NatsServer(Factory):
                     continue
                 self.deliver(sub, subject, reply, hdr, payload)
                 n += 1
-        if groups:
-            for members in groups:
-                live = [m for m in members if m.conn.connected and not (echo_off and m.conn is pub)]
-                if live:
-                    self.deliver(random.choice(live), subject, reply, hdr, payload)
-                    n += 1
+        for members in groups:
+            n += self._deliver_to_group(members, pub if echo_off else None, subject, reply, hdr,
+                                        payload)
         if foreign:
             n += self.bridge.publish(subject, reply, hdr, payload)
         return n
@@ -310,6 +306,16 @@ class NatsServer(Factory):
                 conn.subs.pop(sub.sid, None)
                 self.remove_sub(sub)
 
+    def _deliver_to_group(self, members: list[Subscription], skip: NatsConnection | None,
+                          subject: str, reply: str | None, hdr: bytes | None,
+                          payload: bytes) -> int:
+        """Deliver to one random connected member of a queue group (not on ``skip``); 1 or 0."""
+        live = [m for m in members if m.conn.connected and m.conn is not skip]
+        if not live:
+            return 0
+        self.deliver(random.choice(live), subject, reply, hdr, payload)
+        return 1
+
     def publish(self, pub: NatsConnection | None, subject: str, reply: str | None,
                 hdr: bytes | None, payload: bytes, *, foreign: bool = True) -> int:
         """Deliver one message to every NATS subscriber of ``subject`` (cold path).
@@ -326,10 +332,8 @@ class NatsServer(Factory):
             self.deliver(sub, subject, reply, hdr, payload)
             n += 1
         for members in groups.values():
-            live = [m for m in members if m.conn.connected and not (echo_off and m.conn is pub)]
-            if live:
-                self.deliver(random.choice(live), subject, reply, hdr, payload)
-                n += 1
+            n += self._deliver_to_group(members, pub if echo_off else None, subject, reply, hdr,
+                                        payload)
         if foreign and self.bridge is not None and self.bridge.has_foreign(subject):
             n += self.bridge.publish(subject, reply, hdr, payload)
         return n
@@ -781,10 +785,4 @@ class NatsConnection(Protocol):
         self.server.remove_sub(sub)
 
 
-def make_factory(hub: Any, **settings: Any) -> NatsServer:
-    """Build a :class:`NatsServer` with :class:`NatsSettings` from keyword settings."""
-    return NatsServer(hub, NatsSettings(**settings))
-
-
-__all__ = ["NatsServer", "NatsConnection", "NatsSettings", "Subscription", "make_factory",
-           "SERVER_VERSION", "os"]
+__all__ = ["NatsServer", "NatsConnection", "NatsSettings", "Subscription", "SERVER_VERSION"]
