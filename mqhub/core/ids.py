@@ -31,7 +31,7 @@ class IdGenerator:
 
     def reserve(self, n: int) -> int:
         """Reserve ``n`` consecutive ids and return the first (``range(first, first + n)``)."""
-        base = int((self._clock.seconds() - EPOCH) * 1000.0) << SEQ_BITS
+        base = first_id_at(self._clock.seconds())
         first = self._last + 1
         if base > first:
             first = base
@@ -47,6 +47,11 @@ class IdGenerator:
     def last(self) -> int:
         """The last id handed out (0 before the first)."""
         return self._last
+
+
+def first_id_at(when: float) -> int:
+    """Return the lowest id made at POSIX time ``when`` (ids below it are older)."""
+    return int((when - EPOCH) * 1000.0) << SEQ_BITS
 
 
 def id_time(msg_id: int) -> float:

@@ -27,7 +27,7 @@ from mqhub.core.deadletter import (
     dlq_name,
     to_dead,
 )
-from mqhub.core.ids import EPOCH, SEQ_BITS
+from mqhub.core.ids import first_id_at
 from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
 from mqhub.errors import InvalidName, NoSuchQueue
 from mqhub.store.batch import WriteBatch
@@ -438,7 +438,7 @@ class Queue:
         """Ids below this are older than the queue TTL (0 when the queue has no TTL)."""
         if not self.ttl:
             return 0
-        return int((now - self.ttl - EPOCH) * 1000.0) << SEQ_BITS
+        return first_id_at(now - self.ttl)
 
     def _drop_expired(self, entries: list[Entry], now: float, ttl_cut: int) -> list[Entry]:
         """Expire the entries of ``entries`` past their deadline or the queue TTL; return the rest."""

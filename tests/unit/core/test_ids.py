@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from twisted.internet.task import Clock
 
-from mqhub.core.ids import IdGenerator, format_id, id_time, parse_id
+from mqhub.core.ids import IdGenerator, first_id_at, format_id, id_time, parse_id
 
 
 def test_ids_are_time_ordered_and_strictly_increasing() -> None:
@@ -27,6 +27,19 @@ def test_ids_are_time_ordered_and_strictly_increasing() -> None:
     gen.observe(c + 1000)
     assert gen.next_id() == c + 1001
     assert b < (1 << 64)
+
+
+def test_first_id_at_splits_ids_by_their_time() -> None:
+    """Ids made at or after ``t`` are >= first_id_at(t); ids made earlier are below it."""
+    clock = Clock()
+    clock.advance(1767225600.0)
+    gen = IdGenerator(clock)
+    early = gen.next_id()
+    clock.advance(0.5)
+    late = gen.next_id()
+    cut = first_id_at(1767225600.5)
+    assert early < cut <= late
+    assert id_time(cut) == 1767225600.5
 
 
 def test_format_and_parse() -> None:
