@@ -18,7 +18,8 @@ from twisted.logger import Logger
 from txzmq import ZmqEndpoint, ZmqEndpointType, ZmqFactory
 from txzmq.connection import ZmqConnection
 
-from mqhub.errors import PluginError
+from mqhub.core.address import validate_pattern
+from mqhub.errors import InvalidName, PluginError
 from mqhub.protocols.emqp.router import EmqpRouter
 
 log = Logger(namespace="mqhub.emqp")
@@ -264,9 +265,6 @@ def router_settings(options: dict[str, Any]) -> dict[str, Any]:
     except (ValueError, TypeError) as exc:
         raise PluginError(f"emqp: bad option: {exc}") from exc
     if "pub_bridge" in raw:
-        from mqhub.core.address import validate_pattern
-        from mqhub.errors import InvalidName
-
         patterns = tuple(x.strip() for x in str(raw["pub_bridge"]).split(",") if x.strip())
         for pattern in patterns:
             try:
