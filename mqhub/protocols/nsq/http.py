@@ -141,28 +141,22 @@ class NsqHttpResource(Resource):
             return None
         return values[0].decode("utf-8", "replace")
 
-    def _topic_arg(self, request: Any, missing: str = "MISSING_ARG_TOPIC",
-                   invalid: str = "INVALID_ARG_TOPIC") -> str:
-        """A required, valid topic argument."""
-        topic = self._arg(request, "topic")
-        if topic is None:
-            raise HttpError(400, missing)
-        if not is_valid_name(topic.encode()):
-            raise HttpError(400, invalid)
-        return topic
+    def _name_arg(self, request: Any, kind: str, invalid: str = "") -> str:
+        """A required, valid ``kind`` (``topic`` or ``channel``) argument.
 
-    def _channel_arg(self, request: Any) -> str:
-        """A required, valid channel argument."""
-        channel = self._arg(request, "channel")
-        if channel is None:
-            raise HttpError(400, "MISSING_ARG_CHANNEL")
-        if not is_valid_name(channel.encode()):
-            raise HttpError(400, "INVALID_ARG_CHANNEL")
-        return channel
+        :raises HttpError: 400 ``MISSING_ARG_<KIND>``, or ``invalid`` (default
+            ``INVALID_ARG_<KIND>``) for a name NSQ does not allow.
+        """
+        value = self._arg(request, kind)
+        if value is None:
+            raise HttpError(400, f"MISSING_ARG_{kind.upper()}")
+        if not is_valid_name(value.encode()):
+            raise HttpError(400, invalid or f"INVALID_ARG_{kind.upper()}")
+        return value
 
     def _existing_topic(self, request: Any) -> Any:
         """The topic named by the request, or 404 TOPIC_NOT_FOUND."""
-        name = self._topic_arg(request)
+        name = self._name_arg(request, "topic")
         topic = self.service.registry.get_topic(name)
         if topic is None:
             raise HttpError(404, "TOPIC_NOT_FOUND")
@@ -171,7 +165,7 @@ class NsqHttpResource(Resource):
     def _existing_channel(self, request: Any) -> tuple[Any, str]:
         """(topic, channel name) of an existing channel, or 404."""
         topic = self._existing_topic(request)
-        channel = self._channel_arg(request)
+        channel = self._name_arg(request, "channel")
         if channel not in topic.channels:
             raise HttpError(404, "CHANNEL_NOT_FOUND")
         return topic, channel
@@ -207,7 +201,7 @@ class NsqHttpResource(Resource):
 
     def pub(self, request: Any) -> Any:
         """POST /pub?topic=T[&defer=ms]: one message."""
-        topic = self._topic_arg(request, invalid="INVALID_TOPIC")
+        topic = self._name_arg(request, "topic", "INVALID_TOPIC")
         defer_ms = 0
         raw_defer = self._arg(request, "defer")
         if raw_defer is not None:
@@ -224,7 +218,7 @@ class NsqHttpResource(Resource):
 
     def mpub(self, request: Any) -> Any:
         """POST /mpub?topic=T[&binary=true]: newline-separated or binary-framed messages."""
-        topic = self._topic_arg(request, invalid="INVALID_TOPIC")
+        topic = self._name_arg(request, "topic", "INVALID_TOPIC")
         body = self._read_body(request, self.config.max_body_size, "BODY_TOO_BIG")
         binary = (self._arg(request, "binary") or "").lower() in ("true", "1")
         limit = self.config.max_msg_size
@@ -283,7 +277,7 @@ class NsqHttpResource(Resource):
 
     def topic_create(self, request: Any) -> None:
         """Create a topic (idempotent)."""
-        self.service.registry.ensure_topic(self._topic_arg(request))
+        self.service.registry.ensure_topic(self._name_arg(request, "topic"))
 
     def topic_delete(self, request: Any) -> Any:
         """Delete a topic and its channels."""
@@ -308,7 +302,7 @@ class NsqHttpResource(Resource):
     def channel_create(self, request: Any) -> None:
         """Create a channel of an existing topic."""
         topic = self._existing_topic(request)
-        self.service.registry.ensure_channel(topic.name, self._channel_arg(request))
+        self.service.registry.ensure_channel(topic.name, self._name_arg(request, "channel"))
 
     def channel_delete(self, request: Any) -> Any:
         """Delete a channel."""
@@ -346,7 +340,7 @@ class NsqHttpResource(Resource):
 
     def lookup(self, request: Any) -> dict[str, Any]:
         """/lookup?topic=T: this broker produces every topic (it creates them on first use)."""
-        name = self._topic_arg(request)
+        name = self._name_arg(request, "topic")
         topic = self.service.registry.get_topic(name)
         channels = sorted(topic.channels) if topic is not None else []
         return {"channels": channels, "producers": [self._producer()]}
@@ -357,7 +351,7 @@ class NsqHttpResource(Resource):
 
     def channels(self, request: Any) -> dict[str, Any]:
         """/channels?topic=T."""
-        name = self._topic_arg(request)
+        name = self._name_arg(request, "topic")
         topic = self.service.registry.get_topic(name)
         return {"channels": sorted(topic.channels) if topic is not None else []}
 

@@ -85,7 +85,11 @@ def test_errors() -> None:
         got_status, data, _ = call(h, method, path, args, body)
         assert (got_status, json.loads(data)) == (status, {"message": code}), path
     call(h, b"POST", b"/topic/create", {"topic": "t"})
-    assert call(h, b"POST", b"/channel/create", {"topic": "t"})[0] == 400
+    for args, status, code in [({"topic": "t"}, 400, "MISSING_ARG_CHANNEL"),
+                               ({"topic": "t", "channel": "a b"}, 400, "INVALID_ARG_CHANNEL"),
+                               ({"topic": "a b", "channel": "c"}, 400, "INVALID_ARG_TOPIC")]:
+        got_status, data, _ = call(h, b"POST", b"/channel/create", args)
+        assert (got_status, json.loads(data)) == (status, {"message": code}), args
     assert json.loads(call(h, b"POST", b"/channel/pause", {"topic": "t", "channel": "zz"})[1]) == {
         "message": "CHANNEL_NOT_FOUND"}
 
