@@ -65,6 +65,22 @@ def _lmdb(path: str, clock: Clock, durability: str = "sync") -> Any:
     return store
 
 
+def _lmdb_hub(path: str, clock: Clock, queue: str | None = None) -> Any:
+    """A started hub over an LmdbStore at ``path`` (no fsync); ``queue`` is declared and bound
+    to the address of the same name."""
+    hub = memory_hub(clock, store=_lmdb(path, clock, "none"))
+    if queue is not None:
+        hub.broker.declare_queue(queue)
+        hub.broker.bind_queue(queue, queue)
+    return hub
+
+
+def _shut(hub: Any) -> None:
+    """Stop ``hub``'s scheduler and close its store."""
+    hub.scheduler.stopService()
+    result_of(hub.store.close())
+
+
 def _best(runs: int, func: Callable[[], float]) -> float:
     """Best of ``runs`` rates: other processes share the cores, so the best run is the one they
     disturbed least (the code measured is the same in every run)."""
@@ -224,11 +240,8 @@ def bench_backlog(tmp: str, queued: int) -> None:
     """Queue ``queued`` durable 1 KiB messages; report RSS growth and a restart's recovery time."""
     path = os.path.join(tmp, "backlog")
     clock = start_clock()
-    store = _lmdb(path, clock, "none")
-    hub = memory_hub(clock, store=store)
+    hub = _lmdb_hub(path, clock, "backlog")
     broker = hub.broker
-    broker.declare_queue("backlog")
-    broker.bind_queue("backlog", "backlog")
     gc.collect()
     rss0 = _rss_mib()
     parts0 = _rss_parts()
@@ -252,15 +265,12 @@ def bench_backlog(tmp: str, queued: int) -> None:
     emit("backlog_rss_anon_growth", parts1.get("RssAnon", 0) - parts0.get("RssAnon", 0), "MiB")
     emit("backlog_rss_file_growth", parts1.get("RssFile", 0) - parts0.get("RssFile", 0), "MiB")
     emit("backlog_window_in_memory", q._nready, "messages")
-    hub.scheduler.stopService()
-    result_of(store.close())
+    _shut(hub)
     t0 = time.perf_counter()
-    store = _lmdb(path, clock, "none")
-    hub = memory_hub(clock, store=store)
+    hub = _lmdb_hub(path, clock)
     emit("backlog_restart", time.perf_counter() - t0, "s")
     assert hub.broker.queue("backlog").depth == q.depth
-    hub.scheduler.stopService()
-    result_of(store.close())
+    _shut(hub)
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -270,11 +280,8 @@ def bench_delayed(tmp: str, delayed: int) -> None:
     """``delayed`` pending delayed messages: arm cost, restart time, first-slice correctness."""
     path = os.path.join(tmp, "delayed")
     clock = start_clock()
-    store = _lmdb(path, clock, "none")
-    hub = memory_hub(clock, store=store)
+    hub = _lmdb_hub(path, clock, "later")
     broker = hub.broker
-    broker.declare_queue("later")
-    broker.bind_queue("later", "later")
     now = clock.seconds()
     t0 = time.perf_counter()
     step = 1000
@@ -287,13 +294,11 @@ def bench_delayed(tmp: str, delayed: int) -> None:
     n = 2000
     t0 = time.perf_counter()
     for _ in range(n):
-        result_of(store.next_due())
+        result_of(hub.store.next_due())
     emit("delayed_arm_next", (time.perf_counter() - t0) / n * 1e6, "us")
-    hub.scheduler.stopService()
-    result_of(store.close())
+    _shut(hub)
     t0 = time.perf_counter()
-    store = _lmdb(path, clock, "none")
-    hub = memory_hub(clock, store=store)
+    hub = _lmdb_hub(path, clock)
     clock.advance(0)
     emit("delayed_restart", time.perf_counter() - t0, "s")
     q = hub.broker.queue("later")
@@ -304,8 +309,7 @@ def bench_delayed(tmp: str, delayed: int) -> None:
     clock.advance(1.0)
     clock.advance(0)
     emit("delayed_move_1000_due", (time.perf_counter() - t0) * 1000.0, "ms")
-    hub.scheduler.stopService()
-    result_of(store.close())
+    _shut(hub)
     shutil.rmtree(path, ignore_errors=True)
 
 
