@@ -263,13 +263,18 @@ class NatsParser:
         Non-fatal errors appear in place as ``(OP_ERROR, ProtocolError)``. A fatal error ends
         the list with ``(OP_ERROR, err)``; afterwards the parser only returns that error.
         """
+        return self._run()
+
+    def _run(self, fast_routes: tuple[dict[bytes, tuple], dict[bytes, tuple]] | None = None
+             ) -> list[Event]:
+        """Parse what is buffered (see :meth:`_parse`); a raised error is fatal and ends the list."""
         if self._dead is not None:
             return [(OP_ERROR, self._dead)]
         if self._need:
             return []
         out: list[Event] = []
         try:
-            self._parse(out)
+            self._parse(out, fast_routes)
         except ProtocolError as err:
             err.fatal = True
             self._dead = err
@@ -280,9 +285,9 @@ class NatsParser:
 
     # parsing -----------------------------------------------------------------------------
 
-    def _parse(self, out: list[Event], limit_events: int = 0,
+    def _parse(self, out: list[Event],
                fast_routes: tuple[dict[bytes, tuple], dict[bytes, tuple]] | None = None) -> None:
-        """Parse buffered events into ``out`` (all of them, or at most ``limit_events``).
+        """Parse every buffered event into ``out``.
 
         With ``fast_routes = (routes, head_routes)`` parsing also stops before the first line that
         :meth:`route_pubs` can deliver (after at least one event).
@@ -296,8 +301,6 @@ class NatsParser:
         limit = self.max_control_line
         try:
             while pos < n:
-                if limit_events and len(out) >= limit_events:
-                    break
                 i = find(b"\n", pos)
                 if i < 0:
                     if n - pos > limit:
@@ -331,20 +334,7 @@ class NatsParser:
     def slow_run(self, routes: dict[bytes, tuple],
                  head_routes: dict[bytes, tuple]) -> list[Event]:
         """Parse events up to the next line :meth:`route_pubs` can deliver (or the end)."""
-        if self._dead is not None:
-            return [(OP_ERROR, self._dead)]
-        if self._need:
-            return []
-        out: list[Event] = []
-        try:
-            self._parse(out, 0, (routes, head_routes))
-        except ProtocolError as err:
-            err.fatal = True
-            self._dead = err
-            self._buf = b""
-            self._pos = 0
-            out.append((OP_ERROR, err))
-        return out
+        return self._run((routes, head_routes))
 
     def route_pubs(self, routes: dict[bytes, tuple], dirty: list[Any],
                    head_routes: dict[bytes, tuple] | None = None) -> int:
