@@ -39,12 +39,6 @@ def client_stats(proto: Any) -> dict[str, Any]:
     return record
 
 
-def _in_flight(queue: Any) -> int:
-    """In-flight count of a core queue (attribute or property)."""
-    value = queue.in_flight
-    return int(value() if callable(value) else value)
-
-
 def build_stats(service: Any, topic: str | None = None, channel: str | None = None,
                 include_clients: bool = True) -> dict[str, Any]:
     """nsqd's ``/stats?format=json`` document, optionally filtered to one topic/channel."""
@@ -74,7 +68,7 @@ def build_stats(service: Any, topic: str | None = None, channel: str | None = No
                 "channel_name": cname,
                 "depth": queue.depth,
                 "backend_depth": 0 if queue.tier == "memory" else queue.depth,
-                "in_flight_count": _in_flight(queue),
+                "in_flight_count": queue.in_flight,
                 "deferred_count": queue.deferred,
                 "message_count": queue.message_count,
                 "requeue_count": queue.requeue_count,
