@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.application.service import MultiService
+from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
 from twisted.web.server import Site
@@ -41,21 +41,21 @@ class NsqService(MultiService):
         self.start_time = int(hub.clock.seconds())
         self.tcp_port = _port_of(endpoints.get("tcp", ""))
         self.http_port = _port_of(endpoints.get("http", ""))
-        reactor = getattr(hub, "reactor", None)
-        self.tcp = ListenerService(endpoints["tcp"], self.factory, reactor=reactor)
-        self.tcp.setName("nsq-tcp")
-        self.tcp.setServiceParent(self)
-        self.tcp.listening.addCallback(self._bound, "tcp_port")
-        self.tcp.listening.addErrback(lambda f: None)
+        self.tcp = self._listener("tcp", endpoints["tcp"], self.factory)
         self.http: ListenerService | None = None
         if endpoints.get("http"):
             site = Site(NsqHttpResource(self))
             site.noisy = False
-            self.http = ListenerService(endpoints["http"], site, reactor=reactor)
-            self.http.setName("nsq-http")
-            self.http.setServiceParent(self)
-            self.http.listening.addCallback(self._bound, "http_port")
-            self.http.listening.addErrback(lambda f: None)
+            self.http = self._listener("http", endpoints["http"], site)
+
+    def _listener(self, role: str, endpoint: str, factory: Any) -> ListenerService:
+        """A child listener for ``role`` that records its bound port as ``<role>_port``."""
+        listener = ListenerService(endpoint, factory, reactor=getattr(self.hub, "reactor", None))
+        listener.setName(f"nsq-{role}")
+        listener.setServiceParent(self)
+        listener.listening.addCallback(self._bound, f"{role}_port")
+        listener.listening.addErrback(lambda f: None)
+        return listener
 
     def _bound(self, port: Any, attr: str) -> Any:
         """Remember the real bound port (endpoints may ask for port 0)."""
@@ -64,8 +64,6 @@ class NsqService(MultiService):
 
     def startService(self) -> None:
         """Recover topics from the store first, then start both listeners."""
-        from twisted.application.service import Service
-
         Service.startService(self)
         d: Deferred[Any] = maybeDeferred(self.registry.load)
 
