@@ -7,6 +7,7 @@ StringTransport with :func:`connect` / :func:`take_output`. Nothing here touches
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.internet.address import IPv4Address
@@ -24,6 +25,11 @@ from mqhub.store.memory import MemoryStore
 
 #: Where a memory hub's clock starts (2026-01-01T00:00:00Z), so ids and cron look realistic.
 START_TIME = 1767225600.0
+
+
+def property_examples(default: int) -> int:
+    """Hypothesis ``max_examples`` for a property test: ``$MQHUB_PROPERTY_EXAMPLES`` or ``default``."""
+    return int(os.environ.get("MQHUB_PROPERTY_EXAMPLES", default))
 
 
 def start_clock() -> Clock:

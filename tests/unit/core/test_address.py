@@ -111,20 +111,16 @@ def test_trie_remove_keeps_the_rest(pats: list[str], data: st.DataObject) -> Non
     assert len(trie) == 0 and trie._root.is_empty()
 
 
-def test_same_value_under_two_patterns_is_reported_once() -> None:
-    """A value matching through two patterns appears once."""
+@pytest.mark.parametrize(("patterns", "addresses"), [
+    (("a.*", "a.>"), ["a.b"]),
+    ((">", "a.>"), ["a.b.c", "a.zz"]),   # tails at two levels, also when the walk stops early
+])
+def test_value_under_two_patterns_is_reported_once(patterns: tuple[str, str],
+                                                   addresses: list[str]) -> None:
+    """A value bound under two patterns that both match an address appears once."""
     trie = AddressTrie()
     v = object()
-    trie.add("a.*", v)
-    trie.add("a.>", v)
-    assert trie.match("a.b") == [v]
-
-
-def test_value_under_tails_at_two_levels_is_reported_once() -> None:
-    """A value under ``>`` and ``a.>`` matches once, also when the walk stops early."""
-    trie = AddressTrie()
-    v = object()
-    trie.add(">", v)
-    trie.add("a.>", v)
-    assert trie.match("a.b.c") == [v]
-    assert trie.match("a.zz") == [v]
+    for pattern in patterns:
+        trie.add(pattern, v)
+    for a in addresses:
+        assert trie.match(a) == [v]

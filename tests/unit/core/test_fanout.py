@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqhub.hub import Hub
-from mqhub.testing import CollectingTarget, memory_hub, result_of
+from mqhub.testing import CollectingTarget, memory_hub, property_examples, result_of
 
 
 def _fan(hub: Hub, **kw):  # type: ignore[no-untyped-def]
@@ -106,7 +106,7 @@ _op = st.one_of(
 )
 
 
-@settings(max_examples=int(__import__("os").environ.get("MQHUB_PROPERTY_EXAMPLES", "100")), deadline=None)
+@settings(max_examples=property_examples(100), deadline=None)
 @given(st.lists(_op, max_size=30))
 def test_each_subscriber_acks_each_message_once(ops: list[Any]) -> None:
     """Whatever the interleaving, every subscriber ends with exactly one ack per message."""

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
+from mqhub.testing import CollectingTarget, memory_hub, property_examples, result_of, start_clock
 
 op = st.one_of(
     st.tuples(st.just("pub"), st.integers(1, 6), st.integers(0, 3)),
@@ -21,7 +21,7 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=int(__import__("os").environ.get("MQHUB_PROPERTY_EXAMPLES", "120")), deadline=None)
+@settings(max_examples=property_examples(120), deadline=None)
 @given(st.lists(op, max_size=40), st.booleans())
 def test_every_message_is_delivered_until_acked_exactly_once(ops: list[Any], grouped: bool) -> None:
     """Whatever the interleaving, each published message is acked once and the store ends empty."""

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from mqhub.scheduler.service import SchedulerService
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import result_of, start_clock
+from mqhub.testing import property_examples, result_of, start_clock
 
 op = st.one_of(
     st.tuples(st.just("at"), st.integers(0, 9), st.floats(0, 30)),
@@ -19,7 +19,7 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=int(__import__("os").environ.get("MQHUB_PROPERTY_EXAMPLES", "150")), deadline=None)
+@settings(max_examples=property_examples(150), deadline=None)
 @given(st.lists(op, max_size=30), st.booleans())
 def test_keys_fire_once_never_early(ops: list[Any], grouped: bool) -> None:
     """Model: key -> due time; each fires once at or after it, cancel and replace win."""
