@@ -46,7 +46,8 @@ DEFAULT_MAX_REQ_TIMEOUT_MS: Final = 3_600_000
 
 _I32 = struct.Struct(">i")
 _FRAME_HEAD = struct.Struct(">ii")
-_MSG_HEAD = struct.Struct(">iiqH")
+#: a message frame's head: size, frame type, timestamp (ns), attempts (the 16-byte id follows)
+MSG_HEAD: Final = struct.Struct(">iiqH")
 _MSG_META = struct.Struct(">qH")
 
 _NAME_RE = re.compile(rb"[.a-zA-Z0-9_-]+(#ephemeral)?")
@@ -754,7 +755,7 @@ CLOSE_WAIT_FRAME: Final = encode_response(CLOSE_WAIT)
 
 def encode_message(timestamp_ns: int, attempts: int, msg_id: bytes, body: bytes) -> bytes:
     """A message frame: header (30 bytes incl. size and type) followed by the body."""
-    return _MSG_HEAD.pack(len(body) + 30, FRAME_MESSAGE, timestamp_ns, attempts) + msg_id + body
+    return MSG_HEAD.pack(len(body) + 30, FRAME_MESSAGE, timestamp_ns, attempts) + msg_id + body
 
 
 def render_id(msg_id: int) -> bytes:

@@ -20,7 +20,6 @@ Strategy:
 from __future__ import annotations
 
 import random
-import struct
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -38,7 +37,13 @@ from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq import snappy
 from mqhub.protocols.nsq.auth import AuthState, SecretsFile
-from mqhub.protocols.nsq.codec import NEED_DATA, ProtocolError, encode_error, encode_response
+from mqhub.protocols.nsq.codec import (
+    MSG_HEAD,
+    NEED_DATA,
+    ProtocolError,
+    encode_error,
+    encode_response,
+)
 from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.identify import Identity, default_identity, negotiate
 from mqhub.protocols.nsq.topics import TopicRegistry
@@ -54,7 +59,6 @@ _EPOCH_MS = int(EPOCH * 1000)
 _OK = wire.OK_FRAME
 #: unconfirmed messages per connection above which reading pauses until commits catch up
 MAX_UNCONFIRMED = 50_000
-_MSG_HEAD = struct.Struct(">iiqH")
 _NOT_IN_FLIGHT = b"ID not in flight"
 _NOT_OWNER = b"client does not own message"
 
@@ -70,7 +74,7 @@ def render_messages(messages: list[tuple]) -> bytes:
     ids = [e[MSG_ID] for e in messages]
     hexes = wire.render_ids(ids)
     bodies = [e[BODY] for e in messages]
-    pack = _MSG_HEAD.pack
+    pack = MSG_HEAD.pack  # frame type 2 (message) is written as a literal below
     lo = min(ids) >> SEQ_BITS
     if lo == max(ids) >> SEQ_BITS:
         ts = (_EPOCH_MS + lo) * 1_000_000
