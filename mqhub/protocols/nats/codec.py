@@ -534,12 +534,9 @@ class NatsParser:
         if len(cache) >= _CACHE_LIMIT:
             cache.clear()
         cache[line] = hit
-        stop = nxt + size
-        if stop + 2 > len(buf):
-            self._wait(pos, stop + 2 - pos)
+        stop = self._payload_end(buf, pos, nxt, size)
+        if stop < 0:
             return -1
-        if buf[stop:stop + 2] != _CRLF:
-            raise ProtocolError(E_UNKNOWN_OP, "payload not followed by CRLF")
         out.append((OP_PUB, hit, buf[nxt:stop]))
         return stop + 2
 
@@ -563,13 +560,10 @@ class NatsParser:
             if len(self._hpub_cache) >= _CACHE_LIMIT:
                 self._hpub_cache.clear()
             self._hpub_cache[line] = hit
-        hsize, total = hit[3], hit[4]
-        stop = nxt + total
-        if stop + 2 > len(buf):
-            self._wait(pos, stop + 2 - pos)
+        hsize = hit[3]
+        stop = self._payload_end(buf, pos, nxt, hit[4])
+        if stop < 0:
             return -1
-        if buf[stop:stop + 2] != _CRLF:
-            raise ProtocolError(E_UNKNOWN_OP, "payload not followed by CRLF")
         block = buf[nxt:nxt + hsize]
         if hsize and not block.startswith(b"NATS/1.0"):
             raise ProtocolError(E_BAD_ARGS, "header block must start with NATS/1.0")
@@ -591,7 +585,7 @@ class NatsParser:
         return stop + 2
 
     def _payload_end(self, buf: bytes, pos: int, nxt: int, size: int) -> int:
-        """Check a MSG/HMSG payload of ``size`` bytes at ``nxt``; return where it ends, or -1 to wait.
+        """Check a payload of ``size`` bytes at ``nxt``; return where it ends, or -1 to wait.
 
         :raises ProtocolError: over max_payload, or when the payload is not followed by CRLF.
         """

@@ -190,6 +190,9 @@ def test_unknown_and_bad_arguments() -> None:
     expect_fatal(b"FOO bar\r\n", codec.E_UNKNOWN_OP)
     expect_fatal(b"MSG foo 1 2\r\nhi\r\n", codec.E_UNKNOWN_OP)       # clients may not send MSG
     expect_fatal(b"PUB foo 2\r\nhiXX", codec.E_UNKNOWN_OP)          # payload not followed by CRLF
+    expect_fatal(b"HPUB foo 12 14\r\nNATS/1.0\r\n\r\nhiXX", codec.E_UNKNOWN_OP)
+    expect_fatal(b"MSG foo 1 2\r\nhiXX", codec.E_UNKNOWN_OP, server=False)
+    expect_fatal(b"HMSG foo 1 12 14\r\nNATS/1.0\r\n\r\nhiXX", codec.E_UNKNOWN_OP, server=False)
     expect_fatal(b"PUB foo\r\n", codec.E_BAD_ARGS)
     expect_fatal(b"PUB foo x\r\n", codec.E_BAD_ARGS)
     expect_fatal(b"SUB foo\r\n", codec.E_BAD_ARGS)
