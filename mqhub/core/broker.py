@@ -28,7 +28,7 @@ from mqhub.core.routing import Binding, Route, Router
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
 from mqhub.store import due_rows
 from mqhub.store.batch import WriteBatch
-from mqhub.store.records import Entry
+from mqhub.store.records import Entry, entry_order
 
 log = logging.getLogger(__name__)
 
@@ -763,7 +763,7 @@ class Broker:
         dests = route.queues if route.park is None else (route.park,)
         if not dests:
             return
-        entries.sort(key=lambda e: (-e[1], e[0]))
+        entries.sort(key=entry_order)
         for q in dests:
             was = counted.get(q.name)
             if was is not None and was != q.incarnation and not q.name.startswith(PARK_PREFIX):
@@ -802,7 +802,7 @@ class Broker:
             for name, entries in per_queue.items():
                 q = self._queues.get(name) or self._hidden[name]
                 q.deferred = max(0, q.deferred - len(entries))
-                entries.sort(key=lambda e: (-e[1], e[0]))
+                entries.sort(key=entry_order)
                 q._put(entries, batch, True, now)
         finally:
             hook = self._close_due_window(batch, prev)
@@ -1012,7 +1012,7 @@ class Broker:
         else:
             ids = {e[0] for e in chosen}
             q._keep_mem_dead([e for e in q._mem_dead if e[0] not in ids], replace=True)
-        entries = sorted((from_dead(e) for e in chosen), key=lambda e: (-e[1], e[0]))
+        entries = sorted((from_dead(e) for e in chosen), key=entry_order)
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
         yield self._in_window(b, lambda: q._put(entries, b, True, self.clock.seconds()))
         return len(chosen)

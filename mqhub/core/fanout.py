@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from mqhub.core.deadletter import dlq_name, to_dead
 from mqhub.core.message import TIER_MEMORY
 from mqhub.store.batch import WriteBatch
-from mqhub.store.records import Entry
+from mqhub.store.records import Entry, entry_order
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.core.consumer import Consumer
@@ -122,7 +122,7 @@ def release(parent: Queue, sub: Queue) -> None:
     sub._open = set()
     sub._close()
     if back:
-        back.sort(key=lambda e: (-e[1], e[0]))
+        back.sort(key=entry_order)
         parent._insert_many(back)
     if parent.auto_delete and not parent._subs and not parent.deleted:
         parent.broker.delete_queue(parent.name)

@@ -53,6 +53,11 @@ def entry_key(entry: Entry) -> EntryKey:
     return (entry[PRIORITY], entry[MSG_ID])
 
 
+def entry_order(entry: Entry) -> tuple[int, int]:
+    """Sort key placing ``entry`` in ready order: priority descending, then msg_id ascending."""
+    return (-entry[PRIORITY], entry[MSG_ID])
+
+
 def ready_order(key: EntryKey) -> tuple[int, int]:
     """Sort key for ready order: priority descending, then msg_id ascending."""
     return (-key[0], key[1])
