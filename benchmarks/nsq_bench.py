@@ -31,6 +31,8 @@ import time
 import uuid
 from typing import Any
 
+from mqhub.protocols.nsq import codec as wire
+
 try:
     from benchmarks import _common
 except ImportError:  # run as a script: benchmarks/ is on sys.path
@@ -38,10 +40,8 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
 
 HOST = _common.HOST
 free_port = _common.free_port
-MAGIC = b"  V2"
 _HEAD = struct.Struct(">ii")
-_I32 = struct.Struct(">i")
-OK_FRAME = _HEAD.pack(6, 0) + b"OK"
+OK_FRAME = wire.OK_FRAME
 #: chunks (500 PUBs, or 5 MPUBs of 200) the producer keeps unconfirmed
 WINDOW = 8
 
@@ -60,7 +60,7 @@ def _connect(port: int, host: str) -> socket.socket:
     sock = socket.create_connection((host, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-    sock.sendall(MAGIC)
+    sock.sendall(wire.MAGIC_V2)
     return sock
 
 
@@ -123,11 +123,10 @@ def producer(host: str, port: int, topic: str, mode: str, size: int, duration: f
     body = b"x" * size
     if mode == "pub":
         per_cmd, cmds_per_chunk, window = 1, 500, WINDOW
-        cmd = b"PUB " + topic.encode() + b"\n" + _I32.pack(size) + body
+        cmd = wire.encode_pub(topic, body)
     else:
         per_cmd, cmds_per_chunk, window = 200, 5, WINDOW
-        payload = _I32.pack(200) + (_I32.pack(size) + body) * 200
-        cmd = b"MPUB " + topic.encode() + b"\n" + _I32.pack(len(payload)) + payload
+        cmd = wire.encode_mpub(topic, [body] * 200)
     chunk = cmd * cmds_per_chunk
     sock = _connect(port, host)
     ready.wait(20)
