@@ -18,6 +18,7 @@ from zope.interface import implementer
 from mqhub.errors import MqhubError
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.mailbox import RESERVED_REPLY, rendered
 from mqhub.store.records import BODY, HEADERS, ORIGIN
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,7 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = Logger()
 ORIGIN_NAME = "nats"
-REPLY_HEADER = "mqhub-reply"
 
 
 @implementer(IDeliveryTarget)
@@ -47,15 +47,7 @@ class NatsTarget:
         for entry in messages:
             if entry[ORIGIN] == ORIGIN_NAME:
                 continue
-            headers = entry[HEADERS]
-            reply = None
-            hdr = None
-            if headers:
-                if REPLY_HEADER in headers:
-                    headers = dict(headers)
-                    reply = headers.pop(REPLY_HEADER)
-                if headers:
-                    hdr = codec.build_headers(headers)
+            reply, hdr = rendered(entry[HEADERS])
             srv.deliver(sub, address, reply, hdr, entry[BODY])
         srv.flush()
 
@@ -127,7 +119,7 @@ class CoreBridge:
                 headers = None
         if reply:
             headers = dict(headers or {})
-            headers[REPLY_HEADER] = reply
+            headers[RESERVED_REPLY] = reply
         pending = self._pending.get(subject)
         if pending is None:
             pending = self._pending[subject] = ([], [])

@@ -52,6 +52,20 @@ def test_foreign_publish_reaches_nats_subscribers_with_headers() -> None:
                               (OP_MSG, "orders.new", "4", None, b"o2")]
 
 
+def test_reply_subject_crosses_the_core_as_reserved_header() -> None:
+    """A NATS reply subject rides the core as ``mqhub-reply`` and comes back as MSG's reply."""
+    hub, srv = make()
+    target = CollectingTarget("nsq")
+    hub.broker.subscribe("ask", target)
+    Client(srv).send(codec.encode_pub("ask", b"q", "_INBOX.r1"))
+    assert target.entries[0][HEADERS] == {"mqhub-reply": "_INBOX.r1"}
+    sub = Client(srv)
+    sub.send(b"SUB ask2 7\r\n")
+    result_of(hub.broker.publish_batch("ask2", [b"q2"], origin="nsq",
+                                       headers={"mqhub-reply": "_INBOX.r2"}))
+    assert sub.events() == [(OP_MSG, "ask2", "7", "_INBOX.r2", b"q2")]
+
+
 def test_nats_publish_reaches_foreign_bindings_once() -> None:
     """NATS publishes reach foreign subscribers and queues once, NATS ones once."""
     hub, srv = make()
