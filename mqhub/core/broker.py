@@ -717,12 +717,19 @@ class Broker:
         self._in_window(b, lambda: self._route_due(address, entries, marks, b, persist,
                                                    self.clock.seconds()))
 
+    def _not_started_yet(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
+                         now: float) -> bool:
+        """Before start(): put due ``rows`` back a second later and return True."""
+        if self._started:
+            return False
+        for _, key, payload in rows:
+            batch.put_due(now + 1.0, key, payload)
+        return True
+
     def _on_address_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                         now: float) -> Any:
         """Scheduler handler for ``da/`` rows: route due publishes by their address now."""
-        if not self._started:
-            for _, key, payload in rows:
-                batch.put_due(now + 1.0, key, payload)
+        if self._not_started_yet(rows, batch, now):
             return None
         groups: dict[tuple[str, Any], list[Entry]] = {}
         for _, key, payload in rows:
@@ -781,10 +788,8 @@ class Broker:
     def _on_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                 now: float) -> Any:
         """Scheduler handler for ``dq/`` rows: move due entries into their queues."""
-        if not self._started:
-            for _, key, payload in rows:
-                batch.put_due(now + 1.0, key, payload)
-            return
+        if self._not_started_yet(rows, batch, now):
+            return None
         per_queue: dict[str, list[Entry]] = {}
         for _, key, payload in rows:
             name = key[len(DUE_PREFIX):-9].decode("utf-8", "replace")
