@@ -50,7 +50,15 @@ from mqhub.protocols.nats.mailbox import (
 )
 from mqhub.protocols.nats.sublist import subject_matches
 from mqhub.store.batch import WriteBatch
-from mqhub.store.records import ADDRESS, BODY, EXPIRES_AT, HEADERS, MSG_ID, PRIORITY
+from mqhub.store.records import (
+    ADDRESS,
+    BODY,
+    EXPIRES_AT,
+    HEADERS,
+    MSG_ID,
+    PRIORITY,
+    make_entry,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.protocols.nats.server import NatsConnection, NatsServer, Subscription
@@ -718,7 +726,8 @@ class Mq9:
         headers = _headers_dict(hdr)
         now = self.clock.seconds()
         ttl = _ttl_header(headers) or DEFAULT_BROADCAST_TTL
-        entry = (self._new_id(), 0, 0, 0.0, now + ttl, subject, headers, payload, "nats")
+        entry = make_entry(self._new_id(), payload, subject, expires_at=now + ttl, headers=headers,
+                           origin="nats")
         self._batch.put_entries(BCAST_QUEUE, (entry,))
         seen: set[str] = set()
         self.broadcasts.append((entry, seen))
