@@ -67,6 +67,12 @@ def restart_hub(hub: Hub, **broker_kw: Any) -> Hub:
     return memory_hub(hub.clock, store=hub.store, **broker_kw)
 
 
+def settle(hub: Hub, turns: int = 2) -> None:
+    """Run ``hub``'s commits grouped on this clock turn and the ones they cause (``turns`` turns)."""
+    for _ in range(turns):
+        hub.clock.advance(0)
+
+
 def result_of(d: Any) -> Any:
     """Return the result of an already-fired Deferred (raise its failure; fail if not fired)."""
     if not isinstance(d, Deferred):

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from mqhub.hub import Hub
 from mqhub.store.lmdb import LmdbStore
-from mqhub.testing import CollectingTarget, memory_hub, restart_hub, result_of, start_clock
-
-
-def settle(hub: Hub) -> None:
-    """Run this turn's grouped commits."""
-    hub.clock.advance(0)
-    hub.clock.advance(0)
+from mqhub.testing import CollectingTarget, memory_hub, restart_hub, result_of, settle, start_clock
 
 
 def test_delay_to_a_parked_address_reaches_a_queue_bound_meanwhile(hub: Hub) -> None:

@@ -15,7 +15,7 @@ from twisted.internet.task import Clock
 from mqhub.hub import Hub
 from mqhub.scheduler.spec import ScheduleSpec
 from mqhub.store.memory import MemoryStore
-from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
+from mqhub.testing import CollectingTarget, memory_hub, result_of, settle, start_clock
 
 
 class Stores:
@@ -64,12 +64,6 @@ def restart(stores: Stores, hub: Hub, start: Callable[..., Hub], down: float = 0
         store = None
     hub.clock.advance(down)
     return start(store)
-
-
-def settle(hub: Hub) -> None:
-    """Run this turn's grouped commits."""
-    hub.clock.advance(0)
-    hub.clock.advance(0)
 
 
 def test_delays_survive_restart_and_fire_on_time(env: Any) -> None:
