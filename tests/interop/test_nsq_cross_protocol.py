@@ -10,7 +10,7 @@ import pytest
 
 from mqhub.protocols.nsq import codec as wire
 from tests.interop.broker import BrokerProcess
-from tests.interop.test_nsq_durability import NsqSocket
+from tests.interop.nsq_client import NsqSocket
 
 pytestmark = pytest.mark.interop
 

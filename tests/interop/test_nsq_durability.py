@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -14,79 +11,16 @@ import pytest
 
 from mqhub.protocols.nsq import codec as wire
 from tests.interop.broker import BrokerProcess
+from tests.interop.nsq_client import NsqSocket, channel_stats, ok
 
 pytestmark = pytest.mark.interop
-
-
-class NsqSocket:
-    """A minimal blocking NSQ client built on the project's codec (for load and crash tests)."""
-
-    def __init__(self, port: int) -> None:
-        """Connect to 127.0.0.1:``port`` and send the V2 magic."""
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.sock.sendall(wire.MAGIC_V2)
-        self.codec = wire.ClientCodec()
-
-    def send(self, data: bytes) -> None:
-        """Send raw command bytes."""
-        self.sock.sendall(data)
-
-    def read(self, timeout: float = 0.5) -> list[Any]:
-        """Frames that arrive within ``timeout`` (answers heartbeats with NOP); [] on silence."""
-        self.sock.settimeout(timeout)
-        try:
-            data = self.sock.recv(1 << 20)
-        except TimeoutError:
-            return []
-        if not data:
-            raise ConnectionError("closed by broker")
-        self.codec.receive_data(data)
-        frames = self.codec.frames()
-        if any(f == wire.Response(wire.HEARTBEAT) for f in frames):
-            self.send(b"NOP\n")
-        return frames
-
-    def consume(self, topic: str, channel: str, want: Callable[[list[bytes]], bool],
-                timeout: float = 20.0, fin: bool = True) -> list[wire.Message]:
-        """SUB, RDY 2500 and collect (and FIN) messages until ``want(bodies)`` or the deadline."""
-        self.send(wire.encode_sub(topic, channel) + wire.encode_rdy(2500))
-        got: list[wire.Message] = []
-        deadline = time.monotonic() + timeout
-        while not want([m.body for m in got]):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"only {len(got)} messages before the deadline")
-            msgs = [f for f in self.read() if isinstance(f, wire.Message)]
-            if fin and msgs:
-                self.send(b"".join(wire.encode_fin(m.msg_id) for m in msgs))
-            got.extend(msgs)
-        return got
-
-    def close(self) -> None:
-        """Close the socket."""
-        self.sock.close()
-
-
-def http_post(broker: BrokerProcess, path: str, body: bytes = b"") -> bytes:
-    """POST to the broker's NSQ HTTP API."""
-    url = f"http://127.0.0.1:{broker.port('nsq', 'http')}{path}"
-    with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"), timeout=5) as r:
-        return r.read()
-
-
-def channel_stats(broker: BrokerProcess, topic: str, channel: str) -> dict[str, Any]:
-    """One channel's entry of /stats?format=json."""
-    url = f"http://127.0.0.1:{broker.port('nsq', 'http')}/stats?format=json&topic={topic}"
-    with urllib.request.urlopen(url, timeout=5) as r:
-        stats = json.loads(r.read())
-    (t,) = stats["topics"]
-    return next(c for c in t["channels"] if c["channel_name"] == channel)
 
 
 def test_every_ok_survives_sigkill_during_pub_load(make_broker: Callable[..., BrokerProcess]) -> None:
     """SIGKILL during a pipelined PUB load: after restart every message that got OK is delivered."""
     broker = make_broker(["nsq"])
-    http_post(broker, "/topic/create?topic=crash")
-    http_post(broker, "/channel/create?topic=crash&channel=c")
+    ok(broker, "/topic/create?topic=crash")
+    ok(broker, "/channel/create?topic=crash&channel=c")
     confirmed = [0]
     stop = threading.Event()
 

@@ -4,41 +4,14 @@ from __future__ import annotations
 
 import json
 import struct
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from tests.interop.broker import BrokerProcess
-from tests.interop.test_nsq_durability import NsqSocket
+from tests.interop.nsq_client import NsqSocket, ok, request, stats
 
 pytestmark = pytest.mark.interop
-
-
-def request(broker: BrokerProcess, path: str, body: bytes | None = None,
-            method: str | None = None) -> tuple[int, Any, bytes]:
-    """(status, headers, body) of one HTTP request to the NSQ HTTP port."""
-    url = f"http://127.0.0.1:{broker.port('nsq', 'http')}{path}"
-    req = urllib.request.Request(url, data=body, method=method or ("POST" if body is not None else "GET"))
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status, resp.headers, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.headers, err.read()
-
-
-def ok(broker: BrokerProcess, path: str, body: bytes = b"") -> bytes:
-    """POST and require 200."""
-    status, _, data = request(broker, path, body)
-    assert status == 200, (path, status, data)
-    return data
-
-
-def stats(broker: BrokerProcess) -> dict[str, Any]:
-    """/stats?format=json."""
-    return json.loads(request(broker, "/stats?format=json")[2])
 
 
 def test_http_publish_then_consume_and_stats(make_broker: Callable[..., BrokerProcess]) -> None:

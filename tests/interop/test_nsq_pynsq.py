@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 import tornado.ioloop
 
 from tests.interop.broker import BrokerProcess
+from tests.interop.nsq_client import ok, stats
 
 pytestmark = pytest.mark.interop
 
@@ -34,14 +34,6 @@ async def until(predicate: Callable[[], bool], timeout: float = 15.0, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
-
-
-def http(broker: BrokerProcess, path: str, body: bytes | None = None) -> bytes:
-    """GET (or POST ``body``) on the broker's NSQ HTTP port."""
-    url = f"http://127.0.0.1:{broker.port('nsq', 'http')}{path}"
-    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return resp.read()
 
 
 async def connected_writer(broker: BrokerProcess) -> nsq.Writer:
@@ -106,8 +98,7 @@ def test_pynsq_writer_and_reader_with_req_touch_and_backoff(make_broker: Callabl
     run(scenario)
     assert seen[b"req-me"] == [1, 2]
     assert seen[b"touch-me"] == [1] and seen[b"plain"] == [1]
-    stats = json.loads(http(broker, "/stats?format=json"))
-    (topic,) = [t for t in stats["topics"] if t["topic_name"] == "jobs"]
+    (topic,) = [t for t in stats(broker)["topics"] if t["topic_name"] == "jobs"]
     (channel,) = topic["channels"]
     assert channel["channel_name"] == "work"
     assert channel["requeue_count"] >= 1 and channel["timeout_count"] == 0
@@ -117,7 +108,7 @@ def test_pynsq_writer_and_reader_with_req_touch_and_backoff(make_broker: Callabl
 def test_pynsq_reader_finds_broker_through_lookupd_address(make_broker: Callable[..., BrokerProcess]) -> None:
     """A Reader configured only with a lookupd HTTP address finds this broker and consumes."""
     broker = make_broker(["nsq"])
-    assert http(broker, "/pub?topic=found", b"via-http") == b"OK"
+    assert ok(broker, "/pub?topic=found", b"via-http") == b"OK"
     got: list[bytes] = []
 
     async def scenario() -> None:
@@ -131,6 +122,6 @@ def test_pynsq_reader_finds_broker_through_lookupd_address(make_broker: Callable
             reader.close()
 
     run(scenario)
-    lookup = json.loads(http(broker, "/lookup?topic=found"))
+    lookup = json.loads(ok(broker, "/lookup?topic=found", None))
     assert lookup["channels"] == ["c"]
     assert lookup["producers"][0]["tcp_port"] == broker.port("nsq", "tcp")

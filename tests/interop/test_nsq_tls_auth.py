@@ -11,8 +11,9 @@ import nsq
 import pytest
 
 from tests.interop.broker import BrokerProcess
+from tests.interop.nsq_client import stats
 from tests.interop.test_nats_auth_tls import self_signed
-from tests.interop.test_nsq_pynsq import call, http, run, until
+from tests.interop.test_nsq_pynsq import call, run, until
 
 pytestmark = pytest.mark.interop
 
@@ -36,7 +37,7 @@ def test_pynsq_tls_deflate_and_auth(make_broker: Callable[..., BrokerProcess], t
                             auth_secret="s3cret")
         await until(lambda: bool(writer.conns), what="TLS writer connection")
         assert await call(writer.pub, "secure", b"over tls") == b"OK"
-        features.extend(json.loads(http(broker, "/stats?format=json"))["producers"])
+        features.extend(stats(broker)["producers"])
         refused = await call(writer.pub, "other", b"nope")
         assert isinstance(refused, nsq.Error) and "E_UNAUTHORIZED" in str(refused)
         reader = nsq.Reader(topic="secure", channel="c", message_handler=lambda m: got.append(m.body) or True,
