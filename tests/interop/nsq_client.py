@@ -43,6 +43,22 @@ class NsqSocket:
             self.send(b"NOP\n")
         return frames
 
+    def read_until(self, done: Callable[[list[Any]], bool], what: str,
+                   timeout: float = 10.0) -> list[Any]:
+        """Frames read until ``done(frames)`` holds; fail naming ``what`` after ``timeout`` s."""
+        frames: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while not done(frames):
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {frames!r}"
+            frames += self.read()
+        return frames
+
+    def messages_until(self, count: int, what: str, timeout: float = 10.0) -> list[wire.Message]:
+        """The message frames of :meth:`read_until` at least ``count`` messages arrived."""
+        frames = self.read_until(lambda fs: sum(isinstance(f, wire.Message) for f in fs) >= count,
+                                 what, timeout)
+        return [f for f in frames if isinstance(f, wire.Message)]
+
     def consume(self, topic: str, channel: str, want: Callable[[list[bytes]], bool],
                 timeout: float = 20.0, fin: bool = True) -> list[wire.Message]:
         """SUB, RDY 2500 and collect (and FIN) messages until ``want(bodies)`` or the deadline."""

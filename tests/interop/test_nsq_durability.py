@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
@@ -63,17 +62,12 @@ def test_deferred_and_requeued_messages_survive_restart(make_broker: Callable[..
     port = broker.port("nsq", "tcp")
     consumer = NsqSocket(port)
     consumer.send(wire.encode_sub("later", "c") + wire.encode_rdy(10))
-    assert wire.Response(b"OK") in consumer.read(2.0)
+    consumer.read_until(lambda fs: wire.Response(b"OK") in fs, "the SUB's OK")
     producer = NsqSocket(port)
     producer.send(wire.encode_pub("later", b"requeue-me") + wire.encode_dpub("later", 1500, b"deferred"))
-    frames: list[Any] = []
-    deadline = time.monotonic() + 5
-    while frames.count(wire.Response(b"OK")) < 2 and time.monotonic() < deadline:
-        frames += producer.read()
+    frames = producer.read_until(lambda fs: fs.count(wire.Response(b"OK")) >= 2, "two OKs", 5)
     assert frames.count(wire.Response(b"OK")) == 2
-    msgs: list[Any] = []
-    while not msgs and time.monotonic() < deadline:
-        msgs = [f for f in consumer.read() if isinstance(f, wire.Message)]
+    msgs = consumer.messages_until(1, "the undeferred message", 5)
     assert [m.body for m in msgs] == [b"requeue-me"]
     consumer.send(wire.encode_req(msgs[0].msg_id, 1500))
     deadline = time.monotonic() + 5
