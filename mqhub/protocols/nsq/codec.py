@@ -739,12 +739,12 @@ def encode_frame(frame_type: int, data: bytes) -> bytes:
 
 def encode_response(data: bytes) -> bytes:
     """A response frame (``OK``, ``CLOSE_WAIT``, ``_heartbeat_``, JSON)."""
-    return _FRAME_HEAD.pack(len(data) + 4, FRAME_RESPONSE) + data
+    return encode_frame(FRAME_RESPONSE, data)
 
 
 def encode_error(text: bytes) -> bytes:
     """An error frame carrying ``b"CODE description"``."""
-    return _FRAME_HEAD.pack(len(text) + 4, FRAME_ERROR) + text
+    return encode_frame(FRAME_ERROR, text)
 
 
 #: Prebuilt frames sent often.
