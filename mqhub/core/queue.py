@@ -73,7 +73,6 @@ class Queue:
         "window_setting", "mode", "_parent", "_subs", "_claimed", "_refs", "_open", "_fan_seq",
         "incarnation", "paused", "deleted", "consumers", "_ready", "_prios", "_nready",
         "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_volatile", "_skip",
-        "_pend", "_page_cap", "_page_gone",
         "_inflight", "_owner", "_may_expire", "_deadlines", "_heap_ids", "_dseq", "_timer",
         "_timer_at", "_rr", "_dispatching", "_again", "deferred", "message_count",
         "requeue_count", "timeout_count", "expired_count", "dropped_count", "dead_letter_count",
@@ -131,11 +130,6 @@ class Queue:
         self._put_gen = 0                     # bumps whenever stored-only entries are added
         self._volatile: set[int] = _NO_IDS    # ids of persist=False entries in a durable queue
         self._skip: set[int] = _NO_IDS        # ids removed while a page was being read
-        # id(batch) -> [marks, batch, lowest ready-order key (-priority, msg_id) it may have
-        # made stored-only, or None]: uncommitted batches; a page never moves past such a key
-        self._pend: dict[int, list[Any]] = _NO_MAP
-        self._page_cap: tuple[int, int] | None = None   # holds of batches settled mid-read
-        self._page_gone: set[int] = _NO_IDS   # ids deleted by batches settled mid-read
         # in flight
         self._inflight: dict[int, Entry] = _NO_MAP
         # msg_id -> (consumer, deadline); one tuple shared by every message of a delivered batch
@@ -275,7 +269,6 @@ class Queue:
                     and self._after_horizon(e):
                 self._stored_only += 1
                 self._put_gen += 1
-                self._hold_all((-e[1], e[0]))
             else:
                 back.append(e)
         self._insert_many(back)
@@ -304,16 +297,8 @@ class Queue:
             if uniform:
                 # one priority and fresh (largest) ids: the first entry decides for the batch
                 keep = [] if self._after_horizon(entries[0]) else entries
-                key = None if keep else (-entries[0][1], entries[0][0])
             else:
                 keep = [e for e in entries if not self._after_horizon(e)]
-                key = min(((-e[1], e[0]) for e in entries if self._after_horizon(e)),
-                          default=None)
-            if key is not None:
-                if batch is not None:
-                    self._hold(batch, key)
-                else:
-                    self._hold_all(key)
             self._stored_only += n - len(keep)
             self._put_gen += 1
             entries = keep
@@ -351,7 +336,6 @@ class Queue:
         """
         excess = self._nready - self._effective_window()
         volatile = self._volatile
-        low: Entry | None = None
         for p in sorted(self._prios):
             d = self._ready[p]
             kept: list[Entry] = []
@@ -364,14 +348,10 @@ class Queue:
                 self._nready -= 1
                 self._stored_only += 1
                 self._put_gen += 1
-                low = e
             if kept:
                 d.extend(reversed(kept))
             if excess <= 0:
                 break
-        if low is not None and self._pend:
-            # the last one dropped sorts first: it may still be uncommitted
-            self._hold_all((-low[1], low[0]))
         for p in sorted(self._prios):
             d = self._ready[p]
             for e in reversed(d):
@@ -452,74 +432,22 @@ class Queue:
     def _maybe_page(self) -> None:
         """Read the next page of the stored backlog when the window runs low.
 
-        Uncommitted batches do not stop paging: the page is cut before the lowest ready-order
-        key an uncommitted batch may have made stored-only (the store cannot show it yet, and
-        the horizon must never move past an unread entry), and entries an uncommitted batch
-        deletes are dropped from it (see :meth:`_paged`).
+        No page is read while one of this queue's put batches is uncommitted: the store could
+        not show those entries yet, and the horizon must never move past an unread entry.
         """
-        if (self._paging or not self._stored_only or self.deleted
+        if (self._paging or not self._stored_only or self.deleted or self._unsettled
                 or self._nready > self._effective_window() // 2):
             return
-        cap = self._cap()
-        h = self._horizon
-        if cap is not None and h is not None and cap <= (-h[0], h[1]):
-            return                      # nothing readable before the hold: wait for its commit
         self._paging = True
-        self._page_cap = None
-        self._page_gone = _NO_IDS
         limit = self._effective_window() - self._nready
         d = self.broker.store.read_entries(self.name, self._horizon, max(1, limit))
         d.addCallbacks(self._paged, self._page_failed,
                        callbackArgs=(self.incarnation, self._put_gen))
 
-    def _cap(self) -> tuple[int, int] | None:
-        """The lowest ready-order key an uncommitted batch of this queue may have made stored-only."""
-        cap = self._page_cap if self._paging else None
-        for rec in self._pend.values():
-            low = rec[2]
-            if low is not None and (cap is None or low < cap):
-                cap = low
-        return cap
-
-    def _hold(self, batch: WriteBatch, key: tuple[int, int]) -> None:
-        """``batch`` (marked) made the entry at ready-order ``key`` stored-only."""
-        rec = self._pend.get(id(batch))
-        if rec is None:
-            self._hold_all(key)
-        elif rec[2] is None or key < rec[2]:
-            rec[2] = key
-
-    def _hold_all(self, key: tuple[int, int]) -> None:
-        """An entry at ready-order ``key`` became stored-only and its put may be uncommitted."""
-        for rec in self._pend.values():
-            if rec[2] is None or key < rec[2]:
-                rec[2] = key
-
     def _mark(self, batch: WriteBatch) -> None:
-        """``batch`` changes this queue's stored entries: track it until it is committed."""
+        """``batch`` changes this queue's stored entries: no paging until it is committed."""
         self._unsettled += 1
-        if self._pend is _NO_MAP:
-            self._pend = {}
-        rec = self._pend.get(id(batch))
-        if rec is None:
-            self._pend[id(batch)] = [1, batch, None]
-        else:
-            rec[0] += 1
         self.broker._unsettled_add(batch, self)
-
-    def _rekey(self, batch: WriteBatch, into: WriteBatch) -> None:
-        """The broker merged ``batch`` (attempts and deletes only) into ``into``."""
-        rec = self._pend.pop(id(batch), None)
-        if rec is None:
-            return
-        other = self._pend.get(id(into))
-        if other is None:
-            rec[1] = into
-            self._pend[id(into)] = rec
-        else:
-            other[0] += rec[0]
-            if rec[2] is not None and (other[2] is None or rec[2] < other[2]):
-                other[2] = rec[2]
 
     def _write(self, batch: WriteBatch) -> Any:
         """Commit a batch of this queue's own writes (marking it unsettled until then)."""
@@ -527,54 +455,22 @@ class Queue:
             self._mark(batch)
         return self.broker._commit(batch)
 
-    def _settle(self, batch: WriteBatch | None = None) -> None:
-        """One mark of this queue on ``batch`` was committed (or failed)."""
+    def _settle(self) -> None:
+        """One of this queue's put batches was committed (or failed)."""
         self._unsettled -= 1
-        rec = self._pend.get(id(batch)) if batch is not None else None
-        if rec is not None:
-            rec[0] -= 1
-            if rec[0] <= 0:
-                del self._pend[id(batch)]
-                if self._paging:
-                    # the read in progress may have started before this commit
-                    low = rec[2]
-                    if low is not None and (self._page_cap is None or low < self._page_cap):
-                        self._page_cap = low
-                    keys = rec[1].deletes.get(self.name)
-                    if keys:
-                        if self._page_gone is _NO_IDS:
-                            self._page_gone = set()
-                        self._page_gone.update([k[1] for k in keys])
-        elif batch is None and not self._unsettled:
-            self._pend = _NO_MAP
-        if self._stored_only:
-            if not self._unsettled:
-                self.dispatch()
-            else:
-                self._maybe_page()
+        if not self._unsettled and self._stored_only:
+            self.dispatch()
 
     def _paged(self, entries: list[Entry], incarnation: int, gen: int) -> None:
         """Append a page read from the store to the window.
 
         Entries of the page that are in flight, or handed to fan-out subscribers, (delivered
         before the horizon moved back past them) were never counted as stored-only; they are
-        skipped and not counted. The page is cut before the lowest key an uncommitted batch
-        may have made stored-only, and entries an uncommitted batch deletes are dropped.
+        skipped and not counted.
         """
-        cap = self._cap()
-        gone_ids = self._page_gone
         self._paging = False
-        self._page_cap = None
-        self._page_gone = _NO_IDS
         if self.deleted or incarnation != self.incarnation:
             return
-        if cap is not None and entries and (-entries[-1][1], entries[-1][0]) >= cap:
-            entries = [e for e in entries if (-e[1], e[0]) < cap]
-            if not entries:
-                if not any(rec[2] is not None for rec in self._pend.values()):
-                    # only a commit that landed during the read held it: read again
-                    self.broker.clock.callLater(0, self._maybe_page)
-                return
         if not entries:
             if gen == self._put_gen and not self._unsettled:
                 # everything is committed and nothing follows the horizon: the count was stale
@@ -586,15 +482,6 @@ class Queue:
         inflight = self._inflight
         claimed = self._claimed
         fresh = [e for e in entries if e[0] not in inflight and e[0] not in claimed]
-        if self._pend or gone_ids:
-            # deleted by a batch not yet committed (an ack): never bring it back
-            dead: set[int] = set(gone_ids)
-            for rec in self._pend.values():
-                keys = rec[1].deletes.get(self.name)
-                if keys:
-                    dead.update([k[1] for k in keys])
-            if dead:
-                fresh = [e for e in fresh if e[0] not in dead]
         if self._skip:
             skip = self._skip
             gone = [e for e in fresh if e[0] in skip]
