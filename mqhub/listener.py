@@ -32,10 +32,13 @@ class _TrackingFactory(Factory):
 
     noisy = False  # ListenerService logs its own one-line "listening on" message
 
-    def __init__(self, wrapped: Any) -> None:
-        """Track the protocols ``wrapped`` builds."""
+    def __init__(self, wrapped: Any, clock: Any = None) -> None:
+        """Track the protocols ``wrapped`` builds (and when, read from ``clock`` if given)."""
         self.wrapped = wrapped
+        self.clock = clock
         self.built: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: protocol -> POSIX time it was built (the admin API's "since")
+        self.since: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
     def logPrefix(self) -> str:
         """Log as the wrapped factory ("NsqFactory starting on 4150")."""
@@ -55,6 +58,8 @@ class _TrackingFactory(Factory):
         protocol = self.wrapped.buildProtocol(addr)
         if protocol is not None:
             self.built.add(protocol)
+            if self.clock is not None:
+                self.since[protocol] = self.clock.seconds()
         return protocol
 
     def open_connections(self) -> list[Any]:
@@ -90,7 +95,7 @@ class ListenerService(Service):
         self.factory = factory
         self._reactor = reactor
         self.drain_timeout = drain_timeout
-        self._tracking = _TrackingFactory(factory)
+        self._tracking = _TrackingFactory(factory, reactor)
         self.port: IListeningPort | None = None
         self.listening: Deferred[Any] = Deferred()
 
@@ -136,6 +141,10 @@ class ListenerService(Service):
     def connections(self) -> list[Any]:
         """The protocols of the open connections."""
         return self._tracking.open_connections()
+
+    def connected_since(self, protocol: Any) -> float | None:
+        """POSIX time the connection of ``protocol`` was accepted (None if unknown)."""
+        return self._tracking.since.get(protocol)
 
     def stopService(self) -> Deferred[None]:
         """Stop accepting, close every connection, and fire when all are closed (bounded)."""

@@ -24,6 +24,8 @@ log = Logger(namespace="mqhub.tap")
 
 LOG_FORMATS = ("text", "json")
 DURABILITY_MODES = ("sync", "batch", "none")
+#: Default endpoint of the admin web listener (role admin.http).
+ADMIN_ENDPOINT = "tcp:8750:interface=127.0.0.1"
 
 
 def _split_assignment(value: str, flag: str) -> tuple[str, str]:
@@ -53,6 +55,8 @@ Examples:
   twistd -n mqhub --protocols nsq,mq9 --data-dir /srv/mqhub
   twistd -n mqhub --listen nsq.tcp=tcp:4150:interface=0.0.0.0 --listen mq9=tcp:4333
   twistd -n mqhub --plugin-path plugins --protocols redis
+  twistd -n mqhub --listen admin.http=tcp:9750:interface=127.0.0.1 --admin-token token.txt
+  twistd -n mqhub --manhole tcp:8722:interface=127.0.0.1 --manhole-keys ~/.ssh/authorized_keys
 """
 
     # A plain list: the hub's own [long, short, default, doc] lines, then the extra flags the
@@ -62,7 +66,16 @@ Examples:
         ["data-dir", "d", "./var", "Directory of the durable store."],
         ["log-format", None, "text", "Log output: text or json (one JSON object per line)."],
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
+        ["admin-token", None, None,
+         "File whose first line is the admin API token state changes must carry."],
+        ["manhole", None, None, "Endpoint of the SSH manhole (off unless given)."],
+        ["manhole-keys", None, None,
+         "OpenSSH authorized_keys file of the keys that may log in to the manhole."],
         *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
+    ]
+
+    optFlags: list[list[Any]] = [
+        ["no-admin", None, "Do not serve the admin page, JSON API and /metrics (admin.http)."],
     ]
 
     def __init__(self) -> None:
@@ -71,6 +84,7 @@ Examples:
         self["listen"] = []
         self["plugin_path"] = []
         self["plugin_options"] = {}
+        self["admin_endpoint"] = ADMIN_ENDPOINT
         self.discovery: Discovery | None = None
 
     def opt_listen(self, value: str) -> None:
@@ -135,6 +149,11 @@ Examples:
         chosen.sort()
         endpoints = {n: dict(found.plugins[n].default_endpoints) for n in chosen}
         for name, role, endpoint in self["listen"]:
+            if name == "admin":
+                if role not in (None, "http"):
+                    raise usage.UsageError(f"--listen: admin has no role {role!r}; roles: http")
+                self["admin_endpoint"] = endpoint
+                continue
             canonical = found.aliases.get(name)
             if canonical is None:
                 raise usage.UsageError(f"--listen: unknown protocol {name!r}; available: {available}")
@@ -156,8 +175,28 @@ Examples:
         self["plugin_options"] = by_plugin
         self["plugins"] = [found.plugins[n] for n in chosen]
         self["endpoints"] = endpoints
+        self._check_admin()
         if self["log-format"] == "json":
             self._use_json_logs(getattr(self, "parent", None))
+
+    def _check_admin(self) -> None:
+        """Read the admin token and validate the manhole settings (refusing a bad start)."""
+        from mqhub.manhole import ManholeError, check_config
+        from mqhub.web.service import read_token
+
+        self["admin_token_value"] = None
+        if self["admin-token"]:
+            try:
+                self["admin_token_value"] = read_token(self["admin-token"])
+            except (OSError, ValueError) as exc:
+                raise usage.UsageError(f"--admin-token: {exc}") from None
+        if self["manhole"]:
+            try:
+                check_config(self["manhole"], self["manhole-keys"])
+            except ManholeError as exc:
+                raise usage.UsageError(str(exc)) from None
+        elif self["manhole-keys"]:
+            raise usage.UsageError("--manhole-keys needs --manhole ENDPOINT")
 
     @staticmethod
     def _use_json_logs(parent: Any) -> None:
@@ -240,4 +279,23 @@ def build_service(options: Options, reactor: Any) -> HubService:
             log.failure("protocol {name} could not be built", name=plugin.name)
             continue
         root.add_listener(plugin.name, service)
+    add_admin_services(root, hub, options)
     return root
+
+
+def add_admin_services(root: HubService, hub: Any, options: Options) -> None:
+    """Add the admin web listener (unless --no-admin) and the manhole (if --manhole).
+
+    Both start with the protocol listeners, after recovery.
+    """
+    if not options.get("no-admin"):
+        from mqhub.web.service import make_admin_service
+
+        root.add_listener("admin", make_admin_service(
+            hub, root, options.get("admin_endpoint") or ADMIN_ENDPOINT,
+            token=options.get("admin_token_value")))
+    if options.get("manhole"):
+        from mqhub.manhole import make_manhole_service
+
+        root.add_listener("manhole", make_manhole_service(
+            hub, root, options["manhole"], options.get("manhole-keys")))

@@ -20,6 +20,7 @@ from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succ
 from twisted.python.failure import Failure
 
 from mqhub.core.address import pattern_matches, validate_address, validate_pattern
+from mqhub.core.counters import Counters
 from mqhub.core.deadletter import DeadLetter, dlq_name, from_dead
 from mqhub.core.ids import IdGenerator
 from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
@@ -86,6 +87,7 @@ class Broker:
         self.scheduler = scheduler
         self.window = window
         self.ids = IdGenerator(clock)
+        self.counters = Counters()  # admin/metrics totals, batch granularity (core/counters.py)
         self.router = Router()
         #: address -> Route cache (read-only for adapters; cleared in place on epoch changes)
         self.routes = self.router.cache
@@ -565,6 +567,7 @@ class Broker:
         first = self.ids.reserve(n)
         ids = range(first, first + n)
         self.last_ids = ids
+        self.counters.publish(origin, n)
         if ttl:
             expires_at = self.clock.seconds() + ttl
         entries: list[Entry]
@@ -657,6 +660,7 @@ class Broker:
             route = self.route(address)
         if route.targets:
             for b in route.targets:
+                self.counters.deliver_live(b.target, entries)
                 try:
                     b.target.deliver_batch(b, address, entries)
                 except Exception:
@@ -664,6 +668,7 @@ class Broker:
         if route.groups:
             for i in range(len(route.groups)):
                 b = route.pick(i)
+                self.counters.deliver_live(b.target, entries)
                 try:
                     b.target.deliver_batch(b, address, entries)
                 except Exception:

@@ -630,6 +630,7 @@ class Queue:
                 b = WriteBatch()
                 b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in out])
                 self.broker._commit(b)
+            self.broker.counters.deliver(c.target, n)
             try:
                 c.target.deliver_batch(c, self.name, out)
             except Exception:
@@ -761,6 +762,7 @@ class Queue:
             b.delete_entries(self.name, [(e[1], e[0]) for e in got])
             self._write(b)
         if got:
+            self.broker.counters.ack(consumer.target, len(got))
             self.dispatch()
         return failed
 
@@ -849,6 +851,7 @@ class Queue:
     def _dead(self, entries: list[Entry], reason: str, error: str | None,
               batch: WriteBatch | None, now: float) -> None:
         """Move ``entries`` (already out of the window/in-flight) to this queue's dead letters."""
+        self.broker.counters.dead_lettered(reason, len(entries))
         if self._parent is not None:
             fanout.dead(self._parent, self, entries, reason, error, now)
             return

@@ -205,8 +205,15 @@ class LmdbStore:
         self.recovered_truncated_bytes = 0
         self.recovered_dropped_entries = 0
         self.last_commit_seconds = 0.0
+        #: called with each group commit's duration in seconds (admin /metrics histogram)
+        self.on_commit: Any = None
 
     # lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the store is open (admin /healthz)."""
+        return self._open
 
     def open(self) -> None:
         """Open the environment, repair the segment tail, load queue counters; synchronous.
@@ -556,6 +563,8 @@ class LmdbStore:
         self.commits += 1
         self.batches += len(batches)
         self.last_commit_seconds = time.perf_counter() - started
+        if self.on_commit is not None:
+            self.on_commit(self.last_commit_seconds)
 
     def _write_each(self, batches: list[WriteBatch]) -> list[StoreError | None]:
         """Commit each batch alone; return each one's error or None."""

@@ -53,6 +53,11 @@ class MemoryStore:
         """Mark the store open (nothing to recover in memory)."""
         self._open = True
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the store is open (admin /healthz)."""
+        return self._open
+
     def close(self) -> Deferred[None]:
         """Apply pending groups and close."""
         self._flush()

@@ -103,6 +103,9 @@ class BrokerProcess:
                     self.endpoints[(name, role)] = f"tcp://{HOST}:{port}"
                 else:
                     self.endpoints[(name, role)] = f"tcp:{port}:interface={HOST}"
+        if "--no-admin" not in self.extra_args:  # the admin web listener (role admin.http)
+            self.ports[("admin", "http")] = port = free_port()
+            self.endpoints[("admin", "http")] = f"tcp:{port}:interface={HOST}"
         self.wait_for = list(wait_for) if wait_for is not None else list(self.ports)
         self.process: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None

@@ -216,6 +216,7 @@ def test_build_service_skips_refusing_plugins_and_keeps_the_rest(tmp_path: Path)
         "--data-dir", str(tmp_path / "data"),
         "--durability", "none",
         "--listen", "echo=tcp:0:interface=127.0.0.1",
+        "--no-admin",
     )
     reactor = MemoryReactorClock()
     root = build_service(options, reactor)

@@ -1,0 +1,388 @@
+"""Read-only views of a running hub, shared by the JSON API, /metrics, the manhole and the CLI.
+
+Everything here uses the core's public API (docs/core-api.md) and the listener services'
+public attributes; nothing is computed per message. Listings are paginated server-side and
+sorted with a bounded heap, so a page over 100,000 queues stays cheap.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from operator import attrgetter
+from typing import Any
+
+from mqhub.core.ids import format_id, parse_id
+from mqhub.listener import ListenerService
+
+#: Sort keys accepted by :meth:`Inspector.queue_page` (prefix ``-`` for descending).
+QUEUE_SORTS = {
+    "name": attrgetter("name"),
+    "depth": attrgetter("depth"),
+    "in_flight": attrgetter("in_flight"),
+    "deferred": attrgetter("deferred"),
+    "dead": attrgetter("dead_letter_count"),
+    "messages": attrgetter("message_count"),
+    "consumers": lambda q: len(q.consumers),
+}
+#: Largest page any listing returns.
+MAX_LIMIT = 1000
+#: Keys of a rate tracker kept at most (older ones are forgotten).
+RATE_KEYS = 20_000
+#: Settings ``PATCH /api/queues/{name}`` may change, with their types.
+SAFE_SETTINGS: dict[str, type] = {
+    "max_attempts": int, "max_size": int, "ttl": float, "msg_timeout": float,
+    "window": int, "overflow": str, "expire_to_dead_letters": bool,
+}
+#: Bytes of a dead letter's body shown as its preview.
+PREVIEW_BYTES = 200
+
+
+class RateTracker:
+    """Per-key rates (per second) from monotonic totals sampled whenever they are read."""
+
+    def __init__(self, min_interval: float = 1.0) -> None:
+        """Recompute a key's rate at most every ``min_interval`` seconds."""
+        self.min_interval = min_interval
+        self._seen: dict[Any, tuple[float, float, float]] = {}
+
+    def rate(self, key: Any, total: float, now: float) -> float:
+        """The rate of ``total`` for ``key`` between its last two samples ≥ min_interval apart."""
+        seen = self._seen.get(key)
+        if seen is None:
+            if len(self._seen) >= RATE_KEYS:
+                self._seen.clear()
+            self._seen[key] = (now, total, 0.0)
+            return 0.0
+        then, before, rate = seen
+        if now - then >= self.min_interval:
+            rate = max(0.0, (total - before) / (now - then))
+            self._seen[key] = (now, total, rate)
+        return rate
+
+
+def walk_listeners(service: Any, top: str | None = None) -> Iterator[tuple[str, ListenerService]]:
+    """Every ListenerService under ``service`` with the name of its top-level protocol service."""
+    for child in list(service) if hasattr(service, "__iter__") else []:
+        name = top or getattr(child, "name", None) or "?"
+        if isinstance(child, ListenerService):
+            yield name, child
+        else:
+            yield from walk_listeners(child, name)
+
+
+def clamp(value: Any, default: int, low: int = 0, high: int = MAX_LIMIT) -> int:
+    """``value`` as an int within [low, high], or ``default`` when it is not a number."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return default
+    return max(low, min(high, n))
+
+
+class Inspector:
+    """Views of one hub; ``root`` is its HubService (listeners), ``None`` in unit tests.
+
+    :ivar skip: top-level service names not reported as protocols (the admin surfaces).
+    """
+
+    def __init__(self, hub: Any, root: Any = None) -> None:
+        """Remember the hub and the start time (uptime)."""
+        self.hub = hub
+        self.root = root
+        self.started_at = hub.clock.seconds()
+        self.skip = {"admin", "manhole"}
+        self.protocol_rates = RateTracker()
+        self.queue_rates = RateTracker()
+
+    @property
+    def broker(self) -> Any:
+        """The hub's broker core."""
+        return self.hub.broker
+
+    def now(self) -> float:
+        """The hub clock's time."""
+        return float(self.hub.clock.seconds())
+
+    # listeners and connections -------------------------------------------------------------
+
+    def listeners(self) -> list[tuple[str, ListenerService]]:
+        """``(protocol, listener)`` for every protocol listener (admin surfaces excluded)."""
+        if self.root is None:
+            return []
+        return [(n, ls) for n, ls in walk_listeners(self.root) if n not in self.skip]
+
+    def protocols(self) -> list[str]:
+        """Names of the protocol services the hub runs."""
+        if self.root is None:
+            return []
+        return [c.name for c in self.root if c.name not in self.skip]
+
+    def connections(self) -> list[dict[str, Any]]:
+        """Every open client connection: protocol, listener, peer, since, counters."""
+        out = []
+        for protocol, ls in self.listeners():
+            for conn in ls.connections:
+                peer = conn.transport.getPeer()
+                row: dict[str, Any] = {
+                    "protocol": protocol, "listener": ls.name,
+                    "peer": f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}",
+                    "since": ls.connected_since(conn),
+                }
+                for attr in ("message_count", "finish_count", "requeue_count", "in_msgs",
+                             "out_msgs", "client_id", "name"):
+                    value = getattr(conn, attr, None)
+                    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+                        row[attr] = value
+                out.append(row)
+        return out
+
+    def connection_counts(self) -> dict[str, int]:
+        """Open connections per protocol (every protocol service listed, even with none)."""
+        counts = dict.fromkeys(self.protocols(), 0)
+        for protocol, ls in self.listeners():
+            counts[protocol] = counts.get(protocol, 0) + len(ls.connections)
+        return counts
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, details): the store is open and every protocol listener is listening."""
+        problems = []
+        store_open = bool(getattr(self.hub.store, "is_open", True))
+        if not store_open:
+            problems.append("store is not open")
+        listening = {}
+        for protocol, ls in self.listeners():
+            up = ls.running and ls.port is not None
+            listening[ls.name or protocol] = up
+            if not up:
+                problems.append(f"listener {ls.name or protocol} is not listening")
+        return not problems, {"status": "ok" if not problems else "unhealthy",
+                              "store_open": store_open, "listeners": listening,
+                              "problems": problems}
+
+    # figures ------------------------------------------------------------------------------
+
+    def protocol_stats(self) -> dict[str, dict[str, Any]]:
+        """Per protocol: connections, published/delivered/acked totals and their rates."""
+        now = self.now()
+        totals = self.broker.counters.snapshot()
+        counts = self.connection_counts()
+        out: dict[str, dict[str, Any]] = {}
+        for name in sorted(set(totals) | set(counts)):
+            row: dict[str, Any] = {"connections": counts.get(name, 0)}
+            for field in ("published", "delivered", "acked"):
+                n = totals.get(name, {}).get(field, 0)
+                row[field] = n
+                row[f"{field}_rate"] = round(self.protocol_rates.rate((name, field), n, now), 1)
+            out[name] = row
+        return out
+
+    def store_stats(self) -> dict[str, Any]:
+        """The store's own counters plus its size on disk when it has one."""
+        stats = dict(self.hub.store.stats())
+        return stats
+
+    def stats(self) -> dict[str, Any]:
+        """The /api/stats document: uptime, protocols, store, core and dead-letter totals."""
+        queues = self.broker.queues()
+        return {
+            "uptime": round(self.now() - self.started_at, 3),
+            "protocols": self.protocol_stats(),
+            "store": self.store_stats(),
+            "core": self.broker.stats(),
+            "queues": len(queues),
+            "depth": sum(q.depth for q in queues),
+            "in_flight": sum(q.in_flight for q in queues),
+            "dead_letters": sum(q.dead_letter_count for q in queues),
+            "dead_lettered": dict(self.broker.counters.dead),
+        }
+
+    # queues -------------------------------------------------------------------------------
+
+    def queue_row(self, q: Any, now: float) -> dict[str, Any]:
+        """The listing row of one queue."""
+        return {
+            "name": q.name, "tier": q.tier, "mode": q.mode, "depth": q.depth,
+            "in_flight": q.in_flight, "deferred": q.deferred, "dead": q.dead_letter_count,
+            "consumers": len(q.consumers), "paused": q.paused, "messages": q.message_count,
+            "rate": round(self.queue_rates.rate(q.name, q.message_count, now), 1),
+            "max_attempts": q.max_attempts,
+        }
+
+    def queue_page(self, offset: Any = 0, limit: Any = 50, sort: str = "name",
+                   q: str = "") -> dict[str, Any]:
+        """One page of queues filtered by substring ``q`` and sorted by ``sort`` (``-`` = desc).
+
+        :raises ValueError: for an unknown sort key.
+        """
+        offset = clamp(offset, 0, 0, 10**9)
+        limit = clamp(limit, 50, 1)
+        sort = sort or "name"
+        reverse = sort.startswith("-")
+        key = QUEUE_SORTS.get(sort.lstrip("-"))
+        if key is None:
+            raise ValueError(f"unknown sort {sort!r}; one of {', '.join(QUEUE_SORTS)}")
+        queues = self.broker.queues()
+        if q:
+            queues = [x for x in queues if q in x.name]
+        total = len(queues)
+        want = offset + limit
+        if want >= total:
+            chosen = sorted(queues, key=key, reverse=reverse)
+        elif reverse:
+            chosen = heapq.nlargest(want, queues, key=key)
+        else:
+            chosen = heapq.nsmallest(want, queues, key=key)
+        now = self.now()
+        rows = [self.queue_row(x, now) for x in chosen[offset:want]]
+        return {"total": total, "offset": offset, "limit": limit, "sort": sort, "q": q,
+                "queues": rows}
+
+    def queue_detail(self, name: str) -> dict[str, Any] | None:
+        """Everything about one queue (None when it does not exist)."""
+        queue = self.broker.queue(name)
+        if queue is None:
+            return None
+        row = self.queue_row(queue, self.now())
+        row["stats"] = queue.stats()
+        row["settings"] = {
+            "max_attempts": queue.max_attempts, "max_size": queue.max_size,
+            "overflow": queue.overflow, "ttl": queue.ttl, "msg_timeout": queue.msg_timeout,
+            "expires_at": queue.expires_at, "auto_delete": queue.auto_delete,
+            "window": queue.window,
+        }
+        row["bindings"] = [b.pattern for b in self.broker.bindings(name)]
+        row["consumer_list"] = [
+            {"protocol": getattr(c.target, "protocol_name", ""), "in_flight": c.in_flight}
+            for c in queue.consumers
+        ]
+        return row
+
+    @staticmethod
+    def check_settings(body: Any) -> dict[str, Any]:
+        """Validate a settings PATCH body; return the settings to apply.
+
+        :raises ValueError: unknown key, wrong type or negative number.
+        """
+        if not isinstance(body, dict) or not body:
+            raise ValueError("expected a JSON object of settings")
+        out: dict[str, Any] = {}
+        for key, value in body.items():
+            kind = SAFE_SETTINGS.get(key)
+            if kind is None:
+                raise ValueError(f"{key!r} cannot be changed; settable: {', '.join(SAFE_SETTINGS)}")
+            if kind is bool:
+                if not isinstance(value, bool):
+                    raise ValueError(f"{key} must be true or false")
+            elif kind is str:
+                if not isinstance(value, str):
+                    raise ValueError(f"{key} must be a string")
+            else:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"{key} must be a number")
+                if value < 0:
+                    raise ValueError(f"{key} must be >= 0")
+                value = kind(value)
+            out[key] = value
+        return out
+
+    # addresses, mailboxes, schedules --------------------------------------------------------
+
+    def addresses(self, offset: Any = 0, limit: Any = 100, q: str = "") -> dict[str, Any]:
+        """Bindings grouped per address pattern: bound queues and live subscribers per protocol."""
+        grouped: dict[str, dict[str, Any]] = {}
+        for b in self.broker.bindings():
+            if q and q not in b.pattern:
+                continue
+            row = grouped.get(b.pattern)
+            if row is None:
+                row = grouped[b.pattern] = {"address": b.pattern, "queues": [], "subscribers": {}}
+            if b.queue is not None:
+                row["queues"].append(b.queue.name)
+            else:
+                proto = getattr(b.target, "protocol_name", "") or "?"
+                row["subscribers"][proto] = row["subscribers"].get(proto, 0) + 1
+        names = sorted(grouped)
+        offset = clamp(offset, 0, 0, 10**9)
+        limit = clamp(limit, 100, 1)
+        return {"total": len(names), "offset": offset, "limit": limit,
+                "addresses": [grouped[n] for n in names[offset:offset + limit]]}
+
+    def mailboxes(self, offset: Any = 0, limit: Any = 100) -> dict[str, Any]:
+        """mq9 mailboxes (their core queues ``mq9/box/<id>/<priority>``) with depths."""
+        from mqhub.protocols.nats.mailbox import QUEUE_PREFIX
+
+        boxes: dict[str, dict[str, Any]] = {}
+        for queue in self.broker.queues():
+            name = queue.name
+            if not name.startswith(QUEUE_PREFIX):
+                continue
+            mail_id, _, priority = name[len(QUEUE_PREFIX):].rpartition("/")
+            box = boxes.get(mail_id)
+            if box is None:
+                box = boxes[mail_id] = {"mail_id": mail_id, "expires_at": queue.expires_at,
+                                        "consumers": 0}
+            box[priority] = queue.depth
+            box["consumers"] += len(queue.consumers)
+        ids = sorted(boxes)
+        offset = clamp(offset, 0, 0, 10**9)
+        limit = clamp(limit, 100, 1)
+        return {"total": len(ids), "offset": offset, "limit": limit,
+                "mailboxes": [boxes[i] for i in ids[offset:offset + limit]]}
+
+    def schedules(self, limit: Any = 100) -> dict[str, Any]:
+        """Recurring schedules (eMQP SCHEDULE) and one-shot delays the scheduler holds."""
+        scheduler = self.hub.scheduler
+        limit = clamp(limit, 100, 1)
+        if scheduler is None:
+            return {"schedules": [], "pending": 0, "delayed": []}
+        runs = scheduler.run_counts()
+        rows = []
+        for key, spec in sorted(scheduler.schedules().items())[:limit]:
+            rows.append({"key": key.decode("utf-8", "replace"), "interval": spec.interval,
+                         "cron": spec.cron, "run_count": spec.run_count,
+                         "runs": runs.get(key, 0)})
+        pending = scheduler.pending_keys()
+        delayed = [{"key": k.decode("utf-8", "replace"), "due": when}
+                   for k, when in sorted(pending.items(), key=lambda kv: kv[1])[:limit]]
+        deferred = sum(q.deferred for q in self.broker.queues())
+        return {"schedules": rows, "pending": len(pending), "delayed": delayed,
+                "deferred_messages": deferred}
+
+    # dead letters ---------------------------------------------------------------------------
+
+    def dlq_queues(self) -> list[dict[str, Any]]:
+        """Queues that hold dead letters, with their counts (by reason: :meth:`dlq_reasons`)."""
+        return [{"queue": q.name, "dead": q.dead_letter_count, "depth": q.depth}
+                for q in self.broker.queues() if q.dead_letter_count > 0]
+
+    @staticmethod
+    def dead_letter_row(dl: Any) -> dict[str, Any]:
+        """The JSON form of one DeadLetter (the id as 16 hex chars: JSON numbers lose 64 bits)."""
+        return {
+            "id": format_id(dl.msg_id), "reason": dl.reason, "origin": dl.origin,
+            "address": dl.address, "attempts": dl.attempts, "last_error": dl.last_error,
+            "dead_at": dl.dead_at, "priority": dl.priority, "size": len(dl.body),
+            "preview": dl.body[:PREVIEW_BYTES].decode("utf-8", "replace"),
+        }
+
+    @staticmethod
+    def parse_ids(values: Any) -> list[int]:
+        """Message ids given as 16-hex strings or integers.
+
+        :raises ValueError: when one is neither.
+        """
+        if not isinstance(values, list):
+            raise ValueError("ids must be a list")
+        out = []
+        for v in values:
+            if isinstance(v, int) and not isinstance(v, bool):
+                out.append(v)
+            elif isinstance(v, str):
+                out.append(parse_id(v))
+            else:
+                raise ValueError(f"bad message id {v!r}")
+        return out
+
+
+__all__ = ["Inspector", "RateTracker", "walk_listeners", "QUEUE_SORTS", "SAFE_SETTINGS"]
