@@ -1,6 +1,6 @@
 """The ``mqhub`` command: operational subcommands beside ``twistd mqhub`` (which runs the broker).
 
-Later work adds ``export``, ``analytics`` and ``stats`` as further ``@main.command()`` functions.
+The admin commands (``stats``, ``queues``, ``dlq``) live in :mod:`mqhub.cli_admin`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from mqhub import __version__
+from mqhub.cli_admin import register as register_admin_commands
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = SOURCE_ROOT / "benchmarks"
@@ -65,19 +66,27 @@ def bench(ctx: click.Context, name: str | None, args: tuple[str, ...]) -> None:
               help="The broker's data directory (--data-dir of twistd mqhub).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory to write the snapshot into (must not hold one already).")
-def snapshot(data_dir: Path, out_dir: Path) -> None:
+@click.option("--progress/--no-progress", default=None,
+              help="Show a progress bar on stderr (default: when stderr is a terminal).")
+def snapshot(data_dir: Path, out_dir: Path, progress: bool | None) -> None:
     """Take a consistent snapshot of a store (safe while the broker runs).
 
     --data-dir may name the broker's data directory or the store directory inside it.
     """
+    from mqhub.cli_progress import copy_with_progress
     from mqhub.errors import StoreError
     from mqhub.store.snapshot import take_snapshot
 
+    show = sys.stderr.isatty() if progress is None else progress
     try:
-        manifest = take_snapshot(str(data_dir), str(out_dir))
+        manifest = copy_with_progress(lambda: take_snapshot(str(data_dir), str(out_dir)),
+                                      data_dir, out_dir, show)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps({"snapshot": str(out_dir), "manifest": manifest}, default=str))
+
+
+register_admin_commands(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,6 +14,7 @@ Namespace: ``hub``, ``store``, ``scheduler``, ``broker``, ``inspector`` and the 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
@@ -42,14 +43,18 @@ class ManholeError(ValueError):
 
 
 def endpoint_is_loopback(endpoint: str) -> bool:
-    """Whether a server endpoint string only accepts local clients (loopback or unix socket)."""
-    kind = endpoint.split(":", 1)[0].lower()
+    """Whether a server endpoint string only accepts local clients (loopback or unix socket).
+
+    Twisted escapes colons inside a value (``interface=\\:\\:1``); they are unescaped here.
+    """
+    fields = [f.replace("\\:", ":") for f in re.split(r"(?<!\\):", endpoint)]
+    kind = fields[0].lower()
     if kind == "unix":
         return True
     interface = ""
-    for part in endpoint.split(":")[1:]:
+    for part in fields[1:]:
         if part.startswith("interface="):
-            interface = part[len("interface="):].strip("[]")
+            interface = part[len("interface="):]
     if not interface:
         return False  # tcp without an interface binds every address
     return interface.startswith(LOOPBACK_HOSTS)

@@ -204,6 +204,7 @@ class NatsParser:
         self._chunks: list[bytes] = []   # waiting for a large payload: raw chunks after _buf
         self._chunked = 0                # total bytes in _chunks
         self._need = 0                   # bytes needed past _pos before parsing is worthwhile
+        self.last_sent = 0               # MSG copies the last route_pubs call wrote
         self._pub_cache: dict[bytes, tuple] = {}
         self._hpub_cache: dict[bytes, tuple] = {}
         self._head_cache: dict[bytes, tuple[str, str | None]] = {}
@@ -351,8 +352,11 @@ class NatsParser:
         before the last space) to ``(heads, special)`` with targets ``(owner, out, head)``:
         a line seen for the first time on a known subject is then delivered with the prefix
         ``head + size + CRLF`` without being parsed.
+
+        After the call ``last_sent`` holds how many MSG copies it wrote (the admin counters).
         """
         if self._need or self._dead is not None:
+            self.last_sent = 0
             return 0
         buf = self._buf
         pos = self._pos
@@ -363,6 +367,7 @@ class NatsParser:
         max_payload = self.max_payload
         dappend = dirty.append
         count = 0
+        sent = 0
         while True:
             i = find(b"\n", pos)
             if i < 0:
@@ -394,6 +399,7 @@ class NatsParser:
                     out.append(head + tail)
                     out.append(payload)
                     out.append(_CRLF)
+                sent += len(hr[0])
                 pos = stop + 2
                 count += 1
                 continue
@@ -412,7 +418,9 @@ class NatsParser:
                 out.append(prefix)
                 out.append(payload)
                 out.append(_CRLF)
+                sent += 1
             else:
+                sent += len(targets)
                 for owner, out, prefix in targets:
                     if not out:
                         dappend(owner)
@@ -422,6 +430,7 @@ class NatsParser:
             pos = stop + 2
             count += 1
         self._pos = pos
+        self.last_sent = sent
         return count
 
     def _wait(self, pos: int, need: int) -> None:

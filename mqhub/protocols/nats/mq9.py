@@ -456,6 +456,7 @@ class Mq9:
                     out.append(head + b"%d\r\n" % len(body))
                     out.append(body)
                     out.append(b"\r\n")
+                srv.stats["out_msgs"] += len(fast)
                 reply = hdr = None
             else:
                 reply, hdr = rendered(headers)

@@ -300,6 +300,7 @@ class NatsServer(Factory):
             out.append(codec.msg_prefix(subject, sub.sid, reply, len(payload)))
         out.append(payload)
         out.append(CRLF)
+        self.stats["out_msgs"] += 1
         if sub.max is not None:
             sub.delivered += 1
             if sub.delivered >= sub.max:
@@ -601,6 +602,7 @@ class NatsConnection(Protocol):
         head_routes = srv.head_routes
         while self.fast:
             stats["in_msgs"] += parser.route_pubs(routes, dirty, head_routes)
+            stats["out_msgs"] += parser.last_sent
             events = parser.slow_run(routes, head_routes)
             if not events:
                 return
@@ -636,6 +638,7 @@ class NatsConnection(Protocol):
             if not got and not route[0] and hit[2] and self.no_resp:
                 srv.no_responders(self, hit[1], hit[2])
         srv.stats["in_msgs"] += 1
+        srv.stats["out_msgs"] += len(route[0])
 
     def _general(self, events: list[tuple], start: int) -> None:
         """Process events one by one with every per-connection rule applied."""
@@ -750,6 +753,7 @@ class NatsConnection(Protocol):
                 out.append(payload)
                 out.append(CRLF)
             got = len(targets)
+            srv.stats["out_msgs"] += got
             if special is not None:
                 got += srv.deliver_special(self, subject, reply, None, payload, special)
         elif srv.mq9 is not None and subject.startswith(MQ9_PREFIX) and (

@@ -1,0 +1,230 @@
+"""``mqhub stats``, ``mqhub queues`` and ``mqhub dlq``: the admin JSON API from a terminal.
+
+They talk HTTP to a running broker's ``admin.http`` listener (``--url``, default
+http://127.0.0.1:8750, or ``$MQHUB_ADMIN_URL``) and print rich tables, or JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_URL = "http://127.0.0.1:8750"
+
+url_option = click.option("--url", envvar="MQHUB_ADMIN_URL", default=DEFAULT_URL, show_default=True,
+                          help="Base URL of the broker's admin listener ($MQHUB_ADMIN_URL).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON answer.")
+token_option = click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+                            envvar="MQHUB_ADMIN_TOKEN_FILE",
+                            help="File holding the admin token (when the broker has --admin-token).")
+
+
+def call(url: str, path: str, method: str = "GET", body: Any = None,
+         token_file: str | None = None) -> Any:
+    """One API request; the decoded JSON answer.
+
+    :raises click.ClickException: connection refused or an error answer (its message shown).
+    """
+    data = None
+    headers = {}
+    if method != "GET":
+        data = json.dumps(body or {}).encode()
+        headers["Content-Type"] = "application/json"
+        if token_file:
+            with open(token_file, encoding="utf-8") as f:
+                headers["Authorization"] = "Bearer " + f.readline().strip()
+    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        try:
+            message = json.loads(err.read()).get("error", err.reason)
+        except ValueError:
+            message = err.reason
+        raise click.ClickException(f"{err.code}: {message}") from None
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise click.ClickException(f"cannot reach {url}: {reason}") from None
+
+
+def print_json(data: Any) -> None:
+    """Write ``data`` as indented JSON."""
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def stats_tables(s: dict[str, Any]) -> list[Table]:
+    """The /api/stats document as rich tables (protocols, then totals and store)."""
+    protocols = Table(title=f"mqhub — up {s['uptime']:.0f} s")
+    for col in ("protocol", "connections", "published", "in/s", "delivered", "out/s", "acked"):
+        protocols.add_column(col, justify="left" if col == "protocol" else "right")
+    for name, p in sorted(s["protocols"].items()):
+        protocols.add_row(name, f"{p['connections']:,}", f"{p['published']:,}",
+                          f"{p['published_rate']:,}", f"{p['delivered']:,}",
+                          f"{p['delivered_rate']:,}", f"{p['acked']:,}")
+    totals = Table(show_header=False, box=None)
+    store = s.get("store", {})
+    rows = [("queues", s["queues"]), ("ready", s["depth"]), ("in flight", s["in_flight"]),
+            ("dead letters", s["dead_letters"]), ("store", store.get("kind", "?")),
+            ("store commits", store.get("commits", "")),
+            ("last commit ms", store.get("last_commit_ms", ""))]
+    if "used_bytes" in store:
+        rows.append(("store bytes", store["used_bytes"]))
+    for label, value in rows:
+        totals.add_row(label, f"{value:,}" if isinstance(value, int) else str(value))
+    return [protocols, totals]
+
+
+@click.command()
+@url_option
+@json_option
+@click.option("--watch", type=float, default=None, metavar="SECONDS",
+              help="Refresh every SECONDS until interrupted.")
+def stats(url: str, as_json: bool, watch: float | None) -> None:
+    """Uptime, per-protocol connections/published/delivered/acked and rates, store figures."""
+    console = Console()
+    if watch is None:
+        data = call(url, "/api/stats")
+        if as_json:
+            print_json(data)
+        else:
+            for table in stats_tables(data):
+                console.print(table)
+        return
+    from rich.console import Group
+    from rich.live import Live
+
+    with Live(console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                data = call(url, "/api/stats")
+                live.update(Group(*stats_tables(data)), refresh=True)
+                time.sleep(max(0.2, watch))
+        except KeyboardInterrupt:
+            pass
+
+
+@click.command()
+@url_option
+@json_option
+@click.option("--filter", "q", default="", help="Only queues whose name contains this.")
+@click.option("--sort", default="name", show_default=True,
+              help="name, depth, in_flight, deferred, dead, consumers, messages; -KEY = descending.")
+@click.option("--offset", default=0, show_default=True)
+@click.option("--limit", default=50, show_default=True)
+def queues(url: str, as_json: bool, q: str, sort: str, offset: int, limit: int) -> None:
+    """List queues with depth, in-flight, deferred, dead letters and consumers."""
+    query = urlencode({"q": q, "sort": sort, "offset": offset, "limit": limit})
+    page = call(url, f"/api/queues?{query}")
+    if as_json:
+        print_json(page)
+        return
+    shown = len(page["queues"])
+    table = Table(title=f"queues {offset + 1 if shown else 0}–{offset + shown} of {page['total']:,}")
+    for col in ("queue", "depth", "in flight", "deferred", "dead", "consumers", "msg/s",
+                "max attempts"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for row in page["queues"]:
+        table.add_row(row["name"], f"{row['depth']:,}", f"{row['in_flight']:,}",
+                      f"{row['deferred']:,}", f"{row['dead']:,}", str(row["consumers"]),
+                      str(row["rate"]), str(row["max_attempts"] or "-"))
+    Console().print(table)
+
+
+@click.group()
+def dlq() -> None:
+    """Dead letters: list queues that have them, show, replay or purge them."""
+
+
+@dlq.command("list")
+@url_option
+@json_option
+def dlq_list(url: str, as_json: bool) -> None:
+    """Queues with dead letters and their counts by reason."""
+    data = call(url, "/api/dlq")
+    if as_json:
+        print_json(data)
+        return
+    table = Table(title=f"{data['total']} queue(s) with dead letters")
+    for col in ("queue", "dead", "reasons"):
+        table.add_column(col)
+    for row in data["queues"]:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(row.get("reasons", {}).items()))
+        table.add_row(row["queue"], f"{row['dead']:,}", reasons)
+    Console().print(table)
+
+
+@dlq.command("show")
+@url_option
+@json_option
+@click.argument("queue")
+@click.option("--offset", default=0, show_default=True)
+@click.option("--limit", default=50, show_default=True)
+def dlq_show(url: str, as_json: bool, queue: str, offset: int, limit: int) -> None:
+    """The dead letters of QUEUE: id, reason, origin, address, attempts, last error, body."""
+    data = call(url, f"/api/dlq/{quote(queue, safe='')}?offset={offset}&limit={limit}")
+    if as_json:
+        print_json(data)
+        return
+    table = Table(title=f"dead letters of {queue}: {data['total']:,}")
+    for col in ("id", "reason", "origin", "address", "attempts", "last error", "body"):
+        table.add_column(col, overflow="fold")
+    for d in data["dead_letters"]:
+        table.add_row(d["id"], d["reason"], d["origin"], d["address"], str(d["attempts"]),
+                      d["last_error"] or "", d["preview"][:60])
+    Console().print(table)
+
+
+def _dlq_action(action: str, url: str, queue: str, ids: tuple[str, ...],
+                token_file: str | None, as_json: bool) -> None:
+    """POST /api/dlq/QUEUE/ACTION for all dead letters or the given ids."""
+    body = {"ids": list(ids)} if ids else {}
+    data = call(url, f"/api/dlq/{quote(queue, safe='')}/{action}", "POST", body, token_file)
+    if as_json:
+        print_json(data)
+    else:
+        done = data.get("replayed" if action == "replay" else "purged", 0)
+        click.echo(f"{done} dead letter(s) of {queue} {action}ed" if action == "replay"
+                   else f"{done} dead letter(s) of {queue} purged")
+
+
+@dlq.command("replay")
+@url_option
+@json_option
+@token_option
+@click.argument("queue")
+@click.option("--id", "ids", multiple=True, help="Replay only this message id (16 hex chars).")
+def dlq_replay(url: str, as_json: bool, token_file: str | None, queue: str,
+               ids: tuple[str, ...]) -> None:
+    """Put the dead letters of QUEUE (all, or --id ...) back on it, attempts reset."""
+    _dlq_action("replay", url, queue, ids, token_file, as_json)
+
+
+@dlq.command("purge")
+@url_option
+@json_option
+@token_option
+@click.argument("queue")
+@click.option("--id", "ids", multiple=True, help="Purge only this message id (16 hex chars).")
+@click.confirmation_option(prompt="Delete these dead letters for good?")
+def dlq_purge(url: str, as_json: bool, token_file: str | None, queue: str,
+              ids: tuple[str, ...]) -> None:
+    """Delete the dead letters of QUEUE (all, or --id ...)."""
+    _dlq_action("purge", url, queue, ids, token_file, as_json)
+
+
+def register(group: click.Group) -> None:
+    """Add the admin commands to the ``mqhub`` group."""
+    for command in (stats, queues, dlq):
+        group.add_command(command)
+
+
+__all__ = ["register", "call", "DEFAULT_URL"]

@@ -1,0 +1,127 @@
+"""Inspector views, /metrics collection and manhole configuration checks (no network)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from twisted.application.service import MultiService
+
+from mqhub.introspect import Inspector
+from mqhub.listener import ListenerService
+from mqhub.manhole import ManholeError, check_config, endpoint_is_loopback
+from mqhub.testing import memory_hub, settle
+from mqhub.web.metrics import build_registry
+
+
+def filled_hub(n: int = 30) -> tuple[object, Inspector]:
+    """A memory hub with queues q00..q{n-1}; queue i holds i % 7 messages."""
+    hub = memory_hub()
+    for i in range(n):
+        name = f"q{i:02d}"
+        hub.broker.declare_queue(name, tier="memory")
+        hub.broker.bind_queue(name, name)
+        if i % 7:
+            hub.broker.publish_batch(name, [b"m"] * (i % 7), origin="nsq")
+    settle(hub)
+    return hub, Inspector(hub)
+
+
+def test_queue_page_sorts_filters_and_paginates_like_a_full_sort() -> None:
+    """Every sort key, both directions, pages that tile the whole list."""
+    hub, ins = filled_hub()
+    for sort in ("name", "depth", "-depth", "-name", "dead", "-messages"):
+        seen = []
+        for offset in range(0, 30, 8):
+            page = ins.queue_page(offset, 8, sort)
+            assert page["total"] == 30
+            seen += page["queues"]
+        key = sort.lstrip("-")
+        field = {"messages": "messages", "dead": "dead"}.get(key, key)
+        values = [r[field] for r in seen]
+        assert values == sorted(values, reverse=sort.startswith("-"))
+        assert sorted(r["name"] for r in seen) == [f"q{i:02d}" for i in range(30)]
+    page = ins.queue_page(0, 50, "-depth", "q1")
+    assert [r["name"] for r in page["queues"]][:2] == ["q13", "q12"]
+    assert page["total"] == 10
+    with pytest.raises(ValueError):
+        ins.queue_page(0, 10, "colour")
+
+
+def test_queue_detail_and_unknown_queue() -> None:
+    """Detail has settings and bindings; an unknown queue is None."""
+    _, ins = filled_hub(3)
+    detail = ins.queue_detail("q02")
+    assert detail is not None
+    assert detail["depth"] == 2 and detail["bindings"] == ["q02"]
+    assert detail["settings"]["max_attempts"] == 0
+    assert ins.queue_detail("nope") is None
+
+
+@pytest.mark.parametrize("body, error", [
+    ({}, "JSON object"), ([], "JSON object"), ({"tier": "memory"}, "cannot be changed"),
+    ({"max_attempts": "3"}, "number"), ({"max_attempts": -1}, ">= 0"),
+    ({"max_attempts": True}, "number"), ({"expire_to_dead_letters": 1}, "true or false"),
+])
+def test_settings_patch_is_validated(body: object, error: str) -> None:
+    """Only safe settings of the right type pass."""
+    with pytest.raises(ValueError, match=error):
+        Inspector.check_settings(body)
+
+
+def test_settings_patch_converts_types() -> None:
+    """Numbers become the setting's type."""
+    assert Inspector.check_settings({"max_attempts": 3.0, "ttl": 5}) == {"max_attempts": 3, "ttl": 5.0}
+
+
+def test_health_reports_a_listener_that_is_not_listening() -> None:
+    """A protocol listener that is not up makes the hub unhealthy, naming it."""
+    hub, _ = filled_hub(1)
+    root = MultiService()
+    proto = MultiService()
+    proto.setName("nsq")
+    proto.setServiceParent(root)
+    listener = ListenerService("tcp:0", object())
+    listener.setName("nsq-tcp")
+    listener.setServiceParent(proto)
+    ok, details = Inspector(hub, root).health()
+    assert not ok
+    assert details["problems"] == ["listener nsq-tcp is not listening"]
+    hub.store.close()
+    ok, details = Inspector(hub, None).health()
+    assert not ok and details["store_open"] is False
+
+
+def test_metrics_parse_and_cap_queue_series() -> None:
+    """The exposition parses; queue depth has the cap's series plus one summed "_other"."""
+    hub, ins = filled_hub(30)
+    text = generate_latest(build_registry(ins, queue_cap=5)).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    published = {s.labels["protocol"]: s.value for s in families["mqhub_messages_published"].samples
+                 if s.name.endswith("_total")}
+    assert published == {"nsq": sum(i % 7 for i in range(30))}
+    depth = {s.labels["queue"]: s.value for s in families["mqhub_queue_depth"].samples}
+    assert len(depth) == 6
+    assert sum(depth.values()) == sum(i % 7 for i in range(30))
+    assert sorted(v for k, v in depth.items() if k != "_other") == [5, 6, 6, 6, 6]
+    assert "process_cpu_seconds" in families or "process_virtual_memory_bytes" in families
+
+
+@pytest.mark.parametrize("endpoint, loopback", [
+    ("tcp:8722:interface=127.0.0.1", True), ("tcp6:8722:interface=\\:\\:1", True),
+    ("tcp6:8722:interface=\\:\\:", False), ("unix:/tmp/m.sock", True), ("tcp:8722", False),
+    ("tcp:8722:interface=0.0.0.0", False), ("tcp:8722:interface=localhost", True),
+])
+def test_endpoint_is_loopback(endpoint: str, loopback: bool) -> None:
+    """Only loopback interfaces and unix sockets count as local."""
+    assert endpoint_is_loopback(endpoint) is loopback
+
+
+def test_manhole_needs_keys_and_says_why(tmp_path: object) -> None:
+    """No key file: refused, with the exposure named for a non-loopback endpoint."""
+    with pytest.raises(ManholeError, match="not a loopback endpoint"):
+        check_config("tcp:8722", None)
+    with pytest.raises(ManholeError, match="key authentication only"):
+        check_config("tcp:8722:interface=127.0.0.1", None)
+    with pytest.raises(ManholeError, match="cannot read"):
+        check_config("tcp:8722:interface=127.0.0.1", "/nonexistent/keys")
