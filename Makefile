@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 DATA   ?= ./var
 
-.PHONY: venv run test test-fast lint typecheck bench clean node
+.PHONY: venv run test test-fast lint typecheck bench clean node browser
 
 venv: $(STAMP)
 
@@ -26,11 +26,18 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 node: venv
 	@if [ -f tests/interop/node/package.json ]; then cd tests/interop/node && npm install --no-audit --no-fund --silent; fi
 
+# The admin page's end-to-end test drives Debian's headless Chromium through chromedriver;
+# the manhole test logs in with OpenSSH's client. Installed (as root) only when missing.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] || [ ! -x /usr/bin/ssh ]; then \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver openssh-client; \
+	fi
+
 run: venv
 	mkdir -p $(DATA)
 	$(VENV)/bin/twistd -n --pidfile= mqhub --protocols all --data-dir $(DATA)
 
-test: venv node
+test: venv node browser
 	$(PY) -m pytest -q tests
 
 test-fast: venv

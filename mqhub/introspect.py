@@ -94,6 +94,9 @@ class Inspector:
         self.skip = {"admin", "manhole"}
         self.protocol_rates = RateTracker()
         self.queue_rates = RateTracker()
+        #: protocol alias -> plugin name (the counters use wire names such as "nats" for mq9)
+        self.aliases = {alias: p.name for p in hub.config.get("plugins") or ()
+                        for alias in getattr(p, "aliases", ())}
 
     @property
     def broker(self) -> Any:
@@ -162,10 +165,19 @@ class Inspector:
 
     # figures ------------------------------------------------------------------------------
 
+    def totals(self) -> dict[str, dict[str, int]]:
+        """The core's counters per protocol, keyed by plugin name (aliases folded in)."""
+        out: dict[str, dict[str, int]] = {}
+        for name, row in self.broker.counters.snapshot().items():
+            mine = out.setdefault(self.aliases.get(name, name), dict.fromkeys(row, 0))
+            for field, n in row.items():
+                mine[field] = mine.get(field, 0) + n
+        return out
+
     def protocol_stats(self) -> dict[str, dict[str, Any]]:
         """Per protocol: connections, published/delivered/acked totals and their rates."""
         now = self.now()
-        totals = self.broker.counters.snapshot()
+        totals = self.totals()
         counts = self.connection_counts()
         out: dict[str, dict[str, Any]] = {}
         for name in sorted(set(totals) | set(counts)):

@@ -37,7 +37,7 @@ class HubCollector:
     def collect(self) -> Iterator[Any]:
         """Yield every metric family."""
         ins = self.inspector
-        totals = ins.broker.counters.snapshot()
+        totals = ins.totals()
         for field, doc in (("published", "Messages published, by protocol."),
                            ("delivered", "Messages delivered to consumers, by protocol."),
                            ("acked", "Messages acknowledged, by protocol.")):

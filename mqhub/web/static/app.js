@@ -9,7 +9,9 @@ const state = { offset: 0, sort: "name", q: "", total: 0, selected: null };
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  for (const c of children) node.append(c === null || c === undefined ? "" : String(c));
+  for (const c of children) {
+    node.append(c instanceof Node ? c : (c === null || c === undefined ? "" : String(c)));
+  }
   return node;
 }
 
