@@ -131,7 +131,8 @@ def queues(url: str, as_json: bool, q: str, sort: str, offset: int, limit: int) 
     table = Table(title=f"queues {offset + 1 if shown else 0}–{offset + shown} of {page['total']:,}")
     for col in ("queue", "depth", "in flight", "deferred", "dead", "consumers", "msg/s",
                 "max attempts"):
-        table.add_column(col, justify="left" if col == "queue" else "right")
+        table.add_column(col, justify="left" if col == "queue" else "right",
+                         no_wrap=col == "queue")
     for row in page["queues"]:
         table.add_row(row["name"], f"{row['depth']:,}", f"{row['in_flight']:,}",
                       f"{row['deferred']:,}", f"{row['dead']:,}", str(row["consumers"]),
