@@ -85,3 +85,26 @@ def test_snapshot_of_a_broker_data_dir(tmp_path: Path) -> None:
                                            "--out", str(tmp_path / "snap2")])
     assert direct.exit_code == 0, direct.output  # the store directory itself is accepted too
     assert json.loads(direct.output)["manifest"]["meta"] == 1
+
+
+def test_snapshot_progress_bar_goes_to_stderr(tmp_path: Path) -> None:
+    """``--progress`` draws a rich bar on stderr; stdout stays the JSON manifest."""
+    from mqhub.store.lmdb import LmdbStore
+
+    clock = Clock()
+    store = LmdbStore(str(tmp_path / "data" / "store"), clock=clock, durability="none")
+    store.open()
+    batch = WriteBatch()
+    batch.put_meta("q/demo", b"{}")
+    committed = store.commit(batch)
+    clock.advance(0)
+    result_of(committed)
+    closed = store.close()
+    clock.advance(0)
+    result_of(closed)
+    out = tmp_path / "snap"
+    result = CliRunner().invoke(cli.main, ["snapshot", "--data-dir", str(tmp_path / "data"),
+                                           "--out", str(out), "--progress"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["snapshot"] == str(out)
+    assert "snapshot" in result.stderr and "━" in result.stderr
