@@ -8,7 +8,7 @@ sorted with a bounded heap, so a page over 100,000 queues stays cheap.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from operator import attrgetter
 from typing import Any
 
@@ -16,7 +16,7 @@ from mqhub.core.ids import format_id, parse_id
 from mqhub.listener import ListenerService
 
 #: Sort keys accepted by :meth:`Inspector.queue_page` (prefix ``-`` for descending).
-QUEUE_SORTS = {
+QUEUE_SORTS: dict[str, Callable[[Any], Any]] = {
     "name": attrgetter("name"),
     "depth": attrgetter("depth"),
     "in_flight": attrgetter("in_flight"),

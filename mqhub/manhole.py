@@ -180,12 +180,14 @@ def make_manhole_factory(hub: Any, inspector: Inspector,
         return insults.ServerProtocol(manhole.ColoredManhole, names)
 
     realm = manhole_ssh.TerminalRealm()
-    realm.chainedProtocolFactory = terminal
+    realm.chainedProtocolFactory = terminal  # type: ignore[assignment]
     checker = SSHPublicKeyChecker(KeyList(authorized))
-    factory = manhole_ssh.ConchFactory(portal.Portal(realm, [checker]))
+    factory = manhole_ssh.ConchFactory(portal.Portal(realm, [checker]))  # type: ignore[arg-type]
     key = host_key(hub.data_dir)
-    factory.publicKeys = {key.sshType(): key.public()}
-    factory.privateKeys = {key.sshType(): key}
+    public: Any = key.public()
+    private: Any = key
+    factory.publicKeys = {key.sshType(): public}
+    factory.privateKeys = {key.sshType(): private}
     factory.noisy = False
     return factory
 

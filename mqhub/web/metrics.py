@@ -87,7 +87,7 @@ def build_registry(inspector: Inspector, queue_cap: int = DEFAULT_QUEUE_CAP) -> 
     """A registry (not the global one) with the hub's collector, the commit histogram and
     the process metrics; the store reports each commit's duration to the histogram."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(HubCollector(inspector, queue_cap))  # type: ignore[arg-type]
+    registry.register(HubCollector(inspector, queue_cap))
     ProcessCollector(registry=registry)
     commit = Histogram("mqhub_store_commit_seconds", "Duration of store group commits.",
                        buckets=COMMIT_BUCKETS, registry=registry)
