@@ -8,6 +8,7 @@ sorted with a bounded heap, so a page over 100,000 queues stays cheap.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterator
 from operator import attrgetter
 from typing import Any
@@ -34,6 +35,8 @@ SAFE_SETTINGS: dict[str, type] = {
     "max_attempts": int, "max_size": int, "ttl": float, "msg_timeout": float,
     "window": int, "overflow": str, "expire_to_dead_letters": bool,
 }
+#: Largest numeric setting accepted (seconds, counts).
+MAX_SETTING = 10**12
 #: Bytes of a dead letter's body shown as its preview.
 PREVIEW_BYTES = 200
 
@@ -297,8 +300,8 @@ class Inspector:
             else:
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise ValueError(f"{key} must be a number")
-                if value < 0:
-                    raise ValueError(f"{key} must be >= 0")
+                if not math.isfinite(value) or value < 0 or value > MAX_SETTING:
+                    raise ValueError(f"{key} must be a finite number from 0 to {MAX_SETTING}")
                 value = kind(value)
             out[key] = value
         return out

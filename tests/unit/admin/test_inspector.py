@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.application.service import MultiService
 
-from mqhub.introspect import Inspector
+from mqhub.introspect import SAFE_SETTINGS, Inspector
 from mqhub.listener import ListenerService
 from mqhub.manhole import ManholeError, check_config, endpoint_is_loopback
-from mqhub.testing import memory_hub, settle
+from mqhub.testing import memory_hub, property_examples, settle
 from mqhub.web.metrics import build_registry
 
 
@@ -60,7 +62,8 @@ def test_queue_detail_and_unknown_queue() -> None:
 
 @pytest.mark.parametrize("body, error", [
     ({}, "JSON object"), ([], "JSON object"), ({"tier": "memory"}, "cannot be changed"),
-    ({"max_attempts": "3"}, "number"), ({"max_attempts": -1}, ">= 0"),
+    ({"max_attempts": "3"}, "number"), ({"max_attempts": -1}, "from 0"),
+    ({"max_attempts": float("inf")}, "finite"), ({"ttl": float("nan")}, "finite"),
     ({"max_attempts": True}, "number"), ({"expire_to_dead_letters": 1}, "true or false"),
 ])
 def test_settings_patch_is_validated(body: object, error: str) -> None:
@@ -125,3 +128,17 @@ def test_manhole_needs_keys_and_says_why(tmp_path: object) -> None:
         check_config("tcp:8722:interface=127.0.0.1", None)
     with pytest.raises(ManholeError, match="cannot read"):
         check_config("tcp:8722:interface=127.0.0.1", "/nonexistent/keys")
+
+
+@settings(max_examples=property_examples(200), deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda kids: st.lists(kids, max_size=4)
+                    | st.dictionaries(st.sampled_from(sorted(SAFE_SETTINGS) + ["x"]), kids, max_size=4),
+                    max_leaves=10))
+def test_untrusted_bodies_only_ever_raise_value_error(body: object) -> None:
+    """Whatever JSON a client sends, settings and id parsing answer or raise ValueError (400)."""
+    for parse in (Inspector.check_settings, Inspector.parse_ids):
+        try:
+            parse(body)
+        except ValueError:
+            pass
