@@ -367,7 +367,7 @@ class NatsParser:
         max_payload = self.max_payload
         dappend = dirty.append
         count = 0
-        sent = 0
+        extra = 0    # MSG copies beyond one per PUB (the one-target case costs nothing)
         while True:
             i = find(b"\n", pos)
             if i < 0:
@@ -399,7 +399,7 @@ class NatsParser:
                     out.append(head + tail)
                     out.append(payload)
                     out.append(_CRLF)
-                sent += len(hr[0])
+                extra += len(hr[0]) - 1
                 pos = stop + 2
                 count += 1
                 continue
@@ -418,9 +418,8 @@ class NatsParser:
                 out.append(prefix)
                 out.append(payload)
                 out.append(_CRLF)
-                sent += 1
             else:
-                sent += len(targets)
+                extra += len(targets) - 1
                 for owner, out, prefix in targets:
                     if not out:
                         dappend(owner)
@@ -430,7 +429,7 @@ class NatsParser:
             pos = stop + 2
             count += 1
         self._pos = pos
-        self.last_sent = sent
+        self.last_sent = count + extra
         return count
 
     def _wait(self, pos: int, need: int) -> None:
