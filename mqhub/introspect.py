@@ -355,7 +355,8 @@ class Inspector:
         scheduler = self.hub.scheduler
         limit = clamp(limit, 100, 1)
         if scheduler is None:
-            return {"schedules": [], "pending": 0, "delayed": []}
+            return {"schedules": [], "pending": 0, "delayed": [], "deferred_messages": 0,
+                    "workers": self.emqp_workers(limit)}
         runs = scheduler.run_counts()
         rows = []
         for key, spec in sorted(scheduler.schedules().items())[:limit]:
@@ -367,7 +368,24 @@ class Inspector:
                    for k, when in sorted(pending.items(), key=lambda kv: kv[1])[:limit]]
         deferred = sum(q.deferred for q in self.broker.queues())
         return {"schedules": rows, "pending": len(pending), "delayed": delayed,
-                "deferred_messages": deferred}
+                "deferred_messages": deferred, "workers": self.emqp_workers(limit)}
+
+    def emqp_workers(self, limit: int = 100) -> list[dict[str, Any]]:
+        """eMQP jobmanagers connected to the backend: queues, free slots, jobs in flight."""
+        rows: list[dict[str, Any]] = []
+        for child in list(self.root) if self.root is not None else []:
+            workers = getattr(getattr(child, "router", None), "workers", None)
+            if not isinstance(workers, dict):
+                continue
+            for worker in list(workers.values())[:limit]:
+                peer = worker.peer
+                rows.append({
+                    "protocol": child.name,
+                    "peer": peer.decode("utf-8", "replace") if peer.isascii() else peer.hex(),
+                    "queues": [name for _, name in worker.queues], "slots": worker.slots,
+                    "in_flight": len(worker.inflight), "last_seen": worker.last_seen,
+                })
+        return rows
 
     # dead letters ---------------------------------------------------------------------------
 

@@ -117,6 +117,8 @@ async function refreshOthers() {
     el("td", {}, b.expires_at ? new Date(b.expires_at * 1000).toLocaleString() : ""))));
   fill("schedules", sched.schedules.map((s) => el("tr", {}, el("td", {}, s.key),
     el("td", {}, s.interval ?? ""), el("td", {}, s.cron ?? ""), el("td", {}, fmt(s.runs)))));
+  fill("workers", (sched.workers || []).map((w) => el("tr", {}, el("td", {}, w.peer),
+    el("td", {}, w.queues.join(", ")), el("td", {}, fmt(w.slots)), el("td", {}, fmt(w.in_flight)))));
   document.getElementById("delays").textContent =
     `${fmt(sched.pending)} delayed entries pending · ${fmt(sched.deferred_messages)} deferred messages`;
 }

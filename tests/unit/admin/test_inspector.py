@@ -142,3 +142,28 @@ def test_untrusted_bodies_only_ever_raise_value_error(body: object) -> None:
             parse(body)
         except ValueError:
             pass
+
+
+def test_schedules_list_emqp_workers_of_the_router() -> None:
+    """An eMQP service's router workers appear in /api/schedules' ``workers``."""
+    from twisted.application.service import Service
+
+    from mqhub.protocols.emqp.router import Worker
+
+    hub, _ = filled_hub(1)
+    root = MultiService()
+    emqp = Service()
+    emqp.setName("emqp")
+    emqp.setServiceParent(root)
+    worker = Worker(b"jm-1", [(10, "default"), (0, "slow")], 5.0)
+    worker.slots = 3
+
+    class Router:
+        """Stands in for EmqpRouter's public ``workers`` map."""
+
+        workers = {b"jm-1": worker}
+
+    emqp.router = Router()  # type: ignore[attr-defined]
+    workers = Inspector(hub, root).schedules()["workers"]
+    assert workers == [{"protocol": "emqp", "peer": "jm-1", "queues": ["default", "slow"],
+                        "slots": 3, "in_flight": 0, "last_seen": 5.0}]
