@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from mqhub.discovery import load_plugins
+from mqhub.tap import ADMIN_ENDPOINT
 from tests.interop.broker import REPO_ROOT, twistd_command
 from tests.plugins import EXAMPLE_PLUGINS, isolated_plugin_path
 
@@ -57,6 +58,7 @@ def test_every_default_endpoint_names_loopback() -> None:
     assert {name for name, _ in defaults} >= {*RUN_PROTOCOLS, "mqks", "vibemq"}
     for key, endpoint in defaults.items():
         assert endpoint_host_port(endpoint)[0] == "127.0.0.1", (key, endpoint)
+    assert endpoint_host_port(ADMIN_ENDPOINT)[0] == "127.0.0.1"  # the admin web listener
     env = dict(os.environ, MQHUB_PLUGIN_PATH=str(EXAMPLE_PLUGINS))
     result = subprocess.run([*twistd_command(), "mqhub", "--help"], capture_output=True, text=True,
                             timeout=60, cwd=str(REPO_ROOT), env=env)
@@ -97,7 +99,7 @@ def test_broker_with_default_endpoints_listens_on_loopback_only(tmp_path: Path) 
         endpoint_host_port(endpoint)[1]
         for (name, _), endpoint in default_endpoints().items()
         if name in RUN_PROTOCOLS
-    }
+    } | {endpoint_host_port(ADMIN_ENDPOINT)[1]}  # the admin web listener, on by default
     command = [
         *twistd_command(), "-n", "--pidfile=", "mqhub", "--protocols", ",".join(RUN_PROTOCOLS),
         "--plugin-path", str(EXAMPLE_PLUGINS), "--data-dir", str(tmp_path / "data"),
