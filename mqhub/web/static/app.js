@@ -43,6 +43,10 @@ async function api(path, method, body) {
 
 function fill(tableId, rows) {
   const body = document.querySelector(`#${tableId} tbody`);
+  if (!rows.length) {
+    const cols = document.querySelectorAll(`#${tableId} thead th`).length;
+    rows = [el("tr", { class: "empty" }, el("td", { colspan: cols }, "none"))];
+  }
   body.replaceChildren(...rows);
 }
 
