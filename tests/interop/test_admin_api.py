@@ -131,10 +131,10 @@ def test_metrics_counters_move_under_load(make_broker: Any) -> None:
                      and a.get("nsq") == 2000 and a, "2000 NSQ acks")
     assert before.get("nsq", 0) == 0
     assert published["nsq"] == 2000 and delivered["nsq"] == 2000 and acked["nsq"] == 2000
-    assert published["nats"] == 1000 and delivered["nats"] == 1000
+    assert published["mq9"] == 1000 and delivered["mq9"] == 1000  # plugin mq9, alias nats
     stats = get(broker, "/api/stats")
     assert stats["protocols"]["nsq"]["published"] == 2000
-    assert stats["protocols"]["nats"]["delivered"] == 1000
+    assert stats["protocols"]["mq9"]["delivered"] == 1000
     assert stats["store"]["kind"] == "lmdb"
     nsq.close()
 
