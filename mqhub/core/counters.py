@@ -8,6 +8,7 @@ delivered figures; the core then counts only their acks (no message is counted t
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +23,10 @@ class Counters:
 
     def __init__(self) -> None:
         """Start every total at zero."""
-        self.published: dict[str, int] = {}
-        self.delivered: dict[str, int] = {}
-        self.acked: dict[str, int] = {}
-        self.dead: dict[str, int] = {}
+        self.published: defaultdict[str, int] = defaultdict(int)
+        self.delivered: defaultdict[str, int] = defaultdict(int)
+        self.acked: defaultdict[str, int] = defaultdict(int)
+        self.dead: defaultdict[str, int] = defaultdict(int)
         #: protocol -> callable returning {"published": n, "delivered": n} for traffic the
         #: protocol moves without the core; added to the core's own figures.
         self.sources: dict[str, Callable[[], dict[str, int]]] = {}
@@ -34,35 +35,27 @@ class Counters:
         """``n`` messages entered the core from protocol ``origin`` (one publish batch)."""
         if origin in self.sources:
             return  # counted by the protocol itself
-        p = self.published
-        p[origin] = p.get(origin, 0) + n
+        self.published[origin] += n
 
     def deliver(self, target: Any, n: int) -> None:
         """``n`` messages were handed to a queue consumer's target (one delivery batch)."""
-        name = getattr(target, "protocol_name", "") or ""
-        if name in self.sources:
-            return  # counted by the protocol itself
-        d = self.delivered
-        d[name] = d.get(name, 0) + n
+        name = getattr(target, "protocol_name", "")
+        if name not in self.sources:  # else counted by the protocol itself
+            self.delivered[name] += n
 
     def deliver_live(self, target: Any, entries: list[Any]) -> None:
         """One live delivery batch (skipped when the target's protocol counts its own)."""
-        name = getattr(target, "protocol_name", "") or ""
-        if name in self.sources:
-            return  # counted by the protocol itself
-        d = self.delivered
-        d[name] = d.get(name, 0) + len(entries)
+        name = getattr(target, "protocol_name", "")
+        if name not in self.sources:  # else counted by the protocol itself
+            self.delivered[name] += len(entries)
 
     def ack(self, target: Any, n: int) -> None:
         """``n`` messages were acknowledged by a consumer whose target is ``target``."""
-        name = getattr(target, "protocol_name", "") or ""
-        a = self.acked
-        a[name] = a.get(name, 0) + n
+        self.acked[getattr(target, "protocol_name", "")] += n
 
     def dead_lettered(self, reason: str, n: int) -> None:
         """``n`` messages went to dead letters for ``reason``."""
-        d = self.dead
-        d[reason] = d.get(reason, 0) + n
+        self.dead[reason] += n
 
     def register_source(self, protocol: str, report: Callable[[], dict[str, int]]) -> None:
         """Add ``report()``'s figures to ``protocol``'s totals (natively moved traffic)."""
