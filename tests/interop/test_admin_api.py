@@ -136,6 +136,11 @@ def test_metrics_counters_move_under_load(make_broker: Any) -> None:
     assert stats["protocols"]["nsq"]["published"] == 2000
     assert stats["protocols"]["mq9"]["delivered"] == 1000
     assert stats["store"]["kind"] == "lmdb"
+    _, text = call(broker, "/metrics")
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if not s.labels or "le" not in s.labels}
+    assert samples["mqhub_store_commit_seconds_count"] > 0  # the store reports every commit
+    assert samples["mqhub_connections"] >= 0 and "process_cpu_seconds_total" in samples
     nsq.close()
 
 
