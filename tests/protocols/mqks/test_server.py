@@ -1,0 +1,116 @@
+"""The MQKS server over a memory hub on a Clock: commit-ordered confirms, flow control, timers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.task import Clock
+
+from mqhub.protocols.mqks.config import MqksConfig
+from mqhub.protocols.mqks.service import MqksService
+from mqhub.store.memory import MemoryStore
+from mqhub.testing import connect, memory_hub, restart_hub, settle, take_output
+
+
+class Harness:
+    """A memory hub (grouped commits) with the MQKS service built, and fake connections."""
+
+    def __init__(self, prefetch: int = 1000) -> None:
+        """Build the hub and service and recover (nothing to recover at first)."""
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.store = MemoryStore(clock=self.clock)
+        self.store.open()
+        self.hub = memory_hub(clock=self.clock, store=self.store)
+        self.prefetch = prefetch
+        self._service()
+
+    def _service(self) -> None:
+        """(Re)build the service over the current hub and load its queues."""
+        self.service = MqksService(self.hub, {"tcp": "tcp:0"}, MqksConfig(prefetch=self.prefetch))
+        self.service.registry.load()
+        settle(self.hub)
+
+    def restart(self) -> None:
+        """Restart broker and scheduler over the same store, and the service."""
+        self.hub = restart_hub(self.hub)
+        self._service()
+
+    def client(self) -> tuple[Any, Any]:
+        """(protocol, transport) of a new connection."""
+        return connect(self.service.factory)
+
+    def lines(self, transport: Any) -> list[bytes]:
+        """Settle commits and return the lines written since the last call."""
+        settle(self.hub)
+        return take_output(transport).split(b"\n")[:-1]
+
+
+def test_publish_confirm_only_after_the_commit() -> None:
+    """``ok `` leaves only once the batch is stored; replies stay in request order."""
+    h = Harness()
+    proto, t = h.client()
+    proto.dataReceived(b"rb rebind --confirm q e\n")
+    assert h.lines(t) == [b"rb ok "]
+    proto.dataReceived(b"m1 publish --confirm e one\nm2 publish e two\np ping x\n")
+    assert take_output(t) == b""  # the commit has not happened yet: nothing, not even the ping
+    assert h.lines(t) == [b"m1 ok ", b"p ok x"]
+    assert h.service.registry.queues["q"].core.depth == 2
+
+
+def test_auto_ack_consumer_stops_while_writes_are_paused() -> None:
+    """A full write buffer holds an auto-ack consumer at its prefetch; resuming acks and goes on."""
+    h = Harness(prefetch=2)
+    proto, t = h.client()
+    proto.dataReceived(b"c consume q e\n")
+    proto.pauseProducing()
+    proto.dataReceived(b"".join(b"m%d publish e x\n" % i for i in range(5)))
+    assert len([x for x in h.lines(t) if b"event=e" in x]) == 2
+    proto.resumeProducing()
+    settle(h.hub)
+    proto.resumeProducing()
+    assert len([x for x in h.lines(t) if b"event=e" in x]) == 3
+
+
+def test_manual_ack_prefetch_limit() -> None:
+    """At most ``prefetch`` unacked messages; each ack lets one more through."""
+    h = Harness(prefetch=3)
+    proto, t = h.client()
+    proto.dataReceived(b"c consume q e --manual-ack\n" +
+                       b"".join(b"m%d publish e x\n" % i for i in range(10)))
+    got = [x for x in h.lines(t) if b"event=e" in x]
+    assert [x.split(b" ")[2] for x in got] == [b"m0", b"m1", b"m2"]
+    proto.dataReceived(b"a ack c m1\n")
+    assert [x.split(b" ")[2] for x in h.lines(t)] == [b"m3"]
+
+
+def test_delete_when_unused_on_the_clock_and_after_restart() -> None:
+    """The timer starts when the last consumer leaves; a restart re-arms it for unused queues."""
+    h = Harness()
+    proto, t = h.client()
+    proto.dataReceived(b"c consume --confirm q e --delete-queue-when-unused=3\n")
+    assert h.lines(t) == [b"c ok "]
+    t.loseConnection()
+    h.clock.advance(2.9)
+    assert "q" in h.service.registry.queues
+    h.clock.advance(0.2)
+    assert "q" not in h.service.registry.queues
+    assert h.hub.broker.queue("mqks/q") is None
+    proto, t = h.client()
+    proto.dataReceived(b"c2 consume --confirm q2 e --delete-queue-when-unused=5\n")
+    assert h.lines(t) == [b"c2 ok "]
+    h.restart()
+    assert h.service.registry.queues["q2"].events == {"e"}
+    h.clock.advance(4.9)
+    assert "q2" in h.service.registry.queues
+    h.clock.advance(0.2)
+    assert "q2" not in h.service.registry.queues
+
+
+def test_same_consumer_id_twice_replaces_the_first() -> None:
+    """A second ``consume`` with a known consumer id deletes the first one (no double delivery)."""
+    h = Harness()
+    proto, t = h.client()
+    proto.dataReceived(b"c consume q e\nc consume q\nm publish e x\n")
+    assert [x for x in h.lines(t) if b"event=e" in x] == [b"c ok m event=e x"]
+    assert len(h.service.registry.queues["q"].consumers) == 1
