@@ -333,17 +333,27 @@ class MqksRegistry:
 
     def ack(self, cid: bytes, mid: bytes) -> bool:
         """Ack one message (or ``--all``) of consumer ``cid``; False if the consumer is unknown."""
+        got = self.take_acked(cid, mid)
+        if got is None:
+            return False
+        consumer, ids = got
+        if ids and consumer.core is not None:
+            consumer.queue.core.ack(consumer.core, ids)
+        return True
+
+    def take_acked(self, cid: bytes, mid: bytes) -> tuple[MqksConsumer, list[int]] | None:
+        """Forget what ``ack {cid} {mid}`` settles; return the consumer and the core ids to ack.
+
+        The caller acks them in the core (an adapter batches the acks of one read). None when
+        the consumer is unknown.
+        """
         consumer = self.consumers.get(cid)
         if consumer is None:
-            return False
+            return None
         if mid == b"--all":
-            entries = consumer.pop_all()
-        else:
-            entry = consumer.pop_unacked(mid)
-            entries = [] if entry is None else [entry]
-        if entries and consumer.core is not None:
-            consumer.queue.core.ack(consumer.core, [e[MSG_ID] for e in entries])
-        return True
+            return consumer, [e[MSG_ID] for e in consumer.pop_all()]
+        entry = consumer.pop_unacked(mid)
+        return consumer, ([] if entry is None else [entry[MSG_ID]])
 
     def reject(self, cid: bytes, mid: bytes) -> bool:
         """Return one message (or ``--all``) of ``cid`` to its queue's tail with retry + 1."""

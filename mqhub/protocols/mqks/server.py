@@ -38,7 +38,6 @@ from mqhub.protocols.mqks.codec import (
     encode_error,
     encode_ok,
     render_body,
-    split_request,
 )
 from mqhub.protocols.mqks.config import MqksConfig
 from mqhub.protocols.mqks.evals import EvalRefused, answer
@@ -52,6 +51,7 @@ ID_HEADER = "mqks-id"
 #: unconfirmed publishes per connection above which reading pauses until commits catch up
 MAX_UNCONFIRMED = 50_000
 _PUBLISH = b"publish"
+_ACK = b"ack"
 _EVENTS: dict[str, bytes] = {}
 
 
@@ -229,7 +229,8 @@ class MqksProtocol(Protocol):
             return
         reader = self.reader
         lines = reader.feed(data)
-        self._out = out = []
+        out: list[bytes] = []
+        self._out = out
         try:
             self._run(lines)
             if reader.fatal is not None:
@@ -249,15 +250,17 @@ class MqksProtocol(Protocol):
             self.transport.loseConnection()
 
     def _run(self, lines: list[bytes]) -> None:
-        """Handle ``lines`` in order (publish runs grouped)."""
+        """Handle ``lines`` in order (publish runs grouped, acks batched per consumer)."""
         event = b""
         ids: list[bytes] = []
         bodies: list[bytes] = []
         confirms: list[bytes] = []
+        acks: dict[MqksConsumer, list[int]] = {}
         actions = self._actions
+        take_acked = self.registry.take_acked
         for line in lines:
-            parts = split_request(line)
-            if parts is None:
+            parts = line.rstrip().split(b" ", 2)  # split_request, inlined on the hot path
+            if len(parts) != 3:
                 if bodies:
                     self._publish(event, ids, bodies, confirms)
                     ids, bodies, confirms = [], [], []
@@ -282,6 +285,21 @@ class MqksProtocol(Protocol):
             if bodies:
                 self._publish(event, ids, bodies, confirms)
                 ids, bodies, confirms = [], [], []
+            if action == _ACK:
+                cid, sep, mid = rdata.partition(b" ")
+                if sep:
+                    got = take_acked(cid, mid)
+                    if got is not None:
+                        if got[1]:
+                            acks.setdefault(got[0], []).extend(got[1])
+                        if confirm:
+                            self._ack(acks)
+                            acks = {}
+                            self._confirm_after(rid, self.broker.barrier())
+                    continue
+            if acks:
+                self._ack(acks)
+                acks = {}
             handler = actions.get(action)
             try:
                 if handler is None:
@@ -291,6 +309,14 @@ class MqksProtocol(Protocol):
                 self.error(rid, str(exc), line)
         if bodies:
             self._publish(event, ids, bodies, confirms)
+        if acks:
+            self._ack(acks)
+
+    def _ack(self, acks: dict[MqksConsumer, list[int]]) -> None:
+        """One core ack per consumer for the acks collected from a read."""
+        for consumer, ids in acks.items():
+            if consumer.core is not None:
+                consumer.queue.core.ack(consumer.core, ids)
 
     # publish --------------------------------------------------------------------------------------
 

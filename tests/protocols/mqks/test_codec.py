@@ -188,6 +188,6 @@ def test_remove_mask_never_crosses_a_dot(evs: set[str], ms: list[str]) -> None:
     def matches(mask: str, event: str) -> bool:
         mt, et = mask.split("."), event.split(".")
         return len(mt) == len(et) and all(
-            re.fullmatch(".*".join(map(re.escape, m.split("*"))), e) for m, e in zip(mt, et))
+            re.fullmatch(".*".join(map(re.escape, m.split("*"))), e) for m, e in zip(mt, et, strict=True))
     kept = wire.apply_rebind(evs, [], [], ms, [])
     assert kept == {e for e in evs if "." not in e or not any(matches(m, e) for m in ms)}
