@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.behaviour.bodies import BINARY_BODIES, UTF8_BODIES
+from tests.behaviour.bodies import BINARY_BODIES, MQKS_BODIES, UTF8_BODIES
 from tests.behaviour.clients import (
     Mq9PushConsumer,
     Mq9QueryConsumer,
@@ -29,8 +29,8 @@ from tests.behaviour.clients import (
 from tests.behaviour.conftest import Drivers
 from tests.interop.broker import BrokerProcess
 
-PUBLISHERS = ["nsq", "nsq-mpub", "nsq-http", "nats", "redis", "emqp"]
-CONSUMERS = ["nsq", "nats", "redis"]
+PUBLISHERS = ["nsq", "nsq-mpub", "nsq-http", "nats", "redis", "emqp", "mqks"]
+CONSUMERS = ["nsq", "nats", "redis", "mqks"]
 
 
 @pytest.mark.parametrize("consumer_protocol", CONSUMERS)
@@ -40,7 +40,7 @@ def test_message_reaches_every_protocol_intact(
 ) -> None:
     """A message published by one protocol reaches another protocol's consumer, bytes and order intact."""
     address = f"matrix.{publisher_protocol}.{consumer_protocol}"
-    bodies = UTF8_BODIES if publisher_protocol == "emqp" else BINARY_BODIES
+    bodies = {"emqp": UTF8_BODIES, "mqks": MQKS_BODIES}.get(publisher_protocol, BINARY_BODIES)
     consumer = drivers.consumer(consumer_protocol, address)
     publisher = drivers.publisher(publisher_protocol)
     published_ns = time.time_ns()
@@ -52,7 +52,10 @@ def test_message_reaches_every_protocol_intact(
             assert re.fullmatch(rb"[0-9a-f]{16}", msg_id), msg_id
             assert abs(timestamp - published_ns) < 60 * 10**9, (timestamp, published_ns)
         assert len({msg_id for _, _, msg_id in consumer.meta}) == len(bodies)
-    if isinstance(consumer, NatsConsumer) and publisher_protocol != "nats":
+    if isinstance(consumer, NatsConsumer) and publisher_protocol == "mqks":
+        # the MQKS message id (the publisher's request id) travels as the header mqks-id
+        assert all(set(h) == {"mqks-id"} for h in consumer.headers), consumer.headers
+    elif isinstance(consumer, NatsConsumer) and publisher_protocol != "nats":
         assert consumer.headers == [None] * len(bodies)
 
 
@@ -127,7 +130,7 @@ def test_message_reaches_mq9_mailbox(
     consumer = drivers.consumer(consumer_protocol, "")
     assert isinstance(consumer, Mq9PushConsumer | Mq9QueryConsumer)
     address = consumer.address
-    bodies = UTF8_BODIES if publisher_protocol == "emqp" else BINARY_BODIES
+    bodies = {"emqp": UTF8_BODIES, "mqks": MQKS_BODIES}.get(publisher_protocol, BINARY_BODIES)
     drivers.publisher(publisher_protocol).publish(address, bodies)
     assert consumer.take(len(bodies)) == bodies
     if consumer_protocol == "mq9-query":
