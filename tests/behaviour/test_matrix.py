@@ -118,7 +118,7 @@ def is_utf8(body: bytes) -> bool:
 
 
 @pytest.mark.parametrize("consumer_protocol", ["mq9-push", "mq9-query"])
-@pytest.mark.parametrize("publisher_protocol", ["nats", "redis", "emqp"])
+@pytest.mark.parametrize("publisher_protocol", ["nats", "redis", "emqp", "mqks"])
 def test_message_reaches_mq9_mailbox(
     drivers: Drivers, publisher_protocol: str, consumer_protocol: str
 ) -> None:
