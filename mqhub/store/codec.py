@@ -32,9 +32,9 @@ then the *meta* blob (``alen:u16 | olen:u8 | address | origin | headers-json``) 
 from __future__ import annotations
 
 import json
-from json.encoder import encode_basestring_ascii as _json_str
 import struct
 from collections.abc import Iterable
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 from mqhub.errors import StoreError
