@@ -119,6 +119,7 @@ class MqksProtocol(Protocol):
         self._slots: deque[list[Any]] = deque()
         self._unconfirmed = 0
         self._read_paused = False
+        self._backlog = False
         self._actions = {
             b"publish": self.on_bad_publish,
             b"consume": self.on_consume,
@@ -151,14 +152,29 @@ class MqksProtocol(Protocol):
         self.registry.disconnect(self)
 
     def pauseProducing(self) -> None:
-        """The write buffer is full: auto-ack consumers stop acking (so stop receiving)."""
+        """The write buffer is full: auto-ack consumers stop acking (so stop receiving), and
+        this connection's requests are not read until it drains (replies cannot pile up)."""
         self.writes_paused = True
+        self._update_reading()
 
     def resumeProducing(self) -> None:
-        """The write buffer drained: ack what auto-ack consumers held."""
+        """The write buffer drained: ack what auto-ack consumers held; read again."""
         self.writes_paused = False
         for consumer in list(self.consumers.values()):
             consumer.resume()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Pause reading while the write buffer is full or too many publishes wait for commits."""
+        if self.closed:
+            return
+        pause = self.writes_paused or self._backlog
+        if pause and not self._read_paused:
+            self._read_paused = True
+            self.transport.pauseProducing()
+        elif not pause and self._read_paused:
+            self._read_paused = False
+            self.transport.resumeProducing()
 
     def stopProducing(self) -> None:
         """The connection is closing (connectionLost does the cleanup)."""
@@ -338,9 +354,9 @@ class MqksProtocol(Protocol):
         self.registry.published += n
         slots = [(rid, self._slot()) for rid in confirms]
         self._unconfirmed += n
-        if self._unconfirmed > MAX_UNCONFIRMED and not self._read_paused:
-            self._read_paused = True
-            self.transport.pauseProducing()
+        if self._unconfirmed > MAX_UNCONFIRMED and not self._backlog:
+            self._backlog = True
+            self._update_reading()
         d.addCallbacks(self._published, self._publish_failed, callbackArgs=(n, slots),
                        errbackArgs=(n, slots))
 
@@ -362,9 +378,9 @@ class MqksProtocol(Protocol):
     def _settled(self, n: int) -> None:
         """Count settled publishes; read again once commits caught up."""
         self._unconfirmed -= n
-        if self._read_paused and self._unconfirmed <= MAX_UNCONFIRMED // 2 and not self.closed:
-            self._read_paused = False
-            self.transport.resumeProducing()
+        if self._backlog and self._unconfirmed <= MAX_UNCONFIRMED // 2:
+            self._backlog = False
+            self._update_reading()
 
     def _confirm_after(self, rid: bytes, d: Deferred[Any]) -> None:
         """Reply ``{rid} ok `` once ``d`` fires (an error reply if it fails)."""

@@ -64,11 +64,13 @@ def test_auto_ack_consumer_stops_while_writes_are_paused() -> None:
     proto, t = h.client()
     proto.dataReceived(b"c consume q e\n")
     proto.pauseProducing()
+    assert t.producerState == "paused"  # requests are not read while replies cannot leave
     proto.dataReceived(b"".join(b"m%d publish e x\n" % i for i in range(5)))
     assert len([x for x in h.lines(t) if b"event=e" in x]) == 2
     proto.resumeProducing()
     settle(h.hub)
     proto.resumeProducing()
+    assert t.producerState == "producing"
     assert len([x for x in h.lines(t) if b"event=e" in x]) == 3
 
 
@@ -114,3 +116,51 @@ def test_same_consumer_id_twice_replaces_the_first() -> None:
     proto.dataReceived(b"c consume q e\nc consume q\nm publish e x\n")
     assert [x for x in h.lines(t) if b"event=e" in x] == [b"c ok m event=e x"]
     assert len(h.service.registry.queues["q"].consumers) == 1
+
+
+# -- server-level fuzzing -----------------------------------------------------------------------
+
+import re  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mqhub.testing import property_examples  # noqa: E402
+
+_TOKENS = [b"publish", b"consume", b"rebind", b"ack", b"reject", b"delete_consumer",
+           b"delete_queue", b"ping", b"_eval", b"--confirm", b"--add", b"--remove",
+           b"--remove-mask", b"--manual-ack", b"--delete-queue-when-unused",
+           b"--delete-queue-when-unused=0", b"--delete-queue-when-unused=0.5", b"--all", b"q1",
+           b"q2", b"e1", b"e.*", b"a.b", b"c1", b"c2", b"m1", b"", b"\xff", b"*", b"~mqks.x",
+           b"a..b", b"len(state.queues)", b"\r"]
+_REPLY = re.compile(rb"[^ \n]* (ok .*|error \d{20}[0-9A-Za-z]{4})", re.DOTALL)
+_line = st.lists(st.one_of(st.sampled_from(_TOKENS), st.binary(max_size=6).filter(
+    lambda b: b"\n" not in b and b"\t" not in b)), max_size=7).map(b" ".join)
+
+
+@settings(max_examples=property_examples(150), deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.lists(_line, max_size=6)), max_size=8))
+def test_any_request_sequence_is_answered_and_never_crashes(script: list) -> None:  # type: ignore[type-arg]
+    """Three connections send random requests (and drop at random): every reply is well formed,
+    no connection is closed (no TAB or over-long line here), and the registry stays consistent."""
+    h = Harness(prefetch=3)
+    conns = [h.client() for _ in range(3)]
+    for who, lines in script:
+        proto, t = conns[who]
+        if lines == [b"q1 q1"]:  # a rare drop-and-reconnect
+            t.loseConnection()
+            conns[who] = h.client()
+            continue
+        proto.dataReceived(b"".join(line + b"\n" for line in lines))
+        h.clock.advance(1.0)
+        for line in h.lines(t):
+            assert _REPLY.fullmatch(line), line
+        assert not t.disconnecting
+    registry = h.service.registry
+    for cid, consumer in registry.consumers.items():
+        assert registry.queues[consumer.queue.name] is consumer.queue
+        assert consumer.queue.consumers[cid] is consumer
+        assert len(consumer.unacked) <= 3
+    for name, q in registry.queues.items():
+        assert h.hub.broker.queue("mqks/" + name) is q.core
+        assert {b.pattern for b in h.hub.broker.bindings(q.core.name)} >= q.events
