@@ -9,9 +9,8 @@ Mapping (see docs/protocols/mqks.md):
   the only MQKS queue setting (``--manual-ack`` belongs to a consumer, and consumers are not
   durable: the original client re-sends ``consume`` after a reconnect).
 - a rejected message goes back to the *tail* of its queue with ``retry`` + 1, as in the
-  original: it is re-published under a new core id to the queue's private address
-  ``~mqks.tail.<hex of Q>`` (bound to that queue only), keeping its MQKS id, event and attempts,
-  and the old entry is acked.
+  original: it is put back into that queue only (``broker.put_entries``) under a new core id,
+  keeping its MQKS id, event and attempts, and the old entry is acked.
 - an MQKS consumer is one core consumer attached with ``ready = prefetch``.
 """
 
@@ -35,15 +34,9 @@ log = Logger(namespace="mqhub.mqks")
 
 QUEUE_PREFIX = "mqks/"
 META_PREFIX = "mqks/queue/"
-TAIL_PREFIX = "~mqks.tail."
 MAX_QUEUE_NAME = 250
 #: in-flight deadline of an MQKS consumer's messages: MQKS has no message timeout
 NO_TIMEOUT = 10.0 * 365 * 24 * 3600
-
-
-def tail_address(queue: str) -> str:
-    """The private address bound to MQKS queue ``queue`` only (rejects go there)."""
-    return TAIL_PREFIX + queue.encode().hex()
 
 
 class MqksQueue:
@@ -158,12 +151,9 @@ class MqksRegistry:
                     continue
                 name = core.name[len(QUEUE_PREFIX):]
                 q = self.queues[name] = MqksQueue(name, core)
-                tail = tail_address(name)
                 for binding in self.broker.bindings(core.name):
-                    if binding.pattern != tail:
-                        q.events.add(binding.pattern)
-                        q.bindings[binding.pattern] = binding
-                self.broker.bind_queue(tail, core.name)
+                    q.events.add(binding.pattern)
+                    q.bindings[binding.pattern] = binding
                 raw = settings.get(name)
                 if raw:
                     q.delete_when_unused = json.loads(raw).get("delete_when_unused")
@@ -176,7 +166,7 @@ class MqksRegistry:
     # queues -------------------------------------------------------------------------------------
 
     def ensure_queue(self, name: str) -> MqksQueue:
-        """The MQKS queue ``name``, created (durable, with its tail binding) if new.
+        """The MQKS queue ``name``, created (durable) if new.
 
         :raises RequestError: for a name the core cannot hold.
         """
@@ -187,7 +177,6 @@ class MqksRegistry:
             raise RequestError("queue name too long")
         try:
             core = self.broker.declare_queue(QUEUE_PREFIX + name, msg_timeout=NO_TIMEOUT)
-            self.broker.bind_queue(tail_address(name), core.name)
         except MqhubError as exc:
             raise RequestError(str(exc)) from None
         q = self.queues[name] = MqksQueue(name, core)
@@ -249,14 +238,12 @@ class MqksRegistry:
         return self.broker.barrier()
 
     def _check_events(self, events: list[str]) -> None:
-        """Every event must be a hub address or pattern outside the private ``~mqks.`` space."""
+        """Every event must be a hub address or pattern."""
         for event in events:
             try:
                 validate_pattern(event)
             except MqhubError:
                 raise RequestError(f"bad event {event!r}") from None
-            if event.startswith("~mqks."):
-                raise RequestError(f"reserved event {event!r}")
 
     def _rebind(self, q: MqksQueue, replace: list[str], remove: list[str],
                 remove_mask: list[str], add: list[str], update: bool,
@@ -369,13 +356,13 @@ class MqksRegistry:
         return True
 
     def _to_tail(self, consumer: MqksConsumer, entries: list[tuple]) -> None:
-        """Re-publish ``entries`` at the queue's tail (new core ids), then ack the old ones."""
+        """Put ``entries`` back at the queue's tail (new core ids), then ack the old ones."""
         if not entries or consumer.core is None:
             return
         q = consumer.queue
         first = self.broker.ids.reserve(len(entries))
         fresh = [(first + i, e[1], e[2], 0.0) + tuple(e[4:]) for i, e in enumerate(entries)]
-        self.broker.publish_entries(tail_address(q.name), fresh)
+        self.broker.put_entries(q.core.name, fresh)
         q.core.ack(consumer.core, [e[MSG_ID] for e in entries])
 
     def delete_consumer(self, cid: bytes, unused_check: bool = True) -> bool:

@@ -343,8 +343,6 @@ class MqksProtocol(Protocol):
         headers = [{ID_HEADER: rid.decode("latin-1")} for rid in ids]
         try:
             address = wire.text(event)
-            if address.startswith("~mqks."):
-                raise RequestError(f"reserved event {address!r}")
             d: Deferred[None] = self.broker.publish_batch(address, bodies, origin="mqks",
                                                          headers=headers)
         except (RequestError, MqhubError, ValueError) as exc:
