@@ -65,12 +65,21 @@ def _event_bytes(address: str) -> bytes:
     return got
 
 
+def foreign_id(headers: dict[str, str] | None, msg_id: int) -> bytes:
+    """The MQKS id of a message another protocol published: its ``mqks-id`` header when that is
+    a plain token (printable ASCII without spaces), else the core id in 16 hex digits."""
+    raw = headers.get(ID_HEADER) if headers else None
+    if raw and isinstance(raw, str) and raw.isascii() and raw.isprintable() and " " not in raw:
+        return raw.encode()
+    return format_id(msg_id).encode()
+
+
 def render_entries(cid: bytes, entries: list[tuple]) -> tuple[bytes, list[bytes]]:
     """The delivery lines of ``entries`` for consumer ``cid``, and their MQKS ids.
 
-    The id is the ``mqks-id`` header (an MQKS publish) or the core id in 16 hex digits (other
-    protocols); ``retry`` is attempts - 1; a body from another protocol is rendered by
-    :func:`~mqhub.protocols.mqks.codec.render_body`.
+    An MQKS publish carries its id in the ``mqks-id`` header and its data goes as it is; a
+    message of another protocol gets :func:`foreign_id` and
+    :func:`~mqhub.protocols.mqks.codec.render_body`. ``retry`` is attempts - 1.
     """
     head = cid + b" ok "
     out: list[bytes] = []
@@ -79,14 +88,14 @@ def render_entries(cid: bytes, entries: list[tuple]) -> tuple[bytes, list[bytes]
     add_id = ids.append
     for e in entries:
         h = e[HEADERS]
-        raw = h.get(ID_HEADER) if h else None
-        mid = raw.encode("latin-1") if raw is not None else format_id(e[MSG_ID]).encode()
-        add_id(mid)
-        retry = e[ATTEMPTS] - 1
-        if e[ORIGIN] == "mqks":
+        if e[ORIGIN] == "mqks" and h and ID_HEADER in h:
+            mid = h[ID_HEADER].encode("latin-1")
             extra, data = b"", e[BODY]
         else:
+            mid = foreign_id(h, e[MSG_ID])
             extra, data = render_body(e[BODY])
+        add_id(mid)
+        retry = e[ATTEMPTS] - 1
         props = b"event=" + _event_bytes(e[ADDRESS])
         if retry > 0:
             props += b",retry=%d" % retry

@@ -109,6 +109,24 @@ def test_delete_when_unused_on_the_clock_and_after_restart() -> None:
     assert "q2" not in h.service.registry.queues
 
 
+def test_foreign_messages_get_a_safe_id_and_rendered_bodies() -> None:
+    """Another protocol's message: a usable mqks-id header is kept, anything else gives the
+    core id; a body MQKS cannot carry is rendered (never an exception in delivery)."""
+    h = Harness()
+    proto, t = h.client()
+    proto.dataReceived(b"c consume --confirm q e\n")
+    h.lines(t)
+    broker = h.hub.broker
+    headers = [{"mqks-id": "ok-id"}, {"mqks-id": "has space"}, {"mqks-id": "caf\u00e9"}, None]
+    broker.publish_batch("e", [b"a", b"b\nc", b"\xff", b""], origin="nats", headers=headers)
+    lines = h.lines(t)
+    first = broker.last_ids[0]
+    assert lines[0] == b"c ok ok-id event=e a"
+    assert lines[1] == b"c ok %016x event=e,enc=json \"b\\nc\"" % (first + 1)
+    assert lines[2] == b"c ok %016x event=e,enc=base64 /w==" % (first + 2)
+    assert lines[3] == b"c ok %016x event=e " % (first + 3)
+
+
 def test_same_consumer_id_twice_replaces_the_first() -> None:
     """A second ``consume`` with a known consumer id deletes the first one (no double delivery)."""
     h = Harness()
