@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.interop.broker import BrokerProcess
-from tests.interop.mqks_client import MqksSocket
+from tests.interop.mqks_client import MqksClient, MqksSocket, wait_until
 
 pytestmark = pytest.mark.interop
 
@@ -50,3 +50,29 @@ def test_bindings_and_delete_when_unused_survive_restart(
     assert b.wait_messages(b"c2", 2)[1]["data"] == b"after"
     a.close()
     b.close()
+
+
+def test_original_client_consumer_survives_a_broker_restart(
+        make_broker: Callable[..., BrokerProcess]) -> None:
+    """client/mqks.py behaviour across kill -9 + restart: reconnect, re-consume under a new id
+    (on_reconnect), and a message published afterwards reaches the new consumer."""
+    broker = make_broker(["mqks"])
+    port = broker.port("mqks", "tcp")
+    client = MqksClient(port)
+    got: list[dict[str, str]] = []
+    swaps: list[tuple[str, str]] = []
+    try:
+        cid = client.consume("rq", ["r.e"], got.append, confirm=True,
+                             on_reconnect=lambda old, new: swaps.append((old, new)))
+        broker.kill()
+        broker.start()
+        wait_until(lambda: len(swaps) == 1, "on_reconnect after the restart", timeout=20)
+        assert swaps[0][0] == cid
+        publisher = MqksSocket(port)
+        # the queue and its binding are durable: the message waits there for the new consumer
+        publisher.confirm(b"p1", b"publish", b"r.e after-restart")
+        wait_until(lambda: bool(got), "the message after the restart")
+        assert got[0]["consumer"] == swaps[0][1] and got[0]["data"] == "after-restart"
+        publisher.close()
+    finally:
+        client.close()
