@@ -50,6 +50,8 @@ log = Logger(namespace="mqhub.mqks")
 ID_HEADER = "mqks-id"
 #: unconfirmed publishes per connection above which reading pauses until commits catch up
 MAX_UNCONFIRMED = 50_000
+#: consumers one connection may hold (each is a core consumer; the original had no limit)
+MAX_CONSUMERS = 10_000
 _PUBLISH = b"publish"
 _ACK = b"ack"
 _EVENTS: dict[str, bytes] = {}
@@ -414,6 +416,8 @@ class MqksProtocol(Protocol):
     def on_consume(self, rid: bytes, data: bytes, confirm: bool) -> None:
         """``consume {queue} [ev..] [--add ev..] [--delete-queue-when-unused[=s]] [--manual-ack]``."""
         args = wire.parse_consume(data)
+        if len(self.consumers) >= MAX_CONSUMERS and rid not in self.consumers:
+            raise RequestError(f"more than {MAX_CONSUMERS} consumers on one connection")
         d = self.registry.consume(self, rid, args)
         if confirm:
             self._confirm_after(rid, d)
