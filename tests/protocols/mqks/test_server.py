@@ -182,3 +182,16 @@ def test_any_request_sequence_is_answered_and_never_crashes(script: list) -> Non
     for name, q in registry.queues.items():
         assert h.hub.broker.queue("mqks/" + name) is q.core
         assert {b.pattern for b in h.hub.broker.bindings(q.core.name)} >= q.events
+
+
+def test_consumers_per_connection_are_capped(monkeypatch: Any) -> None:
+    """Beyond the cap a consume is an error; re-consuming a known id still works."""
+    from mqhub.protocols.mqks import server
+
+    monkeypatch.setattr(server, "MAX_CONSUMERS", 2)
+    h = Harness()
+    proto, t = h.client()
+    proto.dataReceived(b"c1 consume q e\nc2 consume q\nc3 consume q\nc2 consume q\n")
+    lines = h.lines(t)
+    assert len(lines) == 1 and lines[0].startswith(b"c3 error ")
+    assert sorted(h.service.registry.consumers) == [b"c1", b"c2"]
