@@ -222,7 +222,16 @@ class MqksRegistry:
         q.consumers[cid] = consumer
         conn.consumers[cid] = consumer
         self._rebind(q, args.replace, [], [], args.add, update, None if args.adding else cid)
-        consumer.core = q.core.attach(consumer, ready=self.prefetch, timeout=NO_TIMEOUT, tag=cid)
+        try:
+            consumer.core = q.core.attach(consumer, ready=self.prefetch, timeout=NO_TIMEOUT,
+                                          tag=cid)
+        except MqhubError as exc:  # the core queue went away behind MQKS's back (admin)
+            self.consumers.pop(cid, None)
+            q.consumers.pop(cid, None)
+            conn.consumers.pop(cid, None)
+            if self.queues.get(q.name) is q:
+                del self.queues[q.name]
+            raise RequestError(f"queue unavailable: {exc}") from None
         writes.append(self.broker.barrier())
         return _all(writes)
 
