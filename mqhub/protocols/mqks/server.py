@@ -126,6 +126,7 @@ class MqksProtocol(Protocol):
         self.consumers: dict[bytes, MqksConsumer] = {}
         self.writes_paused = False
         self.closed = False
+        self._closing = False  # a fatal line: read nothing more, close once replies are out
         self._out: list[bytes] | None = None
         self._slots: deque[list[Any]] = deque()
         self._unconfirmed = 0
@@ -221,6 +222,8 @@ class MqksProtocol(Protocol):
             ready.append(slots.popleft()[0])
         if ready:
             self._write(b"".join(ready))
+        if self._closing:
+            self._maybe_close()
 
     def push(self, cid: bytes, data: bytes) -> None:
         """A consumer push (``--update``): ``{cid} ok {data}``, not held behind slots."""
@@ -252,7 +255,7 @@ class MqksProtocol(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         """Run every complete line of the read; consecutive publishes to one event are batched."""
-        if self.closed:
+        if self.closed or self._closing:
             return
         reader = self.reader
         lines = reader.feed(data)
@@ -265,15 +268,20 @@ class MqksProtocol(Protocol):
                     self.error(NONE_ID, f"line longer than {reader.max_line} bytes")
                 else:
                     log.info("mqks: TAB in a request from {peer}: closing", peer=self._peer())
-                self.closed = True
+                self._closing = True
         except Exception:
             log.failure("mqks: unexpected error handling a request from {peer}", peer=self._peer())
-            self.closed = True
+            self._closing = True
         finally:
             self._out = None
-        if out and self.transport is not None:
+        if out and not self.closed:
             self.transport.write(b"".join(out))
-        if self.closed:
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        """After a fatal line: close once every earlier reply (confirms after commits) is out."""
+        if self._closing and not self._slots and not self.closed:
+            self.closed = True
             self.transport.loseConnection()
 
     def _run(self, lines: list[bytes]) -> None:

@@ -173,7 +173,7 @@ def test_any_request_sequence_is_answered_and_never_crashes(script: list) -> Non
         h.clock.advance(1.0)
         for line in h.lines(t):
             assert _REPLY.fullmatch(line), line
-        assert not t.disconnecting
+        assert t.connected
     registry = h.service.registry
     for cid, consumer in registry.consumers.items():
         assert registry.queues[consumer.queue.name] is consumer.queue
@@ -195,3 +195,21 @@ def test_consumers_per_connection_are_capped(monkeypatch: Any) -> None:
     lines = h.lines(t)
     assert len(lines) == 1 and lines[0].startswith(b"c3 error ")
     assert sorted(h.service.registry.consumers) == [b"c1", b"c2"]
+
+
+def test_fatal_line_closes_only_after_pending_confirms() -> None:
+    """A TAB or over-long line after a confirmed publish: the confirm still goes out, then the
+    connection closes; nothing after the bad line runs."""
+    h = Harness()
+    proto, t = h.client()
+    proto.dataReceived(b"rb rebind --confirm q e\n")
+    assert h.lines(t) == [b"rb ok "]
+    proto.dataReceived(b"m1 publish --confirm e one\nbad\tline\nm2 publish e never\n")
+    assert t.connected  # waiting for the commit of m1
+    assert h.lines(t) == [b"m1 ok "]
+    assert not t.connected
+    assert h.service.registry.queues["q"].core.depth == 1
+    proto2, t2 = h.client()
+    proto2.dataReceived(b"m3 publish --confirm e x\n" + b"y" * (2 << 20))
+    lines = h.lines(t2)
+    assert lines[0] == b"m3 ok " and lines[1].startswith(b"None error ") and not t2.connected
