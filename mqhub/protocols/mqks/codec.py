@@ -63,22 +63,35 @@ class LineReader:
         """Start with an empty buffer."""
         self.max_line = max_line
         self.fatal: str | None = None
-        self._buf = b""
+        self._buf: bytes | bytearray = b""  # the incomplete line
 
     def feed(self, data: bytes) -> list[bytes]:
         """Return the complete lines of ``data`` (after what was buffered) in order.
 
         Lines before a bad one are returned; the bad one and everything after it are not, and
         :attr:`fatal` tells why. A TAB is detected as soon as it arrives, an over-long line as
-        soon as the buffered part of it exceeds the limit.
+        soon as the buffered part of it exceeds the limit. A line arriving in many reads grows a
+        bytearray in place (no repeated copying when it trickles in byte by byte).
         """
         if self.fatal is not None:
             return []
+        limit = self.max_line
+        if b"\n" not in data:
+            if b"\t" in data:
+                return self._stop(FATAL_TAB, [])
+            if len(self._buf) + len(data) > limit:
+                return self._stop(FATAL_TOO_LONG, [])
+            if not self._buf:
+                self._buf = data
+            else:
+                if isinstance(self._buf, bytes):
+                    self._buf = bytearray(self._buf)
+                self._buf += data
+            return []
         if self._buf:
-            data = self._buf + data
+            data = (bytes(self._buf) if isinstance(self._buf, bytearray) else self._buf) + data
         lines = data.split(b"\n")
         rest = lines.pop()
-        limit = self.max_line
         if len(data) > limit or b"\t" in data:  # otherwise no line can be bad
             for i, line in enumerate(lines):
                 if len(line) > limit:
