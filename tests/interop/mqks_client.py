@@ -57,7 +57,7 @@ class MqksSocket:
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(1 << 20)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return
         except OSError:
             self.eof = True
