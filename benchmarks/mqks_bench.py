@@ -164,7 +164,7 @@ def run_scenario(host: str, port: int, size: int, manual: bool, duration: float,
                        args=(host, port, queue, event, manual, ready, total, c_send))
     prod = ctx.Process(target=producer, args=(host, port, event, size, duration, ready, total,
                                               p_send))
-    cpu0 = _server_cpu(server_pid)
+    cpu0 = _common.server_cpu(server_pid)
     cons.start()
     prod.start()
     sent, start, end, prod_cpu = p_recv.recv()
@@ -174,22 +174,10 @@ def run_scenario(host: str, port: int, size: int, manual: bool, duration: float,
     if count < sent:
         print(f"# {size}B: consumer got {count} of {sent}", file=sys.stderr)
     per = 1e6 / max(1, sent)
-    server = f"server {(_server_cpu(server_pid) - cpu0) * per:.2f}, " if server_pid else ""
+    server = f"server {(_common.server_cpu(server_pid) - cpu0) * per:.2f}, " if server_pid else ""
     print(f"# {'manual' if manual else 'auto'} {size}B cpu us/msg: {server}"
           f"producer {prod_cpu * per:.2f}, consumer {cons_cpu * per:.2f}")
     return sent / (end - start), count / (last - start)
-
-
-def _server_cpu(pid: int | None) -> float:
-    """CPU seconds (user + system) the server process has used so far (0 when unknown)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
