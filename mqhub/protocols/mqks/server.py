@@ -359,7 +359,8 @@ class MqksProtocol(Protocol):
                  confirms: list[bytes]) -> None:
         """One core publish for a run of publishes to ``event``; confirms after the commit."""
         n = len(bodies)
-        headers = [{ID_HEADER: rid.decode("latin-1")} for rid in ids]
+        # one decode for the run (request ids never hold a newline); one small dict per message
+        headers = [{ID_HEADER: v} for v in b"\n".join(ids).decode("latin-1").split("\n")]
         try:
             address = wire.text(event)
             d: Deferred[None] = self.broker.publish_batch(address, bodies, origin="mqks",
