@@ -267,7 +267,8 @@ def test_slow_auto_ack_consumer_is_not_flooded(conn) -> None:  # type: ignore[no
 
 
 def test_round_robin(conn) -> None:  # type: ignore[no-untyped-def]
-    """Two consumers of one queue take turns (one publish per read)."""
+    """Two consumers of one queue take turns: exactly alternating for one publish per read, an
+    equal share of a burst."""
     a, b, p = conn(), conn(), conn()
     a.confirm(b"ra", b"consume", b"rrq rr")
     b.confirm(b"rb", b"consume", b"rrq")
@@ -279,6 +280,11 @@ def test_round_robin(conn) -> None:  # type: ignore[no-untyped-def]
     got_b = [m["id"] for m in b.messages(b"rb")]
     assert len(got_a) == len(got_b) == 3
     assert sorted([got_a, got_b]) == [[b"rr0", b"rr2", b"rr4"], [b"rr1", b"rr3", b"rr5"]]
+    # a burst in one read is shared message by message too (not one batch to one consumer)
+    p.send(*[b"burst%d publish rr x" % i for i in range(100)])
+    wait_until(lambda: (a.pump() or b.pump() or
+                        len(a.messages(b"ra")) + len(b.messages(b"rb")) == 106), "the burst")
+    assert len(a.messages(b"ra")) - 3 == len(b.messages(b"rb")) - 3 == 50
 
 
 def test_delete_queue(conn) -> None:  # type: ignore[no-untyped-def]

@@ -37,6 +37,8 @@ META_PREFIX = "mqks/queue/"
 MAX_QUEUE_NAME = 250
 #: in-flight deadline of an MQKS consumer's messages: MQKS has no message timeout
 NO_TIMEOUT = 10.0 * 365 * 24 * 3600
+#: the credit of a consumer left alone on its queue (deliveries never exhaust it)
+UNLIMITED = 1 << 62
 
 
 class MqksQueue:
@@ -64,7 +66,8 @@ class MqksConsumer:
     """
 
     protocol_name = "mqks"
-    __slots__ = ("cid", "conn", "queue", "core", "manual_ack", "unacked", "dupes", "held")
+    __slots__ = ("cid", "conn", "queue", "core", "manual_ack", "unacked", "dupes", "held",
+                 "metered")
 
     def __init__(self, cid: bytes, conn: Any, queue: MqksQueue, manual_ack: bool) -> None:
         """Not attached yet (the registry attaches it)."""
@@ -76,6 +79,8 @@ class MqksConsumer:
         self.unacked: dict[bytes, tuple] = {}
         self.dupes: dict[bytes, list[tuple]] = {}
         self.held: list[int] = []
+        #: the queue has several consumers: one message per dispatch round (see MqksRegistry)
+        self.metered = False
 
     def deliver_batch(self, binding: Any, address: str, entries: list[tuple]) -> None:
         """Write the entries to the connection; auto-ack them unless writes are paused."""
@@ -90,6 +95,8 @@ class MqksConsumer:
             self.held.extend([e[MSG_ID] for e in entries])
         else:
             self.queue.core.ack(binding, [e[MSG_ID] for e in entries])
+        if self.metered:
+            binding.add_credit(len(entries))  # the next round serves the other consumers too
 
     def resume(self) -> None:
         """The connection drains again: ack what was held."""
@@ -222,9 +229,12 @@ class MqksRegistry:
         q.consumers[cid] = consumer
         conn.consumers[cid] = consumer
         self._rebind(q, args.replace, [], [], args.add, update, None if args.adding else cid)
+        self._meter(q, exclude=consumer)
+        consumer.metered = len(q.consumers) > 1
         try:
-            consumer.core = q.core.attach(consumer, ready=self.prefetch, timeout=NO_TIMEOUT,
-                                          tag=cid)
+            consumer.core = q.core.attach(consumer, ready=self.prefetch,
+                                          credit=1 if consumer.metered else 0,
+                                          timeout=NO_TIMEOUT, tag=cid)
         except MqhubError as exc:  # the core queue went away behind MQKS's back (admin)
             self.consumers.pop(cid, None)
             q.consumers.pop(cid, None)
@@ -278,6 +288,20 @@ class MqksRegistry:
             if cid != skip:
                 consumer.conn.push(cid, render_update(q.name, q.events, q.delete_when_unused,
                                                       consumer.manual_ack))
+
+    def _meter(self, q: MqksQueue, exclude: MqksConsumer | None = None) -> None:
+        """Round-robin per message while a queue has several consumers, as the original.
+
+        The core serves consumers in turn per dispatch round, each taking a batch; a consumer
+        of a shared queue gets one credit per round (topped up after each delivery), so a burst
+        is spread message by message. A lone consumer has no credit limit (batches, fast path).
+        """
+        shared = len(q.consumers) > 1
+        for consumer in list(q.consumers.values()):
+            if consumer is exclude or consumer.core is None or consumer.metered == shared:
+                continue
+            consumer.metered = shared
+            consumer.core.set_credit(1 if shared else UNLIMITED)
 
     def delete_queue(self, name: str) -> Deferred[Any]:
         """Delete queue ``name``: notify and drop its consumers, unbind, drop its messages."""
@@ -388,6 +412,7 @@ class MqksRegistry:
             consumer.held = []
             q.core.detach(consumer.core, requeue=True)
             consumer.core = None
+            self._meter(q)
         if unused_check and self.queues.get(q.name) is q:
             self._start_unused(q)
         return True

@@ -213,3 +213,25 @@ def test_fatal_line_closes_only_after_pending_confirms() -> None:
     proto2.dataReceived(b"m3 publish --confirm e x\n" + b"y" * (2 << 20))
     lines = h.lines(t2)
     assert lines[0] == b"m3 ok " and lines[1].startswith(b"None error ") and not t2.connected
+
+
+def test_shared_queue_is_served_message_by_message() -> None:
+    """A burst published in one read is spread over two consumers one message at a time; alone
+    again, a consumer takes batches without a credit limit."""
+    h = Harness()
+    a, ta = h.client()
+    b, tb = h.client()
+    a.dataReceived(b"ca consume q e\n")
+    b.dataReceived(b"cb consume q\n")
+    h.lines(ta)
+    h.lines(tb)
+    a.dataReceived(b"".join(b"m%d publish e x\n" % i for i in range(10)))
+    got_a = [x.split(b" ")[2] for x in h.lines(ta)]
+    got_b = [x.split(b" ")[2] for x in h.lines(tb)]
+    assert len(got_a) == len(got_b) == 5 and sorted(got_a + got_b) == sorted(
+        b"m%d" % i for i in range(10))
+    b.dataReceived(b"d delete_consumer cb\n")
+    a.dataReceived(b"".join(b"n%d publish e x\n" % i for i in range(10)))
+    assert len(h.lines(ta)) == 10
+    consumer = h.service.registry.consumers[b"ca"]
+    assert not consumer.metered and consumer.core.credit > 10**12
