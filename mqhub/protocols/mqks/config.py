@@ -18,13 +18,16 @@ class MqksConfig:
     """Limits and switches of the MQKS plugin.
 
     ``--option mqks.prefetch=N`` (unacked messages per consumer, default 1,000),
-    ``--option mqks.max_line=BYTES`` (longest request line, default 1 MiB) and
+    ``--option mqks.max_line=BYTES`` (longest request line, default 1 MiB),
+    ``--option mqks.window=N`` (ready messages a queue keeps in memory before the rest is read
+    back from the store, default 50,000, like NSQ's channels) and
     ``--mqks-eval off|stats`` (default ``off``; ``--option mqks.eval=`` works too).
     """
 
     prefetch: int = 1000
     max_line: int = DEFAULT_MAX_LINE
     eval: str = "off"
+    window: int = 50_000
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MqksConfig:
@@ -38,7 +41,7 @@ class MqksConfig:
             raw["eval"] = options["mqks-eval"]
         for key, value in raw.items():
             key = key.replace("-", "_")
-            if key in ("prefetch", "max_line"):
+            if key in ("prefetch", "max_line", "window"):
                 try:
                     number = int(value)
                 except (TypeError, ValueError):

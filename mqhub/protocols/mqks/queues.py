@@ -131,14 +131,17 @@ class MqksRegistry:
     :param store: the hub's IMessageStore (queue settings metadata).
     :param clock: IReactorTime for the delete-when-unused timers.
     :param prefetch: unacked messages per consumer.
+    :param window: ready messages a queue keeps in memory (the core queue's ``window``).
     """
 
-    def __init__(self, broker: Any, store: Any, clock: Any, prefetch: int = 1000) -> None:
+    def __init__(self, broker: Any, store: Any, clock: Any, prefetch: int = 1000,
+                 window: int = 50_000) -> None:
         """Start empty; call :meth:`load` to recover the queues."""
         self.broker = broker
         self.store = store
         self.clock = clock
         self.prefetch = prefetch
+        self.window = window
         self.queues: dict[str, MqksQueue] = {}
         self.consumers: dict[bytes, MqksConsumer] = {}
         self.published = 0
@@ -158,6 +161,8 @@ class MqksRegistry:
                     continue
                 name = core.name[len(QUEUE_PREFIX):]
                 q = self.queues[name] = MqksQueue(name, core)
+                if core.window_setting != self.window:
+                    core.configure(window=self.window)
                 for binding in self.broker.bindings(core.name):
                     q.events.add(binding.pattern)
                     q.bindings[binding.pattern] = binding
@@ -183,7 +188,8 @@ class MqksRegistry:
         if len(name) > MAX_QUEUE_NAME:
             raise RequestError("queue name too long")
         try:
-            core = self.broker.declare_queue(QUEUE_PREFIX + name, msg_timeout=NO_TIMEOUT)
+            core = self.broker.declare_queue(QUEUE_PREFIX + name, msg_timeout=NO_TIMEOUT,
+                                             window=self.window)
         except MqhubError as exc:
             raise RequestError(str(exc)) from None
         q = self.queues[name] = MqksQueue(name, core)

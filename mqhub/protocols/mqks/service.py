@@ -31,7 +31,8 @@ class MqksService(MultiService):
         super().__init__()
         self.hub = hub
         self.config = config
-        self.registry = MqksRegistry(hub.broker, hub.store, hub.clock, config.prefetch)
+        self.registry = MqksRegistry(hub.broker, hub.store, hub.clock, config.prefetch,
+                                     config.window)
         self.factory = MqksFactory(hub, config, self.registry)
         self.port = 0
         self.tcp = ListenerService(endpoints["tcp"], self.factory,

@@ -10,7 +10,7 @@ from mqhub.protocols.mqks.config import MqksConfig
 
 def test_defaults_and_options() -> None:
     """prefetch 1000, 1 MiB lines, _eval off; options and the flag override them."""
-    assert MqksConfig.from_options({}) == MqksConfig(1000, 1 << 20, "off")
+    assert MqksConfig.from_options({}) == MqksConfig(1000, 1 << 20, "off", 50_000)
     got = MqksConfig.from_options({"plugin_options": {"mqks": {"prefetch": "5", "max-line": "64"}},
                                    "mqks-eval": "stats"})
     assert (got.prefetch, got.max_line, got.eval) == (5, 64, "stats")

@@ -56,6 +56,7 @@ def test_publish_confirm_only_after_the_commit() -> None:
     assert take_output(t) == b""  # the commit has not happened yet: nothing, not even the ping
     assert h.lines(t) == [b"m1 ok ", b"p ok x"]
     assert h.service.registry.queues["q"].core.depth == 2
+    assert h.service.registry.queues["q"].core.window_setting == 50_000  # mqks.window
 
 
 def test_auto_ack_consumer_stops_while_writes_are_paused() -> None:
