@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,8 +34,12 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     print(f"--- {proc.log_path} ---\n{proc.output()[-20000:]}")
 
 
+#: ``conn()`` opens a raw MQKS socket to the module broker
+Connect = Callable[[], MqksSocket]
+
+
 @pytest.fixture
-def conn(broker: BrokerProcess) -> Iterator[callable]:  # type: ignore[valid-type]
+def conn(broker: BrokerProcess) -> Iterator[Connect]:
     """``conn()`` opens a raw MQKS socket closed after the test."""
     opened: list[MqksSocket] = []
 
@@ -63,7 +67,7 @@ def eval_(sock: MqksSocket, rid: bytes, code: bytes) -> bytes:
     return next(x for x in sock.lines if x.startswith(rid + b" "))
 
 
-def test_hello_world(conn) -> None:  # type: ignore[no-untyped-def]
+def test_hello_world(conn: Connect) -> None:
     """The protocol text's hello world: Alice or Bob gets it, Charlie gets it too."""
     alice, bob, charlie, dave = conn(), conn(), conn(), conn()
     alice.confirm(b"Alice", b"consume", b"greetings hi hello")
@@ -80,7 +84,7 @@ def test_hello_world(conn) -> None:  # type: ignore[no-untyped-def]
     assert len(got) == 1
 
 
-def test_confirm_reply_has_trailing_space_and_ping(conn) -> None:  # type: ignore[no-untyped-def]
+def test_confirm_reply_has_trailing_space_and_ping(conn: Connect) -> None:
     """``ok `` with its space; ping echoes; ``--confirm`` only with its space; CRLF accepted."""
     s = conn()
     s.send_raw(b"c1 rebind --confirm cq1 ce1\r\npg1 ping service1\np ping --confirm x y\n"
@@ -91,7 +95,7 @@ def test_confirm_reply_has_trailing_space_and_ping(conn) -> None:  # type: ignor
     assert s.buf == b""
 
 
-def test_manual_ack_reject_retry_and_tail_order(conn) -> None:  # type: ignore[no-untyped-def]
+def test_manual_ack_reject_retry_and_tail_order(conn: Connect) -> None:
     """Reject returns a message to the tail with retry+1; prefetch 2 bounds the unacked."""
     p, c = conn(), conn()
     p.confirm(b"rb", b"rebind", b"mq1 me1")
@@ -118,7 +122,7 @@ def test_manual_ack_reject_retry_and_tail_order(conn) -> None:  # type: ignore[n
     assert c.wait_messages(b"c1", 7)[6]["id"] == b"m5"
 
 
-def test_reject_all(conn) -> None:  # type: ignore[no-untyped-def]
+def test_reject_all(conn: Connect) -> None:
     """``reject c --all`` returns every unacked message with retry=1."""
     c = conn()
     c.confirm(b"c2", b"consume", b"rq2 re2 --manual-ack")
@@ -129,7 +133,7 @@ def test_reject_all(conn) -> None:  # type: ignore[no-untyped-def]
     assert sorted((m["id"], m["retry"]) for m in msgs[2:]) == [(b"k1", b"1"), (b"k2", b"1")]
 
 
-def test_unknown_consumer_gets_no_confirm(conn) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_consumer_gets_no_confirm(conn: Connect) -> None:
     """ack/reject/delete_consumer of an unknown consumer answer nothing, even with --confirm."""
     s = conn()
     s.send(b"a ack --confirm nobody m1", b"r reject --confirm nobody --all",
@@ -139,7 +143,7 @@ def test_unknown_consumer_gets_no_confirm(conn) -> None:  # type: ignore[no-unty
     assert s.lines == [b"q ok ", b"end ok end"]
 
 
-def test_rebind_masks_order_and_update(conn) -> None:  # type: ignore[no-untyped-def]
+def test_rebind_masks_order_and_update(conn: Connect) -> None:
     """Masks never cross a dot, only dotted events are tested; fixed order; --update lines."""
     c, p = conn(), conn()
     c.confirm(b"c3", b"consume", b"bq3 --manual-ack")
@@ -165,7 +169,7 @@ def test_rebind_masks_order_and_update(conn) -> None:  # type: ignore[no-untyped
     assert is_error(errors[0], b"rb6") and is_error(errors[1], b"rb7")
 
 
-def test_consume_add_keep_and_update_to_others(conn) -> None:  # type: ignore[no-untyped-def]
+def test_consume_add_keep_and_update_to_others(conn: Connect) -> None:
     """Replace does not notify the consumer itself; --add does; no events keeps bindings."""
     a, b, p = conn(), conn(), conn()
     a.confirm(b"ca", b"consume", b"uq4 u1 u2")
@@ -186,7 +190,7 @@ def test_consume_add_keep_and_update_to_others(conn) -> None:  # type: ignore[no
     b.until(lambda ls: any(is_error(x, b"cx") for x in ls), "unknown flag error")
 
 
-def test_update_shows_delete_when_unused(conn) -> None:  # type: ignore[no-untyped-def]
+def test_update_shows_delete_when_unused(conn: Connect) -> None:
     """A changed --delete-queue-when-unused value is sent as ``=5.0``; a plain consume clears it."""
     a, b = conn(), conn()
     a.confirm(b"da", b"consume", b"dq5 d1 --manual-ack")
@@ -207,7 +211,7 @@ def queue_exists(s: MqksSocket, name: bytes, n: list[int]) -> bool:
                         b"ev%d" % n[0])
 
 
-def test_delete_when_unused_timing(conn) -> None:  # type: ignore[no-untyped-def]
+def test_delete_when_unused_timing(conn: Connect) -> None:
     """There before the delay, gone after it; a new consume cancels; =0 and bare flag delete at once."""
     s, c = conn(), conn()
     n = [0]
@@ -232,7 +236,7 @@ def test_delete_when_unused_timing(conn) -> None:  # type: ignore[no-untyped-def
         wait_until(lambda q=q: not queue_exists(s, q, n), f"{q!r} deleted on disconnect")
 
 
-def test_disconnect_requeues_with_retry_plus_one(conn) -> None:  # type: ignore[no-untyped-def]
+def test_disconnect_requeues_with_retry_plus_one(conn: Connect) -> None:
     """A manual-ack consumer's unacked messages return to the queue with retry+1 on disconnect."""
     a, b, p = conn(), conn(), conn()
     a.confirm(b"ka", b"consume", b"lq10 le10 --manual-ack")
@@ -249,7 +253,7 @@ def test_disconnect_requeues_with_retry_plus_one(conn) -> None:  # type: ignore[
     assert sorted((m["id"], m["retry"]) for m in msgs) == [(b"k1", b"3"), (b"k3", b"1")]
 
 
-def test_slow_auto_ack_consumer_is_not_flooded(conn) -> None:  # type: ignore[no-untyped-def]
+def test_slow_auto_ack_consumer_is_not_flooded(conn: Connect) -> None:
     """A consumer that does not read stops receiving once its socket is full: the rest waits in
     the queue (the original pushed everything into memory); reading again delivers all."""
     c, p = conn(), conn()
@@ -266,7 +270,7 @@ def test_slow_auto_ack_consumer_is_not_flooded(conn) -> None:  # type: ignore[no
     c.until(lambda _: len(c.messages(b"sc")) == 2001, "all 2001 messages", timeout=60)
 
 
-def test_round_robin(conn) -> None:  # type: ignore[no-untyped-def]
+def test_round_robin(conn: Connect) -> None:
     """Two consumers of one queue take turns: exactly alternating for one publish per read, an
     equal share of a burst."""
     a, b, p = conn(), conn(), conn()
@@ -287,7 +291,7 @@ def test_round_robin(conn) -> None:  # type: ignore[no-untyped-def]
     assert len(a.messages(b"ra")) - 3 == len(b.messages(b"rb")) - 3 == 50
 
 
-def test_delete_queue(conn) -> None:  # type: ignore[no-untyped-def]
+def test_delete_queue(conn: Connect) -> None:
     """Consumers get ``--update Q`` and nothing more; the queue and its messages are gone."""
     c, p = conn(), conn()
     c.confirm(b"qc", b"consume", b"xq11 xe11")
@@ -297,7 +301,7 @@ def test_delete_queue(conn) -> None:  # type: ignore[no-untyped-def]
     assert c.quiet(0.2) == [b"qc ok ", b"qc ok --update xq11"]
 
 
-def test_eval_runs_nothing(conn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_eval_runs_nothing(conn: Connect, tmp_path: Path) -> None:
     """``_eval`` is a lookup table: code is never run; known stats answer from mqhub's counters."""
     s = conn()
     marker = tmp_path / "pwned"
@@ -312,7 +316,7 @@ def test_eval_runs_nothing(conn, tmp_path: Path) -> None:  # type: ignore[no-unt
     assert is_error(eval_(s, b"e6", b"len(state.queues) or 1"), b"e6")
 
 
-def test_masks_bind_as_hub_patterns(conn) -> None:  # type: ignore[no-untyped-def]
+def test_masks_bind_as_hub_patterns(conn: Connect) -> None:
     """An event with ``*`` binds as an MQKS mask over hub addresses (within one token)."""
     c, p = conn(), conn()
     c.confirm(b"mc", b"consume", b"mq13 user.*.seen")
