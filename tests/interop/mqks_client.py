@@ -32,6 +32,17 @@ def wait_until(cond: Callable[[], bool], what: str, timeout: float = WAIT) -> No
         time.sleep(0.005)
 
 
+def pump_until(socks: list[MqksSocket], cond: Callable[[], bool], what: str,
+               timeout: float = WAIT) -> None:
+    """Read from every socket in ``socks`` until ``cond()`` holds; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        for sock in socks:
+            sock.pump(0.01)
+
+
 class MqksSocket:
     """One raw MQKS connection: ``send`` lines, collect reply lines in ``lines``."""
 

@@ -10,12 +10,13 @@ import re
 import socket
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from tests.interop.broker import BrokerProcess
-from tests.interop.mqks_client import MqksClient, MqksSocket, wait_until
+from tests.interop.mqks_client import MqksClient, MqksSocket, pump_until, wait_until
 
 pytestmark = pytest.mark.interop
 
@@ -75,9 +76,8 @@ def test_hello_world(conn: Connect) -> None:
     charlie.confirm(b"Charlie", b"consume", b"greetings-and-byes hi hello bye good-bye")
     dave.send(b"Dave publish hello world")
     charlie.wait_line(b"Charlie ok Dave event=hello world")
-    wait_until(lambda: (alice.pump() or b"Alice ok Dave event=hello world" in alice.lines)
-               or (bob.pump() or b"Bob ok Dave event=hello world" in bob.lines),
-               "Alice or Bob to get the greeting")
+    pump_until([alice, bob], lambda: b"Alice ok Dave event=hello world" in alice.lines
+               or b"Bob ok Dave event=hello world" in bob.lines, "Alice or Bob to get the greeting")
     alice.quiet(0.2)
     bob.quiet(0.2)
     got = [x for x in alice.lines + bob.lines if b"Dave" in x]
@@ -162,7 +162,8 @@ def test_rebind_masks_order_and_update(conn: Connect) -> None:
     p.confirm(b"x2", b"publish", b"e5.id2.a2 kept")
     c.wait_messages(b"c3", 1)
     assert not any(b"--update" in x for x in c.lines[before:])
-    assert [m["id"] for m in c.quiet(0.2) and c.messages(b"c3")] == [b"x2"]
+    c.quiet(0.2)
+    assert [m["id"] for m in c.messages(b"c3")] == [b"x2"]
     c.send(b"rb6 rebind bq3", b"rb7 rebind bq3 --bogus x", b"rb8 rebind bq3 --replace r.1")
     c.wait_line(b"c3 ok --update bq3 r.1 --manual-ack")
     errors = [x for x in c.lines if b" error " in x]
@@ -182,8 +183,7 @@ def test_consume_add_keep_and_update_to_others(conn: Connect) -> None:
     b.confirm(b"cb3", b"consume", b"uq4")  # no events: bindings kept, no update
     assert not any(x.startswith(b"cb3 ok --update") for x in b.quiet(0.2))
     p.confirm(b"u", b"publish", b"u4 x")
-    wait_until(lambda: bool(a.pump() or b.pump() or [x for x in a.lines + b.lines
-                                                       if x.endswith(b" u event=u4 x")]),
+    pump_until([a, b], lambda: any(x.endswith(b" u event=u4 x") for x in a.lines + b.lines),
                "u4 delivered")
     assert not [x for x in a.lines + b.lines if b"event=u1" in x]
     b.send(b"cx consume uq4 --bogus")
@@ -233,7 +233,8 @@ def test_delete_when_unused_timing(conn: Connect) -> None:
         d.confirm(b"w6", b"consume", q + b" we8 --delete-queue-when-unused" + flag)
         assert queue_exists(s, q, n)
         d.close()
-        wait_until(lambda q=q: not queue_exists(s, q, n), f"{q!r} deleted on disconnect")
+        wait_until(partial(lambda name: not queue_exists(s, name, n), q),
+                   f"{q!r} deleted on disconnect")
 
 
 def test_disconnect_requeues_with_retry_plus_one(conn: Connect) -> None:
@@ -278,16 +279,16 @@ def test_round_robin(conn: Connect) -> None:
     b.confirm(b"rb", b"consume", b"rrq")
     for i in range(6):
         p.confirm(b"rr%d" % i, b"publish", b"rr x")
-    wait_until(lambda: (a.pump() or b.pump() or
-                        len(a.messages(b"ra")) + len(b.messages(b"rb")) == 6), "six deliveries")
+    pump_until([a, b], lambda: len(a.messages(b"ra")) + len(b.messages(b"rb")) == 6,
+               "six deliveries")
     got_a = [m["id"] for m in a.messages(b"ra")]
     got_b = [m["id"] for m in b.messages(b"rb")]
     assert len(got_a) == len(got_b) == 3
     assert sorted([got_a, got_b]) == [[b"rr0", b"rr2", b"rr4"], [b"rr1", b"rr3", b"rr5"]]
     # a burst in one read is shared message by message too (not one batch to one consumer)
     p.send(*[b"burst%d publish rr x" % i for i in range(100)])
-    wait_until(lambda: (a.pump() or b.pump() or
-                        len(a.messages(b"ra")) + len(b.messages(b"rb")) == 106), "the burst")
+    pump_until([a, b], lambda: len(a.messages(b"ra")) + len(b.messages(b"rb")) == 106,
+               "the burst")
     assert len(a.messages(b"ra")) - 3 == len(b.messages(b"rb")) - 3 == 50
 
 
@@ -323,7 +324,8 @@ def test_masks_bind_as_hub_patterns(conn: Connect) -> None:
     p.confirm(b"m1", b"publish", b"user.42.seen yes")
     p.confirm(b"m2", b"publish", b"user.42.x.seen no")
     assert c.wait_messages(b"mc", 1)[0]["event"] == b"user.42.seen"
-    assert len(c.quiet(0.2) and c.messages(b"mc")) == 1
+    c.quiet(0.2)
+    assert len(c.messages(b"mc")) == 1
     p.send(b"m3 publish user.*.seen bad")
     p.until(lambda ls: any(is_error(x, b"m3") for x in ls), "publishing a mask is an error")
 

@@ -22,7 +22,7 @@ def test_defaults_and_options() -> None:
     {"plugin_options": {"mqks": {"prefetch": "0"}}},
     {"mqks-eval": "python"},
 ])
-def test_bad_options_are_refused(options: dict) -> None:  # type: ignore[type-arg]
+def test_bad_options_are_refused(options: dict[str, object]) -> None:
     """Unknown keys, non-numbers, zero and unknown eval modes stop the broker from starting."""
     with pytest.raises(PluginError):
         MqksConfig.from_options(options)

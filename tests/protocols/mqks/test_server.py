@@ -159,7 +159,8 @@ _line = st.lists(st.one_of(st.sampled_from(_TOKENS), st.binary(max_size=6).filte
 
 @settings(max_examples=property_examples(150), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.lists(_line, max_size=6)), max_size=8))
-def test_any_request_sequence_is_answered_and_never_crashes(script: list) -> None:  # type: ignore[type-arg]
+def test_any_request_sequence_is_answered_and_never_crashes(
+        script: list[tuple[int, list[bytes]]]) -> None:
     """Three connections send random requests (and drop at random): every reply is well formed,
     no connection is closed (no TAB or over-long line here), and the registry stays consistent."""
     h = Harness(prefetch=3)
