@@ -1,6 +1,6 @@
 """Behaviour-suite fixtures: one broker per module with every implemented protocol, and drivers.
 
-The broker runs NSQ (TCP and HTTP), NATS/mq9, eMQP and the Redis example drop-in
+The broker runs NSQ (TCP and HTTP), NATS/mq9, eMQP, MQKS and the Redis example drop-in
 (``--plugin-path plugins``) on free 127.0.0.1 ports. ``drivers`` opens publishers and
 consumers by protocol name and closes them after the test.
 """

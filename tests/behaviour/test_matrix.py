@@ -1,7 +1,10 @@
 """Cross-protocol matrix (DESIGN.md §3): every publisher protocol reaches every consumer protocol.
 
-Publishers: NSQ ``PUB``, ``MPUB`` and HTTP ``/pub``, NATS (nats-py), the Redis example (redis-py) and eMQP
-``PUBLISH``. Consumers: an NSQ channel, a NATS subscriber, a Redis subscriber. Body bytes must
+Publishers: NSQ ``PUB``, ``MPUB`` and HTTP ``/pub``, NATS (nats-py), the Redis example (redis-py), eMQP
+``PUBLISH`` and MQKS ``publish --confirm``. Consumers: an NSQ channel, a NATS subscriber, a Redis
+subscriber, an MQKS queue (bodies MQKS cannot carry arrive by its documented rule, ``enc=json`` /
+``enc=base64``, decoded by the driver; an MQKS publisher sends only bodies a line can carry, and
+NATS subscribers see its message id as the header ``mqks-id``). Body bytes must
 arrive unchanged and in publish order, rendered as the receiving protocol's own messages (NSQ:
 attempts 1, a 16-hex-digit id, a publish timestamp in ns; NATS: a plain ``MSG`` without headers
 for protocols that have none). NSQ, NATS and Redis carry arbitrary bytes, so their documented
