@@ -237,3 +237,18 @@ def test_shared_queue_is_served_message_by_message() -> None:
     assert len(h.lines(ta)) == 10
     consumer = h.service.registry.consumers[b"ca"]
     assert not consumer.metered and consumer.core.credit > 10**12
+
+
+def test_duplicate_message_ids_are_acked_one_by_one() -> None:
+    """Two publishers reusing a request id: each ``ack`` of that id settles one of the copies."""
+    h = Harness()
+    proto, t = h.client()
+    proto.dataReceived(b"c consume q e --manual-ack\nm publish e one\nm publish e two\n")
+    assert [x.split(b" ", 4)[4] for x in h.lines(t)] == [b"one", b"two"]
+    core = h.service.registry.queues["q"].core
+    proto.dataReceived(b"a ack c m\n")
+    settle(h.hub)
+    assert core.in_flight == 1
+    proto.dataReceived(b"a ack c m\n")
+    settle(h.hub)
+    assert core.in_flight == 0 and core.depth == 0
