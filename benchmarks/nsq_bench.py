@@ -40,6 +40,7 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
 
 HOST = _common.HOST
 free_port = _common.free_port
+server_cpu = _common.server_cpu
 _HEAD = struct.Struct(">ii")
 OK_FRAME = wire.OK_FRAME
 #: chunks (500 PUBs, or 5 MPUBs of 200) the producer keeps unconfirmed
@@ -165,18 +166,6 @@ def producer(host: str, port: int, topic: str, mode: str, size: int, duration: f
     total.value = sent_cmds * per_cmd
     out.send((sent_cmds * per_cmd, start, end, time.process_time()))
     sock.close()
-
-
-def server_cpu(pid: int | None) -> float:
-    """CPU seconds (user + system) the server process has used so far (0 when unknown)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def run_scenario(host: str, port: int, mode: str, size: int, duration: float,

@@ -590,6 +590,18 @@ class Broker:
         deliver_at = max((e[3] for e in entries), default=0.0)
         return self._publish(route, address, entries, persist, deliver_at)
 
+    def put_entries(self, queue_name: str, entries: list[Entry]) -> Deferred[None]:
+        """Put prebuilt entries into queue ``queue_name`` only: no routing, no live targets.
+
+        For an adapter that re-queues a message at the tail under a new id (MQKS reject). The
+        entries keep their attempts; fires when they are durable.
+
+        :raises NoSuchQueue: when the queue does not exist.
+        """
+        q = self._get(queue_name)
+        b = WriteBatch()
+        return self._in_window(b, lambda: q._put(entries, b, True, self.clock.seconds()))
+
     def _publish(self, route: Route, address: str, entries: list[Entry], persist: bool,
                  deliver_at: float, uniform: bool = False) -> Deferred[None]:
         """Route ``entries``: queues get a copy (one WriteBatch), live targets are called."""

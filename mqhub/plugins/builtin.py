@@ -96,6 +96,11 @@ mqks = BuiltinProtocol(
     package="mqks",
     description="MQKS text protocol: queues bound to event masks, consume with confirm",
     default_endpoints={"tcp": _tcp(25000)},
+    option_lines=(
+        ("mqks-eval", None, "off",
+         "MQKS: _eval mode, off (default) or stats (a fixed table of read-only stats; "
+         "nothing is ever evaluated)."),
+    ),
 )
 
 vibemq = BuiltinProtocol(

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 from mqhub.errors import StoreError
@@ -79,6 +80,16 @@ _meta_encode_cache: dict[tuple[str, str], bytes] = {}
 _CACHE_LIMIT = 4096
 
 
+def headers_json(headers: dict[str, str]) -> str:
+    """``json.dumps(headers, separators=(",", ":"))``, built directly when keys and values are
+    strings (about 4x faster; it runs once per message that has its own headers, e.g. MQKS ids).
+    """
+    try:
+        return "{" + ",".join([_json_str(k) + ":" + _json_str(v) for k, v in headers.items()]) + "}"
+    except TypeError:  # a value or key that is not a str: the general encoder
+        return json.dumps(headers, separators=(",", ":"))
+
+
 def encode_meta(address: str, headers: dict[str, str] | None, origin: str) -> bytes:
     """Return the meta blob for ``address``, ``headers`` and ``origin``."""
     if headers is None:
@@ -89,7 +100,7 @@ def encode_meta(address: str, headers: dict[str, str] | None, origin: str) -> by
     o = origin.encode()
     if len(a) > 0xFFFF or len(o) > 0xFF:
         raise ValueError("address or origin too long to store")
-    h = b"" if headers is None else json.dumps(headers, separators=(",", ":")).encode()
+    h = b"" if headers is None else headers_json(headers).encode()
     blob = META_HEAD.pack(len(a), len(o)) + a + o + h
     if headers is None:
         if len(_meta_encode_cache) >= _CACHE_LIMIT:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import socket
 import struct
@@ -456,3 +457,87 @@ class Mq9QueryConsumer:
     def close(self) -> None:
         """Close the nats-py connection."""
         self.loop.run(self.nc.close())
+
+
+# MQKS (raw text lines, as the original client library writes them) ---------------------------
+
+_MQKS_IDS = itertools.count()
+
+
+class MqksPublisher:
+    """``publish --confirm``, one line per body; returns once every ``ok `` arrived."""
+
+    def __init__(self, port: int) -> None:
+        """Connect."""
+        self.sock = socket.create_connection((HOST, port), timeout=WAIT)
+        self.buf = b""
+
+    def publish(self, address: str, bodies: list[bytes]) -> None:
+        """Publish each body (it must be one an MQKS line can carry) and wait for the confirms."""
+        ids = [b"p%d" % next(_MQKS_IDS) for _ in bodies]
+        self.sock.sendall(b"".join(i + b" publish --confirm " + address.encode() + b" " + body + b"\n"
+                                   for i, body in zip(ids, bodies, strict=True)))
+        want = {i + b" ok " for i in ids}
+        while want:
+            data = self.sock.recv(65536)
+            assert data, "MQKS connection closed"
+            self.buf += data
+            *lines, self.buf = self.buf.split(b"\n")
+            for line in lines:
+                assert b" error " not in line, line
+                want.discard(line)
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+
+class MqksConsumer:
+    """An MQKS queue of its own bound to the address (auto-ack); bodies decoded by the MQKS rule
+    (``enc=json`` / ``enc=base64``, see docs/protocols/mqks.md)."""
+
+    def __init__(self, port: int, address: str) -> None:
+        """``consume --confirm`` a fresh queue bound to ``address``; live once confirmed."""
+        self.sock = socket.create_connection((HOST, port), timeout=WAIT)
+        self.cid = b"c%d" % next(_MQKS_IDS)
+        queue = f"behaviour-{uuid.uuid4().hex[:12]}"
+        self.sock.sendall(self.cid + b" consume --confirm " + f"{queue} {address}".encode() + b"\n")
+        self.buf = b""
+        self.lines: list[bytes] = []
+        self._read_until(lambda: self.cid + b" ok " in self.lines)
+        self.lines.remove(self.cid + b" ok ")
+
+    def _read_until(self, cond: Callable[[], bool], timeout: float = WAIT) -> None:
+        """Read lines until ``cond()``."""
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"MQKS consumer got only {self.lines[:5]!r}"
+            self.sock.settimeout(0.2)
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            assert data, "MQKS connection closed"
+            self.buf += data
+            *lines, self.buf = self.buf.split(b"\n")
+            self.lines.extend(lines)
+
+    def take(self, count: int, timeout: float = WAIT) -> list[bytes]:
+        """The next ``count`` message bodies, decoded."""
+        self._read_until(lambda: len(self.lines) >= count, timeout)
+        got, self.lines = self.lines[:count], self.lines[count:]
+        out = []
+        for line in got:
+            cid, ok, _mid, props, data = line.split(b" ", 4)
+            assert (cid, ok) == (self.cid, b"ok"), line
+            prop = dict(p.split(b"=", 1) for p in props.split(b","))
+            if prop.get(b"enc") == b"base64":
+                data = base64.b64decode(data)
+            elif prop.get(b"enc") == b"json":
+                data = json.loads(data).encode()
+            out.append(data)
+        return out
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()

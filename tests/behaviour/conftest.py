@@ -1,6 +1,6 @@
 """Behaviour-suite fixtures: one broker per module with every implemented protocol, and drivers.
 
-The broker runs NSQ (TCP and HTTP), NATS/mq9, eMQP and the Redis example drop-in
+The broker runs NSQ (TCP and HTTP), NATS/mq9, eMQP, MQKS and the Redis example drop-in
 (``--plugin-path plugins``) on free 127.0.0.1 ports. ``drivers`` opens publishers and
 consumers by protocol name and closes them after the test.
 """
@@ -18,6 +18,8 @@ from tests.behaviour.clients import (
     EmqpPublisher,
     Mq9PushConsumer,
     Mq9QueryConsumer,
+    MqksConsumer,
+    MqksPublisher,
     NatsConsumer,
     NatsPublisher,
     NsqConsumer,
@@ -32,7 +34,7 @@ from tests.interop.broker import BrokerProcess
 from tests.plugins import EXAMPLE_PLUGINS
 
 #: Protocols served by the module broker (names as BrokerProcess resolves them).
-PROTOCOLS = ["nsq", "mq9", "emqp", "redis"]
+PROTOCOLS = ["nsq", "mq9", "emqp", "mqks", "redis"]
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +85,8 @@ class Drivers:
             made = RedisPublisher(self.broker.port("redis", "tcp"))
         elif protocol == "emqp":
             made = EmqpPublisher(self.broker.url("emqp", "pub-in"))
+        elif protocol == "mqks":
+            made = MqksPublisher(self.broker.port("mqks", "tcp"))
         else:
             raise ValueError(protocol)
         self.opened.append(made)
@@ -105,6 +109,8 @@ class Drivers:
             made = NatsConsumer(self.loop, self.nats_url, address)
         elif protocol == "redis":
             made = RedisConsumer(self.broker.port("redis", "tcp"), address)
+        elif protocol == "mqks":
+            made = MqksConsumer(self.broker.port("mqks", "tcp"), address)
         else:
             raise ValueError(protocol)
         self.opened.append(made)

@@ -3,7 +3,8 @@
 Each case sends one kind of bad input on a fresh raw connection of one protocol and checks the
 protocol's own error (NSQ error frame, NSQ HTTP JSON ``{"message": CODE}``, NATS ``-ERR``,
 mq9 JSON ``{"error": ...}`` reply and never ``-ERR``, Redis ``-ERR``, eMQP: dropped with a
-logged code, as eMQP has no error frame). A fatal error closes that connection; a non-fatal one
+logged code, as eMQP has no error frame; MQKS ``{id} error {error_id}``, and a TAB closes the
+connection without a reply, as the original server does). A fatal error closes that connection; a non-fatal one
 leaves it answering a probe. Either way, clients of the SAME protocol and of ANOTHER protocol
 that were connected before still publish and receive afterwards.
 """
@@ -28,14 +29,16 @@ from tests.interop.broker import BrokerProcess
 
 #: The healthy "other protocol" paired with each protocol under test.
 OTHER = {"nsq": "nats", "nsq-http": "redis", "nats": "redis", "mq9": "nsq", "redis": "nsq",
-         "emqp": "nsq"}
+         "emqp": "nsq", "mqks": "nsq"}
 #: The consumer and publisher drivers standing for the protocol under test.
-SAME_CONSUMER = {"nsq": "nsq", "nsq-http": "nsq", "nats": "nats", "mq9": "nats", "redis": "redis"}
+SAME_CONSUMER = {"nsq": "nsq", "nsq-http": "nsq", "nats": "nats", "mq9": "nats", "redis": "redis",
+                 "mqks": "mqks"}
 SAME_PUBLISHER = {"mq9": "nats"}
 TCP_PORTS = {"nsq": ("nsq", "tcp"), "nats": ("mq9", "tcp"), "mq9": ("mq9", "tcp"),
-             "redis": ("redis", "tcp")}
+             "redis": ("redis", "tcp"), "mqks": ("mqks", "tcp")}
 
 NATS_PING, REDIS_PING = b"PING\r\n", b"*1\r\n$4\r\nPING\r\n"
+MQKS_PING = b"probe ping pong\n"
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,12 @@ CASES = [
     Case("redis", "bad-bulk", b"*1\r\n$x\r\n", b"-ERR Protocol error: invalid bulk length", True),
     Case("redis", "unknown-command", b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
          b"-ERR unknown command 'GET'", False),
+    Case("mqks", "unsplittable", b"x ping\n", b"None error ", False),
+    Case("mqks", "unknown-action", b"x bogus data\n", b"x error ", False),
+    Case("mqks", "unknown-flag", b"x consume q --nope\n", b"x error ", False),
+    Case("mqks", "missing-data", b"x publish e1\n", b"x error ", False),
+    Case("mqks", "tab", b"x ping a\tb\n", b"", True),  # closed without a reply, as the original
+    Case("mqks", "endless-line", b"x publish e " + b"x" * (1 << 20), b"None error ", True),
     Case("emqp", "short-message", [b"", b"junk"], b"E_SHORT_MESSAGE", False),
     Case("emqp", "bad-version", [b"", b"eMQP/9.9", b"PUBLISH", b"id", b"t", b"m"],
          b"E_BAD_VERSION", False),
@@ -132,6 +141,8 @@ def send_bad_tcp(broker: BrokerProcess, case: Case) -> tuple[bytes, bool]:
             probe, answer = NATS_PING, b"PONG\r\n"
         elif case.protocol == "redis":
             probe, answer = REDIS_PING, b"+PONG\r\n"
+        elif case.protocol == "mqks":
+            probe, answer = MQKS_PING, b"probe ok pong\n"
         sock.sendall(prefix + case.payload + (b"" if case.fatal else probe))
         return read_until(sock, lambda d: not case.fatal and d.endswith(answer))
 
@@ -194,6 +205,8 @@ def test_bad_input_gets_own_error_and_only_that_connection_suffers(
             frames = nsq_frames(reply)
             assert frames and frames[-1][0] == 1, f"no NSQ error frame in {reply[:300]!r}"
             assert frames[-1][1].startswith(case.error), frames
+        elif case.protocol == "mqks" and not case.error:
+            assert reply == b"", reply[:300]
         else:
             assert reply.count(case.error) == 1, reply[:300]
         if case.protocol == "mq9":
@@ -217,6 +230,9 @@ SAMPLES: dict[str, list[bytes]] = {
              b"HPUB a 12 14\r\nNATS/1.0\r\n\r\nhi\r\n"],
     "redis": [b"*3\r\n$7\r\nPUBLISH\r\n$1\r\na\r\n$2\r\nhi\r\n", b"*2\r\n$9\r\nSUBSCRIBE\r\n$1\r\na\r\n",
               b"HELLO 3\r\nPING\r\n"],
+    "mqks": [b"c1 consume --confirm q1 e1 e.*.x --manual-ack\nm1 publish e1 hi\n",
+             b"r rebind q1 e2 --remove-mask e* --add a.b\na ack c1 --all\nj reject c1 m1\n",
+             b"p ping x\ne _eval len(state.queues)\nd delete_queue q1\n"],
     "nsq-http": [b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi",
                  b"POST /mpub?topic=t&binary=true HTTP/1.1\r\nContent-Length: 9\r\n\r\n"
                  b"\x00\x00\x00\x01\x00\x00\x00\x01x"],
@@ -242,7 +258,7 @@ def mutations(rng: random.Random, samples: list[bytes], count: int) -> list[byte
     return blobs
 
 
-@pytest.mark.parametrize("protocol", ["nsq", "nsq-http", "nats", "redis", "emqp"])
+@pytest.mark.parametrize("protocol", ["nsq", "nsq-http", "nats", "redis", "emqp", "mqks"])
 def test_mutated_and_random_input_never_hurts_the_broker(
     broker: BrokerProcess, drivers: Drivers, protocol: str
 ) -> None:

@@ -24,8 +24,8 @@ from mqhub.tap import ADMIN_ENDPOINT
 from tests.interop.broker import REPO_ROOT, twistd_command
 from tests.plugins import EXAMPLE_PLUGINS, isolated_plugin_path
 
-#: Implemented protocols started by the default-endpoint run (mqks and vibemq have no server yet).
-RUN_PROTOCOLS = ["nsq", "mq9", "emqp", "redis"]
+#: Implemented protocols started by the default-endpoint run (vibemq has no server yet).
+RUN_PROTOCOLS = ["nsq", "mq9", "emqp", "mqks", "redis"]
 LISTEN = "0A"
 LOOPBACK_V4 = "0100007F"
 

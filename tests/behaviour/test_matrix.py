@@ -1,7 +1,10 @@
 """Cross-protocol matrix (DESIGN.md §3): every publisher protocol reaches every consumer protocol.
 
-Publishers: NSQ ``PUB``, ``MPUB`` and HTTP ``/pub``, NATS (nats-py), the Redis example (redis-py) and eMQP
-``PUBLISH``. Consumers: an NSQ channel, a NATS subscriber, a Redis subscriber. Body bytes must
+Publishers: NSQ ``PUB``, ``MPUB`` and HTTP ``/pub``, NATS (nats-py), the Redis example (redis-py), eMQP
+``PUBLISH`` and MQKS ``publish --confirm``. Consumers: an NSQ channel, a NATS subscriber, a Redis
+subscriber, an MQKS queue (bodies MQKS cannot carry arrive by its documented rule, ``enc=json`` /
+``enc=base64``, decoded by the driver; an MQKS publisher sends only bodies a line can carry, and
+NATS subscribers see its message id as the header ``mqks-id``). Body bytes must
 arrive unchanged and in publish order, rendered as the receiving protocol's own messages (NSQ:
 attempts 1, a 16-hex-digit id, a publish timestamp in ns; NATS: a plain ``MSG`` without headers
 for protocols that have none). NSQ, NATS and Redis carry arbitrary bytes, so their documented
@@ -17,7 +20,7 @@ import time
 
 import pytest
 
-from tests.behaviour.bodies import BINARY_BODIES, UTF8_BODIES
+from tests.behaviour.bodies import BINARY_BODIES, MQKS_BODIES, UTF8_BODIES
 from tests.behaviour.clients import (
     Mq9PushConsumer,
     Mq9QueryConsumer,
@@ -29,8 +32,8 @@ from tests.behaviour.clients import (
 from tests.behaviour.conftest import Drivers
 from tests.interop.broker import BrokerProcess
 
-PUBLISHERS = ["nsq", "nsq-mpub", "nsq-http", "nats", "redis", "emqp"]
-CONSUMERS = ["nsq", "nats", "redis"]
+PUBLISHERS = ["nsq", "nsq-mpub", "nsq-http", "nats", "redis", "emqp", "mqks"]
+CONSUMERS = ["nsq", "nats", "redis", "mqks"]
 
 
 @pytest.mark.parametrize("consumer_protocol", CONSUMERS)
@@ -40,7 +43,7 @@ def test_message_reaches_every_protocol_intact(
 ) -> None:
     """A message published by one protocol reaches another protocol's consumer, bytes and order intact."""
     address = f"matrix.{publisher_protocol}.{consumer_protocol}"
-    bodies = UTF8_BODIES if publisher_protocol == "emqp" else BINARY_BODIES
+    bodies = {"emqp": UTF8_BODIES, "mqks": MQKS_BODIES}.get(publisher_protocol, BINARY_BODIES)
     consumer = drivers.consumer(consumer_protocol, address)
     publisher = drivers.publisher(publisher_protocol)
     published_ns = time.time_ns()
@@ -52,7 +55,10 @@ def test_message_reaches_every_protocol_intact(
             assert re.fullmatch(rb"[0-9a-f]{16}", msg_id), msg_id
             assert abs(timestamp - published_ns) < 60 * 10**9, (timestamp, published_ns)
         assert len({msg_id for _, _, msg_id in consumer.meta}) == len(bodies)
-    if isinstance(consumer, NatsConsumer) and publisher_protocol != "nats":
+    if isinstance(consumer, NatsConsumer) and publisher_protocol == "mqks":
+        # the MQKS message id (the publisher's request id) travels as the header mqks-id
+        assert all(set(h) == {"mqks-id"} for h in consumer.headers), consumer.headers
+    elif isinstance(consumer, NatsConsumer) and publisher_protocol != "nats":
         assert consumer.headers == [None] * len(bodies)
 
 
@@ -115,7 +121,7 @@ def is_utf8(body: bytes) -> bool:
 
 
 @pytest.mark.parametrize("consumer_protocol", ["mq9-push", "mq9-query"])
-@pytest.mark.parametrize("publisher_protocol", ["nats", "redis", "emqp"])
+@pytest.mark.parametrize("publisher_protocol", ["nats", "redis", "emqp", "mqks"])
 def test_message_reaches_mq9_mailbox(
     drivers: Drivers, publisher_protocol: str, consumer_protocol: str
 ) -> None:
@@ -127,7 +133,7 @@ def test_message_reaches_mq9_mailbox(
     consumer = drivers.consumer(consumer_protocol, "")
     assert isinstance(consumer, Mq9PushConsumer | Mq9QueryConsumer)
     address = consumer.address
-    bodies = UTF8_BODIES if publisher_protocol == "emqp" else BINARY_BODIES
+    bodies = {"emqp": UTF8_BODIES, "mqks": MQKS_BODIES}.get(publisher_protocol, BINARY_BODIES)
     drivers.publisher(publisher_protocol).publish(address, bodies)
     assert consumer.take(len(bodies)) == bodies
     if consumer_protocol == "mq9-query":

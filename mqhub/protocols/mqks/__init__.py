@@ -1,0 +1,1 @@
+"""MQKS ("Message Queue Kept Simple") text protocol over the hub core."""

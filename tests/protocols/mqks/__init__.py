@@ -1,0 +1,1 @@
+"""MQKS protocol unit tests."""
