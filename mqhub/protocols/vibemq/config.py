@@ -1,0 +1,71 @@
+"""VibeMQConfig: the VibeMQ plugin's limits and switches, read from twistd options."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from mqhub.errors import PluginError
+
+
+@dataclass
+class VibeMQConfig:
+    """Settings (``--option vibemq.KEY=VALUE``; the users file also as ``--vibemq-users``).
+
+    Rate limits are off (0) by default; the original enforced 20 connections per IP per minute
+    and 1000 frames per second per connection.
+    """
+
+    users: str | None = None
+    max_frame_size: int = 1 << 20
+    max_decompressed: int = 64 << 20
+    compression_threshold: int = 1024
+    #: server-side preference among the client's list (comma-separated, client order wins)
+    compressions: str = "brotli,gzip"
+    max_connections: int = 0
+    connection_rate: int = 0
+    frame_rate: int = 0
+    ack_timeout: float = 30.0
+    #: Deliver frames in flight per subscription before the broker waits for acks
+    prefetch: int = 5000
+    auto_create: bool = True
+    tier: str = "durable"
+    #: JSON validation of every publish payload (INVALID_MESSAGE on bad JSON, as the original)
+    validate_json: bool = True
+    #: publishes a connection may have withheld by BlockPublisher before its reads pause
+    max_blocked: int = 10_000
+    dlq_poll: float = 0.5
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> VibeMQConfig:
+        """Build from ``plugin_options['vibemq']`` plus ``--vibemq-users``.
+
+        :raises PluginError: on an unknown key or a value of the wrong type.
+        """
+        config = cls()
+        names = {f.name for f in fields(cls)}
+        raw: dict[str, Any] = dict((options.get("plugin_options") or {}).get("vibemq", {}))
+        if options.get("vibemq-users"):
+            raw["users"] = options["vibemq-users"]
+        for key, value in raw.items():
+            key = key.replace("-", "_")
+            if key not in names:
+                raise PluginError(f"vibemq: unknown option {key!r}")
+            default = getattr(config, key)
+            try:
+                if isinstance(default, bool):
+                    parsed: Any = value if isinstance(value, bool) else str(value).lower() in (
+                        "1", "true", "yes", "on")
+                elif isinstance(default, int):
+                    parsed = int(value)
+                elif isinstance(default, float):
+                    parsed = float(value)
+                else:
+                    parsed = None if value in (None, "") else str(value)
+            except ValueError:
+                raise PluginError(f"vibemq: option {key} expects a number, got {value!r}") from None
+            setattr(config, key, parsed)
+        if config.tier not in ("durable", "memory"):
+            raise PluginError("vibemq: tier must be durable or memory")
+        return config

@@ -1,0 +1,631 @@
+"""The VibeMQ TCP server: a thin Twisted adapter between the sans-IO codec and the core.
+
+- ``dataReceived`` decodes every complete frame of the read. Consecutive Publishes to one queue
+  become ONE ``publish_batch`` (one store commit); their PublishAcks are written in that
+  Deferred's callback, so a PublishAck always means "stored" (durable by default). Acks of a
+  read become one ``queue.ack`` call per subscription.
+- Deliveries are pushed by the core through ``deliver_batch`` (this protocol is the consumer's
+  ``IDeliveryTarget``), one write per batch, with a ``deliveryAttempts`` header.
+- Every error answers with the request id when the frame had one. A framing error (bad length or
+  flags, corrupt or oversized compressed body) sends ``INVALID_MESSAGE`` and closes only this
+  connection.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from mqhub.errors import InvalidName, MqhubError, QueueFull
+from mqhub.interfaces import IDeliveryTarget
+from mqhub.protocols.vibemq import codec as c
+from mqhub.protocols.vibemq.admin import handle_admin
+from mqhub.protocols.vibemq.auth import UserStore
+from mqhub.protocols.vibemq.config import VibeMQConfig
+from mqhub.protocols.vibemq.dlq import DeadLetterView
+from mqhub.protocols.vibemq.options import (
+    BLOCK_PUBLISHER,
+    DROP_NEWEST,
+    PayloadError,
+    QueueOptions,
+    parse_priority,
+    queue_info_json,
+)
+from mqhub.protocols.vibemq.queues import QueueRegistry, VibeQueue, valid_queue_name
+from mqhub.protocols.vibemq.render import (
+    deliver_body,
+    deliver_frames,
+    publish_acks,
+    queue_field,
+    render_payload,
+)
+
+log = Logger(namespace="mqhub.vibemq")
+
+MAX_HEADERS = 50
+MAX_HEADER_VALUE = 4096
+H_DLQ_REASON = "dead-letter-reason"
+H_DLQ_QUEUE = "dead-letter-queue"
+_DUMPS = json.dumps
+
+
+def backoff(attempts: int) -> float:
+    """Seconds a redelivery may stay unacked: the original's ``min(2 s * 2^(n-1), 120 s)``."""
+    return float(min(2 * 2 ** (attempts - 1), 120))
+
+
+def _random_id() -> str:
+    """A server-made id, as the original: 32 lowercase hex characters."""
+    return uuid.uuid4().hex
+
+
+class VibeMQFactory(Factory):
+    """Shared state of every VibeMQ connection: config, users, queues, dead-letter views."""
+
+    def __init__(self, hub: Any, config: VibeMQConfig, registry: QueueRegistry,
+                 users: UserStore | None = None) -> None:
+        """:param users: the users file (None = open broker, as the original's default)."""
+        self.hub = hub
+        self.broker = hub.broker
+        self.clock = hub.clock
+        self.config = config
+        self.registry = registry
+        self.users = users
+        self.clients: set[VibeMQProtocol] = set()
+        self.views: dict[str, DeadLetterView] = {}
+        self.accepts: dict[str, deque[float]] = {}
+        self.counters = {"dropped_newest": 0, "blocked": 0, "bad_frames": 0, "rate_limited": 0}
+        self.server_compressions = [n.strip().lower() for n in config.compressions.split(",")
+                                    if n.strip().lower() in c.COMPRESSIONS]
+
+    def buildProtocol(self, addr: Any) -> VibeMQProtocol:
+        """A protocol instance for one connection."""
+        p = VibeMQProtocol(self)
+        p.factory = self
+        return p
+
+    def view(self, source: VibeQueue) -> DeadLetterView:
+        """The dead-letter view of ``source`` (made on first use)."""
+        v = self.views.get(source.dlq_name)
+        if v is None or v.source != source.name:
+            v = DeadLetterView(self.broker, self.clock, source.name, source.dlq_name,
+                               self.config.dlq_poll)
+            self.views[source.dlq_name] = v
+        return v
+
+    def subscriber_count(self, name: str) -> int:
+        """How many connections subscribe to ``name``."""
+        return sum(1 for p in self.clients if name in p.subs or name in p.dlq_subs)
+
+    def allow_connection(self, host: str) -> str | None:
+        """None when a new connection from ``host`` is allowed, else the error code."""
+        cfg = self.config
+        if cfg.max_connections and len(self.clients) >= cfg.max_connections:
+            return "CONNECTION_LIMIT"
+        if cfg.connection_rate:
+            now = self.clock.seconds()
+            times = self.accepts.setdefault(host, deque())
+            while times and times[0] <= now - 60:
+                times.popleft()
+            if len(times) >= cfg.connection_rate:
+                return "RATE_LIMITED"
+            times.append(now)
+        return None
+
+
+@implementer(IDeliveryTarget)
+class VibeMQProtocol(Protocol):
+    """One VibeMQ client connection (publisher, subscriber or both)."""
+
+    protocol_name = "vibemq"
+    transport: Any
+    factory: VibeMQFactory
+
+    def __init__(self, factory: VibeMQFactory) -> None:
+        """Bind to the factory's config, registry and users."""
+        self.factory = factory
+        cfg = self.config = factory.config
+        self.broker = factory.broker
+        self.clock = factory.clock
+        self.registry = factory.registry
+        self.decoder = c.FrameDecoder(cfg.max_frame_size, cfg.max_decompressed)
+        self.authenticated = factory.users is None
+        self.user: Any = None
+        self.flag = c.FLAG_NONE
+        self.threshold = cfg.compression_threshold
+        self.subs: dict[str, tuple[VibeQueue, Any]] = {}
+        self.dlq_subs: dict[str, DeadLetterView] = {}
+        self.blocked: deque[tuple[VibeQueue, c.Frame]] = deque()
+        self.closed = False
+        self._retry: Any = None
+        self._paused = False
+        self._window = 0.0
+        self._frames = 0
+        self._handlers: dict[int, Callable[[c.Frame], None]] = {
+            c.CONNECT: self.on_connect, c.PING: self.on_ping,
+            c.SUBSCRIBE: self.on_subscribe, c.UNSUBSCRIBE: self.on_unsubscribe,
+            c.CREATE_QUEUE: self.on_create_queue, c.DELETE_QUEUE: self.on_delete_queue,
+            c.QUEUE_INFO: self.on_queue_info, c.LIST_QUEUES: self.on_list_queues,
+        }
+
+    # connection lifecycle --------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Apply the connection limits, then register the client."""
+        peer = getattr(self.transport.getPeer(), "host", "")
+        refused = self.factory.allow_connection(peer)
+        if refused is not None:
+            text = ("Maximum connections reached." if refused == "CONNECTION_LIMIT"
+                    else "Connection rate limit exceeded.")
+            self.transport.write(c.encode_error(_random_id(), refused, text))
+            self.closed = True
+            self.transport.loseConnection()
+            return
+        self.factory.clients.add(self)
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if no_delay is not None:
+            try:
+                no_delay(True)
+            except OSError:
+                pass
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        """Return unacked deliveries to their queues; withheld publishes are never acked."""
+        self.closed = True
+        self.factory.clients.discard(self)
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self.blocked.clear()
+        for vq, consumer in self.subs.values():
+            try:
+                vq.core.detach(consumer, requeue=True)
+            except MqhubError:
+                pass
+        self.subs.clear()
+        for view in self.dlq_subs.values():
+            view.unsubscribe(self)
+        self.dlq_subs.clear()
+
+    def write(self, data: bytes) -> None:
+        """Write unless the connection is gone."""
+        if data and not self.closed:
+            self.transport.write(data)
+
+    def error(self, msg_id: str | None, code: str, text: str) -> None:
+        """Send an Error frame (request id when there is one)."""
+        self.write(c.encode_error(msg_id or _random_id(), code, text))
+
+    def reply(self, type_: int, msg_id: str, queue: str | None = None,
+              payload: bytes | None = None, headers: dict[str, str] | None = None) -> None:
+        """Send a reply frame (compressed when negotiated and large enough)."""
+        self.write(c.frame(c.encode_body(type_, msg_id, queue, payload, headers),
+                           self.flag, self.threshold))
+
+    # reading ---------------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Decode the read, batch Publishes and Acks, dispatch the rest in order."""
+        if self.closed:
+            return
+        fatal: c.ProtocolError | None = None
+        try:
+            frames = self.decoder.feed(data)
+        except c.ProtocolError as exc:
+            frames, fatal = self.decoder.salvage(), exc
+        run: list[c.Frame] = []
+        acks: list[str] = []
+        rate = self.config.frame_rate
+        for f in frames:
+            if rate and not self._within_rate(rate):
+                self.factory.counters["rate_limited"] += 1
+                self.error(f.id, "RATE_LIMITED", "Message rate limit exceeded.")
+                continue
+            if isinstance(f, c.BadFrame):
+                self.factory.counters["bad_frames"] += 1
+                self.error(f.id, f.code, f.message)
+                continue
+            t = f.type
+            if t == c.ACK and self.authenticated:
+                acks.append(f.id)
+                continue
+            if t == c.PUBLISH and self.authenticated:
+                if run and run[0].queue != f.queue:
+                    self._publish(run)
+                    run = []
+                if self._valid_publish(f):
+                    run.append(f)
+                continue
+            if run:
+                self._publish(run)
+                run = []
+            self._command(f)
+            if self.closed:
+                return
+        if run:
+            self._publish(run)
+        if acks:
+            self._ack(acks)
+        if fatal is not None:
+            self.factory.counters["bad_frames"] += 1
+            self.error(None, "INVALID_MESSAGE", str(fatal))
+            self.closed = True
+            self.transport.loseConnection()
+
+    def _within_rate(self, rate: int) -> bool:
+        """Count one frame in the current one-second window."""
+        now = self.clock.seconds()
+        if now - self._window >= 1.0:
+            self._window, self._frames = now, 0
+        self._frames += 1
+        return self._frames <= rate
+
+    def _command(self, f: c.Frame) -> None:
+        """Dispatch one non-batched frame."""
+        t = f.type
+        if not self.authenticated and t not in (c.CONNECT, c.PING):
+            self.error(f.id, "NOT_AUTHENTICATED", "Please send a Connect command first.")
+            return
+        if t == c.DISCONNECT:
+            self.closed = True
+            self.transport.loseConnection()
+            return
+        handler = self._handlers.get(t)
+        if handler is None and self.factory.users is not None and 50 <= t <= 56:
+            handler = self.on_admin
+        if handler is None:
+            self.error(f.id, "UNKNOWN_COMMAND", f"Unknown command type: {t}")
+            return
+        try:
+            handler(f)
+        except PayloadError as exc:
+            self.error(f.id, "INVALID_PAYLOAD", str(exc))
+        except Exception as exc:  # a bug must not drop the connection silently
+            log.failure("vibemq: command {type} failed", type=t)
+            self.error(f.id, "SERVER_ERROR", f"Internal error: {type(exc).__name__}")
+
+    def _allowed(self, operation: str, queue: str | None) -> bool:
+        """ACL check (always true on an open broker)."""
+        return self.user is None or self.user.allowed(operation, queue)
+
+    def _queue_ok(self, f: c.Frame, operation: str, what: str) -> bool:
+        """Name check then ACL check, answering the error; True when both pass."""
+        if not f.queue:
+            self.error(f.id, "INVALID_QUEUE", f"Queue name is required for {what}.")
+            return False
+        if not valid_queue_name(f.queue):
+            self.error(f.id, "INVALID_QUEUE", f"Invalid queue name: {f.queue[:300]}")
+            return False
+        if not self._allowed(operation, f.queue):
+            self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
+            return False
+        return True
+
+    # connect / ping --------------------------------------------------------------------------
+
+    def on_connect(self, f: c.Frame) -> None:
+        """Authenticate (when a users file is set), negotiate compression, send ConnectAck."""
+        h = f.headers or {}
+        users = self.factory.users
+        if users is not None:
+            name, password = h.get("authUsername"), h.get("authPassword")
+            if not name or not password:
+                self.error(f.id, "AUTH_REQUIRED", "Username and password are required.")
+                return
+            user = users.authenticate(name, password)
+            if user is None:
+                self.error(f.id, "AUTH_FAILED", "Invalid username or password.")
+                return
+            self.user = user
+            self.authenticated = True
+        chosen = None
+        offered = h.get("supported-compression", "")
+        for name in offered.split(","):
+            name = name.strip().lower()
+            if name in self.factory.server_compressions:
+                chosen = name
+                break
+        self.write(c.frame(c.encode_body(
+            c.CONNECT_ACK, _random_id(), None, None,
+            {"negotiated-compression": chosen} if chosen else None)))
+        self.flag = c.COMPRESSIONS[chosen] if chosen else c.FLAG_NONE
+
+    def on_ping(self, f: c.Frame) -> None:
+        """Pong with the same id (allowed before Connect)."""
+        self.reply(c.PONG, f.id)
+
+    # publishing ------------------------------------------------------------------------------
+
+    def _valid_publish(self, f: c.Frame) -> bool:
+        """Check one Publish (queue, ACL, headers, JSON); answer and refuse it when bad."""
+        if not self._queue_ok(f, "Publish", "publish"):
+            return False
+        h = f.headers
+        if h and (len(h) > MAX_HEADERS or any(len(v) > MAX_HEADER_VALUE for v in h.values())):
+            self.error(f.id, "INVALID_MESSAGE", "Too many headers or a header value too long.")
+            return False
+        if f.payload is not None and self.config.validate_json:
+            try:
+                json.loads(f.payload)
+            except ValueError:
+                self.error(f.id, "INVALID_MESSAGE", "Payload is not valid UTF-8 JSON.")
+                return False
+        return True
+
+    def _target(self, f: c.Frame) -> VibeQueue | None:
+        """The queue a publish goes to (auto-created), or None after answering an error."""
+        vq = self.registry.get(f.queue)  # type: ignore[arg-type]
+        if vq is not None:
+            return vq
+        if not self.config.auto_create:
+            self.error(f.id, "QUEUE_NOT_FOUND", f"Queue '{f.queue}' does not exist.")
+            return None
+        try:
+            return self.registry.create(f.queue)  # type: ignore[arg-type]
+        except InvalidName as exc:
+            self.error(f.id, "INVALID_QUEUE", str(exc))
+            return None
+
+    def _publish(self, run: list[c.Frame]) -> None:
+        """Publish a run of frames to one queue with one core call."""
+        vq = self._target(run[0])
+        if vq is None:
+            for f in run[1:]:
+                self.error(f.id, "QUEUE_NOT_FOUND", f"Queue '{f.queue}' does not exist.")
+            return
+        if self.blocked:
+            self._block(vq, run)
+            return
+        try:
+            self._put(vq, run)
+        except QueueFull:
+            self._overflow(vq, run)
+        except InvalidName as exc:
+            for f in run:
+                self.error(f.id, "INVALID_QUEUE", str(exc))
+
+    def _put(self, vq: VibeQueue, run: list[c.Frame]) -> None:
+        """The core call; PublishAcks go out once the batch is stored."""
+        bodies = [f.payload or b"" for f in run]
+        headers = [f.headers for f in run]
+        if vq.priority:
+            first = self.broker.ids.reserve(len(run))
+            name = vq.name
+            entries = [(first + i, parse_priority((f.headers or {}).get("priority")), 0, 0.0,
+                        0.0, name, f.headers, bodies[i], "vibemq") for i, f in enumerate(run)]
+            d = self.broker.publish_entries(name, entries)
+        else:
+            d = self.broker.publish_batch(vq.name, bodies, origin="vibemq", headers=headers)
+        ids = [f.id for f in run]
+        d.addCallbacks(self._stored, self._store_failed, callbackArgs=(ids, vq.name),
+                       errbackArgs=(ids,))
+
+    def _stored(self, _: Any, ids: list[str], queue: str) -> None:
+        """Send the PublishAcks of a stored batch."""
+        self.write(publish_acks(ids, queue))
+
+    def _store_failed(self, failure: Failure, ids: list[str]) -> None:
+        """The store refused the batch: every publisher of it gets an error."""
+        log.failure("vibemq: publish batch not stored", failure)
+        for i in ids:
+            self.error(i, "SERVER_ERROR", "The message could not be stored.")
+
+    def _overflow(self, vq: VibeQueue, run: list[c.Frame]) -> None:
+        """A full DropNewest or BlockPublisher queue: put what fits, drop or withhold the rest."""
+        room = max(0, vq.core.room())
+        fits, rest = run[:room], run[room:]
+        if fits:
+            self._put(vq, fits)
+        if vq.options.overflow_strategy == BLOCK_PUBLISHER:
+            self._block(vq, rest)
+            return
+        if vq.options.overflow_strategy == DROP_NEWEST:
+            self.factory.counters["dropped_newest"] += len(rest)
+            log.debug("vibemq: {n} messages dropped (DropNewest) on {q}", n=len(rest), q=vq.name)
+            self.write(b"".join(c.frame(c.encode_body(c.PUBLISH_ACK, f.id, vq.name, None,
+                                                      {"overflow": "dropped"})) for f in rest))
+            return
+        for f in rest:
+            self.error(f.id, "QUEUE_FULL", f"Queue '{vq.name}' is full.")
+
+    def _block(self, vq: VibeQueue, run: list[c.Frame]) -> None:
+        """Withhold these publishes until their queue has room (other connections go on)."""
+        self.factory.counters["blocked"] += len(run)
+        self.blocked.extend((vq, f) for f in run)
+        if len(self.blocked) >= self.config.max_blocked and not self._paused:
+            self._paused = True
+            self.transport.pauseProducing()
+        if self._retry is None or not self._retry.active():
+            self._retry = self.clock.callLater(0.05, self._unblock)
+
+    def _unblock(self) -> None:
+        """Publish withheld messages while their queues have room (in arrival order)."""
+        self._retry = None
+        while self.blocked and not self.closed:
+            vq = self.blocked[0][0]
+            if self.registry.get(vq.name) is not vq:
+                vq = self.registry.create(vq.name)
+            room = vq.core.room()
+            if room <= 0:
+                break
+            run = []
+            while self.blocked and self.blocked[0][0].name == vq.name and len(run) < room:
+                run.append(self.blocked.popleft()[1])
+            try:
+                self._put(vq, run)
+            except QueueFull:
+                self.blocked.extendleft((vq, f) for f in reversed(run))
+                break
+        if self._paused and len(self.blocked) < self.config.max_blocked // 2:
+            self._paused = False
+            self.transport.resumeProducing()
+        if self.blocked and not self.closed:
+            self._retry = self.clock.callLater(0.05, self._unblock)
+
+    # delivering ------------------------------------------------------------------------------
+
+    def deliver_batch(self, consumer: Any, queue_name: str, entries: list[tuple]) -> None:
+        """Write Deliver frames for a core batch (IDeliveryTarget)."""
+        if self.closed:
+            return
+        sub = self.subs.get(queue_name)
+        self.write(deliver_frames(entries, queue_name, self.flag, self.threshold))
+        if sub is None:
+            return
+        core = sub[0].core
+        if sub[0].no_ack:
+            core.ack(consumer, [e[0] for e in entries])
+            return
+        retried: dict[int, list[int]] = {}
+        for e in entries:
+            if e[2] > 1:
+                retried.setdefault(e[2], []).append(e[0])
+        for attempts, ids in retried.items():
+            core.touch(consumer, ids, extend=backoff(attempts))
+
+    def deliver_dead(self, view: DeadLetterView, dead: list[Any]) -> None:
+        """Write Deliver frames for dead letters served under the DLQ name."""
+        qf = queue_field(view.name)
+        out = []
+        for d in dead:
+            payload, enc = render_payload(d.body, d.origin)
+            extra = [(H_DLQ_REASON, d.reason), (H_DLQ_QUEUE, d.queue)]
+            if enc:
+                extra.append(("payload-encoding", enc))
+            out.append(c.frame(deliver_body(d.msg_id, qf, payload, d.headers, extra,
+                                            max(1, d.attempts)), self.flag, self.threshold))
+        self.write(b"".join(out))
+
+    def _ack(self, ack_ids: list[str]) -> None:
+        """Settle Acks (by Deliver id) on this connection's subscriptions; unknown ids are ignored."""
+        ids = []
+        for text in ack_ids:
+            if len(text) == 16:
+                try:
+                    ids.append(int(text, 16))
+                except ValueError:
+                    pass
+        for vq, consumer in list(self.subs.values()):
+            if not ids:
+                return
+            ids = vq.core.ack(consumer, ids)
+        for view in self.dlq_subs.values():
+            if not ids:
+                return
+            ids = view.ack(self, ids)
+
+    # subscriptions ---------------------------------------------------------------------------
+
+    def on_subscribe(self, f: c.Frame) -> None:
+        """SubscribeAck first, then attach (the backlog follows at once)."""
+        if not self._queue_ok(f, "Subscribe", "subscribe"):
+            return
+        name: str = f.queue  # type: ignore[assignment]
+        if name in self.subs or name in self.dlq_subs:
+            self.reply(c.SUBSCRIBE_ACK, f.id, name)
+            return
+        source = None if self.registry.get(name) else self.registry.dead_letter_source(name)
+        if source is not None:
+            self.reply(c.SUBSCRIBE_ACK, f.id, name)
+            view = self.dlq_subs[name] = self.factory.view(source)
+            view.subscribe(self)
+            return
+        try:
+            vq = self.registry.create(name)
+        except InvalidName as exc:
+            self.error(f.id, "INVALID_QUEUE", str(exc))
+            return
+        self.reply(c.SUBSCRIBE_ACK, f.id, name)
+        self.subs[name] = (vq, None)
+        consumer = vq.core.attach(self, ready=self.config.prefetch)
+        if name in self.subs and not self.closed:
+            self.subs[name] = (vq, consumer)
+        else:
+            vq.core.detach(consumer, requeue=True)
+
+    def on_unsubscribe(self, f: c.Frame) -> None:
+        """Detach; unacked deliveries return to the queue."""
+        if not f.queue:
+            self.error(f.id, "INVALID_QUEUE", "Queue name is required for unsubscribe.")
+            return
+        sub = self.subs.pop(f.queue, None)
+        if sub is not None and sub[1] is not None:
+            try:
+                sub[0].core.detach(sub[1], requeue=True)
+            except MqhubError:
+                pass
+        view = self.dlq_subs.pop(f.queue, None)
+        if view is not None:
+            view.unsubscribe(self)
+        self.reply(c.UNSUBSCRIBE_ACK, f.id, f.queue)
+
+    # queue management ------------------------------------------------------------------------
+
+    def on_create_queue(self, f: c.Frame) -> None:
+        """Create with the JSON QueueOptions (an existing queue keeps its options)."""
+        if not self._queue_ok(f, "CreateQueue", "create"):
+            return
+        opts = QueueOptions.from_json(f.payload)
+        try:
+            self.registry.create(f.queue, opts)  # type: ignore[arg-type]
+        except InvalidName as exc:
+            self.error(f.id, "INVALID_QUEUE", str(exc))
+            return
+        self.reply(c.CREATE_QUEUE, f.id, f.queue)
+
+    def on_delete_queue(self, f: c.Frame) -> None:
+        """Delete the queue, its messages and dead letters (unknown queue: success too)."""
+        if not self._queue_ok(f, "DeleteQueue", "delete"):
+            return
+        name: str = f.queue  # type: ignore[assignment]
+        for p in list(self.factory.clients):
+            p.subs.pop(name, None)
+        self.registry.delete(name)
+        self.reply(c.DELETE_QUEUE, f.id, name)
+
+    def on_queue_info(self, f: c.Frame) -> None:
+        """QueueInfo JSON, or no payload for an unknown queue (what the .NET client expects)."""
+        if not self._queue_ok(f, "GetQueueInfo", "queue info"):
+            return
+        name: str = f.queue  # type: ignore[assignment]
+        vq = self.registry.get(name)
+        payload = None
+        if vq is not None:
+            payload = queue_info_json(name, vq.options, vq.core.depth,
+                                      self.factory.subscriber_count(name), vq.created_at,
+                                      vq.options.dead_letter_queue_name)
+        else:
+            src = self.registry.dead_letter_source(name)
+            if src is not None:
+                payload = queue_info_json(name, QueueOptions(max_queue_size=0),
+                                          src.core.dead_letter_count,
+                                          self.factory.subscriber_count(name),
+                                          src.created_at, None)
+        self.reply(c.QUEUE_INFO, f.id, name, payload)
+
+    def on_list_queues(self, f: c.Frame) -> None:
+        """Names of the queues (and enabled DLQ names) this user may see."""
+        names = [n for n in self.registry.names() if self.user is None
+                 or self.user.superuser or self.user.allowed("ListQueues", n)
+                 or any(self.user.allowed(op, n) for op in ("Publish", "Subscribe"))]
+        self.reply(c.LIST_QUEUES, f.id, None, _DUMPS(names).encode())
+
+    def on_admin(self, f: c.Frame) -> None:
+        """Admin user commands (superusers only; users file required)."""
+        if self.user is None or not self.user.superuser:
+            self.error(f.id, "NOT_AUTHORIZED", "Superuser required.")
+            return
+        users = self.factory.users
+        assert users is not None
+        result = handle_admin(users, self.user.username, f.type, f.payload)
+        if isinstance(result, tuple):
+            self.error(f.id, result[0], result[1])
+        else:
+            self.reply(f.type, f.id, None, result)
