@@ -475,8 +475,9 @@ class VibeMQProtocol(Protocol):
         """Write Deliver frames for a core batch (IDeliveryTarget)."""
         if self.closed:
             return
-        sub = self.subs.get(queue_name)
-        self.write(deliver_frames(entries, queue_name, self.flag, self.threshold))
+        name = consumer.tag  # the VibeMQ queue (a fan-out consumer sits on a private sub-queue)
+        sub = self.subs.get(name)
+        self.write(deliver_frames(entries, name, self.flag, self.threshold))
         if sub is None:
             return
         core = sub[0].core
@@ -544,7 +545,7 @@ class VibeMQProtocol(Protocol):
             return
         self.reply(c.SUBSCRIBE_ACK, f.id, name)
         self.subs[name] = (vq, None)
-        consumer = vq.core.attach(self, ready=self.config.prefetch)
+        consumer = vq.core.attach(self, ready=self.config.prefetch, tag=name)
         if name in self.subs and not self.closed:
             self.subs[name] = (vq, consumer)
         else:
