@@ -10,7 +10,6 @@ UTF-8 each). See docs/protocols/vibemq.md.
 
 from __future__ import annotations
 
-import gzip
 import json
 import struct
 import zlib
@@ -147,7 +146,7 @@ def encode_body(type: int, id: str, queue: str | None = None, payload: bytes | N
 def compress(body: bytes, flag: int) -> bytes:
     """``body`` compressed for frame flag ``flag`` (fast levels, like .NET's Fastest)."""
     if flag == FLAG_GZIP:
-        return gzip.compress(body, compresslevel=1, mtime=0)
+        return zlib.compress(body, 1, wbits=31)
     if flag == FLAG_BROTLI:
         return brotli.compress(body, quality=1)
     return body
@@ -192,10 +191,45 @@ def _read_str(body: bytes, pos: int, what: str) -> tuple[str | None, int]:
     return body[end:stop].decode("utf-8"), stop
 
 
-def decode_body(body: bytes, flags: int = FLAG_NONE) -> Frame | BadFrame:
-    """Decode one body; a malformed one gives a :class:`BadFrame` (the stream stays usable)."""
-    if len(body) < 2:
+def decode_body(body: bytes, flags: int = FLAG_NONE,
+                _cache: dict[bytes, str] = {}) -> Frame | BadFrame:  # noqa: B006
+    """Decode one body; a malformed one gives a :class:`BadFrame` (the stream stays usable).
+
+    The common shape (ASCII id and queue, no headers, not an Error) is read inline; queue names
+    are decoded once and cached (a bounded cache shared by all connections).
+    """
+    size = len(body)
+    if size < 2:
         return BadFrame(None, -1, "INVALID_MESSAGE", "Frame body too short.")
+    type_ = body[1]
+    if size >= 12 and type_ != ERROR:
+        n = (body[2] << 8) | body[3]
+        q = 4 + n
+        if n and q + 2 <= size:
+            qn = (body[q] << 8) | body[q + 1]
+            p = q + 2 + qn
+            if p + 6 <= size:
+                plen = (body[p] << 24) | (body[p + 1] << 16) | (body[p + 2] << 8) | body[p + 3]
+                h = p + 4 + plen
+                if h + 2 <= size and body[h] == 0 and body[h + 1] == 0:
+                    raw_q = body[q + 2:p]
+                    queue = _cache.get(raw_q) if qn else None
+                    try:
+                        if queue is None and qn:
+                            queue = raw_q.decode("utf-8")
+                            if len(_cache) < 4096:
+                                _cache[raw_q] = queue
+                        msg_id = body[4:q].decode("utf-8")
+                    except UnicodeDecodeError:
+                        pass  # the slow path names the field and keeps the id if it can
+                    else:
+                        return Frame(type_, msg_id, queue, body[p + 4:h] if plen else None,
+                                     None, None, None, body[0], flags)
+    return _decode_slow(body, flags)
+
+
+def _decode_slow(body: bytes, flags: int) -> Frame | BadFrame:
+    """Field-by-field decode with precise errors (headers, Error frames, malformed bodies)."""
     version, type_ = body[0], body[1]
     msg_id: str | None = None
     try:
@@ -266,14 +300,18 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list[Frame | BadFrame]:
         """Add ``data``; return every frame it completes, in order."""
         buf = self._buf
-        buf += data
+        if type(data) is not bytes:
+            data = bytes(data)
+        if buf:
+            buf += data
+            data = bytes(buf)
         out: list[Frame | BadFrame] = []
         pos = 0
-        size = len(buf)
+        size = len(data)
         unpack = _PREFIX.unpack_from
         try:
             while size - pos >= 5:
-                length, flags = unpack(buf, pos)
+                length, flags = unpack(data, pos)
                 if length < 2 or length > self.max_frame:
                     raise ProtocolError(f"bad frame length {length}")
                 if flags > FLAG_BROTLI:
@@ -281,7 +319,7 @@ class FrameDecoder:
                 end = pos + 5 + length
                 if end > size:
                     break
-                body = bytes(buf[pos + 5:end])
+                body = data[pos + 5:end]
                 pos = end
                 if flags:
                     body = self.decompress(body, flags)
@@ -289,11 +327,11 @@ class FrameDecoder:
         except ProtocolError:
             self._salvaged = out
             buf.clear()
-            pos = 0
             raise
-        finally:
-            if pos:
-                del buf[:pos]
+        if pos < size:
+            buf[:] = data[pos:]
+        else:
+            buf.clear()
         return out
 
     def decompress(self, data: bytes, flags: int) -> bytes:

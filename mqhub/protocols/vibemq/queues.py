@@ -8,7 +8,10 @@ metadata ``vibemq/q/<name>`` (JSON) so they survive restarts. Mapping:
   header as the core priority; the other modes publish everything at one priority);
 - FanOutWithAck and FanOutWithoutAck → ``mode="fanout"`` (each subscriber its own copy);
 - maxQueueSize → ``max_size`` (0 = unbounded); messageTtl → ``ttl``;
-- maxRetryAttempts → ``max_attempts`` (deliveries before dead-lettering, at least 1);
+- maxRetryAttempts: deliveries before dead-lettering (at least 1). The core queue has no
+  ``max_attempts`` (that would write the attempt count on every delivery); the adapter
+  dead-letters (core ``reject``, reason ``max_attempts``) a message dispatched once more than
+  that, and the core writes attempts whenever a message returns to ready (timeout, requeue);
 - DropOldest → ``drop_oldest``; DropNewest and BlockPublisher → ``reject`` (the adapter drops
   or withholds); RedirectToDlq → ``dead_letter``.
 """
@@ -45,7 +48,7 @@ class VibeQueue:
     """One VibeMQ queue: its options, creation time and core queue."""
 
     __slots__ = ("name", "options", "created_at", "core", "fanout", "no_ack", "priority",
-                 "dlq_name")
+                 "dlq_name", "max_deliveries")
 
     def __init__(self, name: str, options: QueueOptions, created_at: float, core: Any) -> None:
         """:param core: the core ``Queue``."""
@@ -57,6 +60,7 @@ class VibeQueue:
         self.no_ack = options.mode == MODE_FANOUT_NO_ACK
         self.priority = options.mode == 3
         self.dlq_name = options.dead_letter_queue_name or f"{name}.dlq"
+        self.max_deliveries = max(1, options.max_retry_attempts)
 
 
 class QueueRegistry:
@@ -117,7 +121,7 @@ class QueueRegistry:
         core = self.broker.declare_queue(
             name, tier=self.tier, max_size=max(0, opts.max_queue_size),
             overflow=_OVERFLOW.get(opts.overflow_strategy, "drop_oldest"),
-            ttl=opts.message_ttl or 0.0, max_attempts=max(1, opts.max_retry_attempts),
+            ttl=opts.message_ttl or 0.0,
             msg_timeout=self.ack_timeout,
             mode="fanout" if opts.mode in (MODE_FANOUT_ACK, MODE_FANOUT_NO_ACK) else "competing")
         if not self.broker.bindings(name):

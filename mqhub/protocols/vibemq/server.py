@@ -19,11 +19,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from mqhub.core.deadletter import REASON_MAX_ATTEMPTS
 from mqhub.errors import InvalidName, MqhubError, QueueFull
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.vibemq import codec as c
@@ -55,6 +58,8 @@ MAX_HEADER_VALUE = 4096
 H_DLQ_REASON = "dead-letter-reason"
 H_DLQ_QUEUE = "dead-letter-queue"
 _DUMPS = json.dumps
+#: JSON validation of publish payloads (msgspec's decoder: about 5x the stdlib's speed)
+_validate = msgspec.json.Decoder().decode
 
 
 def backoff(attempts: int) -> float:
@@ -353,8 +358,8 @@ class VibeMQProtocol(Protocol):
             return False
         if f.payload is not None and self.config.validate_json:
             try:
-                json.loads(f.payload)
-            except ValueError:
+                _validate(f.payload)
+            except (ValueError, msgspec.DecodeError):
                 self.error(f.id, "INVALID_MESSAGE", "Payload is not valid UTF-8 JSON.")
                 return False
         return True
@@ -477,11 +482,21 @@ class VibeMQProtocol(Protocol):
             return
         name = consumer.tag  # the VibeMQ queue (a fan-out consumer sits on a private sub-queue)
         sub = self.subs.get(name)
-        self.write(deliver_frames(entries, name, self.flag, self.threshold))
         if sub is None:
+            self.write(deliver_frames(entries, name, self.flag, self.threshold))
             return
-        core = sub[0].core
-        if sub[0].no_ack:
+        vq = sub[0]
+        core = vq.core
+        limit = vq.max_deliveries
+        if entries[-1][2] > limit or entries[0][2] > limit:
+            dead = [e[0] for e in entries if e[2] > limit]
+            if dead:
+                entries = [e for e in entries if e[2] <= limit]
+                core.reject(consumer, dead, reason=REASON_MAX_ATTEMPTS, error="ack timeout")
+            if not entries:
+                return
+        self.write(deliver_frames(entries, name, self.flag, self.threshold))
+        if vq.no_ack:
             core.ack(consumer, [e[0] for e in entries])
             return
         retried: dict[int, list[int]] = {}
