@@ -37,11 +37,22 @@ META_PREFIX = "vibemq/q/"
 _OVERFLOW = {DROP_NEWEST: "reject", BLOCK_PUBLISHER: "reject", REDIRECT_TO_DLQ: "dead_letter"}
 
 
+_VALID: dict[str, bool] = {}
+
+
 def valid_queue_name(name: str | None) -> bool:
-    """VibeMQ's rule (letters, digits, ``-_.``), at most 255 characters for the core."""
-    if not name or len(name) > 255:
+    """VibeMQ's rule (letters, digits, ``-_.``), at most 255 characters for the core.
+
+    Answers are cached (a bounded cache: the hot path checks the same few names over and over).
+    """
+    if not name:
         return False
-    return all(ch.isalnum() or ch in "-_." for ch in name)
+    ok = _VALID.get(name)
+    if ok is None:
+        ok = len(name) <= 255 and all(ch.isalnum() or ch in "-_." for ch in name)
+        if len(_VALID) < 10_000:
+            _VALID[name] = ok
+    return ok
 
 
 class VibeQueue:

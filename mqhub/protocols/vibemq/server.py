@@ -399,7 +399,9 @@ class VibeMQProtocol(Protocol):
     def _put(self, vq: VibeQueue, run: list[c.Frame]) -> None:
         """The core call; PublishAcks go out once the batch is stored."""
         bodies = [f.payload or b"" for f in run]
-        headers = [f.headers for f in run]
+        headers: list[dict[str, str] | None] | None = [f.headers for f in run]
+        if not any(headers):  # type: ignore[arg-type]
+            headers = None
         if vq.priority:
             first = self.broker.ids.reserve(len(run))
             name = vq.name
