@@ -32,6 +32,7 @@ import uuid
 from typing import Any
 
 from mqhub.protocols.vibemq import codec as c
+from mqhub.protocols.vibemq.options import QueueOptions
 
 try:
     from benchmarks import _common
@@ -74,7 +75,11 @@ def subscriber(port: int, queue: str, compression: str | None, count: int, ready
                out: Any) -> None:
     """Subscribe, ack every delivery (one write per read) until ``count`` arrived."""
     sock, dec, flag = _connect(port, compression)
-    sock.sendall(c.encode(c.Frame(c.SUBSCRIBE, uuid.uuid4().hex, queue)))
+    # maxQueueSize 0 = unbounded: the default (10,000, DropOldest) would drop the oldest
+    # messages whenever the publisher runs more than 10,000 ahead of the subscriber
+    options = QueueOptions(max_queue_size=0).to_json()
+    sock.sendall(c.encode(c.Frame(c.CREATE_QUEUE, uuid.uuid4().hex, queue, options))
+                 + c.encode(c.Frame(c.SUBSCRIBE, uuid.uuid4().hex, queue)))
     got = 0
     acked = False
     while not acked:
@@ -84,7 +89,10 @@ def subscriber(port: int, queue: str, compression: str | None, count: int, ready
     last = time.perf_counter()
     sock.settimeout(30)
     while got < count:
-        data = sock.recv(1 << 20)
+        try:
+            data = sock.recv(1 << 20)
+        except TimeoutError:
+            break
         if not data:
             break
         frames = dec.feed(data)
