@@ -243,7 +243,7 @@ class SocketClient(VibeClientBase):
         self.sock.settimeout(max(0.01, timeout))
         try:
             data = self.sock.recv(1 << 20)
-        except socket.timeout:
+        except TimeoutError:
             return b""
         if not data:
             self.closed = True

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from mqhub.protocols.vibemq import codec as c
-from mqhub.protocols.vibemq.auth import UserStore, UsersError
+from mqhub.protocols.vibemq.auth import UsersError, UserStore
 
 
 def _field(data: dict[str, Any], key: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 MODE_ROUND_ROBIN, MODE_FANOUT_ACK, MODE_FANOUT_NO_ACK, MODE_PRIORITY = 0, 1, 2, 3
@@ -62,7 +62,7 @@ def format_timespan(seconds: float) -> str:
 
 def format_datetime(posix: float) -> str:
     """ISO-8601 UTC with up to 7 fractional digits (trailing zeros trimmed) and ``Z``."""
-    dt = datetime.fromtimestamp(posix, tz=timezone.utc)
+    dt = datetime.fromtimestamp(posix, tz=UTC)
     text = dt.strftime("%Y-%m-%dT%H:%M:%S")
     frac = f"{dt.microsecond:06d}0".rstrip("0")
     return text + ("." + frac if frac else "") + "Z"

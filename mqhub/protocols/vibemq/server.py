@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -93,9 +92,7 @@ class VibeMQFactory(Factory):
 
     def buildProtocol(self, addr: Any) -> VibeMQProtocol:
         """A protocol instance for one connection."""
-        p = VibeMQProtocol(self)
-        p.factory = self
-        return p
+        return VibeMQProtocol(self)
 
     def view(self, source: VibeQueue) -> DeadLetterView:
         """The dead-letter view of ``source`` (made on first use)."""
@@ -132,7 +129,6 @@ class VibeMQProtocol(Protocol):
 
     protocol_name = "vibemq"
     transport: Any
-    factory: VibeMQFactory
 
     def __init__(self, factory: VibeMQFactory) -> None:
         """Bind to the factory's config, registry and users."""
@@ -462,7 +458,7 @@ class VibeMQProtocol(Protocol):
             room = vq.core.room()
             if room <= 0:
                 break
-            run = []
+            run: list[c.Frame] = []
             while self.blocked and self.blocked[0][0].name == vq.name and len(run) < room:
                 run.append(self.blocked.popleft()[1])
             try:

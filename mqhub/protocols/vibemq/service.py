@@ -13,7 +13,7 @@ from twisted.logger import Logger
 
 from mqhub.errors import PluginError
 from mqhub.listener import ListenerService
-from mqhub.protocols.vibemq.auth import UserStore, UsersError
+from mqhub.protocols.vibemq.auth import UsersError, UserStore
 from mqhub.protocols.vibemq.config import VibeMQConfig
 from mqhub.protocols.vibemq.queues import QueueRegistry
 from mqhub.protocols.vibemq.server import VibeMQFactory
