@@ -59,7 +59,7 @@ class VibeQueue:
     """One VibeMQ queue: its options, creation time and core queue."""
 
     __slots__ = ("name", "options", "created_at", "core", "fanout", "no_ack", "priority",
-                 "dlq_name", "max_deliveries")
+                 "dlq_name", "max_deliveries", "saved")
 
     def __init__(self, name: str, options: QueueOptions, created_at: float, core: Any) -> None:
         """:param core: the core ``Queue``."""
@@ -72,6 +72,8 @@ class VibeQueue:
         self.priority = options.mode == 3
         self.dlq_name = options.dead_letter_queue_name or f"{name}.dlq"
         self.max_deliveries = max(1, options.max_retry_attempts)
+        #: fires once the options record is stored (at once for recovered queues)
+        self.saved: Deferred[None] = succeed(None)
 
 
 class QueueRegistry:
@@ -144,7 +146,8 @@ class QueueRegistry:
             b = WriteBatch()
             b.put_meta(META_PREFIX + name, json.dumps(
                 {"options": opts.to_record(), "created_at": created_at}).encode())
-            self.store.commit(b)
+            q.saved = self.store.commit(b)
+            q.saved.addErrback(lambda f: None)  # a failed write is retried by the next create
         return q
 
     def delete(self, name: str) -> Deferred[None]:

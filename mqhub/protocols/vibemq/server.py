@@ -588,11 +588,17 @@ class VibeMQProtocol(Protocol):
             return
         opts = QueueOptions.from_json(f.payload)
         try:
-            self.registry.create(f.queue, opts)  # type: ignore[arg-type]
+            vq = self.registry.create(f.queue, opts)  # type: ignore[arg-type]
         except InvalidName as exc:
             self.error(f.id, "INVALID_QUEUE", str(exc))
             return
-        self.reply(c.CREATE_QUEUE, f.id, f.queue)
+
+        def created(result: Any) -> Any:
+            """Answer once the queue's options are stored."""
+            self.reply(c.CREATE_QUEUE, f.id, f.queue)
+            return result
+
+        vq.saved.addCallback(created)
 
     def on_delete_queue(self, f: c.Frame) -> None:
         """Delete the queue, its messages and dead letters (unknown queue: success too)."""

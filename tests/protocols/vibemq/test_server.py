@@ -467,3 +467,22 @@ def test_compressed_deliveries_and_publishes(h: Harness) -> None:
     pub.publish("big", payload)
     (d,) = sub.receive(1)
     assert json.loads(d.payload) == payload and d.flags == c.FLAG_BROTLI
+
+
+def test_queue_options_survive_a_restart(h: Harness) -> None:
+    from mqhub.protocols.vibemq.queues import QueueRegistry
+    from mqhub.testing import restart_hub
+
+    a = h.client()
+    a.create_queue("kept", QueueOptions(mode=3, max_queue_size=7, message_ttl=90.0,
+                                        enable_dead_letter_queue=True))
+    a.publish("kept", "x", {"priority": "High"})
+    hub = restart_hub(h.hub)
+    registry = QueueRegistry(hub.broker, hub.store, hub.clock)
+    d = registry.load()
+    h.hub = hub
+    h.result(d)
+    vq = registry.get("kept")
+    assert vq is not None and vq.options == QueueOptions(
+        mode=3, max_queue_size=7, message_ttl=90.0, enable_dead_letter_queue=True)
+    assert vq.core.depth == 1 and registry.dead_letter_source("kept.dlq") is vq
