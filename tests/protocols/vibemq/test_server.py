@@ -486,3 +486,17 @@ def test_queue_options_survive_a_restart(h: Harness) -> None:
     assert vq is not None and vq.options == QueueOptions(
         mode=3, max_queue_size=7, message_ttl=90.0, enable_dead_letter_queue=True)
     assert vq.core.depth == 1 and registry.dead_letter_source("kept.dlq") is vq
+
+
+def test_gzip_brotli_and_plain_frames_mixed_on_one_connection(h: Harness) -> None:
+    pub = h.client(compression="gzip")
+    ids = [new_id() for _ in range(3)]
+    big = b'{"pad":"' + b"p" * 3000 + b'"}'
+    pub.send_raw(b"".join(c.encode(c.Frame(c.PUBLISH, i, "mix", big), flag, 0)
+                          for i, flag in zip(ids, (c.FLAG_BROTLI, c.FLAG_NONE, c.FLAG_GZIP),
+                                             strict=True)))
+    assert [r.type for r in pub.wait_acks(ids)] == [c.PUBLISH_ACK] * 3
+    pub.subscribe("mix")
+    got = pub.receive(3)
+    assert [d.payload for d in got] == [big] * 3
+    assert {d.flags for d in got} == {c.FLAG_GZIP}
