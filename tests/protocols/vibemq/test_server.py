@@ -500,3 +500,20 @@ def test_gzip_brotli_and_plain_frames_mixed_on_one_connection(h: Harness) -> Non
     got = pub.receive(3)
     assert [d.payload for d in got] == [big] * 3
     assert {d.flags for d in got} == {c.FLAG_GZIP}
+
+
+def test_fanout_subscriber_that_never_acks_dead_letters_only_its_copy(h: Harness) -> None:
+    pub, good, lazy = h.client(), h.client(), h.client()
+    pub.create_queue("fan", QueueOptions(mode=1, max_retry_attempts=2,
+                                         enable_dead_letter_queue=True))
+    good.subscribe("fan")
+    lazy.subscribe("fan")
+    pub.publish("fan", {"n": 1})
+    good.receive(1, ack=True)
+    lazy.receive(1)
+    h.advance(30.5)
+    lazy.receive(1)  # attempt 2
+    h.advance(4.5)   # its back-off passes: the copy is dead-lettered
+    dead = h.result(h.hub.broker.dead_letters("fan"))
+    assert [d.reason for d in dead] == ["max_attempts"]
+    assert not good.deliveries and h.queue("fan").in_flight == 0
