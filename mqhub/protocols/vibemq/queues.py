@@ -23,6 +23,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
 
+from mqhub.core.address import validate_address
 from mqhub.protocols.vibemq.options import (
     BLOCK_PUBLISHER,
     DROP_NEWEST,
@@ -130,7 +131,12 @@ class QueueRegistry:
         return self._make(name, options or QueueOptions(), self.clock.seconds(), persist=True)
 
     def _make(self, name: str, opts: QueueOptions, created_at: float, persist: bool) -> VibeQueue:
-        """Declare the core queue, bind it to its address and record the options."""
+        """Declare the core queue, bind it to its address and record the options.
+
+        :raises InvalidName: when ``name`` is not a valid hub address (checked before anything
+            is declared).
+        """
+        validate_address(name)
         core = self.broker.declare_queue(
             name, tier=self.tier, max_size=max(0, opts.max_queue_size),
             overflow=_OVERFLOW.get(opts.overflow_strategy, "drop_oldest"),

@@ -517,3 +517,15 @@ def test_fanout_subscriber_that_never_acks_dead_letters_only_its_copy(h: Harness
     dead = h.result(h.hub.broker.dead_letters("fan"))
     assert [d.reason for d in dead] == ["max_attempts"]
     assert not good.deliveries and h.queue("fan").in_flight == 0
+
+
+@pytest.mark.parametrize("name", ["a..b", ".lead", "trail."])
+def test_names_that_are_not_hub_addresses_are_refused_without_leaking_a_queue(
+        h: Harness, name: str) -> None:
+    a = h.client()
+    for call in (lambda: a.publish(name, 1), lambda: a.subscribe(name),
+                 lambda: a.create_queue(name)):
+        with pytest.raises(VibeError) as exc:
+            call()
+        assert exc.value.code == "INVALID_QUEUE"
+    assert h.hub.broker.queue(name) is None
