@@ -147,7 +147,9 @@ class VibeMQProtocol(Protocol):
         self.blocked: deque[tuple[VibeQueue, c.Frame]] = deque()
         self.closed = False
         self._retry: Any = None
-        self._paused = False
+        self._paused = False  # reads paused by BlockPublisher
+        self._write_full = False  # the transport's write buffer is full
+        self._reading = True
         self._window = 0.0
         self._frames = 0
         self._handlers: dict[int, Callable[[c.Frame], None]] = {
@@ -171,6 +173,11 @@ class VibeMQProtocol(Protocol):
             self.transport.loseConnection()
             return
         self.factory.clients.add(self)
+        try:
+            # the transport tells us when its write buffer fills (a client that does not read)
+            self.transport.registerProducer(self, True)
+        except Exception:  # pragma: no cover - transports without producer support
+            pass
         no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if no_delay is not None:
             try:
@@ -247,6 +254,9 @@ class VibeMQProtocol(Protocol):
             if run:
                 self._publish(run)
                 run = []
+            if acks:  # an Ack before an Unsubscribe or Disconnect is settled first
+                self._ack(acks)
+                acks = []
             self._command(f)
             if self.closed:
                 return
@@ -444,7 +454,7 @@ class VibeMQProtocol(Protocol):
         self.blocked.extend((vq, f) for f in run)
         if len(self.blocked) >= self.config.max_blocked and not self._paused:
             self._paused = True
-            self.transport.pauseProducing()
+            self._sync_reading()
         if self._retry is None or not self._retry.active():
             self._retry = self.clock.callLater(0.05, self._unblock)
 
@@ -468,9 +478,40 @@ class VibeMQProtocol(Protocol):
                 break
         if self._paused and len(self.blocked) < self.config.max_blocked // 2:
             self._paused = False
-            self.transport.resumeProducing()
+            self._sync_reading()
         if self.blocked and not self.closed:
             self._retry = self.clock.callLater(0.05, self._unblock)
+
+    # backpressure ----------------------------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        """The write buffer is full (the client is not reading): stop reading and delivering."""
+        self._write_full = True
+        self._sync_reading()
+        for _, consumer in self.subs.values():
+            if consumer is not None:
+                consumer.set_ready(0)
+
+    def resumeProducing(self) -> None:
+        """The write buffer drained: read and deliver again."""
+        self._write_full = False
+        self._sync_reading()
+        for _, consumer in list(self.subs.values()):
+            if consumer is not None and not self.closed:
+                consumer.set_ready(self.config.prefetch)
+
+    def stopProducing(self) -> None:
+        """The connection is going away (connectionLost cleans up)."""
+
+    def _sync_reading(self) -> None:
+        """Pause reads while withheld publishes pile up or the write buffer is full."""
+        want = not (self._paused or self._write_full)
+        if want != self._reading and not self.closed:
+            self._reading = want
+            if want:
+                self.transport.resumeProducing()
+            else:
+                self.transport.pauseProducing()
 
     # delivering ------------------------------------------------------------------------------
 

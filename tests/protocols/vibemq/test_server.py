@@ -529,3 +529,29 @@ def test_names_that_are_not_hub_addresses_are_refused_without_leaking_a_queue(
             call()
         assert exc.value.code == "INVALID_QUEUE"
     assert h.hub.broker.queue(name) is None
+
+
+def test_full_write_buffer_pauses_reading_and_delivering(h: Harness) -> None:
+    pub, sub = h.client(), h.client()
+    sub.subscribe("slow")
+    sub.proto.pauseProducing()  # what the transport does when the client stops reading
+    assert sub.transport.producerState == "paused"
+    pub.publish("slow", 1)
+    h.advance(0)
+    with pytest.raises(TimeoutError):
+        sub.receive(1, timeout=0)
+    sub.proto.resumeProducing()
+    assert sub.transport.producerState == "producing"
+    assert json.loads(sub.receive(1)[0].payload) == 1
+
+
+def test_ack_before_unsubscribe_in_one_read_is_settled_first(h: Harness) -> None:
+    a = h.client()
+    a.publish("q", 1)
+    a.subscribe("q")
+    (d,) = a.receive(1)
+    rid = new_id()
+    a.send_raw(c.encode(c.Frame(c.ACK, d.id)) + c.encode(c.Frame(c.UNSUBSCRIBE, rid, "q")))
+    assert a.wait_reply(rid).type == c.UNSUBSCRIBE_ACK
+    h.advance(0)
+    assert h.queue("q").depth == 0 and h.queue("q").in_flight == 0
