@@ -53,6 +53,7 @@ from mqhub.protocols.vibemq.render import (
 log = Logger(namespace="mqhub.vibemq")
 
 MAX_HEADERS = 50
+BUFFER_SIZE = 1 << 20
 MAX_HEADER_VALUE = 4096
 H_DLQ_REASON = "dead-letter-reason"
 H_DLQ_QUEUE = "dead-letter-queue"
@@ -186,6 +187,12 @@ class VibeMQProtocol(Protocol):
             self.transport.loseConnection()
             return
         self.factory.clients.add(self)
+        real = getattr(self.transport, "transport", None)  # under a ProtocolWrapper
+        real = real if real is not None and hasattr(real, "bufferSize") else self.transport
+        if hasattr(real, "bufferSize"):
+            # bigger reads (bigger publish batches) and up to 1 MiB of unsent output before the
+            # transport says "pause" (Twisted's 64 KiB would pause a subscriber on every burst)
+            real.bufferSize = BUFFER_SIZE
         try:
             # the transport tells us when its write buffer fills (a client that does not read)
             self.transport.registerProducer(self, True)
