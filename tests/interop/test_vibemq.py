@@ -173,4 +173,9 @@ def test_cross_protocol_nsq_to_vibemq_and_vibemq_to_nats(make_broker: Make) -> N
         assert time.monotonic() < deadline, buf
         buf += nats.recv(65536)
     assert b"tenant: acme" in buf  # VibeMQ headers become NATS headers
+    sub.subscribe("invoices")
+    sub.receive(1, ack=True)  # the VibeMQ publish itself, now in the queue
+    nats.sendall(b"HPUB invoices 24 31\r\nNATS/1.0\r\nregion: eu\r\n\r\n{\"n\":1}\r\nPING\r\n")
+    (d,) = sub.receive(1, ack=True)
+    assert json.loads(d.payload) == {"n": 1} and d.headers["region"] == "eu"  # and back
     nats.close()

@@ -558,3 +558,14 @@ def test_ack_before_unsubscribe_in_one_read_is_settled_first(h: Harness) -> None
     assert a.wait_reply(rid).type == c.UNSUBSCRIBE_ACK
     h.advance(0)
     assert h.queue("q").depth == 0 and h.queue("q").in_flight == 0
+
+
+def test_connection_rate_limit_per_ip() -> None:
+    h = Harness(connection_rate=2)
+    h.client()
+    h.client()
+    third = h.client(connect=False)
+    err = third.next_frame()
+    assert err.error_code == "RATE_LIMITED" and third.disconnected
+    h.advance(61)
+    h.client()
