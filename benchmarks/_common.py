@@ -112,3 +112,15 @@ def fsync_ms(tmp: str, size: int = 4096, rounds: int = 31) -> float:
         os.close(fd)
         os.unlink(path)
     return sorted(times)[len(times) // 2] * 1000.0
+
+
+def server_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (0 when unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0

@@ -188,32 +188,20 @@ def run_scenario(port: int, compression: str | None, count: int,
     p_recv, p_send = ctx.Pipe(False)
     sub = ctx.Process(target=subscriber, args=(port, queue, compression, count, ready, s_send))
     pub = ctx.Process(target=publisher, args=(port, queue, compression, count, ready, p_send))
-    cpu0 = server_cpu(server_pid)
+    cpu0 = _common.server_cpu(server_pid)
     sub.start()
     pub.start()
     acks, t0, t1, pub_cpu = p_recv.recv()
     got, last, sub_cpu = s_recv.recv()
     pub.join()
     sub.join()
-    cpu = server_cpu(server_pid) - cpu0
+    cpu = _common.server_cpu(server_pid) - cpu0
     if got < count:
         raise RuntimeError(f"only {got} of {count} delivered")
     print(f"# {compression or 'plain'}: server {cpu / count * 1e6:.1f} us/msg, publisher "
           f"{pub_cpu / count * 1e6:.1f}, subscriber {sub_cpu / count * 1e6:.1f} (CPU)",
           flush=True)
     return acks / (t1 - t0), got / (last - t0)
-
-
-def server_cpu(pid: int | None) -> float:
-    """CPU seconds the server process has used so far (0 when unknown)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from mqhub.errors import PluginError
+from mqhub.plugin_settings import apply_settings
 
 
 @dataclass
@@ -43,29 +44,10 @@ class VibeMQConfig:
 
         :raises PluginError: on an unknown key or a value of the wrong type.
         """
-        config = cls()
-        names = {f.name for f in fields(cls)}
         raw: dict[str, Any] = dict((options.get("plugin_options") or {}).get("vibemq", {}))
         if options.get("vibemq-users"):
             raw["users"] = options["vibemq-users"]
-        for key, value in raw.items():
-            key = key.replace("-", "_")
-            if key not in names:
-                raise PluginError(f"vibemq: unknown option {key!r}")
-            default = getattr(config, key)
-            try:
-                if isinstance(default, bool):
-                    parsed: Any = value if isinstance(value, bool) else str(value).lower() in (
-                        "1", "true", "yes", "on")
-                elif isinstance(default, int):
-                    parsed = int(value)
-                elif isinstance(default, float):
-                    parsed = float(value)
-                else:
-                    parsed = None if value in (None, "") else str(value)
-            except ValueError:
-                raise PluginError(f"vibemq: option {key} expects a number, got {value!r}") from None
-            setattr(config, key, parsed)
+        config = apply_settings(cls(), raw, "vibemq")
         if config.tier not in ("durable", "memory"):
             raise PluginError("vibemq: tier must be durable or memory")
         return config

@@ -569,3 +569,15 @@ def test_connection_rate_limit_per_ip() -> None:
     assert err.error_code == "RATE_LIMITED" and third.disconnected
     h.advance(61)
     h.client()
+
+
+def test_config_from_twistd_options() -> None:
+    from mqhub.errors import PluginError
+    from mqhub.protocols.vibemq.config import VibeMQConfig
+
+    cfg = VibeMQConfig.from_options({"vibemq-users": "u.json", "plugin_options": {"vibemq": {
+        "frame-rate": "1000", "ack_timeout": "5", "validate_json": "false"}}})
+    assert (cfg.users, cfg.frame_rate, cfg.ack_timeout, cfg.validate_json) == (
+        "u.json", 1000, 5.0, False)
+    with pytest.raises(PluginError):
+        VibeMQConfig.from_options({"plugin_options": {"vibemq": {"tier": "disk"}}})
