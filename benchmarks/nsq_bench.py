@@ -167,16 +167,7 @@ def producer(host: str, port: int, topic: str, mode: str, size: int, duration: f
     sock.close()
 
 
-def server_cpu(pid: int | None) -> float:
-    """CPU seconds (user + system) the server process has used so far (0 when unknown)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
+server_cpu = _common.server_cpu
 
 
 def run_scenario(host: str, port: int, mode: str, size: int, duration: float,
