@@ -73,12 +73,16 @@ def queue_field(queue: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
-def deliver_frames(entries: list[tuple], queue: str, flag: int, threshold: int) -> bytes:
-    """Deliver frames for core entries (one write's worth).
+def deliver_frames(entries: list[tuple], queue: str, flag: int, threshold: int,
+                   limit: int = 1 << 20) -> tuple[bytes, list[int]]:
+    """Deliver frames for core entries (one write's worth), and the ids left out.
 
-    Fast path: a VibeMQ-published entry without headers, left uncompressed, is one ``%``
-    format (no per-field joins).
+    An entry whose frame body would exceed ``limit`` (the .NET client drops the connection on a
+    frame over 1 MiB, so such a message could never be delivered) is left out and its id
+    returned. Fast path: a VibeMQ-published entry without headers, left uncompressed, is one
+    ``%`` format (no per-field joins).
     """
+    too_big: list[int] = []
     qf = queue_field(queue)
     out = []
     pack = _U32.pack
@@ -90,6 +94,9 @@ def deliver_frames(entries: list[tuple], queue: str, flag: int, threshold: int) 
         if e[6] is None and e[8] == "vibemq" and body_:
             a = b"%d" % e[2]
             size = fixed + len(body_) + len(a)
+            if size > limit:
+                too_big.append(e[0])
+                continue
             if not flag or size < threshold:
                 out.append(fast % (pack(size), e[0], pack(len(body_)), body_,
                                    _U16.pack(len(a)) + a))
@@ -97,8 +104,12 @@ def deliver_frames(entries: list[tuple], queue: str, flag: int, threshold: int) 
         payload, enc = render_payload(e[7], e[8])
         body = deliver_body(e[0], qf, payload, e[6],
                             ((H_ENCODING, enc),) if enc else (), e[2])
-        out.append(frame(body, flag, threshold))
-    return b"".join(out)
+        data = frame(body, flag, threshold)
+        if len(data) - 5 > limit:
+            too_big.append(e[0])
+            continue
+        out.append(data)
+    return b"".join(out), too_big
 
 
 def publish_acks(ids: list[str], queue: str) -> bytes:

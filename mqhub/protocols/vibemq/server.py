@@ -382,6 +382,10 @@ class VibeMQProtocol(Protocol):
         if h and (len(h) > MAX_HEADERS or any(len(v) > MAX_HEADER_VALUE for v in h.values())):
             self.error(f.id, "INVALID_MESSAGE", "Too many headers or a header value too long.")
             return False
+        if f.payload is not None and len(f.payload) > self.config.max_frame_size - 1024:
+            # it arrived compressed; uncompressed it could not be delivered to a .NET client
+            self.error(f.id, "INVALID_MESSAGE", "Message too large.")
+            return False
         if f.payload is not None and self.config.validate_json:
             try:
                 _validate(f.payload)
@@ -542,7 +546,8 @@ class VibeMQProtocol(Protocol):
         name = consumer.tag  # the VibeMQ queue (a fan-out consumer sits on a private sub-queue)
         sub = self.subs.get(name)
         if sub is None:
-            self.write(deliver_frames(entries, name, self.flag, self.threshold))
+            self.write(deliver_frames(entries, name, self.flag, self.threshold,
+                                      self.config.max_frame_size)[0])
             return
         vq = sub[0]
         core = vq.core
@@ -554,7 +559,13 @@ class VibeMQProtocol(Protocol):
                 core.reject(consumer, dead, reason=REASON_MAX_ATTEMPTS, error="ack timeout")
             if not entries:
                 return
-        self.write(deliver_frames(entries, name, self.flag, self.threshold))
+        data, too_big = deliver_frames(entries, name, self.flag, self.threshold,
+                                       self.config.max_frame_size)
+        self.write(data)
+        if too_big:  # never deliverable to a VibeMQ client: dead-letter instead of looping
+            core.reject(consumer, too_big, error="larger than the VibeMQ frame limit")
+            held = set(too_big)
+            entries = [e for e in entries if e[0] not in held]
         if vq.no_ack:
             core.ack(consumer, [e[0] for e in entries])
             return

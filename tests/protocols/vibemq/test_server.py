@@ -581,3 +581,18 @@ def test_config_from_twistd_options() -> None:
         "u.json", 1000, 5.0, False)
     with pytest.raises(PluginError):
         VibeMQConfig.from_options({"plugin_options": {"vibemq": {"tier": "disk"}}})
+
+
+def test_messages_too_large_for_the_client_are_refused_or_dead_lettered(h: Harness) -> None:
+    a = h.client(compression=None)
+    rid = new_id()
+    huge = b'"' + b"z" * (2 << 20) + b'"'  # compresses to a few KiB, inflates past 1 MiB
+    a.send_raw(c.encode(c.Frame(c.PUBLISH, rid, "big", huge), c.FLAG_GZIP, 0))
+    assert a.wait_reply(rid).error_code == "INVALID_MESSAGE"
+    a.subscribe("big")
+    h.hub.broker.publish_batch("big", [b"y" * (1 << 20), b"small"], origin="nsq")
+    (d,) = a.receive(1)
+    assert json.loads(d.payload) == "small"
+    h.advance(0)
+    dead = h.result(h.hub.broker.dead_letters("big"))
+    assert [(len(x.body), x.reason) for x in dead] == [(1 << 20, "rejected")]
