@@ -30,6 +30,11 @@ class VibeMQConfig:
     ack_timeout: float = 30.0
     #: Deliver frames in flight per subscription before the broker waits for acks
     prefetch: int = 5000
+    #: ready messages a durable queue keeps in memory before the rest is paged from the store
+    #: (core ``window``; the broker's default is 10,000, NSQ channels use 50,000 for the same
+    #: reason: a consumer briefly further behind falls into paging, which waits for a pause in
+    #: the publishing)
+    window: int = 50_000
     auto_create: bool = True
     tier: str = "durable"
     #: JSON validation of every publish payload (INVALID_MESSAGE on bad JSON, as the original)

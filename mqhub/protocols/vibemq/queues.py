@@ -81,13 +81,14 @@ class QueueRegistry:
     """Every VibeMQ queue of the hub, and the dead-letter names that point at them."""
 
     def __init__(self, broker: Any, store: Any, clock: Any, tier: str = "durable",
-                 ack_timeout: float = 30.0) -> None:
-        """:param tier: core tier of the queues made here."""
+                 ack_timeout: float = 30.0, window: int = 0) -> None:
+        """:param tier: core tier of the queues made here; ``window`` their in-memory window."""
         self.broker = broker
         self.store = store
         self.clock = clock
         self.tier = tier
         self.ack_timeout = ack_timeout
+        self.window = window
         self.queues: dict[str, VibeQueue] = {}
         self.dlqs: dict[str, VibeQueue] = {}
 
@@ -141,7 +142,7 @@ class QueueRegistry:
             name, tier=self.tier, max_size=max(0, opts.max_queue_size),
             overflow=_OVERFLOW.get(opts.overflow_strategy, "drop_oldest"),
             ttl=opts.message_ttl or 0.0,
-            msg_timeout=self.ack_timeout,
+            msg_timeout=self.ack_timeout, window=self.window,
             mode="fanout" if opts.mode in (MODE_FANOUT_ACK, MODE_FANOUT_NO_ACK) else "competing")
         if not self.broker.bindings(name):
             self.broker.bind_queue(name, name)

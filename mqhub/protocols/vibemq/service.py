@@ -34,7 +34,7 @@ class VibeMQService(MultiService):
         self.hub = hub
         self.config = config
         self.registry = QueueRegistry(hub.broker, hub.store, hub.clock, config.tier,
-                                      config.ack_timeout)
+                                      config.ack_timeout, config.window)
         self.factory = VibeMQFactory(hub, config, self.registry, users)
         self.port = 0
         self.tcp = ListenerService(endpoints["tcp"], self.factory,
