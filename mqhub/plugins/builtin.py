@@ -108,6 +108,11 @@ vibemq = BuiltinProtocol(
     package="vibemq",
     description="VibeMQ binary frames: queues, publish acks, compression",
     default_endpoints={"tcp": _tcp(2925)},
+    option_lines=(
+        ("vibemq-users", None, None,
+         "VibeMQ: JSON users file; clients must send authUsername/authPassword "
+         "(see docs/protocols/vibemq.md)."),
+    ),
 )
 
 #: Every built-in descriptor (tap.Options adds their ``option_lines`` to its flags).
