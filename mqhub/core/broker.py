@@ -201,7 +201,7 @@ class Broker:
     def _settle_batch(self, result: Any, batch: WriteBatch) -> Any:
         """``batch`` was committed (or failed): settle the queues that put entries into it."""
         for q in self._unsettled.pop(id(batch), ()):
-            q._settle()
+            q._settle(batch)
         return result
 
     def _commit(self, batch: WriteBatch) -> Deferred[None]:
@@ -258,6 +258,8 @@ class Broker:
         queues = self._unsettled.pop(id(batch), None)
         if queues:
             self._unsettled.setdefault(id(into), []).extend(queues)
+            for q in set(queues):
+                q._rekey(batch, into)
         self._joined.append(d)
         return d
 

@@ -50,6 +50,14 @@ MAX_ATTEMPTS_HEADER = "mqhub-max-attempts"
 OVERFLOW_POLICIES = ("drop_oldest", "reject", "dead_letter")
 MODES = ("competing", "fanout")
 INF = float("inf")
+#: a page is read when the window's fill falls to this fraction of the window (low-water mark)
+LOW_WATER = 2
+#: the most entries one page read asks the store for
+PAGE_LIMIT = 4096
+#: why paging waits: the last read reached the committed end (any commit of this queue may show
+#: more), or an uncommitted batch holds the page (only that batch's commit helps)
+WAIT_COMMIT = 1
+WAIT_HOLD = 2
 _MEM_DEAD_LIMIT = 10_000
 
 # Shared, immutable stand-ins for containers an idle queue never fills: each one is replaced by
@@ -73,6 +81,7 @@ class Queue:
         "window_setting", "mode", "_parent", "_subs", "_claimed", "_refs", "_open", "_fan_seq",
         "incarnation", "paused", "deleted", "consumers", "_ready", "_prios", "_nready",
         "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_volatile", "_skip",
+        "_pend", "_page_cap", "_page_gone", "_page_wait",
         "_inflight", "_owner", "_may_expire", "_deadlines", "_heap_ids", "_dseq", "_timer",
         "_timer_at", "_rr", "_dispatching", "_again", "deferred", "message_count",
         "requeue_count", "timeout_count", "expired_count", "dropped_count", "dead_letter_count",
@@ -130,6 +139,12 @@ class Queue:
         self._put_gen = 0                     # bumps whenever stored-only entries are added
         self._volatile: set[int] = _NO_IDS    # ids of persist=False entries in a durable queue
         self._skip: set[int] = _NO_IDS        # ids removed while a page was being read
+        # id(batch) -> [marks, batch, lowest ready-order key (-priority, msg_id) it may have
+        # left in the store only, or None]: this queue's uncommitted batches (see _maybe_page)
+        self._pend: dict[int, list[Any]] = _NO_MAP
+        self._page_cap: tuple[int, int] | None = None   # holds of batches settled mid-read
+        self._page_gone: list[list[EntryKey]] = _NO_LIST   # their deletes of this queue
+        self._page_wait = 0                   # 0, WAIT_COMMIT or WAIT_HOLD (see _maybe_page)
         # in flight
         self._inflight: dict[int, Entry] = _NO_MAP
         # msg_id -> (consumer, deadline); one tuple shared by every message of a delivered batch
@@ -269,6 +284,10 @@ class Queue:
                     and self._after_horizon(e):
                 self._stored_only += 1
                 self._put_gen += 1
+                if self._page_wait == WAIT_COMMIT:
+                    self._page_wait = 0
+                if self._pend:
+                    self._hold_all((-e[1], e[0]))
             else:
                 back.append(e)
         self._insert_many(back)
@@ -297,8 +316,16 @@ class Queue:
             if uniform:
                 # one priority and fresh (largest) ids: the first entry decides for the batch
                 keep = [] if self._after_horizon(entries[0]) else entries
+                key = None if keep else (-entries[0][1], entries[0][0])
             else:
                 keep = [e for e in entries if not self._after_horizon(e)]
+                key = min(((-e[1], e[0]) for e in entries if self._after_horizon(e)),
+                          default=None)
+            if key is not None:
+                if batch is not None:
+                    self._hold(batch, key)
+                else:
+                    self._hold_all(key)
             self._stored_only += n - len(keep)
             self._put_gen += 1
             entries = keep
@@ -336,6 +363,7 @@ class Queue:
         """
         excess = self._nready - self._effective_window()
         volatile = self._volatile
+        low: Entry | None = None
         for p in sorted(self._prios):
             d = self._ready[p]
             kept: list[Entry] = []
@@ -348,10 +376,18 @@ class Queue:
                 self._nready -= 1
                 self._stored_only += 1
                 self._put_gen += 1
+                low = e
             if kept:
                 d.extend(reversed(kept))
             if excess <= 0:
                 break
+        if low is not None:
+            # the horizon moves back: what was dropped can be read again (the last one dropped
+            # sorts first; its put may still be uncommitted)
+            if self._page_wait == WAIT_COMMIT:
+                self._page_wait = 0
+            if self._pend:
+                self._hold_all((-low[1], low[0]))
         for p in sorted(self._prios):
             d = self._ready[p]
             for e in reversed(d):
@@ -430,47 +466,150 @@ class Queue:
     # -- paging --------------------------------------------------------------------------------
 
     def _maybe_page(self) -> None:
-        """Read the next page of the stored backlog when the window runs low.
+        """Read the next page of the stored backlog when the window's fill is at its low-water mark.
 
-        No page is read while one of this queue's put batches is uncommitted: the store could
-        not show those entries yet, and the horizon must never move past an unread entry.
+        Uncommitted batches of this queue do not stop paging (issue 10): their entries are simply
+        not visible yet. Each uncommitted batch holds the lowest ready-order key it may have left
+        in the store only (a put beyond the horizon, an entry evicted or requeued past it); a
+        page is cut before the lowest hold, so the horizon never moves past an entry the store
+        cannot show yet. When nothing before the hold is left to read, or the last read reached
+        the committed end, paging waits for a commit that can change that (see :meth:`_settle`):
+        a commit callback never reads by itself otherwise. Each read asks for at most
+        :data:`PAGE_LIMIT` entries and the room left in the window.
         """
-        if (self._paging or not self._stored_only or self.deleted or self._unsettled
-                or self._nready > self._effective_window() // 2):
+        if (self._paging or not self._stored_only or self.deleted or self._page_wait
+                or self._nready > self._effective_window() // LOW_WATER):
             return
+        h = self._horizon
+        if self._pend and h is not None:
+            cap = self._cap()
+            if cap is not None and cap <= (-h[0], h[1]):
+                self._page_wait = WAIT_HOLD     # nothing readable before the hold
+                return
         self._paging = True
-        limit = self._effective_window() - self._nready
-        d = self.broker.store.read_entries(self.name, self._horizon, max(1, limit))
+        self._page_wait = 0
+        self._page_cap = None
+        self._page_gone = _NO_LIST
+        limit = min(PAGE_LIMIT, self._effective_window() - self._nready)
+        d = self.broker.store.read_entries(self.name, h, max(1, limit))
         d.addCallbacks(self._paged, self._page_failed,
-                       callbackArgs=(self.incarnation, self._put_gen))
+                       callbackArgs=(self.incarnation, self._put_gen, max(1, limit)))
+
+    def _cap(self) -> tuple[int, int] | None:
+        """The lowest ready-order key an uncommitted batch of this queue may have left stored-only."""
+        cap = self._page_cap if self._paging else None
+        for rec in self._pend.values():
+            low = rec[2]
+            if low is not None and (cap is None or low < cap):
+                cap = low
+        return cap
+
+    def _hold(self, batch: WriteBatch, key: tuple[int, int]) -> None:
+        """``batch`` (marked on this queue) left the entry at ready-order ``key`` stored-only."""
+        rec = self._pend.get(id(batch))
+        if rec is None:
+            self._hold_all(key)
+        elif rec[2] is None or key < rec[2]:
+            rec[2] = key
+
+    def _hold_all(self, key: tuple[int, int]) -> None:
+        """An entry at ready-order ``key`` became stored-only and its put may be uncommitted."""
+        for rec in self._pend.values():
+            if rec[2] is None or key < rec[2]:
+                rec[2] = key
 
     def _mark(self, batch: WriteBatch) -> None:
-        """``batch`` changes this queue's stored entries: no paging until it is committed."""
+        """``batch`` changes this queue's stored entries: track it until it is committed."""
         self._unsettled += 1
+        pend = self._pend
+        if pend is _NO_MAP:
+            pend = self._pend = {}
+        rec = pend.get(id(batch))
+        if rec is None:
+            pend[id(batch)] = [1, batch, None]
+        else:
+            rec[0] += 1
         self.broker._unsettled_add(batch, self)
 
+    def _rekey(self, batch: WriteBatch, into: WriteBatch) -> None:
+        """The broker merged ``batch`` (attempts and deletes only) into ``into``."""
+        rec = self._pend.pop(id(batch), None)
+        if rec is None:
+            return
+        other = self._pend.get(id(into))
+        if other is None:
+            rec[1] = into
+            self._pend[id(into)] = rec
+        else:
+            other[0] += rec[0]
+            if rec[2] is not None and (other[2] is None or rec[2] < other[2]):
+                other[2] = rec[2]
+
     def _write(self, batch: WriteBatch) -> Any:
-        """Commit a batch of this queue's own writes (marking it unsettled until then)."""
+        """Commit a batch of this queue's own writes (tracked until it is committed)."""
         if batch and self.durable:
             self._mark(batch)
         return self.broker._commit(batch)
 
-    def _settle(self) -> None:
-        """One of this queue's put batches was committed (or failed)."""
-        self._unsettled -= 1
-        if not self._unsettled and self._stored_only:
-            self.dispatch()
+    def _settle(self, batch: WriteBatch | None = None) -> None:
+        """One mark of this queue on ``batch`` was committed (or failed).
 
-    def _paged(self, entries: list[Entry], incarnation: int, gen: int) -> None:
+        O(1) unless paging waits for exactly this: a commit of this queue after a read that
+        reached the committed end, or the commit of a batch holding the page.
+        """
+        self._unsettled -= 1
+        rec = self._pend.get(id(batch)) if batch is not None else None
+        if rec is None:
+            if not self._unsettled:
+                self._pend = _NO_MAP
+            return
+        rec[0] -= 1
+        if rec[0] > 0:
+            return
+        del self._pend[id(batch)]
+        wait = self._page_wait
+        if self._paging:
+            # the read in progress may have started before this commit: it still counts
+            low = rec[2]
+            if low is not None and (self._page_cap is None or low < self._page_cap):
+                self._page_cap = low
+            keys = rec[1].deletes.get(self.name)
+            if keys:
+                if self._page_gone is _NO_LIST:
+                    self._page_gone = []
+                self._page_gone.append(keys)
+            self._page_wait = WAIT_COMMIT
+        elif wait and (wait == WAIT_COMMIT or rec[2] is not None) and self._stored_only:
+            self._page_wait = 0
+            self._maybe_page()
+
+    def _paged(self, entries: list[Entry], incarnation: int, gen: int, asked: int) -> None:
         """Append a page read from the store to the window.
 
         Entries of the page that are in flight, or handed to fan-out subscribers, (delivered
         before the horizon moved back past them) were never counted as stored-only; they are
-        skipped and not counted.
+        skipped and not counted. The page is cut before the lowest key an uncommitted batch may
+        have left stored-only, and entries an uncommitted batch deletes (acks not yet durable)
+        are dropped.
         """
+        cap = self._cap()
+        gone_keys = self._page_gone
+        settled_meanwhile = self._page_wait == WAIT_COMMIT
         self._paging = False
+        self._page_cap = None
+        self._page_gone = _NO_LIST
+        self._page_wait = 0
         if self.deleted or incarnation != self.incarnation:
             return
+        short = len(entries) < asked
+        cut = False
+        if cap is not None and entries and (-entries[-1][1], entries[-1][0]) >= cap:
+            entries = [e for e in entries if (-e[1], e[0]) < cap]
+            short = False
+            cut = True
+            if not entries:
+                self._wait_or_retry(WAIT_HOLD, settled_meanwhile)
+                return
         if not entries:
             if gen == self._put_gen and not self._unsettled:
                 # everything is committed and nothing follows the horizon: the count was stale
@@ -478,6 +617,8 @@ class Queue:
                 self._horizon = None
             elif not self._unsettled:
                 self.broker.clock.callLater(0.05, self._maybe_page)
+            else:
+                self._wait_or_retry(WAIT_COMMIT, settled_meanwhile)
             return
         inflight = self._inflight
         claimed = self._claimed
@@ -489,6 +630,15 @@ class Queue:
                 fresh = [e for e in fresh if e[0] not in skip]
                 self._stored_only = max(0, self._stored_only - len(gone))
             self._skip = _NO_IDS
+        if self._pend or gone_keys:
+            # deleted by a batch not yet committed when the page was read: never bring it back
+            dead = {k[1] for keys in gone_keys for k in keys}
+            for rec in self._pend.values():
+                keys = rec[1].deletes.get(self.name)
+                if keys:
+                    dead.update([k[1] for k in keys])
+            if dead:
+                fresh = [e for e in fresh if e[0] not in dead]
         last = entries[-1]
         self._horizon = (last[1], last[0])
         self.broker.ids.observe(max(e[0] for e in entries))
@@ -498,11 +648,22 @@ class Queue:
         self._stored_only = max(0, self._stored_only - len(fresh))
         if not self._stored_only:
             self._horizon = None
-        if self._stored_only and not fresh:
+        elif cut or (short and self._unsettled):
+            # everything readable was read: the next read waits for a commit that shows more
+            self._wait_or_retry(WAIT_HOLD if cut else WAIT_COMMIT, settled_meanwhile)
+        elif not fresh:
             # the page held only in-flight entries: continue on the next turn, not recursively
             self.broker.clock.callLater(0, self._maybe_page)
             return
         self.dispatch()
+
+    def _wait_or_retry(self, why: int, settled_meanwhile: bool) -> None:
+        """Nothing could be paged: wait for the commit ``why`` names, or read again next turn
+        when one of this queue's batches was committed while the page was being read."""
+        if settled_meanwhile:
+            self.broker.clock.callLater(0, self._maybe_page)
+        else:
+            self._page_wait = why
 
     def _page_failed(self, failure: Any) -> None:
         """A page read failed: log it and try again later."""
@@ -514,6 +675,7 @@ class Queue:
         """Start-up: the store holds ``count`` entries; the window will be paged from the start."""
         self._stored_only = count
         self._horizon = None
+        self._page_wait = 0
         self._maybe_page()
 
     # -- consumers -----------------------------------------------------------------------------
@@ -1024,6 +1186,7 @@ class Queue:
         self._nready = 0
         self._stored_only = 0
         self._horizon = None
+        self._page_wait = 0
         self._volatile = _NO_IDS
         if self._inflight:
             self._inflight.clear()

@@ -11,40 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.defer import Deferred
-
 from mqhub.core.queue import Queue
 from mqhub.hub import Hub
-from mqhub.store.batch import WriteBatch
 from mqhub.store.memory import MemoryStore
 from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
 
-
-class PipelinedStore(MemoryStore):
-    """A MemoryStore whose commits land one step late, like the LMDB writer thread's pipeline:
-    :meth:`step` applies the batches handed in before the previous step, while the ones handed in
-    since wait for the next step. With a publish every step, one is always uncommitted."""
-
-    def __init__(self) -> None:
-        """Empty pipeline."""
-        super().__init__()
-        self.staged: list[tuple[WriteBatch, Deferred[None]]] = []
-        self.incoming: list[tuple[WriteBatch, Deferred[None]]] = []
-
-    def commit(self, batch: WriteBatch) -> Deferred[None]:
-        """Queue ``batch`` for the step after next."""
-        d: Deferred[None] = Deferred()
-        self.incoming.append((batch, d))
-        return d
-
-    def step(self) -> None:
-        """Commit the staged group and stage what came in since the last step."""
-        staged, self.staged, self.incoming = self.staged, self.incoming, []
-        for batch, _ in staged:
-            self._apply(batch)
-        self.commits += 1
-        for _, d in staged:
-            d.callback(None)
+from .pipelined import PipelinedStore
 
 
 def _pipelined_hub(window: int = 8) -> tuple[Hub, Queue, PipelinedStore]:
