@@ -947,6 +947,7 @@ class Broker:
 
         d = self._in_window(b, move)
         if q._stored_only and not q._paging:
+            q._tail = ()          # read back from the store below, never taken from memory
             q._paging = True
             after = q._horizon
 

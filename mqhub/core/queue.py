@@ -68,6 +68,11 @@ _NO_IDS: Any = frozenset()
 _NO_LIST: Any = ()
 
 
+def _ready_key(entry: Entry) -> tuple[int, int]:
+    """An entry's place in ready order: priority descending, then msg_id."""
+    return (-entry[1], entry[0])
+
+
 class Queue:
     """Ready entries ordered by (priority desc, msg_id asc), in-flight entries with deadlines.
 
@@ -81,7 +86,7 @@ class Queue:
         "window_setting", "mode", "_parent", "_subs", "_claimed", "_refs", "_open", "_fan_seq",
         "incarnation", "paused", "deleted", "consumers", "_ready", "_prios", "_nready",
         "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_volatile", "_skip",
-        "_pend", "_page_cap", "_page_gone", "_page_wait",
+        "_pend", "_page_cap", "_page_gone", "_page_wait", "_tail", "_tail_sorted",
         "_inflight", "_owner", "_may_expire", "_deadlines", "_heap_ids", "_dseq", "_timer",
         "_timer_at", "_rr", "_dispatching", "_again", "deferred", "message_count",
         "requeue_count", "timeout_count", "expired_count", "dropped_count", "dead_letter_count",
@@ -145,6 +150,11 @@ class Queue:
         self._page_cap: tuple[int, int] | None = None   # holds of batches settled mid-read
         self._page_gone: list[list[EntryKey]] = _NO_LIST   # their deletes of this queue
         self._page_wait = 0                   # 0, WAIT_COMMIT or WAIT_HOLD (see _maybe_page)
+        # the latest entries put straight to the stored backlog (at most a window of them, each
+        # one also counted in _stored_only): when they are all that is left of the backlog,
+        # paging takes them from here instead of reading them back (see _maybe_page)
+        self._tail: deque[Entry] = _NO_LIST
+        self._tail_sorted = True              # _tail is in ready order
         # in flight
         self._inflight: dict[int, Entry] = _NO_MAP
         # msg_id -> (consumer, deadline); one tuple shared by every message of a delivered batch
@@ -326,6 +336,8 @@ class Queue:
                     self._hold(batch, key)
                 else:
                     self._hold_all(key)
+                self._keep_tail(entries if not keep else
+                                [e for e in entries if self._after_horizon(e)], uniform)
             self._stored_only += n - len(keep)
             self._put_gen += 1
             entries = keep
@@ -477,8 +489,13 @@ class Queue:
         a commit callback never reads by itself otherwise. Each read asks for at most
         :data:`PAGE_LIMIT` entries and the room left in the window.
         """
-        if (self._paging or not self._stored_only or self.deleted or self._page_wait
+        if (self._paging or not self._stored_only or self.deleted
                 or self._nready > self._effective_window() // LOW_WATER):
+            return
+        if len(self._tail) == self._stored_only:
+            self._swallow_tail()
+            return
+        if self._page_wait:
             return
         h = self._horizon
         if self._pend and h is not None:
@@ -494,6 +511,69 @@ class Queue:
         d = self.broker.store.read_entries(self.name, h, max(1, limit))
         d.addCallbacks(self._paged, self._page_failed,
                        callbackArgs=(self.incarnation, self._put_gen, max(1, limit)))
+
+    def _keep_tail(self, entries: list[Entry], uniform: bool) -> None:
+        """Remember ``entries`` (just made stored-only, in id order) as the newest part of the
+        backlog, keeping at most a window of them (the oldest are forgotten, not lost)."""
+        tail = self._tail
+        size = self._effective_window()
+        if tail is _NO_LIST or tail.maxlen != size:
+            tail = self._tail = deque(tail, maxlen=size)
+        if not tail:
+            self._tail_sorted = True
+        if self._tail_sorted:
+            first = entries[0]
+            if tail:
+                last = tail[-1]
+                if first[1] > last[1] or (first[1] == last[1] and first[0] < last[0]):
+                    self._tail_sorted = False
+            if not uniform and any(e[1] != first[1] for e in entries):
+                self._tail_sorted = False
+        tail.extend(entries)
+
+    def _swallow_tail(self) -> None:
+        """The whole stored backlog is the remembered tail: move as much of it as fits into the
+        window without reading it back (the rest stays the tail, and the backlog)."""
+        tail = list(self._tail)
+        if not self._tail_sorted:
+            tail.sort(key=_ready_key)
+        room = max(1, self._effective_window() - self._nready)
+        if len(tail) > room:
+            take = tail[:room]
+            rest = tail[room:]
+            last = take[-1]
+            self._horizon = (last[1], last[0])
+            self._stored_only = len(rest)
+            self._tail = deque(rest, maxlen=self._effective_window())
+        else:
+            take = tail
+            self._horizon = None
+            self._stored_only = 0
+            self._tail = _NO_LIST
+        self._tail_sorted = True
+        self._page_wait = 0
+        if not self._may_expire and any(e[4] for e in take):
+            self._may_expire = True
+        self._insert_many(take)
+        self.dispatch()
+
+    def _trim_tail(self) -> None:
+        """Forget remembered tail entries a page has read (those up to the horizon)."""
+        h = self._horizon
+        tail = self._tail
+        if h is None:
+            self._tail = _NO_LIST
+            self._tail_sorted = True
+            return
+        hk = (-h[0], h[1])
+        if self._tail_sorted:
+            while tail and (-tail[0][1], tail[0][0]) <= hk:
+                tail.popleft()
+        else:
+            keep = [e for e in tail if (-e[1], e[0]) > hk]
+            if len(keep) != len(tail):
+                tail.clear()
+                tail.extend(keep)
 
     def _cap(self) -> tuple[int, int] | None:
         """The lowest ready-order key an uncommitted batch of this queue may have left stored-only."""
@@ -615,6 +695,7 @@ class Queue:
                 # everything is committed and nothing follows the horizon: the count was stale
                 self._stored_only = 0
                 self._horizon = None
+                self._tail = _NO_LIST
             elif not self._unsettled:
                 self.broker.clock.callLater(0.05, self._maybe_page)
             else:
@@ -646,8 +727,11 @@ class Queue:
             self._may_expire = True
         self._insert_many(fresh)
         self._stored_only = max(0, self._stored_only - len(fresh))
+        if self._tail:
+            self._trim_tail()
         if not self._stored_only:
             self._horizon = None
+            self._tail = _NO_LIST
         elif cut or (short and self._unsettled):
             # everything readable was read: the next read waits for a commit that shows more
             self._wait_or_retry(WAIT_HOLD if cut else WAIT_COMMIT, settled_meanwhile)
@@ -1187,6 +1271,7 @@ class Queue:
         self._stored_only = 0
         self._horizon = None
         self._page_wait = 0
+        self._tail = _NO_LIST
         self._volatile = _NO_IDS
         if self._inflight:
             self._inflight.clear()

@@ -86,8 +86,10 @@ def test_deliveries_never_pause_while_a_producer_commits_continuously() -> None:
     assert result_of(store.count_entries("q")) == 0
 
 
-def test_paging_reaches_the_committed_end_with_one_batch_uncommitted() -> None:
-    """One priority, fresh ids: every committed entry is delivered though a batch is pending."""
+def test_paging_reaches_the_end_with_one_batch_uncommitted() -> None:
+    """One priority, fresh ids: the committed backlog is read from the store and the uncommitted
+    batch after it (the remembered tail of the backlog) follows from memory, all before that
+    batch commits, in order; nothing is delivered twice once it does."""
     hub, q, store = _pipelined_hub(window=8)
     hub.broker.publish_batch("a", [b"%d" % i for i in range(20)])
     store.step()
@@ -97,11 +99,33 @@ def test_paging_reaches_the_committed_end_with_one_batch_uncommitted() -> None:
     hub.broker.publish_batch("a", [b"late-%d" % i for i in range(5)])   # stays uncommitted
     for _ in range(10):
         _ack_all(q, c)
-    assert t.bodies == [b"%d" % i for i in range(20)]
+    expected = [b"%d" % i for i in range(20)] + [b"late-%d" % i for i in range(5)]
+    assert t.bodies == expected
+    assert store.incoming or store.staged
     for _ in range(5):
         store.step()
         _ack_all(q, c)
-    assert t.bodies == [b"%d" % i for i in range(20)] + [b"late-%d" % i for i in range(5)]
+    assert t.bodies == expected
+    assert q.depth == 0 and q.in_flight == 0
+    assert result_of(store.count_entries("q")) == 0
+
+
+def test_a_backlog_bigger_than_the_tail_is_read_back_in_order() -> None:
+    """More is published beyond the window than the remembered tail holds (a window's worth):
+    the older part is read from the store, then the tail follows from memory, in order."""
+    hub, q, store = _pipelined_hub(window=4)
+    t = CollectingTarget()
+    c = q.attach(t, ready=2)
+    for k in range(10):
+        hub.broker.publish_batch("a", [b"%d" % (k * 3 + i) for i in range(3)])
+    reads = []
+    real = store.read_entries
+    store.read_entries = lambda *a: reads.append(a) or real(*a)   # type: ignore[method-assign]
+    for _ in range(40):
+        _ack_all(q, c)
+        store.step()
+    assert t.bodies == [b"%d" % i for i in range(30)]
+    assert reads, "the part of the backlog beyond the tail was read from the store"
     assert q.depth == 0 and q.in_flight == 0
 
 

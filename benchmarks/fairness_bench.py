@@ -1,0 +1,193 @@
+"""Fairness under sustained publishing: does a durable consumer keep receiving while a producer MPUBs?
+
+The scenario of issue 10: one NSQ producer publishes MPUB x200 (16 B bodies) for ``--duration``
+seconds to a topic whose one channel has one consumer at RDY 100 that FINs every message. The
+backlog soon outgrows the queue's in-memory window, so the consumer is fed by paging while the
+producer's batches are being committed. Before that runs, the same producer publishes alone (to
+a topic without a consumer) for the same time: that is its rate "with no consumer".
+
+Figures (``<figure> <value> <unit>``):
+
+- ``producer_alone``: MPUB messages confirmed per second with no consumer;
+- ``producer_with_consumer``: the same while the consumer runs;
+- ``consumer_while_publishing``: messages the consumer received per second while the producer ran;
+- ``consumer_after``: its rate once the producer stopped (draining the backlog);
+- ``longest_gap_while_publishing``: the longest stretch without a delivery while the producer ran;
+- ``target_*``: the issue's targets (gap < 0.25 s, consumer while publishing >= 50% of after,
+  producer with the consumer >= 90% of alone), ``1`` when met.
+
+    mqhub bench fairness [--duration 8] [--durability sync]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from typing import Any
+
+try:
+    from benchmarks import _common, nsq_bench
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
+    import nsq_bench  # type: ignore[no-redef]
+
+HOST = _common.HOST
+_HEAD = nsq_bench._HEAD  # noqa: SLF001 - the NSQ frame header layout shared by the benchmarks
+OK_FRAME = nsq_bench.OK_FRAME
+
+
+def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any) -> None:
+    """SUB at RDY 100, FIN everything; record (time, messages) per read until ``total`` arrived."""
+    sock = nsq_bench._connect(port, host)  # noqa: SLF001 - shared benchmark helper
+    sock.sendall(b"SUB %s fair\nRDY 100\n" % topic.encode())
+    buf = b""
+    while OK_FRAME not in buf:
+        buf += sock.recv(65536)
+    buf = buf[buf.index(OK_FRAME) + len(OK_FRAME):]
+    ready.set()
+    count = 0
+    arrivals: list[tuple[float, int]] = []
+    idle_until = time.perf_counter() + 60
+    sock.settimeout(0.05)
+    unpack = _HEAD.unpack_from
+    while True:
+        target = total.value
+        if target and count >= target:
+            break
+        try:
+            data = sock.recv(1 << 20)
+        except (TimeoutError, socket.timeout):
+            if time.perf_counter() > idle_until:
+                break
+            continue
+        if not data:
+            break
+        buf = buf + data if buf else data
+        pos = 0
+        n = len(buf)
+        fins = []
+        nop = False
+        while n - pos >= 8:
+            size, ftype = unpack(buf, pos)
+            end = pos + 4 + size
+            if end > n:
+                break
+            if ftype == 2:
+                fins.append(b"FIN " + buf[pos + 18:pos + 34] + b"\n")
+            elif buf[pos + 8:end] == b"_heartbeat_":
+                nop = True
+            pos = end
+        buf = buf[pos:]
+        if fins:
+            count += len(fins)
+            now = time.perf_counter()
+            arrivals.append((now, len(fins)))
+            idle_until = now + 60
+        if fins or nop:
+            sock.sendall(b"".join(fins) + (b"NOP\n" if nop else b""))
+    out.send(arrivals)
+    sock.close()
+
+
+def publish_alone(host: str, port: int, duration: float) -> float:
+    """The producer's MPUB rate on a topic nobody consumes (its messages are kept for a channel)."""
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    ready.set()
+    total = ctx.Value("q", 0)
+    p_recv, p_send = ctx.Pipe(False)
+    topic = f"fair_alone_{uuid.uuid4().hex[:8]}"
+    prod = ctx.Process(target=nsq_bench.producer,
+                       args=(host, port, topic, "mpub", 16, duration, ready, total, p_send))
+    prod.start()
+    sent, start, end, _ = p_recv.recv()
+    prod.join(10)
+    return sent / (end - start)
+
+
+def run(host: str, port: int, duration: float) -> dict[str, float]:
+    """Producer and consumer on one topic; the figures of the module docstring."""
+    ctx = mp.get_context("fork")
+    topic = f"fair_{uuid.uuid4().hex[:8]}"
+    ready = ctx.Event()
+    total = ctx.Value("q", 0)
+    c_recv, c_send = ctx.Pipe(False)
+    p_recv, p_send = ctx.Pipe(False)
+    cons = ctx.Process(target=consumer, args=(host, port, topic, ready, total, c_send))
+    prod = ctx.Process(target=nsq_bench.producer,
+                       args=(host, port, topic, "mpub", 16, duration, ready, total, p_send))
+    cons.start()
+    prod.start()
+    sent, start, end, _ = p_recv.recv()
+    arrivals = c_recv.recv()
+    prod.join(10)
+    cons.join(10)
+    got = sum(n for _, n in arrivals)
+    during = sum(n for t, n in arrivals if t <= end)
+    after = got - during
+    last = arrivals[-1][0] if arrivals else end
+    gap = 0.0
+    prev = start
+    for t, _ in arrivals:
+        if t > end:
+            break
+        gap = max(gap, t - prev)
+        prev = t
+    gap = max(gap, end - prev) if prev < end else gap
+    if got < sent:
+        print(f"# the consumer got {got} of {sent} messages")
+    return {"sent": sent, "producer_with_consumer": sent / (end - start),
+            "consumer_while_publishing": during / (end - start),
+            "consumer_after": after / (last - end) if last > end and after else 0.0,
+            "longest_gap_while_publishing": gap}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both phases and print the figures and targets."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds of publishing")
+    parser.add_argument("--durability", default="sync", choices=["sync", "batch", "none"])
+    parser.add_argument("--address", help="HOST:PORT of a running nsqd-compatible server")
+    args = parser.parse_args(argv)
+    proc = None
+    tmp = None
+    if args.address:
+        host, _, port_text = args.address.rpartition(":")
+        host, port = host or HOST, int(port_text)
+    else:
+        tmp = tempfile.mkdtemp(prefix="fairness-bench-")
+        data_dir = os.path.join(tmp, "data")
+        os.makedirs(data_dir)
+        proc, port = nsq_bench.start_mqhub(data_dir, args.durability)
+        host = HOST
+    print(f"# fairness bench at {host}:{port}: MPUB x200 16 B for {args.duration:g} s, "
+          f"one consumer at RDY 100, durability={args.durability}")
+    try:
+        alone = publish_alone(host, port, args.duration)
+        fig = run(host, port, args.duration)
+    finally:
+        if proc is not None:
+            _common.stop(proc)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"producer_alone {alone:.0f} msg/s")
+    print(f"producer_with_consumer {fig['producer_with_consumer']:.0f} msg/s")
+    print(f"consumer_while_publishing {fig['consumer_while_publishing']:.0f} msg/s")
+    print(f"consumer_after {fig['consumer_after']:.0f} msg/s")
+    print(f"longest_gap_while_publishing {fig['longest_gap_while_publishing']:.3f} s")
+    share = fig["consumer_while_publishing"] / max(1.0, fig["consumer_after"])
+    print(f"target_gap_under_0.25s {int(fig['longest_gap_while_publishing'] < 0.25)}")
+    print(f"target_consumer_share_50pct {int(share >= 0.5)} ({share:.2f})")
+    ratio = fig["producer_with_consumer"] / max(1.0, alone)
+    print(f"target_producer_90pct_of_alone {int(ratio >= 0.9)} ({ratio:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
