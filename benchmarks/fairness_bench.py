@@ -25,7 +25,6 @@ import argparse
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import tempfile
 import time
 import uuid
@@ -62,7 +61,7 @@ def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any)
             break
         try:
             data = sock.recv(1 << 20)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             if time.perf_counter() > idle_until:
                 break
             continue
