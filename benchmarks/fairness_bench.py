@@ -12,7 +12,8 @@ Figures (``<figure> <value> <unit>``):
 - ``producer_with_consumer``: the same while the consumer runs;
 - ``consumer_while_publishing``: messages the consumer received per second while the producer ran;
 - ``consumer_after``: its rate once the producer stopped (draining the backlog);
-- ``longest_gap_while_publishing``: the longest stretch without a delivery while the producer ran;
+- ``longest_gap_while_publishing``: the longest stretch without a delivery while the producer ran
+  (and how many stretches reached 0.25 s, and the 99th percentile of the stretches between reads);
 - ``target_*``: the issue's targets (gap < 0.25 s, consumer while publishing >= 50% of after,
   producer with the consumer >= 90% of alone), ``1`` when met.
 
@@ -131,20 +132,24 @@ def run(host: str, port: int, duration: float) -> dict[str, float]:
     during = sum(n for t, n in arrivals if t <= end)
     after = got - during
     last = arrivals[-1][0] if arrivals else end
-    gap = 0.0
+    gaps = []
     prev = start
     for t, _ in arrivals:
         if t > end:
             break
-        gap = max(gap, t - prev)
+        gaps.append(t - prev)
         prev = t
-    gap = max(gap, end - prev) if prev < end else gap
+    if prev < end:
+        gaps.append(end - prev)
+    gaps.sort()
     if got < sent:
         print(f"# the consumer got {got} of {sent} messages")
     return {"sent": sent, "producer_with_consumer": sent / (end - start),
             "consumer_while_publishing": during / (end - start),
             "consumer_after": after / (last - end) if last > end and after else 0.0,
-            "longest_gap_while_publishing": gap}
+            "longest_gap_while_publishing": gaps[-1] if gaps else duration,
+            "gaps_over_0.25s": sum(1 for g in gaps if g >= 0.25),
+            "gap_p99": gaps[int(len(gaps) * 0.99)] if gaps else duration}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"consumer_while_publishing {fig['consumer_while_publishing']:.0f} msg/s")
     print(f"consumer_after {fig['consumer_after']:.0f} msg/s")
     print(f"longest_gap_while_publishing {fig['longest_gap_while_publishing']:.3f} s")
+    print(f"gaps_over_0.25s_while_publishing {fig['gaps_over_0.25s']:.0f}")
+    print(f"gap_p99_while_publishing {fig['gap_p99'] * 1000:.1f} ms")
     share = fig["consumer_while_publishing"] / max(1.0, fig["consumer_after"])
     print(f"target_gap_under_0.25s {int(fig['longest_gap_while_publishing'] < 0.25)}")
     print(f"target_consumer_share_50pct {int(share >= 0.5)} ({share:.2f})")

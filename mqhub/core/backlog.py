@@ -146,7 +146,6 @@ class QueueBacklog:
         p = entry[1]
         return p < h[0] or (p == h[0] and entry[0] > h[1])
 
-
     # -- paging -----------------------------------------------------------------------------
 
     def _maybe_page(self) -> None:
@@ -159,7 +158,8 @@ class QueueBacklog:
         cannot show yet. When nothing before the hold is left to read, or the last read reached
         the committed end, paging waits for a commit that can change that (see :meth:`_settle`):
         a commit callback never reads by itself otherwise. Each read asks for at most
-        :data:`PAGE_LIMIT` entries and the room left in the window.
+        :data:`PAGE_LIMIT` entries and the room left in the window. When the remembered tail is
+        the whole backlog, it moves into the window without a read (:meth:`_swallow_tail`).
         """
         if (self._paging or not self._stored_only or self.deleted
                 or self._nready > self._effective_window() // LOW_WATER):
