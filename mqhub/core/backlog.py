@@ -82,8 +82,10 @@ class QueueBacklog:
         self._unsettled = 0                   # marks of this queue on uncommitted batches
         self._put_gen = 0                     # bumps whenever stored-only entries are added
         self._skip: set[int] = _NO_IDS        # ids removed while a page was being read
-        # id(batch) -> [marks, batch, lowest ready-order key (-priority, msg_id) it may have
-        # left in the store only, or None]: this queue's uncommitted batches (see _maybe_page)
+        # id(batch) -> [marks, batch, hold, put hold]: this queue's uncommitted batches; a hold is
+        # the lowest ready-order key (-priority, msg_id) the batch may have left in the store
+        # only, or None; a put hold is the lowest such key among the batch's own puts (seeing
+        # that entry in a page proves the batch applied). See _maybe_page.
         self._pend: dict[int, list[Any]] = _NO_MAP
         self._page_cap: tuple[int, int] | None = None   # holds of batches settled mid-read
         self._page_gone: list[list[EntryKey]] = _NO_LIST   # their deletes of this queue
@@ -251,9 +253,26 @@ class QueueBacklog:
         """The lowest ready-order key an uncommitted batch of this queue may have left stored-only."""
         cap = self._page_cap if self._paging else None
         for rec in self._pend.values():
+            for low in (rec[2], rec[3]):
+                if low is not None and (cap is None or low < cap):
+                    cap = low
+        return cap
+
+    def _cap_for(self, page: list[Entry]) -> tuple[int, int] | None:
+        """:meth:`_cap` for a page just read: a batch whose put hold the page shows is applied
+        in the store (a batch applies whole), so only its other holds count."""
+        cap = self._page_cap
+        ids: set[int] | None = None
+        for rec in self._pend.values():
             low = rec[2]
             if low is not None and (cap is None or low < cap):
                 cap = low
+            put = rec[3]
+            if put is not None and (cap is None or put < cap):
+                if ids is None:
+                    ids = {e[0] for e in page}
+                if put[1] not in ids:
+                    cap = put
         return cap
 
     def _hold(self, batch: WriteBatch, key: tuple[int, int]) -> None:
@@ -261,8 +280,8 @@ class QueueBacklog:
         rec = self._pend.get(id(batch))
         if rec is None:
             self._hold_all(key)
-        elif rec[2] is None or key < rec[2]:
-            rec[2] = key
+        elif rec[3] is None or key < rec[3]:
+            rec[3] = key
 
     def _hold_all(self, key: tuple[int, int]) -> None:
         """An entry at ready-order ``key`` became stored-only and its put may be uncommitted."""
@@ -278,7 +297,7 @@ class QueueBacklog:
             pend = self._pend = {}
         rec = pend.get(id(batch))
         if rec is None:
-            pend[id(batch)] = [1, batch, None]
+            pend[id(batch)] = [1, batch, None, None]
         else:
             rec[0] += 1
         self.broker.commits.watch(batch, self)
@@ -288,14 +307,15 @@ class QueueBacklog:
         rec = self._pend.pop(id(batch), None)
         if rec is None:
             return
+        # its holds no longer name entries of the batch they belong to: plain holds now
+        low = min((k for k in (rec[2], rec[3]) if k is not None), default=None)
         other = self._pend.get(id(into))
         if other is None:
-            rec[1] = into
-            self._pend[id(into)] = rec
+            self._pend[id(into)] = [rec[0], into, low, None]
         else:
             other[0] += rec[0]
-            if rec[2] is not None and (other[2] is None or rec[2] < other[2]):
-                other[2] = rec[2]
+            if low is not None and (other[2] is None or low < other[2]):
+                other[2] = low
 
     def _write(self, batch: WriteBatch) -> Any:
         """Commit a batch of this queue's own writes (tracked until it is committed)."""
@@ -322,16 +342,17 @@ class QueueBacklog:
         wait = self._page_wait
         if self._paging:
             # the read in progress may have started before this commit: it still counts
-            low = rec[2]
-            if low is not None and (self._page_cap is None or low < self._page_cap):
-                self._page_cap = low
+            for low in (rec[2], rec[3]):
+                if low is not None and (self._page_cap is None or low < self._page_cap):
+                    self._page_cap = low
             keys = rec[1].deletes.get(self.name)
             if keys:
                 if self._page_gone is _NO_LIST:
                     self._page_gone = []
                 self._page_gone.append(keys)
             self._page_wait = WAIT_COMMIT
-        elif wait and (wait == WAIT_COMMIT or rec[2] is not None) and self._stored_only:
+        elif wait and (wait == WAIT_COMMIT or rec[2] is not None or rec[3] is not None) \
+                and self._stored_only:
             self._page_wait = 0
             self._maybe_page()
 
@@ -344,7 +365,7 @@ class QueueBacklog:
         have left stored-only, and entries an uncommitted batch deletes (acks not yet durable)
         are dropped.
         """
-        cap = self._cap()
+        cap = self._cap_for(entries)
         gone_keys = self._page_gone
         settled_meanwhile = self._page_wait == WAIT_COMMIT
         self._paging = False

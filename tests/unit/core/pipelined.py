@@ -12,23 +12,29 @@ class PipelinedStore(MemoryStore):
     """:meth:`step` applies the batches handed in before the previous step; the ones handed in
     since wait for the next step. With a publish every step, one is always uncommitted."""
 
-    def __init__(self) -> None:
-        """Empty pipeline."""
+    def __init__(self, visible_early: bool = False) -> None:
+        """Empty pipeline. ``visible_early``: a batch is applied (readable) when handed in and
+        only confirmed at its step, like a commit whose callback reaches the reactor a turn
+        after the writer thread applied it."""
         super().__init__()
+        self.visible_early = visible_early
         self.staged: list[tuple[WriteBatch, Deferred[None]]] = []
         self.incoming: list[tuple[WriteBatch, Deferred[None]]] = []
 
     def commit(self, batch: WriteBatch) -> Deferred[None]:
         """Queue ``batch`` for the step after next."""
         d: Deferred[None] = Deferred()
+        if self.visible_early:
+            self._apply(batch)
         self.incoming.append((batch, d))
         return d
 
     def step(self) -> None:
         """Commit the staged group and stage what came in since the last step."""
         staged, self.staged, self.incoming = self.staged, self.incoming, []
-        for batch, _ in staged:
-            self._apply(batch)
+        if not self.visible_early:
+            for batch, _ in staged:
+                self._apply(batch)
         self.commits += 1
         for _, d in staged:
             d.callback(None)

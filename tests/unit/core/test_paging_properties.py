@@ -36,11 +36,12 @@ class Harness:
     """One hub over a store that can be committed step by step and restarted."""
 
     def __init__(self, kind: str, path: str) -> None:
-        """Open the store (``memory``: PipelinedStore; ``lmdb``: LmdbStore in ``path``)."""
+        """Open the store (``memory``: PipelinedStore; ``early``: one whose batches are readable
+        before they are confirmed; ``lmdb``: LmdbStore in ``path``)."""
         self.kind = kind
         self.path = path
         self.clock = start_clock()
-        self.mem = PipelinedStore() if kind == "memory" else None
+        self.mem = PipelinedStore(kind == "early") if kind != "lmdb" else None
         self.hub = self._open()
         self.target = CollectingTarget()
         self.deliveries: list[bytes] = []
@@ -163,6 +164,13 @@ def _run(kind: str, ops: list[Any], path: str) -> None:
 def test_small_window_over_a_pipelined_memory_store(ops: list[Any]) -> None:
     """MemoryStore whose commits land one step late (one batch always pending when publishing)."""
     _run("memory", ops, "")
+
+
+@settings(max_examples=property_examples(100), deadline=None)
+@given(st.lists(op, max_size=60))
+def test_small_window_over_a_store_that_shows_batches_before_confirming(ops: list[Any]) -> None:
+    """Commits readable a step before their callbacks (the LMDB writer thread's case)."""
+    _run("early", ops, "")
 
 
 @settings(max_examples=property_examples(40), deadline=None)
