@@ -358,20 +358,26 @@ class Broker(BrokerDelays):
             if q.max_size and q.overflow == "reject" and q.room() < n:
                 raise QueueFull(q.name)
         now = self.clock.seconds() if deliver_at else 0.0
+        if not queues:
+            # live subscribers only: nothing to store
+            if deliver_at > now and (route.targets or route.groups):
+                # live subscribers see a delayed message when it is due (memory-held, like them)
+                self._later(deliver_at - now, self._deliver_live, address, entries)
+            else:
+                self._deliver_live(address, entries, route)
+            return succeed(None)
         commits = self.commits
         # the batch stays open while its entries are delivered: commits issued meanwhile
         # (acks in deliver_batch) join it or follow it, never precede it
-        batch, outer = commits.begin(bool(queues))
+        batch, outer = commits.begin()
         try:
-            if batch is not None:
-                if deliver_at > now:
-                    self._defer_address(address, queues, entries, deliver_at, batch, persist)
-                else:
-                    now = now or self.clock.seconds()
-                    for q in queues:
-                        q.put(entries, batch, persist, now, uniform)
+            if deliver_at > now:
+                self._defer_address(address, queues, entries, deliver_at, batch, persist)
+            else:
+                now = now or self.clock.seconds()
+                for q in queues:
+                    q.put(entries, batch, persist, now, uniform)
             if deliver_at > now and (route.targets or route.groups):
-                # live subscribers see a delayed message when it is due (memory-held, like them)
                 self._later(deliver_at - now, self._deliver_live, address, entries)
             else:
                 self._deliver_live(address, entries, route)

@@ -160,28 +160,23 @@ class Commits:
 
     # -- the open batch ------------------------------------------------------------------------
 
-    def begin(self, puts: bool) -> tuple[WriteBatch | None, WriteBatch | None]:
-        """A publish starts: open a batch for its puts when ``puts`` (or keep the one already
-        open, when published from inside a delivery). Returns ``(batch, outer)`` for
-        :meth:`finish` or :meth:`abort`."""
+    def begin(self) -> tuple[WriteBatch, WriteBatch | None]:
+        """A publish to queues starts: open a batch for its puts (or keep the one already open,
+        when published from inside a delivery). Returns ``(batch, outer)`` for :meth:`finish`
+        or :meth:`abort`."""
         outer = self.open
-        if not puts:
-            return None, outer
         batch = self.open = outer if outer is not None else WriteBatch()
         return batch, outer
 
-    def abort(self, batch: WriteBatch | None, outer: WriteBatch | None) -> None:
+    def abort(self, batch: WriteBatch, outer: WriteBatch | None) -> None:
         """The publish begun with :meth:`begin` raised: close (and commit) what it opened."""
-        if batch is not None:
-            self.open = outer
-            if outer is None:
-                self.close_window(batch, None)
+        self.open = outer
+        if outer is None:
+            self.close_window(batch, None)
 
-    def finish(self, batch: WriteBatch | None, outer: WriteBatch | None) -> Deferred[None]:
+    def finish(self, batch: WriteBatch, outer: WriteBatch | None) -> Deferred[None]:
         """The publish begun with :meth:`begin` is delivered: commit its batch (with every commit
         that joined it), then the held ones. Fires when its writes are durable."""
-        if batch is None:
-            return succeed(None)
         if outer is not None:
             # published from inside another delivery: stored with the outer batch
             d: Deferred[None] = Deferred()
