@@ -27,9 +27,7 @@ import multiprocessing as mp
 import os
 import shutil
 import tempfile
-import time
 import uuid
-from typing import Any
 
 try:
     from benchmarks import _common, nsq_bench
@@ -38,61 +36,6 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
     import nsq_bench  # type: ignore[no-redef]
 
 HOST = _common.HOST
-_HEAD = nsq_bench._HEAD  # noqa: SLF001 - the NSQ frame header layout shared by the benchmarks
-OK_FRAME = nsq_bench.OK_FRAME
-
-
-def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any) -> None:
-    """SUB at RDY 100, FIN everything; record (time, messages) per read until ``total`` arrived."""
-    sock = nsq_bench._connect(port, host)  # noqa: SLF001 - shared benchmark helper
-    sock.sendall(b"SUB %s fair\nRDY 100\n" % topic.encode())
-    buf = b""
-    while OK_FRAME not in buf:
-        buf += sock.recv(65536)
-    buf = buf[buf.index(OK_FRAME) + len(OK_FRAME):]
-    ready.set()
-    count = 0
-    arrivals: list[tuple[float, int]] = []
-    idle_until = time.perf_counter() + 60
-    sock.settimeout(0.05)
-    unpack = _HEAD.unpack_from
-    while True:
-        target = total.value
-        if target and count >= target:
-            break
-        try:
-            data = sock.recv(1 << 20)
-        except TimeoutError:
-            if time.perf_counter() > idle_until:
-                break
-            continue
-        if not data:
-            break
-        buf = buf + data if buf else data
-        pos = 0
-        n = len(buf)
-        fins = []
-        nop = False
-        while n - pos >= 8:
-            size, ftype = unpack(buf, pos)
-            end = pos + 4 + size
-            if end > n:
-                break
-            if ftype == 2:
-                fins.append(b"FIN " + buf[pos + 18:pos + 34] + b"\n")
-            elif buf[pos + 8:end] == b"_heartbeat_":
-                nop = True
-            pos = end
-        buf = buf[pos:]
-        if fins:
-            count += len(fins)
-            now = time.perf_counter()
-            arrivals.append((now, len(fins)))
-            idle_until = now + 60
-        if fins or nop:
-            sock.sendall(b"".join(fins) + (b"NOP\n" if nop else b""))
-    out.send(arrivals)
-    sock.close()
 
 
 def publish_alone(host: str, port: int, duration: float) -> float:
@@ -119,7 +62,8 @@ def run(host: str, port: int, duration: float) -> dict[str, float]:
     total = ctx.Value("q", 0)
     c_recv, c_send = ctx.Pipe(False)
     p_recv, p_send = ctx.Pipe(False)
-    cons = ctx.Process(target=consumer, args=(host, port, topic, ready, total, c_send))
+    cons = ctx.Process(target=nsq_bench.consumer, args=(host, port, topic, ready, total, c_send),
+                       kwargs={"rdy": 100, "arrivals": True})
     prod = ctx.Process(target=nsq_bench.producer,
                        args=(host, port, topic, "mpub", 16, duration, ready, total, p_send))
     cons.start()
