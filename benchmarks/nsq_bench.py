@@ -65,10 +65,36 @@ def _connect(port: int, host: str) -> socket.socket:
     return sock
 
 
-def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any) -> None:
-    """SUB with RDY 1000, FIN everything, stop once ``total`` messages arrived (or 30 s idle)."""
+def answer_frames(buf: bytes) -> tuple[bytes, list[bytes], bool]:
+    """Parse the complete frames at the head of ``buf``: returns (the rest, a ``FIN`` command per
+    message frame, whether a heartbeat asks for a ``NOP``)."""
+    unpack = _HEAD.unpack_from
+    pos = 0
+    n = len(buf)
+    fins = []
+    nop = False
+    while n - pos >= 8:
+        size, ftype = unpack(buf, pos)
+        end = pos + 4 + size
+        if end > n:
+            break
+        if ftype == 2:
+            fins.append(b"FIN " + buf[pos + 18:pos + 34] + b"\n")
+        elif buf[pos + 8:end] == b"_heartbeat_":
+            nop = True
+        pos = end
+    return buf[pos:], fins, nop
+
+
+def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any,
+             rdy: int = 1000, arrivals: bool = False) -> None:
+    """SUB with RDY ``rdy``, FIN everything, stop once ``total`` messages arrived (or 30 s idle).
+
+    Sends ``(count, last arrival, CPU seconds)`` to ``out``, or with ``arrivals`` the list of
+    ``(time, messages)`` of every read that brought messages (``mqhub bench fairness``).
+    """
     sock = _connect(port, host)
-    sock.sendall(b"SUB %s bench\nRDY 1000\n" % topic.encode())
+    sock.sendall(b"SUB %s bench\nRDY %d\n" % (topic.encode(), rdy))
     buf = b""
     # wait for the SUB's OK before telling the producer to start
     while OK_FRAME not in buf:
@@ -76,10 +102,10 @@ def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any)
     buf = buf[buf.index(OK_FRAME) + len(OK_FRAME):]
     ready.set()
     count = 0
+    reads: list[tuple[float, int]] = []
     last = time.perf_counter()
     idle_until = last + 30
     sock.settimeout(0.1)
-    unpack = _HEAD.unpack_from
     while True:
         target = total.value
         if target and count >= target:
@@ -92,29 +118,16 @@ def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any)
             continue
         if not data:
             break
-        buf = buf + data if buf else data
-        pos = 0
-        n = len(buf)
-        fins = []
-        nop = False
-        while n - pos >= 8:
-            size, ftype = unpack(buf, pos)
-            end = pos + 4 + size
-            if end > n:
-                break
-            if ftype == 2:
-                fins.append(b"FIN " + buf[pos + 18:pos + 34] + b"\n")
-            elif buf[pos + 8:end] == b"_heartbeat_":
-                nop = True
-            pos = end
-        buf = buf[pos:]
+        buf, fins, nop = answer_frames(buf + data if buf else data)
         if fins:
             count += len(fins)
             last = time.perf_counter()
             idle_until = last + 30
+            if arrivals:
+                reads.append((last, len(fins)))
         if fins or nop:
             sock.sendall(b"".join(fins) + (b"NOP\n" if nop else b""))
-    out.send((count, last, time.process_time()))
+    out.send(reads if arrivals else (count, last, time.process_time()))
     sock.close()
 
 

@@ -9,35 +9,36 @@ store commit, and delivers to live targets synchronously. Durable state lives in
 
 from __future__ import annotations
 
-import heapq
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
-from twisted.python.failure import Failure
 
 from mqhub.core.address import pattern_matches, validate_address, validate_pattern
+from mqhub.core.commits import Commits
 from mqhub.core.counters import Counters
 from mqhub.core.deadletter import DeadLetter, dlq_name, from_dead
+from mqhub.core.delays import (
+    ADDRESS_DUE_PREFIX,
+    DUE_PREFIX,
+    EXPIRY_PREFIX,
+    PARK_PREFIX,
+    BrokerDelays,
+)
 from mqhub.core.ids import IdGenerator
 from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
 from mqhub.core.queue import Queue
 from mqhub.core.routing import Binding, Route, Router
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
-from mqhub.store import due_rows
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry, entry_order
 
 log = logging.getLogger(__name__)
 
-DUE_PREFIX = b"dq/"
-ADDRESS_DUE_PREFIX = b"da/"
 PARK_CUT_PREFIX = "pcut/"
-EXPIRY_PREFIX = b"qx/"
-PARK_PREFIX = "~park/"
 SEP = "\x1f"
 _NAME_BAD = re.compile(r"[\s\x00-\x1f]")
 
@@ -50,31 +51,12 @@ def validate_queue_name(name: str) -> None:
         raise InvalidName(f"invalid queue name {name[:64]!r}")
 
 
-class _Barrier:
-    """One ``Broker.barrier()`` call: counts the commits it still waits for."""
+class Broker(BrokerDelays):
+    """The protocol-neutral broker core (see docs/core-api.md).
 
-    __slots__ = ("left", "failure", "deferred")
-
-    def __init__(self, left: int) -> None:
-        """Wait for ``left`` commits."""
-        self.left = left
-        self.failure: Any = None
-        self.deferred: Deferred[None] = Deferred()
-
-    def one_done(self, result: Any) -> None:
-        """One awaited commit fired with ``result`` (None or a Failure)."""
-        if isinstance(result, Failure) and self.failure is None:
-            self.failure = result
-        self.left -= 1
-        if not self.left:
-            if self.failure is not None:
-                self.deferred.errback(self.failure)
-            else:
-                self.deferred.callback(None)
-
-
-class Broker:
-    """The protocol-neutral broker core (see docs/core-api.md)."""
+    Delays, due rows and queue expiry are in :class:`mqhub.core.delays.BrokerDelays`; the write
+    batches and their commits in :class:`mqhub.core.commits.Commits` (``self.commits``).
+    """
 
     def __init__(self, store: Any, clock: Any, *, scheduler: Any = None,
                  window: int = 10_000) -> None:
@@ -97,14 +79,8 @@ class Broker:
         self._bindings: dict[int, Binding] = {}
         self._queue_bindings: dict[tuple[str, str], Binding] = {}
         self._next_binding = 0
-        #: uncommitted store commits -> the barriers waiting for them
-        self._pending: dict[Deferred[Any], list[_Barrier]] = {}
-        self._unsettled: dict[int, list[Queue]] = {}
-        #: the put batch being filled while its entries are delivered (see _join), the commits
-        #: merged into it (their Deferreds) and the ones that must follow it
-        self._open: WriteBatch | None = None
-        self._joined: list[Deferred[None]] = []
-        self._held: list[tuple[WriteBatch, Deferred[None]]] = []
+        #: the write batches and their commits (see mqhub.core.commits)
+        self.commits = Commits(store, clock)
         self._mem_timers: set[Any] = set()
         #: queue expiries without the scheduler: one heap, one clock timer for all of them
         self._expiries: list[tuple[float, int, Queue]] = []
@@ -159,7 +135,7 @@ class Broker:
                 log.warning("recovering queue %r, which had entries but no settings", name)
                 self._queues[name] = Queue(self, name, window=self.window,
                                            incarnation=self.ids.next_id())
-                self._queue_changed(self._queues[name])
+                self.persist_settings(self._queues[name])
         for key, _ in (yield self.store.scan_meta("b/")):
             name, _, pattern = key[2:].partition(SEP)
             q = self._queues.get(name)
@@ -169,7 +145,7 @@ class Broker:
             if q.durable:
                 count = yield self.store.count_entries(q.name)
                 q.dead_letter_count = yield self.store.count_entries(dlq_name(q.name))
-                q._recovered(count)
+                q.recovered(count)
             if q.expires_at and self.scheduler is None:
                 self._arm_memory_expiry(q)
         self.router.changed()
@@ -186,155 +162,13 @@ class Broker:
         self._expiry_call = None
         self._expiry_at = float("inf")
         for q in list(self._queues.values()) + list(self._hidden.values()):
-            if q._timer is not None and q._timer.active():
-                q._timer.cancel()
-            q._timer = None
-        pending = list(self._pending)
+            q.stop_timer()
+        pending = list(self.commits.pending)
         if not pending:
             return succeed(None)
         return DeferredList(pending, consumeErrors=True).addCallback(lambda _: None)
 
     # -- store plumbing ------------------------------------------------------------------------
-
-    def _unsettled_add(self, batch: WriteBatch, queue: Queue) -> None:
-        """``queue`` put entries into ``batch``; tell it when that batch is committed."""
-        self._unsettled.setdefault(id(batch), []).append(queue)
-
-    def _settle_batch(self, result: Any, batch: WriteBatch) -> Any:
-        """``batch`` was committed (or failed): settle the queues that put entries into it."""
-        for q in self._unsettled.pop(id(batch), ()):
-            q._settle()
-        return result
-
-    def _commit(self, batch: WriteBatch) -> Deferred[None]:
-        """Commit ``batch`` (background write: failures are logged).
-
-        While a put batch is open (its entries are being delivered) the commit joins it instead,
-        so it can never reach the store before the puts it settles (see :meth:`_join`).
-        """
-        if not batch:
-            return succeed(None)
-        if self._open is not None:
-            return self._join(batch)
-        return self._commit_now(batch)
-
-    def _commit_now(self, batch: WriteBatch,
-                    joined: list[Deferred[None]] | None = None) -> Deferred[None]:
-        """Hand ``batch`` to the store now; ``joined`` Deferreds fire with its result."""
-        d = self.store.commit(batch)
-        if id(batch) in self._unsettled:
-            d.addBoth(self._settle_batch, batch)
-        if joined:
-            d.addBoth(self._fire_joined, joined)
-        if d.called:
-            d.addErrback(self._log_failure)
-            return d
-        self._pending[d] = []
-        d.addBoth(self._done, d)
-        d.addErrback(self._log_failure)
-        return d
-
-    def _join(self, batch: WriteBatch) -> Deferred[None]:
-        """A commit issued while ``self._open`` is being filled and delivered (an adapter acking,
-        rejecting or requeueing inside ``deliver_batch``, or publishing again from there).
-
-        Attempt updates and entry deletes only (acks) are merged into the open batch: the store
-        applies a batch's puts before its attempts and deletes, so the result is the same as
-        committing them after it, in one commit. Anything else is held and committed right
-        after the open batch, in issue order. Returns a Deferred that fires when it is stored.
-        """
-        d: Deferred[None] = Deferred()
-        self._pending[d] = []
-        d.addBoth(self._done, d)
-        d.addErrback(self._log_failure)
-        if (batch.purges or batch.puts or batch.due_puts or batch.due_deletes
-                or batch.meta_puts or batch.meta_deletes):
-            self._held.append((batch, d))
-            return d
-        into = self._open
-        assert into is not None
-        for name, items in batch.attempts.items():
-            into.set_attempts(name, items)
-        for name, keys in batch.deletes.items():
-            into.delete_entries(name, keys)
-        queues = self._unsettled.pop(id(batch), None)
-        if queues:
-            self._unsettled.setdefault(id(into), []).extend(queues)
-        self._joined.append(d)
-        return d
-
-    @staticmethod
-    def _fire_joined(result: Any, joined: list[Deferred[None]]) -> Any:
-        """The batch ``joined`` were merged into was committed: fire them with its result."""
-        for d in joined:
-            if isinstance(result, Failure):
-                d.errback(result)
-            else:
-                d.callback(None)
-        return result
-
-    def _open_window(self, batch: WriteBatch) -> WriteBatch | None:
-        """Start filling ``batch`` with puts whose entries may be delivered at once."""
-        prev = self._open
-        self._open = batch
-        return prev
-
-    def _commit_window(self, batch: WriteBatch, prev: WriteBatch | None) -> Deferred[None]:
-        """Close the window opened on ``batch`` and commit it, then the held batches (cold paths)."""
-        if prev is not None:
-            self._open = prev
-            return self._commit(batch)
-        self._open = None
-        joined, self._joined = self._joined, []
-        if batch:
-            d = self._commit_now(batch, joined)
-        else:
-            d = succeed(None)
-            self._fire_joined(None, joined)
-        self._commit_held()
-        return d
-
-    def _in_window(self, batch: WriteBatch, fill: Callable[[], object]) -> Deferred[None]:
-        """Run ``fill`` (puts into ``batch``) inside a window opened on ``batch``; commit it."""
-        prev = self._open_window(batch)
-        try:
-            fill()
-        finally:
-            d = self._commit_window(batch, prev)
-        return d
-
-    def _commit_held(self) -> None:
-        """Commit the batches held while a window was open, in the order they were issued."""
-        if self._held:
-            held, self._held = self._held, []
-            for b, proxy in held:
-                self._commit_now(b, [proxy])
-
-    def _close_due_window(self, batch: WriteBatch, prev: WriteBatch | None) -> Any:
-        """A scheduler handler filled ``batch``, which the scheduler commits after it returns.
-
-        Returns the after-commit hook: it fires the merged commits and settles the queues.
-        Held batches are committed on the next turn, after the scheduler's commit was issued.
-        """
-        self._open = prev
-        if prev is not None:
-            return None
-        joined, self._joined = self._joined, []
-        if self._held:
-            self.clock.callLater(0, self._commit_held)
-        if not joined and id(batch) not in self._unsettled:
-            return None
-
-        def committed() -> None:
-            self._settle_batch(None, batch)
-            self._fire_joined(None, joined)
-        return committed
-
-    def _done(self, result: Any, d: Deferred[Any]) -> Any:
-        """A tracked commit fired: release the barriers that waited for it."""
-        for barrier in self._pending.pop(d, ()):
-            barrier.one_done(result)
-        return result
 
     def barrier(self) -> Deferred[None]:
         """Fire once every store write the broker issued so far is durable (acks included).
@@ -343,27 +177,16 @@ class Broker:
         commit made through the core); nothing is written for it. Fires at once when nothing is
         pending; errbacks with the store's error when one of those commits failed.
         """
-        pending = list(self._pending)
-        if not pending:
-            return succeed(None)
-        b = _Barrier(len(pending))
-        for d in pending:
-            self._pending[d].append(b)
-        return b.deferred
+        return self.commits.barrier()
 
-    @staticmethod
-    def _log_failure(failure: Any) -> None:
-        """Log a background store failure."""
-        log.error("store commit failed: %s", failure.getErrorMessage())
-
-    def _queue_changed(self, queue: Queue, batch: WriteBatch | None = None) -> None:
+    def persist_settings(self, queue: Queue, batch: WriteBatch | None = None) -> None:
         """Persist a durable queue's settings (into ``batch``, or in its own commit)."""
         if not queue.durable or queue.name.startswith("~") or queue.deleted:
             return
         b = batch if batch is not None else WriteBatch()
         b.put_meta("q/" + queue.name, json.dumps(queue.settings()).encode())
         if batch is None:
-            self._commit(b)
+            self.commits.commit(b)
 
     # -- queues --------------------------------------------------------------------------------
 
@@ -387,71 +210,10 @@ class Broker:
                   window=window or self.window, incarnation=self.ids.next_id(), mode=mode,
                   window_setting=window)
         self._queues[name] = q
-        self._queue_changed(q)
+        self.persist_settings(q)
         if expires_at:
-            self._schedule_expiry(q)
+            self.schedule_expiry(q)
         return q
-
-    def _schedule_expiry(self, q: Queue) -> None:
-        """(Re)arm the deletion of ``q`` at its ``expires_at`` (0 = cancel)."""
-        key = EXPIRY_PREFIX + q.name.encode()
-        if self.scheduler is not None and q.durable:
-            if q.expires_at:
-                self.scheduler.call_at(q.expires_at, key, b"")
-            else:
-                self.scheduler.cancel(key)
-        elif q.expires_at:
-            self._arm_memory_expiry(q)
-
-    def _arm_memory_expiry(self, q: Queue) -> None:
-        """Delete ``q`` at its ``expires_at`` (memory queues, or no scheduler).
-
-        Every such queue shares one heap and one clock timer armed for the earliest (a timer
-        per queue would cost more than an idle queue itself).
-        """
-        self._expiry_seq += 1
-        heapq.heappush(self._expiries, (q.expires_at, self._expiry_seq, q))
-        if q.expires_at < self._expiry_at:
-            self._arm_expiry_timer(q.expires_at)
-
-    def _arm_expiry_timer(self, when: float) -> None:
-        """(Re)arm the shared queue-expiry timer for ``when``."""
-        if self._expiry_call is not None and self._expiry_call.active():
-            self._expiry_call.cancel()
-        self._expiry_at = when
-        self._expiry_call = self.clock.callLater(max(0.0, when - self.clock.seconds()),
-                                                 self._run_expiries)
-
-    def _run_expiries(self) -> None:
-        """The shared timer fired: delete every queue whose time has come, then re-arm."""
-        self._expiry_call = None
-        self._expiry_at = float("inf")
-        now = self.clock.seconds()
-        heap = self._expiries
-        while heap and heap[0][0] <= now:
-            q = heapq.heappop(heap)[2]
-            try:
-                self._expire_queue(q)
-            except Exception:
-                log.exception("expiring queue %r failed", q.name)
-        if heap:
-            self._arm_expiry_timer(heap[0][0])
-
-    def _later(self, delay: float, func: Any, *args: Any) -> None:
-        """A plain clock timer that ``stop()`` cancels and that forgets itself when it runs."""
-        holder: list[Any] = []
-
-        def run() -> None:
-            self._mem_timers.discard(holder[0])
-            func(*args)
-        t = self.clock.callLater(delay, run)
-        holder.append(t)
-        self._mem_timers.add(t)
-
-    def _expire_queue(self, q: Queue) -> None:
-        """Delete ``q`` if it is still the live queue of its name and has expired."""
-        if self._queues.get(q.name) is q and q.expires_at and q.expires_at <= self.clock.seconds():
-            self.delete_queue(q.name)
 
     def queue(self, name: str) -> Queue | None:
         """The queue called ``name``, or None."""
@@ -474,14 +236,14 @@ class Broker:
             if q.durable:
                 b.delete_meta("b/" + name + SEP + binding.pattern)
         self.router.changed()
-        q._close()
+        q.close()
         if q.durable:
             b.purge_queue(name)
             b.purge_queue(dlq_name(name))
             b.delete_meta("q/" + name)
             if q.expires_at:
                 b.delete_due(EXPIRY_PREFIX + name.encode())
-        return self._commit(b)
+        return self.commits.commit(b)
 
     # -- bindings ------------------------------------------------------------------------------
 
@@ -510,7 +272,7 @@ class Broker:
         if q.durable:
             wb = WriteBatch()
             wb.put_meta("b/" + queue_name + SEP + pattern, b"")
-            self._commit(wb)
+            self.commits.commit(wb)
         for address in list(self.router.parking):
             if pattern_matches(pattern, address):
                 self._drain_park(address)
@@ -532,7 +294,7 @@ class Broker:
             if binding.queue.durable:
                 wb = WriteBatch()
                 wb.delete_meta("b/" + binding.queue.name + SEP + binding.pattern)
-                self._commit(wb)
+                self.commits.commit(wb)
         self.router.changed()
 
     def bindings(self, queue_name: str | None = None) -> list[Binding]:
@@ -591,16 +353,12 @@ class Broker:
         return self._publish(route, address, entries, persist, deliver_at)
 
     def put_entries(self, queue_name: str, entries: list[Entry]) -> Deferred[None]:
-        """Put prebuilt entries into queue ``queue_name`` only: no routing, no live targets.
+        """Put prebuilt entries into queue ``queue_name`` only (no routing, no live targets).
 
-        For an adapter that re-queues a message at the tail under a new id (MQKS reject). The
-        entries keep their attempts; fires when they are durable.
-
-        :raises NoSuchQueue: when the queue does not exist.
+        MQKS reject re-queues at the tail this way; entries keep their attempts. Raises NoSuchQueue.
         """
-        q = self._get(queue_name)
-        b = WriteBatch()
-        return self._in_window(b, lambda: q._put(entries, b, True, self.clock.seconds()))
+        q, b = self._get(queue_name), WriteBatch()
+        return self.commits.in_window(b, lambda: q.put(entries, b, True, self.clock.seconds()))
 
     def _publish(self, route: Route, address: str, entries: list[Entry], persist: bool,
                  deliver_at: float, uniform: bool = False) -> Deferred[None]:
@@ -610,61 +368,34 @@ class Broker:
         for q in queues:
             if q.max_size and q.overflow == "reject" and q.room() < n:
                 raise QueueFull(q.name)
-        batch = None
         now = self.clock.seconds() if deliver_at else 0.0
-        outer = self._open
-        if queues:
-            # the batch stays open while its entries are delivered: commits issued meanwhile
-            # (acks in deliver_batch) join it or follow it, never precede it
-            batch = self._open = outer if outer is not None else WriteBatch()
-        try:
-            if batch is not None:
-                if deliver_at > now:
-                    self._defer_address(address, queues, entries, deliver_at, batch, persist)
-                else:
-                    now = now or self.clock.seconds()
-                    for q in queues:
-                        q._put(entries, batch, persist, now, uniform)
+        if not queues:
+            # live subscribers only: nothing to store
             if deliver_at > now and (route.targets or route.groups):
                 # live subscribers see a delayed message when it is due (memory-held, like them)
                 self._later(deliver_at - now, self._deliver_live, address, entries)
             else:
                 self._deliver_live(address, entries, route)
+            return succeed(None)
+        commits = self.commits
+        # the batch stays open while its entries are delivered: commits issued meanwhile
+        # (acks in deliver_batch) join it or follow it, never precede it
+        batch, outer = commits.begin()
+        try:
+            if deliver_at > now:
+                self._defer_address(address, queues, entries, deliver_at, batch, persist)
+            else:
+                now = now or self.clock.seconds()
+                for q in queues:
+                    q.put(entries, batch, persist, now, uniform)
+            if deliver_at > now and (route.targets or route.groups):
+                self._later(deliver_at - now, self._deliver_live, address, entries)
+            else:
+                self._deliver_live(address, entries, route)
         except BaseException:
-            if batch is not None:
-                self._open = outer
-                if outer is None:
-                    self._commit_window(batch, None)
+            commits.abort(batch, outer)
             raise
-        if batch is None:
-            return succeed(None)
-        if outer is not None:
-            # published from inside another delivery: stored with the outer batch
-            d: Deferred[None] = Deferred()
-            self._pending[d] = []
-            d.addBoth(self._done, d)
-            self._joined.append(d)
-            return d
-        self._open = None
-        if not batch:
-            # nothing to store (memory queues); publishes nested in the delivery fire too
-            if self._joined:
-                joined, self._joined = self._joined, []
-                self._fire_joined(None, joined)
-            self._commit_held()
-            return succeed(None)
-        d = self.store.commit(batch)
-        if id(batch) in self._unsettled:
-            d.addBoth(self._settle_batch, batch)
-        if not d.called:
-            self._pending[d] = []
-            d.addBoth(self._done, d)
-        if self._joined:
-            joined, self._joined = self._joined, []
-            d.addBoth(self._fire_joined, joined)
-        if self._held:
-            self._commit_held()
-        return d
+        return commits.finish(batch, outer)
 
     def _deliver_live(self, address: str, entries: list[Entry], route: Route | None = None) -> None:
         """Hand ``entries`` to the live subscribers of ``address`` (one call per binding)."""
@@ -686,175 +417,6 @@ class Broker:
                 except Exception:
                     log.exception("deliver_batch of %r failed", b.target)
 
-    # -- delays --------------------------------------------------------------------------------
-
-    def _defer(self, queue: Queue, entries: list[Entry], when: float, batch: WriteBatch,
-               persist: bool = True) -> None:
-        """Hold ``entries`` for ``queue`` until ``when`` (due rows for durable queues)."""
-        queue.deferred += len(entries)
-        if queue.durable and persist and self.scheduler is not None:
-            prefix = DUE_PREFIX + queue.name.encode() + b"/"
-            inc = queue.incarnation
-            for e in entries:
-                batch.put_due(when, prefix + e[0].to_bytes(8, "big"), due_rows.encode_queue_row(inc, e))
-            sched = self.scheduler
-            self.clock.callLater(0, sched.note_due, when)
-        else:
-            self._later(max(0.0, when - self.clock.seconds()), self._undefer_memory, queue,
-                        list(entries), queue.incarnation)
-
-    def _defer_address(self, address: str, queues: tuple[Queue, ...], entries: list[Entry],
-                       when: float, batch: WriteBatch, persist: bool) -> None:
-        """Hold a delayed publish until ``when``, then route it by ``address`` (NSQ DPUB).
-
-        ``queues`` (what the address reaches now) are counted in ``deferred`` and remembered
-        with their incarnation: one of them that is emptied or re-created meanwhile does not
-        get the batch. One due row per message (``da/<msg_id>``) when any of them is durable,
-        otherwise a clock timer.
-        """
-        n = len(entries)
-        for q in queues:
-            q.deferred += n
-        marks = tuple((q.name, q.incarnation) for q in queues)
-        if persist and self.scheduler is not None and any(q.durable for q in queues):
-            for e in entries:
-                batch.put_due(when, ADDRESS_DUE_PREFIX + e[0].to_bytes(8, "big"),
-                              due_rows.encode_address_row(address, marks, e))
-            self.clock.callLater(0, self.scheduler.note_due, when)
-        else:
-            self._later(max(0.0, when - self.clock.seconds()), self._address_due_memory,
-                        address, list(entries), marks, persist)
-
-    def _address_due_memory(self, address: str, entries: list[Entry],
-                            marks: tuple[tuple[str, int], ...], persist: bool) -> None:
-        """A clock-held delayed publish came due."""
-        b = WriteBatch()
-        self._in_window(b, lambda: self._route_due(address, entries, marks, b, persist,
-                                                   self.clock.seconds()))
-
-    def _not_started_yet(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
-                         now: float) -> bool:
-        """Before start(): put due ``rows`` back a second later and return True."""
-        if self._started:
-            return False
-        for _, key, payload in rows:
-            batch.put_due(now + 1.0, key, payload)
-        return True
-
-    def _on_address_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
-                        now: float) -> Any:
-        """Scheduler handler for ``da/`` rows: route due publishes by their address now."""
-        if self._not_started_yet(rows, batch, now):
-            return None
-        groups: dict[tuple[str, Any], list[Entry]] = {}
-        for _, key, payload in rows:
-            try:
-                address, marks, entry = due_rows.decode_address_row(payload)
-            except ValueError:
-                log.error("dropping unreadable due row %r", key)
-                continue
-            groups.setdefault((address, tuple(map(tuple, marks))), []).append(entry)
-        prev = self._open_window(batch)
-        try:
-            for (address, marks), entries in groups.items():
-                self._route_due(address, entries, marks, batch, True, now)
-        finally:
-            hook = self._close_due_window(batch, prev)
-        return hook
-
-    def _route_due(self, address: str, entries: list[Entry], marks: tuple[tuple[str, int], ...],
-                   batch: WriteBatch, persist: bool, now: float) -> None:
-        """Put due ``entries`` into the queues ``address`` routes to now (or its parking queue).
-
-        A queue counted at publish time whose incarnation changed since (emptied, deleted and
-        re-created) is skipped; entries held for a parked address before ``empty_parked`` ran
-        on it are dropped.
-        """
-        counted = dict(marks)
-        n = len(entries)
-        for name, inc in marks:
-            q = self._queues.get(name) or self._hidden.get(name)
-            if q is not None and q.incarnation == inc:
-                q.deferred = max(0, q.deferred - n)
-        cut = self._park_cut.get(address)
-        if cut is not None and PARK_PREFIX + address in counted:
-            entries = [e for e in entries if e[0] >= cut]
-            if not entries:
-                return
-        route = self.route(address)
-        dests = route.queues if route.park is None else (route.park,)
-        if not dests:
-            return
-        entries.sort(key=entry_order)
-        for q in dests:
-            was = counted.get(q.name)
-            if was is not None and was != q.incarnation and not q.name.startswith(PARK_PREFIX):
-                continue
-            q._put(entries, batch, persist, now)
-
-    def _undefer_memory(self, queue: Queue, entries: list[Entry], incarnation: int) -> None:
-        """A memory-held delay came due."""
-        if queue.deleted or queue.incarnation != incarnation:
-            return
-        queue.deferred = max(0, queue.deferred - len(entries))
-        b = WriteBatch()
-        self._in_window(b, lambda: queue._put(entries, b, True, self.clock.seconds()))
-
-    def _on_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
-                now: float) -> Any:
-        """Scheduler handler for ``dq/`` rows: move due entries into their queues."""
-        if self._not_started_yet(rows, batch, now):
-            return None
-        per_queue: dict[str, list[Entry]] = {}
-        for _, key, payload in rows:
-            name = key[len(DUE_PREFIX):-9].decode("utf-8", "replace")
-            q = self._queues.get(name) or self._hidden.get(name)
-            try:
-                inc, entry = due_rows.decode_queue_row(payload)
-            except ValueError:
-                log.error("dropping unreadable due row %r", key)
-                continue
-            if q is None or q.deleted or inc != q.incarnation:
-                continue
-            per_queue.setdefault(name, []).append(entry)
-        prev = self._open_window(batch)
-        try:
-            for name, entries in per_queue.items():
-                q = self._queues.get(name) or self._hidden[name]
-                q.deferred = max(0, q.deferred - len(entries))
-                entries.sort(key=entry_order)
-                q._put(entries, batch, True, now)
-        finally:
-            hook = self._close_due_window(batch, prev)
-        return hook
-
-    def _on_queue_expiry(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
-                         now: float) -> None:
-        """Scheduler handler for ``qx/`` rows: delete queues whose own TTL ran out."""
-        if not self._started:
-            for _, key, payload in rows:
-                batch.put_due(now + 1.0, key, payload)
-            return
-        for _, key, _ in rows:
-            q = self._queues.get(key[len(EXPIRY_PREFIX):].decode("utf-8", "replace"))
-            if q is not None and q.expires_at and q.expires_at <= now:
-                self.delete_queue(q.name)
-
-    def sweep_ttl(self, now: float, budget: int) -> bool:
-        """Drop expired ready messages from queue windows, at most ``budget`` scanned; True = more."""
-        queues = [q for q in self._queues.values() if q._nready and (q.ttl or q._may_expire)]
-        if not queues:
-            return False
-        used = 0
-        i = self._sweep_cursor % len(queues)
-        visited = 0
-        while visited < len(queues) and used < budget:
-            used += queues[i].sweep(now, budget - used)
-            i = (i + 1) % len(queues)
-            visited += 1
-        self._sweep_cursor = i
-        return visited < len(queues)
-
     # -- parking and pausing -------------------------------------------------------------------
 
     def _park_queue(self, address: str) -> Queue:
@@ -875,13 +437,13 @@ class Broker:
         self._park_queue(address)
         b = WriteBatch()
         b.put_meta("park/" + address, b"1")
-        self._commit(b)
+        self.commits.commit(b)
 
     def unpark(self, address: str) -> Deferred[None]:
         """Stop parking ``address``; parked messages go to the bound queues (or are dropped)."""
         b = WriteBatch()
         b.delete_meta("park/" + address)
-        self._commit(b)
+        self.commits.commit(b)
         return self._release(address)
 
     def pause_address(self, address: str) -> None:
@@ -892,7 +454,7 @@ class Broker:
         self.router.changed()
         b = WriteBatch()
         b.put_meta("pause/" + address, b"1")
-        self._commit(b)
+        self.commits.commit(b)
 
     def resume_address(self, address: str) -> Deferred[None]:
         """Release a paused address: held messages go to the bound queues."""
@@ -900,7 +462,7 @@ class Broker:
         self.router.changed()
         b = WriteBatch()
         b.delete_meta("pause/" + address)
-        self._commit(b)
+        self.commits.commit(b)
         return self._drain_park(address)
 
     def _release(self, address: str) -> Deferred[None]:
@@ -929,7 +491,7 @@ class Broker:
         self._park_cut[address] = cut
         b = WriteBatch()
         b.put_meta(PARK_CUT_PREFIX + address, str(cut).encode())
-        d = self._commit(b)
+        d = self.commits.commit(b)
         q = self.router.parking.get(address)
         if q is None:
             return d
@@ -951,36 +513,20 @@ class Broker:
             return succeed(None)
         dests = route.queues
         now = self.clock.seconds()
-        entries = q._pop_ready(q._nready)
+        entries = q.pop_ready(q.in_memory)
         b = WriteBatch()
 
         def move() -> None:
             if entries:
                 b.delete_entries(q.name, [(e[1], e[0]) for e in entries])
                 for dest in dests:
-                    dest._put(entries, b, True, now)
+                    dest.put(entries, b, True, now)
 
-        d = self._in_window(b, move)
-        if q._stored_only and not q._paging:
-            q._paging = True
-            after = q._horizon
-
-            def got(page: list[Entry]) -> Any:
-                q._paging = False
-                if not page:
-                    q._stored_only = 0
-                    q._horizon = None
-                    return None
-                q._horizon = (page[-1][1], page[-1][0])
-                q._stored_only = max(0, q._stored_only - len(page))
-                for e in page:
-                    q._insert(e)
-                if not q._stored_only:
-                    q._horizon = None
-                return self._drain_park(address)
-            return d.addCallback(lambda _: self.store.read_entries(q.name, after, 1000)) \
-                    .addCallback(got)
-        return d
+        d = self.commits.in_window(b, move)
+        loaded = q.load_page_after(d, 1000)
+        if loaded is None:
+            return d
+        return loaded.addCallback(lambda more: self._drain_park(address) if more else None)
 
     # -- dead letters --------------------------------------------------------------------------
 
@@ -996,7 +542,7 @@ class Broker:
         """List up to ``limit`` dead letters of the queue, oldest first, after msg id ``after``."""
         q = self._get(queue_name)
         if not q.durable:
-            items = [e for e in q._mem_dead if after is None or e[0] > after][:limit]
+            items = [e for e in q.memory_dead_letters() if after is None or e[0] > after][:limit]
             return succeed([DeadLetter.from_entry(e, queue_name) for e in items])
         d = self.store.read_entries(dlq_name(queue_name),
                                     None if after is None else (0, after), limit)
@@ -1006,7 +552,7 @@ class Broker:
     def _all_dead(self, q: Queue) -> Any:
         """Every stored dead-letter entry of ``q`` (cold path, read in pages)."""
         if not q.durable:
-            return list(q._mem_dead)
+            return q.memory_dead_letters()
         out: list[Entry] = []
         after = None
         while True:
@@ -1031,10 +577,11 @@ class Broker:
             b.delete_entries(dlq_name(queue_name), [(0, e[0]) for e in chosen])
         else:
             ids = {e[0] for e in chosen}
-            q._keep_mem_dead([e for e in q._mem_dead if e[0] not in ids], replace=True)
+            q.keep_memory_dead_letters([e for e in q.memory_dead_letters() if e[0] not in ids],
+                                       replace=True)
         entries = sorted((from_dead(e) for e in chosen), key=entry_order)
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
-        yield self._in_window(b, lambda: q._put(entries, b, True, self.clock.seconds()))
+        yield self.commits.in_window(b, lambda: q.put(entries, b, True, self.clock.seconds()))
         return len(chosen)
 
     @inlineCallbacks
@@ -1051,10 +598,11 @@ class Broker:
                 b.purge_queue(dlq_name(queue_name))
             else:
                 b.delete_entries(dlq_name(queue_name), [(0, e[0]) for e in chosen])
-            yield self._commit(b)
+            yield self.commits.commit(b)
         else:
             ids = {e[0] for e in chosen}
-            q._keep_mem_dead([e for e in q._mem_dead if e[0] not in ids], replace=True)
+            q.keep_memory_dead_letters([e for e in q.memory_dead_letters() if e[0] not in ids],
+                                       replace=True)
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
         return len(chosen)
 
@@ -1065,7 +613,7 @@ class Broker:
         return {"queues": len(self._queues), "parked": len(self.router.parking),
                 "bindings": len(self._bindings), "epoch": self.router.epoch,
                 "routes_cached": len(self.router.cache), "last_id": self.ids.last,
-                "pending_commits": len(self._pending)}
+                "pending_commits": len(self.commits.pending)}
 
 
 __all__ = ["Broker", "validate_queue_name", "TIER_DURABLE", "TIER_MEMORY", "InvalidName"]

@@ -2,10 +2,40 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from mqhub.core.queue import Queue
+
+class ConsumerQueue(Protocol):
+    """The queue a consumer is attached to, as the consumer and adapters use it (a Protocol, so
+    this module needs no import of :mod:`mqhub.core.queue`, which imports it)."""
+
+    name: str
+
+    def dispatch(self) -> None:
+        """Deliver to consumers with room."""
+
+    def ack(self, consumer: Consumer, msg_ids: Iterable[int]) -> list[int]:
+        """Acknowledge in-flight messages."""
+
+    def touch(self, consumer: Consumer, msg_ids: Iterable[int],
+              extend: float | None = None) -> list[int]:
+        """Reset in-flight deadlines."""
+
+    def requeue(self, consumer: Consumer, msg_ids: Iterable[int], delay: float = 0.0,
+                error: str | None = None) -> list[int]:
+        """Return in-flight messages to ready (or deferred)."""
+
+    def reject(self, consumer: Consumer, msg_ids: Iterable[int], reason: str = ...,
+               error: str | None = None) -> list[int]:
+        """Dead-letter in-flight messages."""
+
+    def detach(self, consumer: Consumer, requeue: bool = True) -> None:
+        """Detach ``consumer``."""
+
+    def failure_reasons(self, consumer: Consumer,
+                        msg_ids: Iterable[int]) -> list[tuple[int, str]]:
+        """Why ``consumer`` cannot ack each id."""
 
 
 class Consumer:
@@ -18,7 +48,7 @@ class Consumer:
     __slots__ = ("queue", "target", "ready", "credit", "in_flight", "timeout", "tag", "attached",
                  "_ready_set")
 
-    def __init__(self, queue: Queue, target: Any, ready: int, credit: int,
+    def __init__(self, queue: ConsumerQueue, target: Any, ready: int, credit: int,
                  timeout: float, tag: Any) -> None:
         """Made by :meth:`Queue.attach` only."""
         self.queue = queue

@@ -1,0 +1,288 @@
+"""Commits: the one owner of the core's write batches and their store commits.
+
+Everything the core writes goes through :class:`Commits`: background commits (acks, settings,
+bindings), the *open* batch a publish fills while its entries are delivered (commits issued from
+inside that delivery join it or follow it, never precede it), the batches a scheduler handler
+fills, the barriers waiting for all of them, and the settle callbacks that tell a queue its batch
+reached the store. Nothing here knows what a queue is: a watcher is any object with
+``batch_settled(batch)`` and ``batch_merged(batch, into)`` (see :class:`BatchWatcher`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.python.failure import Failure
+
+from mqhub.store.batch import WriteBatch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BatchWatcher", "Commits"]
+
+
+class BatchWatcher(Protocol):
+    """What :meth:`Commits.watch` calls back (a durable queue tracking its uncommitted batches)."""
+
+    def batch_settled(self, batch: WriteBatch) -> None:
+        """``batch`` was committed (or failed)."""
+
+    def batch_merged(self, batch: WriteBatch, into: WriteBatch) -> None:
+        """``batch`` was merged into ``into`` (it settles with ``into`` now)."""
+
+
+class _Barrier:
+    """One :meth:`Commits.barrier` call: counts the commits it still waits for."""
+
+    __slots__ = ("left", "failure", "deferred")
+
+    def __init__(self, left: int) -> None:
+        """Wait for ``left`` commits."""
+        self.left = left
+        self.failure: Any = None
+        self.deferred: Deferred[None] = Deferred()
+
+    def one_done(self, result: Any) -> None:
+        """One awaited commit fired with ``result`` (None or a Failure)."""
+        if isinstance(result, Failure) and self.failure is None:
+            self.failure = result
+        self.left -= 1
+        if not self.left:
+            if self.failure is not None:
+                self.deferred.errback(self.failure)
+            else:
+                self.deferred.callback(None)
+
+
+class Commits:
+    """Write batches, group commit, joined publishes and settle callbacks over one store.
+
+    :ivar pending: uncommitted store commits -> the barriers waiting for them.
+    :ivar open: the put batch being filled while its entries are delivered, or None.
+    """
+
+    def __init__(self, store: Any, clock: Any) -> None:
+        """:param store: an opened IMessageStore. :param clock: IReactorTime."""
+        self.store = store
+        self.clock = clock
+        self.pending: dict[Deferred[Any], list[_Barrier]] = {}
+        self.open: WriteBatch | None = None
+        self._watchers: dict[int, list[BatchWatcher]] = {}
+        #: commits merged into the open batch (their Deferreds) and the ones that must follow it
+        self._joined: list[Deferred[None]] = []
+        self._held: list[tuple[WriteBatch, Deferred[None]]] = []
+
+    # -- settle callbacks ----------------------------------------------------------------------
+
+    def watch(self, batch: WriteBatch, watcher: BatchWatcher) -> None:
+        """Call ``watcher.batch_settled(batch)`` once ``batch`` is committed (once per call)."""
+        self._watchers.setdefault(id(batch), []).append(watcher)
+
+    def _settle(self, result: Any, batch: WriteBatch) -> Any:
+        """``batch`` was committed (or failed): tell its watchers."""
+        for w in self._watchers.pop(id(batch), ()):
+            w.batch_settled(batch)
+        return result
+
+    # -- commits -------------------------------------------------------------------------------
+
+    def commit(self, batch: WriteBatch) -> Deferred[None]:
+        """Commit ``batch`` (background write: failures are logged).
+
+        While a put batch is open (its entries are being delivered) the commit joins it instead,
+        so it can never reach the store before the puts it settles (see :meth:`_join`).
+        """
+        if not batch:
+            return succeed(None)
+        if self.open is not None:
+            return self._join(batch)
+        return self._commit_now(batch)
+
+    def _track(self, d: Deferred[None]) -> None:
+        """Count ``d`` as pending until it fires (barriers wait for it)."""
+        self.pending[d] = []
+        d.addBoth(self._done, d)
+
+    def _commit_now(self, batch: WriteBatch,
+                    joined: list[Deferred[None]] | None = None) -> Deferred[None]:
+        """Hand ``batch`` to the store now; ``joined`` Deferreds fire with its result."""
+        d = self.store.commit(batch)
+        if id(batch) in self._watchers:
+            d.addBoth(self._settle, batch)
+        if joined:
+            d.addBoth(_fire_joined, joined)
+        if d.called:
+            d.addErrback(_log_failure)
+            return d
+        self._track(d)
+        d.addErrback(_log_failure)
+        return d
+
+    def _join(self, batch: WriteBatch) -> Deferred[None]:
+        """A commit issued while :attr:`open` is being filled and delivered (an adapter acking,
+        rejecting or requeueing inside ``deliver_batch``, or publishing again from there).
+
+        Attempt updates and entry deletes only (acks) are merged into the open batch: the store
+        applies a batch's puts before its attempts and deletes, so the result is the same as
+        committing them after it, in one commit. Anything else is held and committed right
+        after the open batch, in issue order. Returns a Deferred that fires when it is stored.
+        """
+        d: Deferred[None] = Deferred()
+        self._track(d)
+        d.addErrback(_log_failure)
+        if (batch.purges or batch.puts or batch.due_puts or batch.due_deletes
+                or batch.meta_puts or batch.meta_deletes):
+            self._held.append((batch, d))
+            return d
+        into = self.open
+        assert into is not None
+        for name, items in batch.attempts.items():
+            into.set_attempts(name, items)
+        for name, keys in batch.deletes.items():
+            into.delete_entries(name, keys)
+        watchers = self._watchers.pop(id(batch), None)
+        if watchers:
+            self._watchers.setdefault(id(into), []).extend(watchers)
+            for w in set(watchers):
+                w.batch_merged(batch, into)
+        self._joined.append(d)
+        return d
+
+    def _commit_held(self) -> None:
+        """Commit the batches held while a batch was open, in the order they were issued."""
+        if self._held:
+            held, self._held = self._held, []
+            for b, proxy in held:
+                self._commit_now(b, [proxy])
+
+    # -- the open batch ------------------------------------------------------------------------
+
+    def begin(self) -> tuple[WriteBatch, WriteBatch | None]:
+        """A publish to queues starts: open a batch for its puts (or keep the one already open,
+        when published from inside a delivery). Returns ``(batch, outer)`` for :meth:`finish`
+        or :meth:`abort`."""
+        outer = self.open
+        batch = self.open = outer if outer is not None else WriteBatch()
+        return batch, outer
+
+    def abort(self, batch: WriteBatch, outer: WriteBatch | None) -> None:
+        """The publish begun with :meth:`begin` raised: close (and commit) what it opened."""
+        self.open = outer
+        if outer is None:
+            self.close_window(batch, None)
+
+    def finish(self, batch: WriteBatch, outer: WriteBatch | None) -> Deferred[None]:
+        """The publish begun with :meth:`begin` is delivered: commit its batch (with every commit
+        that joined it), then the held ones. Fires when its writes are durable."""
+        if outer is not None:
+            # published from inside another delivery: stored with the outer batch
+            d: Deferred[None] = Deferred()
+            self._track(d)
+            self._joined.append(d)
+            return d
+        self.open = None
+        if not batch:
+            # nothing to store (memory queues); publishes nested in the delivery fire too
+            if self._joined:
+                joined, self._joined = self._joined, []
+                _fire_joined(None, joined)
+            self._commit_held()
+            return succeed(None)
+        d = self.store.commit(batch)
+        if id(batch) in self._watchers:
+            d.addBoth(self._settle, batch)
+        if not d.called:
+            self._track(d)
+        if self._joined:
+            joined, self._joined = self._joined, []
+            d.addBoth(_fire_joined, joined)
+        if self._held:
+            self._commit_held()
+        return d
+
+    def open_window(self, batch: WriteBatch) -> WriteBatch | None:
+        """Start filling ``batch`` with puts whose entries may be delivered at once; returns the
+        batch that was open before (give it to :meth:`close_window`)."""
+        prev = self.open
+        self.open = batch
+        return prev
+
+    def close_window(self, batch: WriteBatch, prev: WriteBatch | None) -> Deferred[None]:
+        """Close the window opened on ``batch`` and commit it, then the held batches."""
+        if prev is not None:
+            self.open = prev
+            return self.commit(batch)
+        self.open = None
+        joined, self._joined = self._joined, []
+        if batch:
+            d = self._commit_now(batch, joined)
+        else:
+            d = succeed(None)
+            _fire_joined(None, joined)
+        self._commit_held()
+        return d
+
+    def in_window(self, batch: WriteBatch, fill: Callable[[], object]) -> Deferred[None]:
+        """Run ``fill`` (puts into ``batch``) inside a window opened on ``batch``; commit it."""
+        prev = self.open_window(batch)
+        try:
+            fill()
+        finally:
+            d = self.close_window(batch, prev)
+        return d
+
+    def close_due_window(self, batch: WriteBatch, prev: WriteBatch | None) -> Any:
+        """A scheduler handler filled ``batch``, which the scheduler commits after it returns.
+
+        Returns the after-commit hook (or None): it fires the merged commits and settles the
+        watchers. Held batches are committed on the next turn, after the scheduler's commit.
+        """
+        self.open = prev
+        if prev is not None:
+            return None
+        joined, self._joined = self._joined, []
+        if self._held:
+            self.clock.callLater(0, self._commit_held)
+        if not joined and id(batch) not in self._watchers:
+            return None
+
+        def committed() -> None:
+            self._settle(None, batch)
+            _fire_joined(None, joined)
+        return committed
+
+    # -- barriers ------------------------------------------------------------------------------
+
+    def _done(self, result: Any, d: Deferred[Any]) -> Any:
+        """A tracked commit fired: release the barriers that waited for it."""
+        for barrier in self.pending.pop(d, ()):
+            barrier.one_done(result)
+        return result
+
+    def barrier(self) -> Deferred[None]:
+        """Fire once every commit issued so far is durable (errback with a store error)."""
+        pending = list(self.pending)
+        if not pending:
+            return succeed(None)
+        b = _Barrier(len(pending))
+        for d in pending:
+            self.pending[d].append(b)
+        return b.deferred
+
+
+def _fire_joined(result: Any, joined: list[Deferred[None]]) -> Any:
+    """The batch ``joined`` were merged into was committed: fire them with its result."""
+    for d in joined:
+        if isinstance(result, Failure):
+            d.errback(result)
+        else:
+            d.callback(None)
+    return result
+
+
+def _log_failure(failure: Any) -> None:
+    """Log a background store failure."""
+    log.error("store commit failed: %s", failure.getErrorMessage())

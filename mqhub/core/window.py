@@ -1,0 +1,252 @@
+"""The queue's ready window: per-priority deques holding a prefix of its ready order.
+
+Ready entries are kept per priority in deques, ordered by msg_id; a durable queue keeps at most
+``window`` of them in memory and the rest is its stored backlog (:mod:`mqhub.core.backlog`).
+This module adds entries (admitting them to the window or past its horizon to the backlog),
+evicts its tail to the backlog when it overflows, and pops entries in ready order.
+:class:`QueueWindow` sits on :class:`mqhub.core.backlog.QueueBacklog` in the queue's class chain.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from collections import deque
+
+from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP, WAIT_COMMIT, QueueBacklog
+from mqhub.store.batch import WriteBatch
+from mqhub.store.records import Entry
+
+_NO_MAP = NO_MAP
+_NO_IDS = NO_IDS
+_NO_LIST = NO_LIST
+
+
+class QueueWindow(QueueBacklog):
+    """Ready window of a queue (see the module docstring)."""
+
+    __slots__ = ("_ready", "_prios", "_nready", "_volatile")
+
+    def _window_init(self) -> None:
+        """Empty window, no stored backlog."""
+        self._backlog_init()
+        self._ready: dict[int, deque[Entry]] = _NO_MAP
+        self._prios: list[int] = _NO_LIST     # priorities with a deque, descending
+        self._nready = 0
+        self._volatile: set[int] = _NO_IDS    # ids of persist=False entries in a durable queue
+
+    def _window_clear(self) -> None:
+        """Forget every ready entry and the stored backlog (the queue was emptied)."""
+        for d in self._ready.values():
+            d.clear()
+        self._nready = 0
+        self._volatile = _NO_IDS
+        self._backlog_clear()
+
+    @property
+    def in_memory(self) -> int:
+        """Ready entries in the window (the rest of :attr:`depth` is the stored backlog)."""
+        return self._nready
+
+    @property
+    def may_expire(self) -> bool:
+        """True once an entry with its own expiry was added."""
+        return self._may_expire
+
+    def pop_ready(self, n: int) -> list[Entry]:
+        """Remove and return up to ``n`` ready entries of the window in ready order."""
+        return self._pop_ready(n)
+
+    def insert_ready(self, entries: list[Entry]) -> None:
+        """Put entries back into the window at their places (fan-out copies returning)."""
+        self._insert_many(entries)
+
+    # -- window -----------------------------------------------------------------------------
+
+    def _admit(self, entries: list[Entry], batch: WriteBatch | None, stored: bool,
+               uniform: bool) -> None:
+        """Add ``entries`` (in id order) to the window or, past its horizon, to the stored
+        backlog; their store writes (when ``stored``) go into ``batch``.
+
+        ``uniform`` promises every entry has the same priority and expiry (a publish batch).
+        """
+        n = len(entries)
+        if stored and batch is not None:
+            batch.put_entries(self.name, entries)
+            self._mark(batch)
+        if stored and self._stored_only:
+            if uniform:
+                # one priority and fresh (largest) ids: the first entry decides for the batch
+                keep = [] if self._after_horizon(entries[0]) else entries
+                key = None if keep else (-entries[0][1], entries[0][0])
+            else:
+                keep = [e for e in entries if not self._after_horizon(e)]
+                key = min(((-e[1], e[0]) for e in entries if self._after_horizon(e)),
+                          default=None)
+            if key is not None:
+                if batch is not None:
+                    self._hold(batch, key)
+                else:
+                    self._hold_all(key)
+                self._keep_tail(entries if not keep else
+                                [e for e in entries if self._after_horizon(e)], uniform)
+            self._stored_only += n - len(keep)
+            self._put_gen += 1
+            entries = keep
+        elif not stored and self.durable:
+            if self._volatile is _NO_IDS:
+                self._volatile = set()
+            self._volatile.update([e[0] for e in entries])
+        if entries:
+            if not self._may_expire and (entries[0][4] if uniform
+                                         else any(e[4] for e in entries)):
+                self._may_expire = True
+            p = entries[0][1]
+            d = self._deque(p)
+            last = d[-1][0] if d else -1
+            if entries[0][0] > last and (uniform or all(
+                    e[1] == p for e in entries)):
+                d.extend(entries)
+                self._nready += len(entries)
+            else:
+                self._insert_many(entries)
+
+    def _deque(self, priority: int) -> deque[Entry]:
+        """The ready deque of ``priority`` (created on demand)."""
+        d = self._ready.get(priority)
+        if d is None:
+            if self._ready is _NO_MAP:
+                self._ready = {}
+                self._prios = []
+            d = self._ready[priority] = deque()
+            self._prios.append(priority)
+            self._prios.sort(reverse=True)
+        return d
+
+    def _insert(self, entry: Entry) -> None:
+        """Insert one entry at its place by msg_id within its priority (cold path: requeue)."""
+        d = self._deque(entry[1])
+        mid = entry[0]
+        if not d or d[-1][0] < mid:
+            d.append(entry)
+        else:
+            ids = [e[0] for e in d]
+            d.insert(bisect_left(ids, mid), entry)
+        self._nready += 1
+
+    def _insert_many(self, entries: list[Entry]) -> None:
+        """Insert entries at their places: one merge per priority, not one search per entry."""
+        if len(entries) < 8:
+            for e in entries:
+                self._insert(e)
+            return
+        by_prio: dict[int, list[Entry]] = {}
+        for e in entries:
+            by_prio.setdefault(e[1], []).append(e)
+        for p, group in by_prio.items():
+            group.sort()
+            d = self._deque(p)
+            if not d or d[-1][0] < group[0][0]:
+                d.extend(group)
+            else:
+                merged = deque(heapq.merge(d, group))
+                d.clear()
+                d.extend(merged)
+            self._nready += len(group)
+
+    def _return(self, entries: list[Entry]) -> None:
+        """Put entries that are already stored back to ready (requeue, timeout, detach).
+
+        One that now sorts after the window's horizon stays in the store only and is paged in
+        again in order, so the window remains a prefix and nothing is read twice.
+        """
+        back: list[Entry] = []
+        for e in entries:
+            if self._stored_only and self.durable and e[0] not in self._volatile \
+                    and self._after_horizon(e):
+                self._stored_only += 1
+                self._put_gen += 1
+                if self._page_wait == WAIT_COMMIT:
+                    self._page_wait = 0
+                if self._pend:
+                    self._hold_all((-e[1], e[0]))
+            else:
+                back.append(e)
+        self._insert_many(back)
+
+    def _effective_window(self) -> int:
+        """Window size; a bounded queue keeps its whole content in memory."""
+        return max(self.window, self.max_size) if self.max_size else self.window
+
+    def _evict(self) -> None:
+        """Drop the tail of the window to the stored backlog, keeping the window a prefix.
+
+        Entries that are not in the store (``persist=False``) are never evicted.
+        """
+        excess = self._nready - self._effective_window()
+        volatile = self._volatile
+        low: Entry | None = None
+        for p in sorted(self._prios):
+            d = self._ready[p]
+            kept: list[Entry] = []
+            while d and excess > 0:
+                e = d.pop()
+                if e[0] in volatile:
+                    kept.append(e)
+                    continue
+                excess -= 1
+                self._nready -= 1
+                self._stored_only += 1
+                self._put_gen += 1
+                low = e
+            if kept:
+                d.extend(reversed(kept))
+            if excess <= 0:
+                break
+        if low is not None:
+            # the horizon moves back: what was dropped can be read again (the last one dropped
+            # sorts first; its put may still be uncommitted)
+            if self._page_wait == WAIT_COMMIT:
+                self._page_wait = 0
+            if self._pend:
+                self._hold_all((-low[1], low[0]))
+        for p in sorted(self._prios):
+            d = self._ready[p]
+            for e in reversed(d):
+                if e[0] not in volatile:
+                    self._horizon = (p, e[0])
+                    return
+        self._horizon = None
+
+    def _pop_ready(self, n: int) -> list[Entry]:
+        """Remove and return up to ``n`` ready entries in ready order."""
+        out: list[Entry] = []
+        for p in self._prios:
+            d = self._ready[p]
+            if not d:
+                continue
+            k = n - len(out)
+            if len(d) <= k:
+                out.extend(d)
+                d.clear()
+            else:
+                pop = d.popleft
+                out.extend([pop() for _ in range(k)])
+            if len(out) >= n:
+                break
+        self._nready -= len(out)
+        if self._volatile and out:
+            self._volatile.difference_update([e[0] for e in out])
+        return out
+
+    def _pop_oldest(self, n: int) -> list[Entry]:
+        """Remove the ``n`` oldest entries of the lowest priorities (overflow victims)."""
+        out: list[Entry] = []
+        for p in sorted(self._prios):
+            d = self._ready[p]
+            while d and len(out) < n:
+                out.append(d.popleft())
+            if len(out) >= n:
+                break
+        self._nready -= len(out)
+        return out

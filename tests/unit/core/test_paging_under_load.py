@@ -1,0 +1,174 @@
+"""A durable queue whose backlog outgrew its window keeps delivering while publishes continue.
+
+Paging used to wait until none of the queue's own store batches was uncommitted; under
+continuous publishing that is nearly always, so the window drained and the consumer starved
+(issue 10). These tests drive grouped commits on a Clock: a MemoryStore given the clock applies
+a batch only on ``clock.advance(0)``, so a publish of the queue is uncommitted at every step
+between two commit cycles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mqhub.core.queue import Queue
+from mqhub.hub import Hub
+from mqhub.store.memory import MemoryStore
+from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
+
+from .pipelined import PipelinedStore
+
+
+def _pipelined_hub(window: int = 8) -> tuple[Hub, Queue, PipelinedStore]:
+    """A hub over a :class:`PipelinedStore`, with queue ``q`` bound to ``a``."""
+    store = PipelinedStore()
+    store.open()
+    hub = memory_hub(start_clock(), store=store)
+    q = hub.broker.declare_queue("q", window=window)
+    hub.broker.bind_queue("a", "q")
+    return hub, q, store
+
+
+def _grouped_hub(window: int = 8) -> tuple[Hub, Queue]:
+    """A hub over a MemoryStore whose commits land on the clock, with queue ``q`` bound to ``a``."""
+    clock = start_clock()
+    store = MemoryStore(clock=clock)
+    store.open()
+    hub = memory_hub(clock, store=store)
+    q = hub.broker.declare_queue("q", window=window)
+    hub.broker.bind_queue("a", "q")
+    return hub, q
+
+
+def _ack_all(q: Queue, consumer: Any) -> int:
+    """Ack every message ``consumer`` holds in flight; return how many."""
+    ids = [e[0] for e in consumer.target.entries if q.owner_of(e[0]) is consumer]
+    assert q.ack(consumer, ids) == []
+    return len(ids)
+
+
+def test_deliveries_never_pause_while_a_producer_commits_continuously() -> None:
+    """A backlog far beyond the window, a producer publishing a batch every step, commits landing
+    one step late (so one of the queue's batches is always uncommitted), a consumer acking what
+    it holds every step: it gets its whole RDY every step, never pausing for more than one
+    commit cycle. On the old code it starved for good once the window was empty (nothing was
+    paged until every batch of the queue was committed, which under this load never happens)."""
+    hub, q, store = _pipelined_hub(window=8)
+    hub.broker.publish_batch("a", [b"old-%d" % i for i in range(200)])
+    store.step()
+    store.step()
+    assert q.depth == 200 and q.stats()["in_memory"] == 8
+    t = CollectingTarget()
+    c = q.attach(t, ready=4)
+    seq = 0
+    gap = longest = 0
+    for _ in range(120):
+        hub.broker.publish_batch("a", [b"new-%d" % (seq + i) for i in range(3)])
+        seq += 3
+        before = len(t.entries)
+        _ack_all(q, c)
+        gap = 0 if len(t.entries) > before else gap + 1
+        longest = max(longest, gap)
+        store.step()
+    assert longest <= 1, f"the consumer went {longest} steps without a delivery"
+    assert len(t.entries) >= 4 * 120 - 8
+    assert t.bodies[:200] == [b"old-%d" % i for i in range(200)]
+    assert t.bodies[200:] == [b"new-%d" % i for i in range(len(t.entries) - 200)]
+    for _ in range(200):
+        _ack_all(q, c)
+        store.step()
+        if not (q.depth or q.in_flight):
+            break
+    store.step()
+    store.step()
+    assert q.depth == 0 and q.in_flight == 0
+    assert len(t.entries) == len(set(t.ids())) == 200 + seq
+    assert result_of(store.count_entries("q")) == 0
+
+
+def test_paging_reaches_the_end_with_one_batch_uncommitted() -> None:
+    """One priority, fresh ids: the committed backlog is read from the store and the uncommitted
+    batch after it (the remembered tail of the backlog) follows from memory, all before that
+    batch commits, in order; nothing is delivered twice once it does."""
+    hub, q, store = _pipelined_hub(window=8)
+    hub.broker.publish_batch("a", [b"%d" % i for i in range(20)])
+    store.step()
+    store.step()
+    t = CollectingTarget()
+    c = q.attach(t, ready=4)
+    hub.broker.publish_batch("a", [b"late-%d" % i for i in range(5)])   # stays uncommitted
+    for _ in range(10):
+        _ack_all(q, c)
+    expected = [b"%d" % i for i in range(20)] + [b"late-%d" % i for i in range(5)]
+    assert t.bodies == expected
+    assert store.incoming or store.staged
+    for _ in range(5):
+        store.step()
+        _ack_all(q, c)
+    assert t.bodies == expected
+    assert q.depth == 0 and q.in_flight == 0
+    assert result_of(store.count_entries("q")) == 0
+
+
+def test_a_backlog_bigger_than_the_tail_is_read_back_in_order() -> None:
+    """More is published beyond the window than the remembered tail holds (a window's worth):
+    the older part is read from the store, then the tail follows from memory, in order."""
+    hub, q, store = _pipelined_hub(window=4)
+    t = CollectingTarget()
+    c = q.attach(t, ready=2)
+    for k in range(10):
+        hub.broker.publish_batch("a", [b"%d" % (k * 3 + i) for i in range(3)])
+    reads = []
+    real = store.read_entries
+    store.read_entries = lambda *a: reads.append(a) or real(*a)   # type: ignore[method-assign]
+    for _ in range(40):
+        _ack_all(q, c)
+        store.step()
+    assert t.bodies == [b"%d" % i for i in range(30)]
+    assert reads, "the part of the backlog beyond the tail was read from the store"
+    assert q.depth == 0 and q.in_flight == 0
+
+
+def test_an_uncommitted_entry_before_committed_ones_holds_the_page() -> None:
+    """A stored-only entry sorting before committed ones is waited for, never skipped."""
+    hub, q = _grouped_hub(window=4)
+    hub.broker.publish_batch("a", [b"p1-%d" % i for i in range(6)], priority=1)
+    hub.broker.publish_batch("a", [b"p0-%d" % i for i in range(6)], priority=0)
+    hub.clock.advance(0)
+    t = CollectingTarget()
+    c = q.attach(t, ready=2)
+    assert t.bodies == [b"p1-0", b"p1-1"]
+    # the window ends at p1-3; a new priority-1 entry sorts after the horizon but before every
+    # committed priority-0 entry, and its batch stays uncommitted while the window drains
+    hub.broker.publish_batch("a", [b"p1-new"], priority=1)
+    for _ in range(6):
+        _ack_all(q, c)
+    assert t.bodies == [b"p1-%d" % i for i in range(6)]
+    for _ in range(10):
+        hub.clock.advance(0)
+        _ack_all(q, c)
+    assert t.bodies == ([b"p1-%d" % i for i in range(6)] + [b"p1-new"]
+                        + [b"p0-%d" % i for i in range(6)])
+
+
+def test_an_acked_entry_whose_delete_is_uncommitted_is_not_paged_back() -> None:
+    """Higher-priority puts move the horizon back before an in-flight entry; it is acked (the
+    delete not yet committed) and the next page, which still finds it in the store, drops it."""
+    hub, q = _grouped_hub(window=4)
+    hub.broker.publish_batch("a", [b"low-%d" % i for i in range(10)])
+    hub.clock.advance(0)
+    t = CollectingTarget()
+    c = q.attach(t, ready=1)
+    assert t.bodies == [b"low-0"]
+    hub.broker.publish_batch("a", [b"hi-%d" % i for i in range(4)], priority=5)
+    hub.clock.advance(0)
+    _ack_all(q, c)                     # low-0's delete is uncommitted from here on
+    for _ in range(12):
+        _ack_all(q, c)
+    for _ in range(10):
+        hub.clock.advance(0)
+        _ack_all(q, c)
+    assert t.bodies.count(b"low-0") == 1
+    assert sorted(t.bodies) == sorted([b"low-%d" % i for i in range(10)]
+                                      + [b"hi-%d" % i for i in range(4)])
+    assert q.depth == 0 and q.in_flight == 0
