@@ -40,7 +40,7 @@ class Options(usage.Options):
     synopsis = (
         "[--protocols LIST|all] [--data-dir DIR] [--listen NAME.ROLE=ENDPOINT ...] "
         "[--plugin-path DIR ...] [--log-format text|json] [--durability sync|batch|none] "
-        "[--option NAME.KEY=VALUE ...]"
+        "[--journal on|off] [--option NAME.KEY=VALUE ...]"
     )
     longdesc = (
         "Runs the mqhub broker: every chosen protocol plugin over one store, scheduler and "
@@ -62,6 +62,7 @@ Examples:
         ["data-dir", "d", "./var", "Directory of the durable store."],
         ["log-format", None, "text", "Log output: text or json (one JSON object per line)."],
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
+        ["journal", None, "on", "Flow journal for analytics (docs/analytics.md): on or off."],
         *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
     ]
 
@@ -118,6 +119,8 @@ Examples:
             raise usage.UsageError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
         if self["durability"] not in DURABILITY_MODES:
             raise usage.UsageError(f"--durability must be one of {', '.join(DURABILITY_MODES)}")
+        if self["journal"] not in ("on", "off"):
+            raise usage.UsageError("--journal must be on or off")
         found = self._discover()
         available = ", ".join(found.plugins) or "none"
         requested = [n.strip() for n in self["protocols"].split(",") if n.strip()]

@@ -28,6 +28,7 @@ from mqhub.core.routing import Binding, Route, Router
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
 from mqhub.store import due_rows
 from mqhub.store.batch import WriteBatch
+from mqhub.store.journal_recorder import NULL_RECORDER
 from mqhub.store.records import Entry, entry_order
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class Broker:
         #: address -> Route cache (read-only for adapters; cleared in place on epoch changes)
         self.routes = self.router.cache
         self.last_ids: range = range(0)
+        self.journal: Any = NULL_RECORDER  # the flow journal's recorder (set by the hub)
         self._queues: dict[str, Queue] = {}
         self._hidden: dict[str, Queue] = {}
         self._bindings: dict[int, Binding] = {}
@@ -595,6 +597,7 @@ class Broker:
         for q in queues:
             if q.max_size and q.overflow == "reject" and q.room() < n:
                 raise QueueFull(q.name)
+        self.journal.published(address, entries, queues, persist, route)
         batch = None
         now = self.clock.seconds() if deliver_at else 0.0
         outer = self._open

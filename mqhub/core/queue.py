@@ -614,6 +614,7 @@ class Queue:
                 if not taken:
                     continue
             out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
+            self.broker.journal.delivered(self, out)
             deadline = now + c.timeout
             ids = [e[0] for e in out]
             if self._inflight is _NO_MAP:
@@ -761,6 +762,7 @@ class Queue:
             b.delete_entries(self.name, [(e[1], e[0]) for e in got])
             self._write(b)
         if got:
+            self.broker.journal.acked(self, got)
             self.dispatch()
         return failed
 
@@ -820,6 +822,7 @@ class Queue:
         if dead:
             self._dead(dead, REASON_MAX_ATTEMPTS, error, b, now)
         if back:
+            self.broker.journal.requeued(self, back, error)
             if self.durable:
                 b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in back])
             if delay and delay > 0:
@@ -849,6 +852,7 @@ class Queue:
     def _dead(self, entries: list[Entry], reason: str, error: str | None,
               batch: WriteBatch | None, now: float) -> None:
         """Move ``entries`` (already out of the window/in-flight) to this queue's dead letters."""
+        self.broker.journal.dead_lettered(self, entries, reason)
         if self._parent is not None:
             fanout.dead(self._parent, self, entries, reason, error, now)
             return
@@ -869,6 +873,7 @@ class Queue:
 
     def _expire(self, entries: list[Entry], now: float) -> None:
         """Count and drop (or dead-letter) expired entries taken from the window."""
+        self.broker.journal.expired(self, entries)
         if self._parent is not None and not self.expire_to_dead_letters:
             self.expired_count += len(entries)
             fanout.done(self._parent, self, entries)
@@ -981,6 +986,7 @@ class Queue:
         now = self.broker.clock.seconds()
         taken = self._pop_ready(limit)
         out = self._drop_expired(taken, now, self._ttl_cut(now))
+        self.broker.journal.taken(self, out)
         if out and self.durable:
             b = WriteBatch()
             b.delete_entries(self.name, [(e[1], e[0]) for e in out])

@@ -205,6 +205,8 @@ class LmdbStore:
         self.recovered_truncated_bytes = 0
         self.recovered_dropped_entries = 0
         self.last_commit_seconds = 0.0
+        #: the flow journal (mqhub.store.journal.Journal) written inside each group commit
+        self.journal: Any = None
 
     # lifecycle -----------------------------------------------------------------------------
 
@@ -527,6 +529,8 @@ class LmdbStore:
             for batch in batches:
                 self._apply(t, batch)
             self._finish_txn(t)
+            if self.journal is not None:
+                self.journal.write(txn, self._dbs[b"sys"])
             if self.durability == "sync":
                 self._segments.sync()
             txn.commit()
@@ -553,6 +557,8 @@ class LmdbStore:
             self.failed_groups += 1
             raise
         self._after_commit(t)
+        if self.journal is not None:
+            self.journal.committed()
         self.commits += 1
         self.batches += len(batches)
         self.last_commit_seconds = time.perf_counter() - started
