@@ -1,0 +1,155 @@
+"""``mqhub analytics SRC --out REPORTDIR``: Java check, SparkSession, the job, the report.
+
+Stages (each reported to a ``progress(stage)`` callback, which the CLI draws as a rich
+progress bar): java, spark, load, one per report table, summary, report. The report tables are
+small aggregates: each is computed by Spark, brought to the driver as Arrow
+(``DataFrame.toArrow``) and written as ``REPORTDIR/<table>/part-0.parquet`` there, so the
+report directory is complete on the driver's machine whatever the master.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mqhub.analytics.job import TABLE_NAMES, build_tables, load_tables, summary_frame
+
+STAGES = ("java", "spark", "load", *TABLE_NAMES, "summary", "report")
+MIN_JAVA = 17
+
+
+class AnalyticsError(Exception):
+    """The analytics run cannot start or failed (the message says why, for the operator)."""
+
+
+def java_version(java: str | None = None) -> int:
+    """Return the major version of the Java Spark will use.
+
+    :raises AnalyticsError: when no Java is found or it is older than 17.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if java is None:
+        java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise AnalyticsError(
+            "mqhub analytics needs Java 17 or newer for Spark, and none was found "
+            "(set JAVA_HOME or put `java` on PATH; e.g. apt-get install openjdk-17-jre-headless)")
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise AnalyticsError(f"cannot run {java} -version: {e}") from e
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not m:
+        raise AnalyticsError(f"cannot read the Java version from {java} -version")
+    major = int(m.group(1))
+    if major == 1 and m.group(2):  # "1.8.0" style
+        major = int(m.group(2))
+    if major < MIN_JAVA:
+        raise AnalyticsError(f"mqhub analytics needs Java {MIN_JAVA}+ for Spark 4; "
+                             f"{java} is Java {major} (set JAVA_HOME to a newer one)")
+    return major
+
+
+def spark_session(master: str, app: str = "mqhub-analytics") -> Any:
+    """A SparkSession for ``master`` with the settings the analytics job wants."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as e:
+        raise AnalyticsError("mqhub analytics needs PySpark 4: pip install 'mqhub[spark]'") from e
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master(master).appName(app)
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+               .config("spark.pyspark.driver.python", sys.executable))
+    if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
+        builder = (builder.config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _plain(value: Any) -> Any:
+    """JSON-friendly form of a summary value."""
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = None,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Compute the report tables of ``src`` into ``out``; return the summary.
+
+    :param spark: an existing SparkSession to use (tests); else one is made for ``master``
+        and stopped at the end.
+    :raises AnalyticsError: Java or PySpark missing, or ``src`` is neither a snapshot nor an
+        export.
+    """
+    started = time.perf_counter()
+    step = progress or (lambda stage: None)
+    src = os.path.abspath(src)
+    if not (os.path.exists(os.path.join(src, "manifest.json"))
+            or os.path.isdir(os.path.join(src, "events"))):
+        raise AnalyticsError(f"{src!r} is neither a snapshot (manifest.json) nor an export "
+                             "(events/)")
+    own = spark is None
+    if own:
+        java_version()
+    step("java")
+    if own:
+        spark = spark_session(master)
+    else:
+        master = spark.sparkContext.master
+    step("spark")
+    try:
+        events, counters = load_tables(spark, src)
+        events = events.cache()
+        counters = counters.cache()
+        step("load")
+        os.makedirs(out, exist_ok=True)
+        tables: dict[str, list[dict[str, Any]]] = {}
+        for name, df in build_tables(events, counters).items():
+            tables[name] = _write_table(df, os.path.join(out, name))
+            step(name)
+        row = summary_frame(events, counters).collect()[0].asDict()
+        first = min((t for t in (row.pop("first"), row.pop("c_first")) if t), default=None)
+        last = max((t for t in (row.pop("last"), row.pop("c_last")) if t), default=None)
+        summary = {k: _plain(v) for k, v in row.items()}
+        summary.update(first=_plain(first), last=_plain(last), source=src, master=master,
+                       tables={k: len(v) for k, v in tables.items()},
+                       seconds=round(time.perf_counter() - started, 3))
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1, sort_keys=True, default=str)
+        step("summary")
+        events.unpersist()
+        counters.unpersist()
+    finally:
+        if own:
+            spark.stop()
+    from mqhub.analytics.report import write_report
+
+    write_report(out, tables, summary)
+    step("report")
+    return summary
+
+
+def _write_table(df: Any, path: str) -> list[dict[str, Any]]:
+    """Run ``df``, write it as ``path/part-0.parquet`` and return its rows."""
+    import pyarrow.parquet as pq
+
+    table = df.toArrow()
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+    pq.write_table(table, os.path.join(path, "part-0.parquet"), compression="zstd")
+    return table.to_pylist()
