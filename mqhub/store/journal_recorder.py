@@ -67,6 +67,9 @@ class NullRecorder:
     def taken(self, queue: Any, entries: list[Any]) -> None:
         """Ignore pulled (read-and-consumed) entries."""
 
+    def traffic(self, address: str, origin: str, messages: int, nbytes: int) -> None:
+        """Ignore an adapter's own traffic count."""
+
 
 NULL_RECORDER = NullRecorder()
 
@@ -168,6 +171,10 @@ class JournalRecorder(NullRecorder):
             out = [(e[0], e[1], e[2] + 1, *e[3:]) for e in entries]
             self._add(DELIVERED, queue.name, out, "")
             self._add(ACKED, queue.name, out, "")
+
+    def traffic(self, address: str, origin: str, messages: int, nbytes: int) -> None:
+        """An adapter's own count of messages it routed without the core (NATS core PUBs)."""
+        self._count(address, origin, COUNTER_PUBLISHED, messages, nbytes)
 
     # -- the store side (writer thread or reactor) --------------------------------------------
 
