@@ -248,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=1.0, help="message-count multiplier")
     ap.add_argument("--rounds", type=int, default=3, help="runs per figure and server (median)")
     ap.add_argument("--skip-reference", action="store_true", help="do not run nats-server")
+    ap.add_argument("--journal-off", action="store_true",
+                    help="also run an mqhub with --journal off, alternating (same-run ratio)")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="nats-bench-")
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
@@ -255,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     incomplete: set[tuple[str, str]] = set()
     try:
         servers["mqhub"] = start_mqhub(work)
+        if args.journal_off:
+            off = os.path.join(work, "journal-off")
+            os.makedirs(off)
+            servers["mqhub_journal_off"] = start_mqhub(off, ("--journal", "off"))
         binary = None if args.skip_reference else nats_server_binary()
         if binary:
             servers["nats_server"] = start_nats_server(binary, work)
@@ -264,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             exp = 0 if mailbox else expected_bytes(spec)
             for _ in range(args.rounds):
                 for name, (_, port) in servers.items():
-                    if mailbox and name != "mqhub":
+                    if mailbox and not name.startswith("mqhub"):
                         continue
                     rate, complete = run_once(port, spec, n, exp, subject, mailbox=mailbox)
                     rates.setdefault((figure, name), []).append(rate)
@@ -281,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         m = statistics.median(mine)
         note = "  # incomplete: messages lost or timed out" if (figure, "mqhub") in incomplete else ""
         print(f"{figure}_mqhub {m:.0f} msg/s{note}")
+        off_rates = rates.get((figure, "mqhub_journal_off"))
+        if off_rates:
+            o = statistics.median(off_rates)
+            print(f"{figure}_mqhub_journal_off {o:.0f} msg/s")
+            print(f"{figure}_journal_cost {100 * (1 - m / o):+.1f} %")
         ref = rates.get((figure, "nats_server"))
         if ref:
             r = statistics.median(ref)

@@ -126,7 +126,11 @@ def export(snapdir: Path, out_dir: Path) -> None:
                    "report.html.")
 @click.option("--master", default="local[2]", show_default=True,
               help="Spark master: local[N] or spark://HOST:PORT.")
-def analytics(src: Path, out_dir: Path, master: str) -> None:
+@click.option("--read", "read", type=click.Choice(["parquet", "datasource"]), default="parquet",
+              show_default=True,
+              help="How Spark reads a snapshot: staged as Parquet (pyarrow) or through the "
+                   "'mqhub' Python data source.")
+def analytics(src: Path, out_dir: Path, master: str, read: str) -> None:
     """Run the Spark analytics job over a snapshot or an export and write the report."""
     from mqhub.analytics.runner import STAGES, AnalyticsError, run_analytics
 
@@ -136,7 +140,8 @@ def analytics(src: Path, out_dir: Path, master: str) -> None:
             progress.update(task, advance=1, description=f"analytics: {stage}")
 
         try:
-            summary = run_analytics(str(src), str(out_dir), master=master, progress=step)
+            summary = run_analytics(str(src), str(out_dir), master=master, read=read,
+                                    progress=step)
         except AnalyticsError as exc:
             raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps({"report": str(out_dir / "report.html"), "summary": summary}))

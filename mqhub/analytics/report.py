@@ -73,6 +73,15 @@ def plot_throughput(rows: list[dict[str, Any]], path: str) -> bytes:
         xs = sorted(per)
         ax.plot(xs, [per[x] for x in xs], marker="o", ms=3, label=address)
     if top:
+        import datetime as dt
+
+        import matplotlib.dates as mdates
+
+        minutes = sorted({r["minute"] for r in rows if r["address"] in top})
+        pad = dt.timedelta(minutes=1)
+        ax.set_xlim(minutes[0] - pad, minutes[-1] + pad)
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
         ax.legend(fontsize=8, loc="upper left")
         fig.autofmt_xdate()
     ax.set_title("Published messages per minute (top addresses)")

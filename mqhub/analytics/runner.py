@@ -21,8 +21,13 @@ from typing import Any
 
 from mqhub.analytics.job import TABLE_NAMES, build_tables, load_tables, summary_frame
 
-STAGES = ("java", "spark", "load", *TABLE_NAMES, "summary", "report")
+STAGES = ("java", "input", "spark", "load", *TABLE_NAMES, "summary", "report")
+READ_MODES = ("parquet", "datasource")
+STAGED_INPUT = "_input"
 MIN_JAVA = 17
+#: short jobs: C1-only JIT and the serial GC start faster (measured in docs/analytics.md)
+JVM_OPTIONS = os.environ.get("MQHUB_SPARK_JAVA_OPTIONS",
+                             "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 class AnalyticsError(Exception):
@@ -70,7 +75,8 @@ def spark_session(master: str, app: str = "mqhub-analytics") -> Any:
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
-               .config("spark.pyspark.driver.python", sys.executable))
+               .config("spark.pyspark.driver.python", sys.executable)
+               .config("spark.driver.extraJavaOptions", JVM_OPTIONS))
     if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
         builder = (builder.config("spark.driver.host", "127.0.0.1")
                    .config("spark.driver.bindAddress", "127.0.0.1"))
@@ -87,9 +93,14 @@ def _plain(value: Any) -> Any:
 
 
 def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = None,
+                  read: str = "parquet",
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Compute the report tables of ``src`` into ``out``; return the summary.
 
+    :param read: for a snapshot ``src``: ``parquet`` (default) exports it first with pyarrow
+        into ``out/_input`` and Spark reads that (about twice as fast: no Python workers);
+        ``datasource`` reads the snapshot through the ``mqhub`` Python data source. Either
+        way the path must be visible to every executor (docs/analytics.md).
     :param spark: an existing SparkSession to use (tests); else one is made for ``master``
         and stopped at the end.
     :raises AnalyticsError: Java or PySpark missing, or ``src`` is neither a snapshot nor an
@@ -97,15 +108,25 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
     """
     started = time.perf_counter()
     step = progress or (lambda stage: None)
-    src = os.path.abspath(src)
+    src = origin = os.path.abspath(src)
     if not (os.path.exists(os.path.join(src, "manifest.json"))
             or os.path.isdir(os.path.join(src, "events"))):
         raise AnalyticsError(f"{src!r} is neither a snapshot (manifest.json) nor an export "
                              "(events/)")
+    if read not in READ_MODES:
+        raise AnalyticsError(f"read must be one of {READ_MODES}")
     own = spark is None
     if own:
         java_version()
     step("java")
+    if read == "parquet" and os.path.exists(os.path.join(src, "manifest.json")):
+        from mqhub.analytics.export import export_snapshot
+
+        staged = os.path.join(os.path.abspath(out), STAGED_INPUT)
+        shutil.rmtree(staged, ignore_errors=True)
+        export_snapshot(src, staged)
+        src = staged
+    step("input")
     if own:
         spark = spark_session(master)
     else:
@@ -125,7 +146,8 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
         first = min((t for t in (row.pop("first"), row.pop("c_first")) if t), default=None)
         last = max((t for t in (row.pop("last"), row.pop("c_last")) if t), default=None)
         summary = {k: _plain(v) for k, v in row.items()}
-        summary.update(first=_plain(first), last=_plain(last), source=src, master=master,
+        summary.update(first=_plain(first), last=_plain(last), source=origin, master=master,
+                       read=read,
                        tables={k: len(v) for k, v in tables.items()},
                        seconds=round(time.perf_counter() - started, 3))
         with open(os.path.join(out, "summary.json"), "w") as f:
