@@ -24,8 +24,8 @@ TABLE_NAMES = ("throughput", "latency", "redeliveries", "dead_letters", "expired
                "sizes")
 
 
-def load_tables(spark: Any, src: str) -> tuple[Any, Any]:
-    """Return the ``(events, counters)`` DataFrames of a snapshot or export directory."""
+def load_tables(spark: Any, src: str) -> tuple[Any, Any, Any]:
+    """Return the ``(events, counters, messages)`` DataFrames of a snapshot or export directory."""
     import os
 
     from mqhub.analytics.arrow import DDL
@@ -36,15 +36,16 @@ def load_tables(spark: Any, src: str) -> tuple[Any, Any]:
         spark.dataSource.register(MqhubDataSource)
         reader = spark.read.format("mqhub")
         return (reader.option("table", "events").load(src),
-                reader.option("table", "counters").load(src))
+                reader.option("table", "counters").load(src),
+                reader.option("table", "messages").load(src))
     frames = []
-    for table in ("events", "counters"):
+    for table in ("events", "counters", "messages"):
         path = os.path.join(src, table)
         if os.path.isdir(path):
             frames.append(spark.read.parquet(path).drop("day"))
         else:
             frames.append(spark.createDataFrame([], DDL[table]))
-    return frames[0], frames[1]
+    return frames[0], frames[1], frames[2]
 
 
 def build_tables(events: Any, counters: Any) -> dict[str, Any]:

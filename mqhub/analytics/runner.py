@@ -133,7 +133,7 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
         master = spark.sparkContext.master
     step("spark")
     try:
-        events, counters = load_tables(spark, src)
+        events, counters, messages = load_tables(spark, src)
         events = events.cache()
         counters = counters.cache()
         step("load")
@@ -146,6 +146,7 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
         first = min((t for t in (row.pop("first"), row.pop("c_first")) if t), default=None)
         last = max((t for t in (row.pop("last"), row.pop("c_last")) if t), default=None)
         summary = {k: _plain(v) for k, v in row.items()}
+        summary["stored"] = messages.count()
         summary.update(first=_plain(first), last=_plain(last), source=origin, master=master,
                        read=read,
                        tables={k: len(v) for k, v in tables.items()},

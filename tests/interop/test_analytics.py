@@ -158,13 +158,13 @@ def _analytics(src: Path, out: Path, *extra: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def local_report(snapshot: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``mqhub analytics SNAP --out R`` on local[2]."""
+    """``mqhub analytics SNAP --out R --read datasource`` on local[2] (the Python data source)."""
     out = tmp_path_factory.mktemp("report")
-    _analytics(snapshot, out)
+    _analytics(snapshot, out, "--read", "datasource")
     return out
 
 
-def test_report_tables_are_exact(local_report: Path) -> None:
+def test_report_tables_are_exact(snapshot: Path, local_report: Path) -> None:
     """Published, acked, redeliveries, dead letters by reason, expiries and the protocol mix
     match the mix exactly; latencies are plausible; the report and plots exist."""
     orders = "nsq/orders/billing"
@@ -198,6 +198,8 @@ def test_report_tables_are_exact(local_report: Path) -> None:
     assert (summary["messages"], summary["acked"], summary["dead_lettered"],
             summary["expired"]) == (16, 10, 1, 1)
     assert summary["memory_published"] >= 9
+    manifest = json.loads((snapshot / "manifest.json").read_text())
+    assert summary["stored"] == manifest["entries"] >= 4  # 3 eMQP jobs, 1 mailbox message, DLQ
     html = (local_report / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 5
     for png in ("throughput", "latency", "protocols", "sizes", "dead_letters"):
