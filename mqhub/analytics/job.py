@@ -55,7 +55,8 @@ def build_tables(events: Any, counters: Any) -> dict[str, Any]:
     ev = events
     pub = (ev.filter(F.col("event") == "published").groupBy("msg_id")
            .agg(F.min("ts").alias("pub_ts"), F.min("address").alias("address"),
-                F.min("origin").alias("origin"), F.max("size").alias("size")))
+                F.min("origin").alias("origin"), F.max("size").alias("size"))
+           .cache())  # four tables start from it
     one, zero = F.lit(1).cast("long"), F.lit(0).cast("long")
 
     def minute(col: str) -> Any:
@@ -86,8 +87,9 @@ def build_tables(events: Any, counters: Any) -> dict[str, Any]:
                        F.sum("delivered").alias("delivered"), F.sum("acked").alias("acked"))
                   .orderBy("minute", "address", "origin"))
 
-    first_delivery = (ev.filter(F.col("event") == "delivered").groupBy("msg_id", "queue")
-                      .agg(F.min("ts").alias("ts")).withColumn("kind", F.lit("deliver")))
+    # a message's first delivery on a queue is the one with attempt 1 (the core counts them)
+    first_delivery = (ev.filter((F.col("event") == "delivered") & (F.col("attempt") == 1))
+                      .select("msg_id", "queue", "ts").withColumn("kind", F.lit("deliver")))
     acks = ev.filter(F.col("event") == "acked").select("msg_id", "queue", "ts") \
         .withColumn("kind", F.lit("ack"))
     lat = (first_delivery.unionByName(acks)
@@ -135,24 +137,15 @@ def build_tables(events: Any, counters: Any) -> dict[str, Any]:
             "sizes": sizes}
 
 
-def summary_frame(events: Any, counters: Any) -> Any:
-    """One-row DataFrame of totals and the time span (for summary.json)."""
+def summary_rows(events: Any, counters: Any) -> tuple[list[Any], list[Any]]:
+    """Per-event and per-counter-kind totals with their time spans (two tiny aggregates)."""
     from pyspark.sql import functions as F
 
-    def n(kind: str) -> Any:
-        return F.sum(F.when(F.col("event") == kind, 1).otherwise(0)).cast("long").alias(kind)
-
-    ev = events.agg(
-        F.countDistinct(F.when(F.col("event") == "published", F.col("msg_id")))
-        .cast("long").alias("messages"),
-        n("published"), n("delivered"), n("acked"), n("requeued"), n("dead_lettered"),
-        n("expired"), F.count("*").alias("events"), F.min("ts").alias("first"),
-        F.max("ts").alias("last"), F.countDistinct("address").alias("addresses"),
-        F.countDistinct("queue").alias("queues"))
-    ct = counters.agg(
-        F.sum(F.when(F.col("kind") == "published", F.col("messages")).otherwise(0))
-        .cast("long").alias("memory_published"),
-        F.sum(F.when(F.col("kind") == "delivered", F.col("messages")).otherwise(0))
-        .cast("long").alias("memory_delivered"),
-        F.min("second").alias("c_first"), F.max("second").alias("c_last"))
-    return ev.crossJoin(ct)
+    ev = (events.groupBy("event")
+          .agg(F.count("*").alias("n"), F.min("ts").alias("first"), F.max("ts").alias("last"))
+          .collect())
+    ct = (counters.groupBy("kind")
+          .agg(F.sum("messages").alias("n"), F.min("second").alias("first"),
+               F.max("second").alias("last"))
+          .collect())
+    return ev, ct

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mqhub.analytics.job import TABLE_NAMES, build_tables, load_tables, summary_frame
+from mqhub.analytics.job import TABLE_NAMES, build_tables, load_tables, summary_rows
+from mqhub.store.journal_format import EVENT_NAMES
 
 STAGES = ("java", "input", "spark", "load", *TABLE_NAMES, "summary", "report")
 READ_MODES = ("parquet", "datasource")
@@ -134,28 +135,23 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
     step("spark")
     try:
         events, counters, messages = load_tables(spark, src)
-        events = events.cache()
-        counters = counters.cache()
+        if src == origin and read == "datasource":
+            # every table re-reads its input: keep the Python data source's rows in memory
+            events = events.cache()
+            counters = counters.cache()
         step("load")
         os.makedirs(out, exist_ok=True)
         tables: dict[str, list[dict[str, Any]]] = {}
         for name, df in build_tables(events, counters).items():
             tables[name] = _write_table(df, os.path.join(out, name))
             step(name)
-        row = summary_frame(events, counters).collect()[0].asDict()
-        first = min((t for t in (row.pop("first"), row.pop("c_first")) if t), default=None)
-        last = max((t for t in (row.pop("last"), row.pop("c_last")) if t), default=None)
-        summary = {k: _plain(v) for k, v in row.items()}
-        summary["stored"] = messages.count()
-        summary.update(first=_plain(first), last=_plain(last), source=origin, master=master,
-                       read=read,
+        summary = _summary(*summary_rows(events, counters), tables)
+        summary.update(source=origin, master=master, read=read, stored=messages.count(),
                        tables={k: len(v) for k, v in tables.items()},
                        seconds=round(time.perf_counter() - started, 3))
         with open(os.path.join(out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1, sort_keys=True, default=str)
         step("summary")
-        events.unpersist()
-        counters.unpersist()
     finally:
         if own:
             spark.stop()
@@ -164,6 +160,27 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
     write_report(out, tables, summary)
     step("report")
     return summary
+
+
+def _summary(ev: list[Any], ct: list[Any], tables: dict[str, list[dict[str, Any]]]
+             ) -> dict[str, Any]:
+    """Totals and the time span from the per-event rows and the report tables."""
+    by = {r["event"]: r for r in ev}
+    out: dict[str, Any] = {name: int(by[name]["n"]) if name in by else 0 for name in EVENT_NAMES}
+    out["messages"] = sum(r["published"] for r in tables["throughput"]) - sum(
+        int(r["n"] or 0) for r in ct if r["kind"] == "published")
+    out["events"] = sum(out[name] for name in EVENT_NAMES)
+    kinds = {r["kind"]: r for r in ct}
+    out["memory_published"] = int(kinds["published"]["n"]) if "published" in kinds else 0
+    out["memory_delivered"] = int(kinds["delivered"]["n"]) if "delivered" in kinds else 0
+    firsts = [r["first"] for r in (*ev, *ct) if r["first"] is not None]
+    lasts = [r["last"] for r in (*ev, *ct) if r["last"] is not None]
+    out["first"] = _plain(min(firsts)) if firsts else None
+    out["last"] = _plain(max(lasts)) if lasts else None
+    out["addresses"] = len({r["address"] for r in tables["throughput"]})
+    out["queues"] = len({r["queue"] for r in tables["redeliveries"]})
+    out["bytes"] = sum(r["bytes"] or 0 for r in tables["protocols"])
+    return out
 
 
 def _write_table(df: Any, path: str) -> list[dict[str, Any]]:
