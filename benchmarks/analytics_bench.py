@@ -36,23 +36,31 @@ BATCH = 1000
 
 
 class AckingTarget:
-    """Acks every delivered batch at once, requeueing the first entry of every 100th batch."""
+    """Acks each delivered batch on :meth:`finish` (a simulated moment later), requeueing the
+    first entry of every 100th batch instead."""
 
     def __init__(self) -> None:
         """Count batches."""
         self.batches = 0
         self.delivered = 0
+        self.held: list[tuple[Any, list[Any]]] = []
 
     def deliver_batch(self, consumer: Any, queue_name: str, entries: list[Any]) -> None:
-        """Ack (or requeue one of) what arrived."""
+        """Hold what arrived until :meth:`finish`."""
         self.batches += 1
         self.delivered += len(entries)
-        ids = [e[0] for e in entries]
-        if self.batches % 100 == 0 and entries[0][2] == 1:
-            consumer.queue.requeue(consumer, ids[:1])
-            ids = ids[1:]
-        if ids:
-            consumer.queue.ack(consumer, ids)
+        self.held.append((consumer, entries))
+
+    def finish(self) -> None:
+        """Ack (or requeue one of) every held batch."""
+        held, self.held = self.held, []
+        for consumer, entries in held:
+            ids = [e[0] for e in entries]
+            if self.batches % 100 == 0 and entries[0][2] == 1:
+                consumer.queue.requeue(consumer, ids[:1])
+                ids = ids[1:]
+            if ids:
+                consumer.queue.ack(consumer, ids)
 
 
 def generate(path: str, messages: int) -> dict[str, Any]:
@@ -80,9 +88,11 @@ def generate(path: str, messages: int) -> dict[str, Any]:
         a = (i * 7) % ADDRESSES
         body = bodies[i % len(bodies)]
         broker.publish_batch(f"bench.addr{a}", [body] * BATCH, origin=ORIGINS[a % 3])
-        clock.advance(step / 2)
+        clock.advance(step * (0.05 + 0.4 * (i % 7) / 7))  # ack latency varies per batch
+        target.finish()
         clock.advance(step / 2)
     for _ in range(5):
+        target.finish()
         clock.advance(0.1)
     broker.stop()
     clock.advance(0)

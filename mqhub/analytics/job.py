@@ -62,15 +62,21 @@ def build_tables(events: Any, counters: Any) -> dict[str, Any]:
     def minute(col: str) -> Any:
         return F.date_trunc("minute", F.col(col)).alias("minute")
 
+    # only published rows carry address and origin: the other events get them from there
+    rest = (ev.filter(F.col("event") != "published")
+            .join(pub.select("msg_id", F.col("address").alias("p_address"),
+                             F.col("origin").alias("p_origin"), "pub_ts"), "msg_id", "left")
+            .withColumn("address", F.coalesce("address", "p_address"))
+            .withColumn("origin", F.coalesce("origin", "p_origin"))
+            .drop("p_address", "p_origin")
+            .cache())  # throughput and latency both start from it
     parts = [
         pub.select("address", "origin", minute("pub_ts"), one.alias("published"),
                    zero.alias("delivered"), zero.alias("acked")),
-        ev.filter(F.col("event") == "delivered").select(
-            "address", "origin", minute("ts"), zero.alias("published"), one.alias("delivered"),
-            zero.alias("acked")),
-        ev.filter(F.col("event") == "acked").select(
-            "address", "origin", minute("ts"), zero.alias("published"), zero.alias("delivered"),
-            one.alias("acked")),
+        rest.filter(F.col("event").isin("delivered", "acked")).select(
+            "address", "origin", minute("ts"), zero.alias("published"),
+            (F.col("event") == "delivered").cast("long").alias("delivered"),
+            (F.col("event") == "acked").cast("long").alias("acked")),
         counters.select(
             "address", "origin", minute("second"),
             F.when(F.col("kind") == "published", F.col("messages")).otherwise(0)
@@ -87,14 +93,13 @@ def build_tables(events: Any, counters: Any) -> dict[str, Any]:
                        F.sum("delivered").alias("delivered"), F.sum("acked").alias("acked"))
                   .orderBy("minute", "address", "origin"))
 
-    # a message's first delivery on a queue is the one with attempt 1 (the core counts them)
-    first_delivery = (ev.filter((F.col("event") == "delivered") & (F.col("attempt") == 1))
-                      .select("msg_id", "queue", "ts").withColumn("kind", F.lit("deliver")))
-    acks = ev.filter(F.col("event") == "acked").select("msg_id", "queue", "ts") \
-        .withColumn("kind", F.lit("ack"))
-    lat = (first_delivery.unionByName(acks)
-           .join(pub.select("msg_id", "pub_ts", "address"), "msg_id")
-           .withColumn("ms", (F.unix_micros("ts") - F.unix_micros("pub_ts")) / 1000.0))
+    # deliver = first delivery on a queue (attempt 1, the core counts them); ack = each ack
+    lat = (rest.filter(F.col("pub_ts").isNotNull()
+                       & (((F.col("event") == "delivered") & (F.col("attempt") == 1))
+                          | (F.col("event") == "acked")))
+           .select("address", F.when(F.col("event") == "acked", "ack").otherwise("deliver")
+                   .alias("kind"),
+                   ((F.unix_micros("ts") - F.unix_micros("pub_ts")) / 1000.0).alias("ms")))
     q = F.percentile_approx("ms", [0.5, 0.9, 0.99], 10000)
     latency = (lat.groupBy("address", "kind")
                .agg(F.count("*").alias("count"), q.alias("p"), F.max("ms").alias("max_ms"))

@@ -82,7 +82,7 @@ def plot_throughput(rows: list[dict[str, Any]], path: str) -> bytes:
         ax.set_xlim(minutes[0] - pad, minutes[-1] + pad)
         ax.set_ylim(bottom=0)
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.autofmt_xdate()
     ax.set_title("Published messages per minute (top addresses)")
     ax.set_ylabel("messages / minute")
@@ -96,14 +96,14 @@ def plot_latency(rows: list[dict[str, Any]], path: str) -> bytes:
     if not rows:
         _empty(ax, "no deliveries")
     else:
-        labels = [f"{r['address']}\n{r['kind']}" for r in rows]
+        labels = [f"{r['address']} {r['kind']}" for r in rows]
         xs = range(len(rows))
         for i, (key, color) in enumerate((("p50_ms", "#4c72b0"), ("p90_ms", "#dd8452"),
                                           ("p99_ms", "#c44e52"))):
             ax.bar([x + (i - 1) * 0.27 for x in xs], [max(r[key] or 0, 0.001) for r in rows],
                    width=0.27, label=key[:-3], color=color)
         ax.set_xticks(list(xs))
-        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
         ax.set_yscale("log")
         ax.legend(fontsize=8)
     ax.set_title("Latency from publish (ms): deliver = first delivery, ack = acknowledgement")

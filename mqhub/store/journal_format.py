@@ -48,6 +48,9 @@ COUNTER_COLUMNS = (("second", "q"), ("address", "I"), ("origin", "I"), ("kind", 
 NUMPY_TYPES = {"B": "<u1", "H": "<u2", "I": "<u4", "Q": "<u8", "q": "<i8"}
 
 _BIG_ENDIAN = sys.byteorder == "big"
+#: array typecode for u64 columns: 'L' converts Python ints about 3x faster than 'Q' (CPython
+#: 3.11) and is 8 bytes on LP64 platforms; 'Q' elsewhere
+_U64 = "L" if array("L").itemsize == 8 else "Q"
 
 
 class ChunkError(ValueError):
@@ -64,8 +67,8 @@ class ChunkBuilder:
         self.strings: list[str] = [""]
         self._index: dict[str, int] = {"": 0}
         self.runs = tuple(array(code) for _, code in RUN_COLUMNS)
-        self.rows = tuple(array(code) for _, code in ROW_COLUMNS)
-        self.counters = tuple(array(code) for _, code in COUNTER_COLUMNS)
+        self.rows = tuple(array(_U64 if code == "Q" else code) for _, code in ROW_COLUMNS)
+        self.counters = tuple(array(_U64 if code == "Q" else code) for _, code in COUNTER_COLUMNS)
 
     def string(self, text: str) -> int:
         """Return the index of ``text`` in the string table (adding it once)."""
@@ -76,18 +79,26 @@ class ChunkBuilder:
         return i
 
     def add_run(self, event: int, ts_us: int, queue: str, address: str, origin: str,
-                reason: str, msg_ids: list[int], sizes: list[int], priorities: list[int],
-                attempts: list[int]) -> None:
-        """Append one run of ``len(msg_ids)`` rows sharing event, time, queue, address, origin."""
+                reason: str, msg_ids: Any, sizes: Any = None, priorities: Any = None,
+                attempts: Any = None) -> None:
+        """Append one run of ``len(msg_ids)`` rows sharing event, time, queue, address, origin.
+
+        Columns are lists of ints (``priorities``: anything ``bytes()`` takes); ``sizes``,
+        ``priorities`` and ``attempts`` may be None (zeros).
+        """
         s = self.string
+        n = len(msg_ids)
         for col, value in zip(self.runs, (event, ts_us, s(queue), s(address), s(origin),
-                                          s(reason), len(msg_ids)), strict=True):
+                                          s(reason), n), strict=True):
             col.append(value)
         mid, size, prio, att = self.rows
-        mid.extend(msg_ids)
-        size.extend(sizes)
-        prio.extend(priorities)
-        att.extend(attempts)
+        mid.fromlist(msg_ids)  # fromlist: about 2x faster than extend
+        for col, values in ((size, sizes), (att, attempts)):
+            if values is None:
+                col.frombytes(bytes(col.itemsize * n))
+            else:
+                col.fromlist(values)
+        prio.frombytes(bytes(n) if priorities is None else bytes(priorities))
 
     def add_counter(self, second: int, address: str, origin: str, kind: int, messages: int,
                     nbytes: int) -> None:

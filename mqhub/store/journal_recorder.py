@@ -35,9 +35,28 @@ _ID = itemgetter(0)
 _PRIO = itemgetter(1)
 _ATT = itemgetter(2)
 _BODY = itemgetter(7)
-_ADDR_ORIGIN = itemgetter(5, 8)
+_ORIGIN = itemgetter(8)
 #: pending batches kept at most while no commit drains them (then the oldest are dropped)
 MAX_PENDING = 200_000
+
+
+_WITH_ATTEMPT = frozenset((DELIVERED, REQUEUED, DEAD_LETTERED))
+
+
+def _add_published(chunk: ChunkBuilder, ts: int, queues: tuple[str, ...], entries: list[Any],
+                   address: str) -> None:
+    """Add the runs of one publish: one per durable queue (and per origin, if they differ)."""
+    origins = list(map(_ORIGIN, entries))
+    if origins.count(origins[0]) == len(origins):  # C-speed check; publish_batch: always
+        groups = [(origins[0], entries)]
+    else:
+        groups = [(o, list(g)) for o, g in groupby(entries, _ORIGIN)]
+    for origin, g in groups:
+        ids = list(map(_ID, g))
+        sizes = list(map(len, map(_BODY, g)))
+        prios = list(map(_PRIO, g))
+        for name in queues:
+            chunk.add_run(PUBLISHED, ts, name, address, origin or "", "", ids, sizes, prios)
 
 
 class NullRecorder:
@@ -102,8 +121,8 @@ class JournalRecorder(NullRecorder):
         item = (event, self.clock.seconds(), queues, entries, reason)
         with self._lock:
             if len(self._pending) >= MAX_PENDING:
-                self._pending.pop(0)
-                self.dropped_batches += 1
+                self.dropped_batches += 1  # the store is stuck: keep what is queued, drop this
+                return
             self._pending.append(item)
 
     def _count(self, address: str, origin: str, kind: int, messages: int, nbytes: int) -> None:
@@ -125,7 +144,7 @@ class JournalRecorder(NullRecorder):
         durable = tuple(q.name for q in queues if q.durable) if persist else ()
         live = len(route.targets) + len(route.groups)
         if durable:
-            self._add(PUBLISHED, durable, entries, "")
+            self._add(PUBLISHED, durable, entries, address)
         if durable and not live:
             return
         n = len(entries)
@@ -191,18 +210,16 @@ class JournalRecorder(NullRecorder):
         if not pending and not counters:
             return None
         chunk = ChunkBuilder()
-        for event, now, queues, entries, reason in pending:
+        for event, now, queues, entries, extra in pending:
             ts = int(now * 1_000_000)
-            names = (queues,) if isinstance(queues, str) else queues
-            for (address, origin), grp in groupby(entries, _ADDR_ORIGIN):
-                g = list(grp)
-                ids = list(map(_ID, g))
-                sizes = list(map(len, map(_BODY, g)))
-                prios = list(map(_PRIO, g))
-                atts = list(map(_ATT, g))
-                for name in names:
-                    chunk.add_run(event, ts, name, address, origin or "", reason, ids, sizes,
-                                  prios, atts)
+            if event == PUBLISHED:
+                _add_published(chunk, ts, queues, entries, extra)
+            else:
+                # other events carry the message id, queue, attempt and reason; address and
+                # origin come from the message's published row (readers join on msg_id)
+                ids = list(map(_ID, entries))
+                atts = list(map(_ATT, entries)) if event in _WITH_ATTEMPT else None
+                chunk.add_run(event, ts, queues, "", "", extra, ids, None, None, atts)
         for (second, address, origin, kind), (messages, nbytes) in counters.items():
             chunk.add_counter(second, address, origin or "", kind, messages, nbytes)
         self.chunks += 1
