@@ -41,6 +41,9 @@ DEFAULT_RETENTION_SECONDS = 7 * 86400.0
 DEFAULT_RETENTION_BYTES = 1 << 30
 #: how often (seconds) retention is checked after commits
 RETENTION_EVERY = 60.0
+#: a commit takes a chunk when this many rows wait, or this long (s) after the last chunk
+DEFAULT_MAX_ROWS = 4096
+DEFAULT_MAX_DELAY = 0.1
 
 
 class Journal:
@@ -52,8 +55,14 @@ class Journal:
     def __init__(self, store_dir: str, recorder: Any, *, max_file: int = DEFAULT_MAX_FILE,
                  retention_seconds: float = DEFAULT_RETENTION_SECONDS,
                  retention_bytes: int = DEFAULT_RETENTION_BYTES,
+                 max_rows: int = DEFAULT_MAX_ROWS, max_delay: float = DEFAULT_MAX_DELAY,
                  now: Callable[[], float] = time.time) -> None:
-        """Configure; nothing is opened until :meth:`open`."""
+        """Configure; nothing is opened until :meth:`open`.
+
+        :param max_rows: / :param max_delay: a group commit appends a chunk only when this
+            many rows wait or ``max_delay`` seconds passed since the last chunk (or the
+            recorder forces one): the per-chunk cost is paid once per many commits.
+        """
         self.directory = os.path.join(store_dir, JOURNAL_DIR)
         self.lock_path = os.path.join(store_dir, JOURNAL_LOCK)
         self.recorder = recorder
@@ -67,6 +76,9 @@ class Journal:
         self._written = False
         self._lock_fd: int | None = None
         self._next_retention = 0.0
+        self.max_rows = max_rows
+        self.max_delay = max_delay
+        self._last_chunk = 0.0
         self.records = 0
         self.bytes_written = 0
         self.deleted_files = 0
@@ -79,6 +91,7 @@ class Journal:
                         self.directory, bad, self._log.active)
             self._log.truncate(bad)
         self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._last_chunk = self._now()
         self.apply_retention()
 
     def close(self) -> None:
@@ -94,10 +107,16 @@ class Journal:
         """Append what the recorder holds and record the new end in ``txn`` (writer side)."""
         if not self._checked:
             self._cut_to_committed(txn, sysdb)
+        rec = self.recorder
+        now = self._now()
+        if not self._inflight and not rec.force and rec.rows < self.max_rows \
+                and now - self._last_chunk < self.max_delay:
+            return  # not due: these records ride with a later commit
+        self._last_chunk = now
         if self._inflight and self._mark is not None:
             # the previous write's transaction never committed: drop its bytes, write it again
             self._log.rollback(self._mark)
-        chunk = self.recorder.take_chunk()
+        chunk = rec.take_chunk()
         if chunk is not None:
             self._inflight.append(chunk)
         self._written = False

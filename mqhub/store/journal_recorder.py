@@ -111,6 +111,9 @@ class JournalRecorder(NullRecorder):
         self._store: Any = None
         self._call: Any = None
         self._took = False
+        #: rows recorded since the last chunk, and whether the next commit must take a chunk
+        self.rows = 0
+        self.force = False
         self.dropped_batches = 0
         self.chunks = 0
 
@@ -124,6 +127,7 @@ class JournalRecorder(NullRecorder):
                 self.dropped_batches += 1  # the store is stuck: keep what is queued, drop this
                 return
             self._pending.append(item)
+            self.rows += len(entries)
 
     def _count(self, address: str, origin: str, kind: int, messages: int, nbytes: int) -> None:
         """Add to the memory-tier counter of ``address`` for the current second."""
@@ -206,6 +210,8 @@ class JournalRecorder(NullRecorder):
         with self._lock:
             pending, self._pending = self._pending, []
             counters, self._counters = self._counters, {}
+            self.rows = 0
+            self.force = False
         self._took = True
         if not pending and not counters:
             return None
@@ -236,6 +242,7 @@ class JournalRecorder(NullRecorder):
         """Flush records that no group commit carried since the last tick."""
         self._call = self.clock.callLater(self.flush_interval, self._tick)
         if not self._took and self.pending():
+            self.force = True
             self.flush()
         self._took = False
 
@@ -252,4 +259,5 @@ class JournalRecorder(NullRecorder):
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None
+        self.force = True
         return self.flush() if self.pending() else None

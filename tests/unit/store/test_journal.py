@@ -31,6 +31,7 @@ class Rig:
         self.store = LmdbStore(path, clock=self.clock, writer="inline")
         self.store.open()
         self.recorder = JournalRecorder(self.clock)
+        journal_kw.setdefault("max_delay", 0.0)  # a chunk with every commit
         self.journal = Journal(path, self.recorder, **journal_kw)
         self.journal.open()
         self.store.journal = self.journal
@@ -185,6 +186,9 @@ def test_torn_tail_and_uncommitted_bytes_are_cut(tmp_path: Any) -> None:
 class OneChunk:
     """A recorder stand-in handing out numbered one-row chunks."""
 
+    rows = 0
+    force = True
+
     def __init__(self) -> None:
         """Start at id 1."""
         self.n = 0
@@ -203,7 +207,7 @@ def test_aborted_transaction_rewrites_its_chunk(tmp_path: Any) -> None:
 
     env = lmdb.open(str(tmp_path / "env"), max_dbs=2)
     sysdb = env.open_db(b"sys")
-    journal = Journal(str(tmp_path), OneChunk())
+    journal = Journal(str(tmp_path), OneChunk(), max_delay=0.0)
     journal.open()
     txn = env.begin(write=True)
     journal.write(txn, sysdb)
@@ -239,4 +243,23 @@ def test_rotation_and_retention(tmp_path: Any) -> None:
     assert rig.journal.apply_retention() >= 1
     total = sum(os.path.getsize(p) for p, _ in journal_files(jdir))
     assert total <= 4096 * 2 + 4096
+    rig.close()
+
+
+def test_chunks_wait_for_rows_or_the_tick(tmp_path: Any) -> None:
+    """Below max_rows and max_delay a commit appends nothing; the recorder's 1 s tick forces
+    the waiting records into the next commit, and max_rows forces them at once."""
+    rig = Rig(str(tmp_path / "s"), max_delay=3600.0, max_rows=50)
+    rig.broker.declare_queue("q")
+    rig.broker.bind_queue("a", "q")
+    jdir = str(tmp_path / "s" / "journal")
+    rig.broker.publish_batch("a", [b"1"] * 10, origin="nsq")
+    rig.settle()
+    assert events(jdir) == []
+    rig.clock.advance(1.0)
+    rig.settle()
+    assert len(events(jdir)) == 10
+    rig.broker.publish_batch("a", [b"2"] * 60, origin="nsq")
+    rig.settle()
+    assert len(events(jdir)) == 70
     rig.close()
