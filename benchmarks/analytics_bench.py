@@ -5,8 +5,8 @@ under 60 s on ``local[2]``; ``mqhub export`` at >= 500,000 rows/s.
 
 The messages go through the real core, LmdbStore (durability none) and flow journal in this
 process on a simulated clock (spread over ~30 minutes, 12 addresses, three origins): each is
-published, delivered and acked; the first message of every 100th delivery batch is requeued
-once first. Generation is not timed against
+published, delivered and acked a simulated moment later; the first message of every 100th
+delivery batch is requeued instead (dead-lettered on the queues with ``max_attempts=1``). Generation is not timed against
 the targets; the snapshot, the export and the analytics run (a separate ``mqhub analytics``
 process, JVM start included) are.
 """

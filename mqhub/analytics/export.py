@@ -18,8 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mqhub.analytics.arrow import arrow_schema, journal_file_batches, message_batches
-from mqhub.analytics.arrow import snapshot_journal_files
+from mqhub.analytics.arrow import (
+    arrow_schema,
+    journal_file_batches,
+    message_batches,
+    snapshot_journal_files,
+)
 
 EXPORT_MANIFEST = "export.json"
 _DAY_SOURCE = {"events": "ts", "counters": "second", "messages": "published"}
