@@ -63,7 +63,8 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     """Create the store, scheduler and broker core for ``options`` (nothing is opened or started).
 
     Reads ``data-dir`` (None: a memory hub), ``durability`` (sync | batch | none) and
-    ``journal`` (on | off; the flow journal needs a data directory).
+    ``journal`` (on | off; the flow journal needs a data directory), ``journal-days`` and
+    ``journal-max-bytes`` (its retention).
     The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
     """
     data_dir = options.get("data-dir", options.get("data_dir"))
@@ -79,7 +80,10 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     journal = None
     if data_dir is not None and (options.get("journal") or "on") != "off":
         broker.journal = JournalRecorder(clock)
-        journal = Journal(store.path, broker.journal)
+        journal = Journal(
+            store.path, broker.journal,
+            retention_seconds=float(options.get("journal-days") or 7) * 86400.0,
+            retention_bytes=int(options.get("journal-max-bytes") or (1 << 30)))
     return Hub(
         clock=clock,
         store=store,

@@ -63,6 +63,8 @@ Examples:
         ["log-format", None, "text", "Log output: text or json (one JSON object per line)."],
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
         ["journal", None, "on", "Flow journal for analytics (docs/analytics.md): on or off."],
+        ["journal-days", None, "7", "Delete closed journal files older than this many days."],
+        ["journal-max-bytes", None, str(1 << 30), "Keep at most this many bytes of journal."],
         *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
     ]
 
@@ -121,6 +123,12 @@ Examples:
             raise usage.UsageError(f"--durability must be one of {', '.join(DURABILITY_MODES)}")
         if self["journal"] not in ("on", "off"):
             raise usage.UsageError("--journal must be on or off")
+        try:
+            if float(self["journal-days"]) <= 0 or int(self["journal-max-bytes"]) <= 0:
+                raise ValueError
+        except ValueError as exc:
+            raise usage.UsageError(
+                "--journal-days and --journal-max-bytes must be positive numbers") from exc
         found = self._discover()
         available = ", ".join(found.plugins) or "none"
         requested = [n.strip() for n in self["protocols"].split(",") if n.strip()]
