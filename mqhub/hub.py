@@ -226,7 +226,8 @@ class HubService(MultiService):
         if stop_broker is not None:
             d.addCallback(lambda _: self._bounded("broker", stop_broker))
         if hub.journal is not None:
-            d.addCallback(lambda _: hub.journal.recorder.stop())
+            # the last journal records ride with one more group commit (bounded like the store)
+            d.addCallback(lambda _: self._bounded("store", hub.journal.recorder.stop))
         d.addCallback(lambda _: self._bounded("store", hub.store.close))
         if hub.journal is not None:
             d.addCallback(lambda _: hub.journal.close())
