@@ -97,3 +97,21 @@ def test_readers_import_no_twisted() -> None:
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+def test_java_check_says_what_is_missing(tmp_path: Any) -> None:
+    """mqhub analytics refuses a missing or too old Java with a message naming the fix."""
+    from mqhub.analytics.runner import AnalyticsError, java_version
+
+    with pytest.raises(AnalyticsError, match="needs Java 17 or newer.*JAVA_HOME"):
+        java_version(str(tmp_path / "no-java"))
+    old = tmp_path / "java"
+    old.write_text('#!/bin/sh\necho \'openjdk version "11.0.2" 2019-01-15\' >&2\n')
+    old.chmod(0o755)
+    with pytest.raises(AnalyticsError, match="is Java 11"):
+        java_version(str(old))
+    old.write_text('#!/bin/sh\necho \'java version "1.8.0_301"\' >&2\n')
+    with pytest.raises(AnalyticsError, match="is Java 8"):
+        java_version(str(old))
+    old.write_text('#!/bin/sh\necho \'openjdk version "17.0.15" 2025-04-15\' >&2\n')
+    assert java_version(str(old)) == 17
