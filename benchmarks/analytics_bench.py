@@ -74,6 +74,7 @@ def generate(path: str, messages: int) -> dict[str, Any]:
     journal = Journal(path, recorder)
     journal.open()
     store.journal = journal
+    recorder.start(store)
     broker = Broker(store, clock)
     broker.journal = recorder
     result_of(broker.start())
