@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -120,16 +121,39 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
     if own:
         java_version()
     step("java")
-    if read == "parquet" and os.path.exists(os.path.join(src, "manifest.json")):
-        from mqhub.analytics.export import export_snapshot
+    starting: dict[str, Any] = {}
+    starter = None
+    if own:
+        # the JVM starts in its own process: let it boot while pyarrow stages the input
+        def boot() -> None:
+            try:
+                starting["spark"] = spark_session(master)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                starting["error"] = e
 
-        staged = os.path.join(os.path.abspath(out), STAGED_INPUT)
-        shutil.rmtree(staged, ignore_errors=True)
-        export_snapshot(src, staged)
-        src = staged
+        starter = threading.Thread(target=boot, name="spark-session", daemon=True)
+        starter.start()
+    try:
+        if read == "parquet" and os.path.exists(os.path.join(src, "manifest.json")):
+            from mqhub.analytics.export import export_snapshot
+
+            staged = os.path.join(os.path.abspath(out), STAGED_INPUT)
+            shutil.rmtree(staged, ignore_errors=True)
+            export_snapshot(src, staged)
+            src = staged
+    except BaseException:
+        if starter is not None:
+            starter.join()
+            if "spark" in starting:
+                starting["spark"].stop()
+        raise
+    if starter is not None:
+        starter.join()
     step("input")
     if own:
-        spark = spark_session(master)
+        if "error" in starting:
+            raise starting["error"]
+        spark = starting["spark"]
     else:
         master = spark.sparkContext.master
     step("spark")
