@@ -171,9 +171,3 @@ def decode_chunk(payload: bytes) -> dict[str, Any]:
         raise ChunkError("journal chunk run counts do not match its rows")
     return out
 
-
-def chunk_offsets(payload: bytes) -> dict[str, int]:
-    """Return the column sections' sizes of a chunk (for tests and ``mqhub`` diagnostics)."""
-    d = decode_chunk(payload)
-    return {"strings": len(d["strings"]), "runs": len(d["runs"]["event"]),
-            "rows": len(d["rows"]["msg_id"]), "counters": len(d["counters"]["kind"])}
