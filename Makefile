@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel setuptools
-	$(PIP) install -q -e '.[dev]' --config-settings editable_mode=compat
+	$(PIP) install -q -e '.[dev,export,spark]' --config-settings editable_mode=compat
 	# eventmq 0.3.13 pins a pyzmq that does not build on 3.11: its needs come from the dev extra.
 	$(PIP) install -q --no-deps eventmq
 	# Rebuild the plugin caches now (site-packages may be read-only at run time) and fail

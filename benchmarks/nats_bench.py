@@ -242,19 +242,33 @@ def expected_bytes(spec: tuple) -> int:
     return frames_fixed(spec[1], spec[2], spec[3])[1]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every figure on mqhub and nats-server, alternating, and print medians and ratios."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--scale", type=float, default=1.0, help="message-count multiplier")
     ap.add_argument("--rounds", type=int, default=3, help="runs per figure and server (median)")
     ap.add_argument("--skip-reference", action="store_true", help="do not run nats-server")
+    ap.add_argument("--journal-off", action="store_true",
+                    help="also run an mqhub with --journal off, alternating (same-run ratio)")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="nats-bench-")
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
     rates: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
     incomplete: set[tuple[str, str]] = set()
     try:
         servers["mqhub"] = start_mqhub(work)
+        if args.journal_off:
+            off = os.path.join(work, "journal-off")
+            os.makedirs(off)
+            servers["mqhub_journal_off"] = start_mqhub(off, ("--journal", "off"))
         binary = None if args.skip_reference else nats_server_binary()
         if binary:
             servers["nats_server"] = start_nats_server(binary, work)
@@ -263,10 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         for figure, spec, n, subject, mailbox in figures(args.scale):
             exp = 0 if mailbox else expected_bytes(spec)
             for _ in range(args.rounds):
-                for name, (_, port) in servers.items():
-                    if mailbox and name != "mqhub":
+                for name, (proc, port) in servers.items():
+                    if mailbox and not name.startswith("mqhub"):
                         continue
+                    cpu0 = _cpu_seconds(proc.pid)
                     rate, complete = run_once(port, spec, n, exp, subject, mailbox=mailbox)
+                    cpus.setdefault((figure, name), []).append(
+                        (_cpu_seconds(proc.pid) - cpu0) * 1e6 / n)
                     rates.setdefault((figure, name), []).append(rate)
                     if not complete:
                         incomplete.add((figure, name))
@@ -281,6 +298,15 @@ def main(argv: list[str] | None = None) -> int:
         m = statistics.median(mine)
         note = "  # incomplete: messages lost or timed out" if (figure, "mqhub") in incomplete else ""
         print(f"{figure}_mqhub {m:.0f} msg/s{note}")
+        off_rates = rates.get((figure, "mqhub_journal_off"))
+        if off_rates:
+            o = statistics.median(off_rates)
+            print(f"{figure}_mqhub_journal_off {o:.0f} msg/s")
+            print(f"{figure}_journal_cost {100 * (1 - m / o):+.1f} %")
+            on_cpu = statistics.median(cpus[(figure, "mqhub")])
+            off_cpu = statistics.median(cpus[(figure, "mqhub_journal_off")])
+            print(f"{figure}_server_cpu {on_cpu:.2f} us/msg (journal off: {off_cpu:.2f}, "
+                  f"{100 * (on_cpu / off_cpu - 1):+.1f} %)")
         ref = rates.get((figure, "nats_server"))
         if ref:
             r = statistics.median(ref)

@@ -47,12 +47,13 @@ OK_FRAME = wire.OK_FRAME
 WINDOW = 8
 
 
-def start_mqhub(data_dir: str, durability: str) -> tuple[subprocess.Popen, int]:
-    """Start ``twistd -n mqhub --protocols nsq`` on free loopback ports."""
+def start_mqhub(data_dir: str, durability: str, journal: str = "on") -> tuple[subprocess.Popen, int]:
+    """Start ``twistd -n mqhub --protocols nsq`` on free loopback ports (``--journal journal``)."""
     tcp, http = free_port(), free_port()
     proc = _common.start_mqhub(
         "nsq", [f"nsq.tcp=tcp:{tcp}:interface={HOST}", f"nsq.http=tcp:{http}:interface={HOST}"],
-        data_dir, durability, os.path.join(data_dir, "..", "mqhub.log"), wait_for=tcp)
+        data_dir, durability, os.path.join(data_dir, "..", "mqhub.log"), wait_for=tcp,
+        extra=["--journal", journal])
     return proc, tcp
 
 
@@ -219,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=4.0, help="seconds of publishing per scenario")
     parser.add_argument("--durability", default="sync", choices=["sync", "batch", "none"],
                         help="store mode of the mqhub the benchmark starts itself")
+    parser.add_argument("--journal", default="on", choices=["on", "off"],
+                        help="the broker's flow journal (measure both: docs/benchmarks.md)")
     parser.add_argument("--sizes", default="16,1024", help="comma-separated body sizes")
     parser.add_argument("--modes", default="pub,mpub", help="comma-separated: pub, mpub")
     args = parser.parse_args(argv)
@@ -232,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.mkdtemp(prefix="nsq-bench-")
         data_dir = os.path.join(tmp, "data")
         os.makedirs(data_dir)
-        proc, port = start_mqhub(data_dir, args.durability)
+        proc, port = start_mqhub(data_dir, args.durability, args.journal)
         host = HOST
-        label = f"mqhub durability={args.durability}"
+        label = f"mqhub durability={args.durability} journal={args.journal}"
     print(f"# nsq bench against {label} at {host}:{port}, {args.duration:g}s per scenario")
     try:
         for mode in args.modes.split(","):

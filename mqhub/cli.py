@@ -1,6 +1,9 @@
 """The ``mqhub`` command: operational subcommands beside ``twistd mqhub`` (which runs the broker).
 
-The admin commands (``stats``, ``queues``, ``dlq``) live in :mod:`mqhub.cli_admin`.
+Commands: ``snapshot`` (online copy of a store), ``export`` (snapshot to Parquet), ``analytics``
+(the Spark report) and ``bench``; the admin commands (``stats``, ``queues``, ``dlq``) live in
+:mod:`mqhub.cli_admin`. The analytics commands import pyarrow, pyspark and rich lazily (extras
+``mqhub[export]`` and ``mqhub[spark]``).
 """
 
 from __future__ import annotations
@@ -84,6 +87,71 @@ def snapshot(data_dir: Path, out_dir: Path, progress: bool | None) -> None:
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps({"snapshot": str(out_dir), "manifest": manifest}, default=str))
+
+
+def _progress(description: str, total: int) -> Any:
+    """A rich progress bar on stderr (ClickException when rich is missing)."""
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    except ImportError as exc:
+        raise click.ClickException("this command needs: pip install 'mqhub[export]'") from exc
+    progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                        TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+                        console=Console(stderr=True))
+    return progress, progress.add_task(description, total=total)
+
+
+@main.command()
+@click.argument("snapdir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to write the Parquet tables into (events/, counters/, messages/).")
+def export(snapdir: Path, out_dir: Path) -> None:
+    """Export a snapshot's journal and stored messages as Parquet, partitioned by day."""
+    try:
+        from mqhub.analytics.export import export_snapshot
+    except ImportError as exc:
+        raise click.ClickException("mqhub export needs: pip install 'mqhub[export]'") from exc
+    if not (snapdir / "manifest.json").exists():
+        raise click.ClickException(f"{snapdir} is not a snapshot (no manifest.json)")
+    progress, task = _progress("export", 1)
+    with progress:
+        def step(stage: str, done: int, total: int) -> None:
+            progress.update(task, description=f"export: {stage}", completed=done, total=total)
+
+        try:
+            result = export_snapshot(str(snapdir), str(out_dir), step)
+        except (FileExistsError, OSError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps(result))
+
+
+@main.command()
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Report directory: one Parquet table per report table, summary.json, "
+                   "report.html.")
+@click.option("--master", default="local[2]", show_default=True,
+              help="Spark master: local[N] or spark://HOST:PORT.")
+@click.option("--read", "read", type=click.Choice(["parquet", "datasource"]), default="parquet",
+              show_default=True,
+              help="How Spark reads a snapshot: staged as Parquet (pyarrow) or through the "
+                   "'mqhub' Python data source.")
+def analytics(src: Path, out_dir: Path, master: str, read: str) -> None:
+    """Run the Spark analytics job over a snapshot or an export and write the report."""
+    from mqhub.analytics.runner import STAGES, AnalyticsError, run_analytics
+
+    progress, task = _progress("analytics", len(STAGES))
+    with progress:
+        def step(stage: str) -> None:
+            progress.update(task, advance=1, description=f"analytics: {stage}")
+
+        try:
+            summary = run_analytics(str(src), str(out_dir), master=master, read=read,
+                                    progress=step)
+        except AnalyticsError as exc:
+            raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps({"report": str(out_dir / "report.html"), "summary": summary}))
 
 
 register_admin_commands(main)

@@ -27,6 +27,8 @@ from twisted.python.failure import Failure
 
 from mqhub.core.broker import Broker
 from mqhub.scheduler.service import SchedulerService
+from mqhub.store.journal import Journal
+from mqhub.store.journal_recorder import JournalRecorder
 from mqhub.store.lmdb import LmdbStore
 from mqhub.store.memory import MemoryStore
 
@@ -44,6 +46,7 @@ class Hub:
     :ivar config: parsed options (plugin-specific keys included).
     :ivar data_dir: where durable data lives, or None for a memory hub.
     :ivar reactor: the reactor listeners bind with (None in unit tests: nothing listens).
+    :ivar journal: the flow journal's files (:class:`mqhub.store.journal.Journal`), or None.
     """
 
     clock: Any
@@ -53,12 +56,15 @@ class Hub:
     config: dict[str, Any] = field(default_factory=dict)
     data_dir: str | None = None
     reactor: Any = None
+    journal: Any = None
 
 
 def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hub:
     """Create the store, scheduler and broker core for ``options`` (nothing is opened or started).
 
-    Reads ``data-dir`` (None: a memory hub) and ``durability`` (sync | batch | none).
+    Reads ``data-dir`` (None: a memory hub), ``durability`` (sync | batch | none) and
+    ``journal`` (on | off; the flow journal needs a data directory), ``journal-days`` and
+    ``journal-max-bytes`` (its retention).
     The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
     """
     data_dir = options.get("data-dir", options.get("data_dir"))
@@ -70,14 +76,23 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     else:
         store = MemoryStore(clock=clock)
     scheduler = SchedulerService(store, clock)
+    broker = Broker(store, clock, scheduler=scheduler)
+    journal = None
+    if data_dir is not None and (options.get("journal") or "on") != "off":
+        broker.journal = JournalRecorder(clock)
+        journal = Journal(
+            store.path, broker.journal,
+            retention_seconds=float(options.get("journal-days") or 7) * 86400.0,
+            retention_bytes=int(options.get("journal-max-bytes") or (1 << 30)))
     return Hub(
         clock=clock,
         store=store,
-        broker=Broker(store, clock, scheduler=scheduler),
+        broker=broker,
         scheduler=scheduler,
         config=dict(options),
         data_dir=data_dir,
         reactor=reactor,
+        journal=journal,
     )
 
 
@@ -145,6 +160,10 @@ class HubService(MultiService):
         hub = self.hub
         hub.store.open()
         log.info("store open ({store})", store=type(hub.store).__name__)
+        if hub.journal is not None:
+            hub.journal.open()
+            hub.store.journal = hub.journal
+            hub.journal.recorder.start(hub.store)
         recovered: Deferred[Any] = succeed(None)
         if hub.broker is not None:
             recovered = maybeDeferred(hub.broker.start)
@@ -206,6 +225,11 @@ class HubService(MultiService):
         stop_broker = getattr(hub.broker, "stop", None)
         if stop_broker is not None:
             d.addCallback(lambda _: self._bounded("broker", stop_broker))
+        if hub.journal is not None:
+            # the last journal records ride with one more group commit (bounded like the store)
+            d.addCallback(lambda _: self._bounded("store", hub.journal.recorder.stop))
         d.addCallback(lambda _: self._bounded("store", hub.store.close))
+        if hub.journal is not None:
+            d.addCallback(lambda _: hub.journal.close())
         d.addCallback(lambda _: log.info("store closed"))
         return d

@@ -42,7 +42,7 @@ class Options(usage.Options):
     synopsis = (
         "[--protocols LIST|all] [--data-dir DIR] [--listen NAME.ROLE=ENDPOINT ...] "
         "[--plugin-path DIR ...] [--log-format text|json] [--durability sync|batch|none] "
-        "[--option NAME.KEY=VALUE ...]"
+        "[--journal on|off] [--option NAME.KEY=VALUE ...]"
     )
     longdesc = (
         "Runs the mqhub broker: every chosen protocol plugin over one store, scheduler and "
@@ -71,6 +71,9 @@ Examples:
         ["manhole", None, None, "Endpoint of the SSH manhole (off unless given)."],
         ["manhole-keys", None, None,
          "OpenSSH authorized_keys file of the keys that may log in to the manhole."],
+        ["journal", None, "on", "Flow journal for analytics (docs/analytics.md): on or off."],
+        ["journal-days", None, "7", "Delete closed journal files older than this many days."],
+        ["journal-max-bytes", None, str(1 << 30), "Keep at most this many bytes of journal."],
         *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
     ]
 
@@ -132,6 +135,14 @@ Examples:
             raise usage.UsageError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
         if self["durability"] not in DURABILITY_MODES:
             raise usage.UsageError(f"--durability must be one of {', '.join(DURABILITY_MODES)}")
+        if self["journal"] not in ("on", "off"):
+            raise usage.UsageError("--journal must be on or off")
+        try:
+            if float(self["journal-days"]) <= 0 or int(self["journal-max-bytes"]) <= 0:
+                raise ValueError
+        except ValueError as exc:
+            raise usage.UsageError(
+                "--journal-days and --journal-max-bytes must be positive numbers") from exc
         found = self._discover()
         available = ", ".join(found.plugins) or "none"
         requested = [n.strip() for n in self["protocols"].split(",") if n.strip()]

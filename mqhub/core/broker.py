@@ -20,7 +20,7 @@ from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succ
 from mqhub.core.address import pattern_matches, validate_address, validate_pattern
 from mqhub.core.commits import Commits
 from mqhub.core.counters import Counters
-from mqhub.core.deadletter import DeadLetter, dlq_name, from_dead
+from mqhub.core.deadletter import DeadLetter, all_dead_letters, dlq_name, from_dead
 from mqhub.core.delays import (
     ADDRESS_DUE_PREFIX,
     DUE_PREFIX,
@@ -34,6 +34,7 @@ from mqhub.core.queue import Queue
 from mqhub.core.routing import Binding, Route, Router
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
 from mqhub.store.batch import WriteBatch
+from mqhub.store.journal_recorder import NULL_RECORDER
 from mqhub.store.records import Entry, entry_order
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class Broker(BrokerDelays):
         self.window = window
         self.ids = IdGenerator(clock)
         self.counters = Counters()  # admin/metrics totals, batch granularity (core/counters.py)
+        self.journal: Any = NULL_RECORDER  # the flow journal's recorder (set by the hub)
         self.router = Router()
         #: address -> Route cache (read-only for adapters; cleared in place on epoch changes)
         self.routes = self.router.cache
@@ -368,6 +370,7 @@ class Broker(BrokerDelays):
         for q in queues:
             if q.max_size and q.overflow == "reject" and q.room() < n:
                 raise QueueFull(q.name)
+        self.journal.published(address, entries, queues, persist, route)
         now = self.clock.seconds() if deliver_at else 0.0
         if not queues:
             # live subscribers only: nothing to store
@@ -549,26 +552,12 @@ class Broker(BrokerDelays):
         return d.addCallback(lambda es: [DeadLetter.from_entry(e, queue_name) for e in es])
 
     @inlineCallbacks
-    def _all_dead(self, q: Queue) -> Any:
-        """Every stored dead-letter entry of ``q`` (cold path, read in pages)."""
-        if not q.durable:
-            return q.memory_dead_letters()
-        out: list[Entry] = []
-        after = None
-        while True:
-            page = yield self.store.read_entries(dlq_name(q.name), after, 1000)
-            out.extend(page)
-            if len(page) < 1000:
-                return out
-            after = (page[-1][1], page[-1][0])
-
-    @inlineCallbacks
     def replay_dead_letters(self, queue_name: str,
                             msg_ids: Iterable[int] | None = None) -> Any:
         """Put dead letters back on their queue (attempts reset); fire with how many."""
         q = self._get(queue_name)
         wanted = None if msg_ids is None else set(msg_ids)
-        dead = yield self._all_dead(q)
+        dead = yield all_dead_letters(self.store, q)
         chosen = [e for e in dead if wanted is None or e[0] in wanted]
         if not chosen:
             return 0
@@ -589,7 +578,7 @@ class Broker(BrokerDelays):
                            msg_ids: Iterable[int] | None = None) -> Any:
         """Delete dead letters (all, or the given ids); fire with how many were removed."""
         q = self._get(queue_name)
-        dead = yield self._all_dead(q)
+        dead = yield all_dead_letters(self.store, q)
         wanted = None if msg_ids is None else set(msg_ids)
         chosen = [e for e in dead if wanted is None or e[0] in wanted]
         if q.durable:

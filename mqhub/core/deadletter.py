@@ -8,6 +8,9 @@ and replay strip again.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
 
 from mqhub.store.records import Entry
 
@@ -85,3 +88,18 @@ class DeadLetter:
 
 __all__ = ["DeadLetter", "dlq_name", "to_dead", "from_dead", "DLQ_PREFIX", "REASON_EXPIRED",
            "REASON_MAX_ATTEMPTS", "REASON_OVERFLOW", "REASON_REJECTED"]
+
+
+@inlineCallbacks
+def all_dead_letters(store: Any, queue: Any) -> Any:
+    """Every dead-letter entry of ``queue`` (a Deferred list; cold path, stored ones read in pages)."""
+    if not queue.durable:
+        return queue.memory_dead_letters()
+    out: list[Entry] = []
+    after = None
+    while True:
+        page = yield store.read_entries(dlq_name(queue.name), after, 1000)
+        out.extend(page)
+        if len(page) < 1000:
+            return out
+        after = (page[-1][1], page[-1][0])

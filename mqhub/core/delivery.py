@@ -207,6 +207,7 @@ class QueueDelivery(QueueWindow):
                 if not taken:
                     continue
             out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
+            self.broker.journal.delivered(self, out)
             deadline = now + c.timeout
             ids = [e[0] for e in out]
             if self._inflight is _NO_MAP:
@@ -386,6 +387,7 @@ class QueueDelivery(QueueWindow):
             b.delete_entries(self.name, [(e[1], e[0]) for e in got])
             self._write(b)
         if got:
+            self.broker.journal.acked(self, got)
             self.broker.counters.ack(consumer.target, len(got))
             self.dispatch()
         return failed
@@ -446,6 +448,7 @@ class QueueDelivery(QueueWindow):
         if dead:
             self._dead(dead, REASON_MAX_ATTEMPTS, error, b, now)
         if back:
+            self.broker.journal.requeued(self, back, error)
             if self.durable:
                 b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in back])
             if delay and delay > 0:

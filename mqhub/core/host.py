@@ -25,6 +25,7 @@ class QueueHost(Protocol):
     window: int
     commits: Commits
     counters: Counters
+    journal: Any  # mqhub.store.journal_recorder (flow journal, batch-level calls)
 
     def defer(self, queue: Any, entries: list[Entry], when: float, batch: WriteBatch,
               persist: bool = True) -> None:

@@ -196,6 +196,7 @@ class Queue(QueueFanout):
               batch: WriteBatch | None, now: float) -> None:
         """Move ``entries`` (already out of the window/in-flight) to this queue's dead letters."""
         self.broker.counters.dead_lettered(reason, len(entries))
+        self.broker.journal.dead_lettered(self, entries, reason)
         if self._parent is not None:
             self._parent.fan_dead(self, entries, reason, error, now)
             return
@@ -216,6 +217,7 @@ class Queue(QueueFanout):
 
     def _expire(self, entries: list[Entry], now: float) -> None:
         """Count and drop (or dead-letter) expired entries taken from the window."""
+        self.broker.journal.expired(self, entries)
         if self._parent is not None and not self.expire_to_dead_letters:
             self.expired_count += len(entries)
             self._parent.fan_done(self, entries)
@@ -332,6 +334,7 @@ class Queue(QueueFanout):
         now = self.broker.clock.seconds()
         taken = self._pop_ready(limit)
         out = self._drop_expired(taken, now, self._ttl_cut(now))
+        self.broker.journal.taken(self, out)
         if out and self.durable:
             b = WriteBatch()
             b.delete_entries(self.name, [(e[1], e[0]) for e in out])

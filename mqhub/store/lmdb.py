@@ -207,6 +207,8 @@ class LmdbStore:
         self.last_commit_seconds = 0.0
         #: called with each group commit's duration in seconds (admin /metrics histogram)
         self.on_commit: Any = None
+        #: the flow journal (mqhub.store.journal.Journal) written inside each group commit
+        self.journal: Any = None
 
     # lifecycle -----------------------------------------------------------------------------
 
@@ -534,6 +536,8 @@ class LmdbStore:
             for batch in batches:
                 self._apply(t, batch)
             self._finish_txn(t)
+            if self.journal is not None:
+                self.journal.write(txn, self._dbs[b"sys"])
             if self.durability == "sync":
                 self._segments.sync()
             txn.commit()
@@ -560,6 +564,8 @@ class LmdbStore:
             self.failed_groups += 1
             raise
         self._after_commit(t)
+        if self.journal is not None:
+            self.journal.committed()
         self.commits += 1
         self.batches += len(batches)
         self.last_commit_seconds = time.perf_counter() - started

@@ -8,7 +8,9 @@ and copies each segment up to that length. While it runs it holds a shared lock 
 
     OUT/index/data.mdb      compacted LMDB copy
     OUT/segments/seg-*.seg  the referenced segments, cut at their committed length
-    OUT/manifest.json       format version, created_at, counts, segment list
+    OUT/journal/seg-*.seg   the flow journal up to the ``journal_end`` the same read
+                            transaction sees (:mod:`mqhub.store.journal`)
+    OUT/manifest.json       format version, created_at, counts, segment list, journal files
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import lmdb
 
 from mqhub.errors import StoreError
 from mqhub.store import codec
+from mqhub.store.journal import JOURNAL_DIR, JOURNAL_LOCK, journal_files, read_end
 from mqhub.store.segments import segment_name
 
 SNAPSHOT_FORMAT = 1
@@ -48,8 +51,10 @@ def take_snapshot(data_dir: str, out_dir: str, *, now: float | None = None) -> d
     os.makedirs(out_index, exist_ok=True)
     os.makedirs(out_segments, exist_ok=True)
     lock_fd = os.open(os.path.join(data_dir, codec.SEGMENT_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    journal_fd = os.open(os.path.join(data_dir, JOURNAL_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_SH)
+        fcntl.flock(journal_fd, fcntl.LOCK_SH)
         try:
             env = lmdb.open(index, readonly=True, max_dbs=codec.MAX_DBS, lock=True,
                             readahead=False)
@@ -62,6 +67,7 @@ def take_snapshot(data_dir: str, out_dir: str, *, now: float | None = None) -> d
         finally:
             env.close()
     finally:
+        os.close(journal_fd)
         os.close(lock_fd)
     manifest["created_at"] = time.time() if now is None else now
     tmp = os.path.join(out_dir, MANIFEST + ".tmp")
@@ -106,6 +112,7 @@ def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str)
             segments.append({"number": number, "name": name, "length": end, "messages": live})
         due = txn.stat(dbs[b"due"])["entries"]
         meta = txn.stat(dbs[b"meta"])["entries"]
+        journal = _copy_journal(data_dir, os.path.dirname(out_index), read_end(txn, dbs[b"sys"]))
     return {
         "format_version": SNAPSHOT_FORMAT,
         "store_format": codec.FORMAT_VERSION,
@@ -115,7 +122,21 @@ def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str)
         "due": due,
         "meta": meta,
         "segments": segments,
+        "journal": journal,
     }
+
+
+def _copy_journal(data_dir: str, out_dir: str, end: tuple[int, int] | None) -> dict[str, Any]:
+    """Copy the journal files up to the committed ``end``; return the manifest's journal part."""
+    out = os.path.join(out_dir, JOURNAL_DIR)
+    os.makedirs(out, exist_ok=True)
+    files = []
+    if end is not None:
+        for path, length in journal_files(os.path.join(data_dir, JOURNAL_DIR), end):
+            name = os.path.basename(path)
+            _copy_prefix(path, os.path.join(out, name), length)
+            files.append({"name": name, "length": length})
+    return {"end": list(end) if end is not None else None, "files": files}
 
 
 def _copy_prefix(src: str, dst: str, length: int) -> None:

@@ -260,7 +260,18 @@ def test_build_hub_uses_lmdb_under_data_dir(tmp_path: Path) -> None:
     assert isinstance(hub.store, LmdbStore)
     assert hub.store.path == str(tmp_path / "d" / "store")
     assert hub.store.durability == "none"  # --durability reaches the store
+    assert hub.journal is not None and hub.broker.journal.enabled  # the journal is on by default
+    assert hub.journal.retention_seconds == 7 * 86400.0
     assert isinstance(hub.broker, Broker) and hub.broker.store is hub.store
+
+
+def test_build_hub_journal_options(tmp_path: Path) -> None:
+    """--journal off leaves the core's no-op recorder; retention options reach the journal."""
+    off = build_hub({"data-dir": str(tmp_path / "a"), "journal": "off"}, Clock())
+    assert off.journal is None and not off.broker.journal.enabled
+    on = build_hub({"data-dir": str(tmp_path / "b"), "journal-days": "0.5",
+                    "journal-max-bytes": "1000"}, Clock())
+    assert on.journal.retention_seconds == 43200.0 and on.journal.retention_bytes == 1000
 
 
 class Quiet(Protocol):

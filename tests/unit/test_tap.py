@@ -91,6 +91,9 @@ def test_listen_overrides_a_role_and_the_first_role() -> None:
         (["--option", "kafka.x=1"], "--option: unknown protocol 'kafka'"),
         (["--log-format", "xml"], "--log-format must be one of text, json"),
         (["--durability", "maybe"], "--durability must be one of sync, batch, none"),
+        (["--journal", "maybe"], "--journal must be on or off"),
+        (["--journal-days", "0"], "--journal-days and --journal-max-bytes must be positive"),
+        (["--journal-max-bytes", "x"], "--journal-days and --journal-max-bytes must be positive"),
         (["--plugin-path", "/nonexistent/plugins"], "'/nonexistent/plugins' is not a directory"),
     ],
 )

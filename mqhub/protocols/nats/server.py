@@ -147,6 +147,8 @@ class NatsServer(Factory):
         #: a subscriber with this much output waiting stalls its publishers (nats-server: 75 %)
         self.stall_bytes = min(int(self.settings.max_pending * 0.75), self.settings.stall_bytes)
         self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0}
+        #: the flow journal's recorder: NATS core PUBs are counted per read (docs/analytics.md)
+        self.journal = getattr(hub.broker, "journal", None)
 
     # factory -----------------------------------------------------------------------------
 
@@ -580,6 +582,7 @@ class NatsConnection(Protocol):
         parser = self.parser
         parser.receive_data(data)
         srv.fed_congested = False
+        before = srv.stats["in_msgs"]
         try:
             if self.fast:
                 self._fast_loop(parser)
@@ -587,6 +590,8 @@ class NatsConnection(Protocol):
                 self._general(parser.events(), 0)
         finally:
             srv.end_turn()
+            if srv.journal is not None and srv.stats["in_msgs"] != before:
+                srv.journal.traffic("*", "nats-core", srv.stats["in_msgs"] - before, len(data))
         if srv.fed_congested:
             # this read fed a backed-up subscriber: stop reading this publisher for a while
             srv.fed_congested = False

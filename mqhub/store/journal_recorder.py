@@ -1,0 +1,263 @@
+"""The flow journal's recorder: batch-level calls from the core, columnar chunks for the store.
+
+The broker holds one recorder as ``broker.journal`` (a :class:`NullRecorder` when the journal
+is off). Each call describes one *batch* (one publish, one delivery round, one FIN/REQ/reject
+call...) and costs O(1) on the reactor: the recorder keeps a reference to the batch's entry
+list and turns it into columns only when the store's group commit asks for the chunk
+(:meth:`JournalRecorder.take_chunk`, called inside the write transaction). Memory-tier traffic
+(NATS core, mq9 notify, memory queues, live subscribers) is only counted, per address and
+second, never per message.
+
+No Twisted import: the clock is any object with ``seconds()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from itertools import groupby
+from operator import itemgetter
+from typing import Any
+
+from mqhub.store.batch import WriteBatch
+from mqhub.store.journal_format import (
+    ACKED,
+    COUNTER_DELIVERED,
+    COUNTER_PUBLISHED,
+    DEAD_LETTERED,
+    DELIVERED,
+    EXPIRED,
+    PUBLISHED,
+    REQUEUED,
+    ChunkBuilder,
+)
+
+_ID = itemgetter(0)
+_PRIO = itemgetter(1)
+_ATT = itemgetter(2)
+_BODY = itemgetter(7)
+_ORIGIN = itemgetter(8)
+#: pending batches kept at most while no commit drains them (then the oldest are dropped)
+MAX_PENDING = 200_000
+
+
+_WITH_ATTEMPT = frozenset((DELIVERED, REQUEUED, DEAD_LETTERED))
+
+
+def _add_published(chunk: ChunkBuilder, ts: int, queues: tuple[str, ...], entries: list[Any],
+                   address: str) -> None:
+    """Add the runs of one publish: one per durable queue (and per origin, if they differ)."""
+    origins = list(map(_ORIGIN, entries))
+    if origins.count(origins[0]) == len(origins):  # C-speed check; publish_batch: always
+        groups = [(origins[0], entries)]
+    else:
+        groups = [(o, list(g)) for o, g in groupby(entries, _ORIGIN)]
+    for origin, g in groups:
+        ids = list(map(_ID, g))
+        sizes = list(map(len, map(_BODY, g)))
+        prios = list(map(_PRIO, g))
+        for name in queues:
+            chunk.add_run(PUBLISHED, ts, name, address, origin or "", "", ids, sizes, prios)
+
+
+class NullRecorder:
+    """The journal switched off: every call does nothing."""
+
+    enabled = False
+
+    def published(self, address: str, entries: list[Any], queues: Any, persist: bool,
+                  route: Any) -> None:
+        """Ignore a publish."""
+
+    def delivered(self, queue: Any, entries: list[Any]) -> None:
+        """Ignore a delivery round."""
+
+    def acked(self, queue: Any, entries: list[Any]) -> None:
+        """Ignore acks."""
+
+    def requeued(self, queue: Any, entries: list[Any], reason: str | None) -> None:
+        """Ignore requeues."""
+
+    def dead_lettered(self, queue: Any, entries: list[Any], reason: str) -> None:
+        """Ignore dead letters."""
+
+    def expired(self, queue: Any, entries: list[Any]) -> None:
+        """Ignore expiries."""
+
+    def taken(self, queue: Any, entries: list[Any]) -> None:
+        """Ignore pulled (read-and-consumed) entries."""
+
+    def traffic(self, address: str, origin: str, messages: int, nbytes: int) -> None:
+        """Ignore an adapter's own traffic count."""
+
+
+NULL_RECORDER = NullRecorder()
+
+
+class JournalRecorder(NullRecorder):
+    """Collects batch references and memory-tier counters until the next group commit.
+
+    :ivar dropped_batches: batches dropped because no commit drained them (store stuck).
+    """
+
+    enabled = True
+
+    def __init__(self, clock: Any, *, flush_interval: float = 1.0) -> None:
+        """:param clock: has ``seconds()`` (and ``callLater`` for :meth:`start`)."""
+        self.clock = clock
+        self.flush_interval = flush_interval
+        self._lock = threading.Lock()
+        self._pending: list[tuple[int, float, Any, list[Any], str]] = []
+        self._counters: dict[tuple[int, str, str, int], list[int]] = {}
+        self._store: Any = None
+        self._call: Any = None
+        self._took = False
+        #: rows recorded since the last chunk, and whether the next commit must take a chunk
+        self.rows = 0
+        self.force = False
+        self.dropped_batches = 0
+        self.chunks = 0
+
+    # -- batch-level calls from the core (reactor thread) -------------------------------------
+
+    def _add(self, event: int, queues: Any, entries: list[Any], reason: str) -> None:
+        """Remember one batch (a reference, no per-message work)."""
+        item = (event, self.clock.seconds(), queues, entries, reason)
+        with self._lock:
+            if len(self._pending) >= MAX_PENDING:
+                self.dropped_batches += 1  # the store is stuck: keep what is queued, drop this
+                return
+            self._pending.append(item)
+            self.rows += len(entries)
+
+    def _count(self, address: str, origin: str, kind: int, messages: int, nbytes: int) -> None:
+        """Add to the memory-tier counter of ``address`` for the current second."""
+        key = (int(self.clock.seconds()), address, origin, kind)
+        with self._lock:
+            c = self._counters.get(key)
+            if c is None:
+                self._counters[key] = [messages, nbytes]
+            else:
+                c[0] += messages
+                c[1] += nbytes
+
+    def published(self, address: str, entries: list[Any], queues: Any, persist: bool,
+                  route: Any) -> None:
+        """A publish of ``entries`` to ``address`` reaching ``queues`` and ``route``'s live targets."""
+        if not entries:
+            return
+        durable = tuple(q.name for q in queues if q.durable) if persist else ()
+        live = len(route.targets) + len(route.groups)
+        if durable:
+            self._add(PUBLISHED, durable, entries, address)
+        if durable and not live:
+            return
+        n = len(entries)
+        nbytes = sum(map(len, map(_BODY, entries)))
+        origin = entries[0][8]
+        if not durable:
+            self._count(address, origin, COUNTER_PUBLISHED, n, nbytes)
+        if live:
+            self._count(address, origin, COUNTER_DELIVERED, n * live, nbytes * live)
+
+    def delivered(self, queue: Any, entries: list[Any]) -> None:
+        """One delivery round of ``queue`` (attempts already count this delivery)."""
+        if queue.durable:
+            self._add(DELIVERED, queue.name, entries, "")
+        elif entries:
+            first = entries[0]
+            self._count(first[5], first[8], COUNTER_DELIVERED, len(entries),
+                        sum(map(len, map(_BODY, entries))))
+
+    def acked(self, queue: Any, entries: list[Any]) -> None:
+        """Entries acknowledged (finished) on ``queue``."""
+        if queue.durable:
+            self._add(ACKED, queue.name, entries, "")
+
+    def requeued(self, queue: Any, entries: list[Any], reason: str | None) -> None:
+        """Entries returned to ``queue`` (REQ, timeout, detach)."""
+        if queue.durable:
+            self._add(REQUEUED, queue.name, entries, reason or "")
+
+    def dead_lettered(self, queue: Any, entries: list[Any], reason: str) -> None:
+        """Entries moved to ``queue``'s dead letters with ``reason``."""
+        if queue.durable:
+            self._add(DEAD_LETTERED, queue.name, entries, reason or "")
+
+    def expired(self, queue: Any, entries: list[Any]) -> None:
+        """Entries of ``queue`` that expired before delivery."""
+        if queue.durable:
+            self._add(EXPIRED, queue.name, entries, "")
+
+    def taken(self, queue: Any, entries: list[Any]) -> None:
+        """Entries pulled and consumed at once (mq9 QUERY): a delivery and an ack."""
+        if queue.durable and entries:
+            out = [(e[0], e[1], e[2] + 1, *e[3:]) for e in entries]
+            self._add(DELIVERED, queue.name, out, "")
+            self._add(ACKED, queue.name, out, "")
+
+    def traffic(self, address: str, origin: str, messages: int, nbytes: int) -> None:
+        """An adapter's own count of messages it routed without the core (NATS core PUBs)."""
+        self._count(address, origin, COUNTER_PUBLISHED, messages, nbytes)
+
+    # -- the store side (writer thread or reactor) --------------------------------------------
+
+    def pending(self) -> bool:
+        """True when something waits for the next commit."""
+        return bool(self._pending or self._counters)
+
+    def take_chunk(self) -> bytes | None:
+        """Swap out everything recorded so far and return it as one encoded chunk (or None)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            counters, self._counters = self._counters, {}
+            self.rows = 0
+            self.force = False
+        self._took = True
+        if not pending and not counters:
+            return None
+        chunk = ChunkBuilder()
+        for event, now, queues, entries, extra in pending:
+            ts = int(now * 1_000_000)
+            if event == PUBLISHED:
+                _add_published(chunk, ts, queues, entries, extra)
+            else:
+                # other events carry the message id, queue, attempt and reason; address and
+                # origin come from the message's published row (readers join on msg_id)
+                ids = list(map(_ID, entries))
+                atts = list(map(_ATT, entries)) if event in _WITH_ATTEMPT else None
+                chunk.add_run(event, ts, queues, "", "", extra, ids, None, None, atts)
+        for (second, address, origin, kind), (messages, nbytes) in counters.items():
+            chunk.add_counter(second, address, origin or "", kind, messages, nbytes)
+        self.chunks += 1
+        return chunk.encode()
+
+    # -- idle flushing (reactor) --------------------------------------------------------------
+
+    def start(self, store: Any) -> None:
+        """Commit an empty batch every ``flush_interval`` while records wait and no commit ran."""
+        self._store = store
+        self._call = self.clock.callLater(self.flush_interval, self._tick)
+
+    def _tick(self) -> None:
+        """Flush records that no group commit carried since the last tick."""
+        self._call = self.clock.callLater(self.flush_interval, self._tick)
+        if not self._took and self.pending():
+            self.force = True
+            self.flush()
+        self._took = False
+
+    def flush(self) -> Any:
+        """Ask the store for a group commit that carries what is pending; return its Deferred."""
+        if self._store is None:
+            return None
+        d = self._store.commit(WriteBatch())
+        d.addErrback(lambda _: None)  # a failed flush keeps its records for the next commit
+        return d
+
+    def stop(self) -> Any:
+        """Stop the timer and flush what is left; return the flush's Deferred (or None)."""
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+        self.force = True
+        return self.flush() if self.pending() else None
