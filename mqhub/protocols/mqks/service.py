@@ -7,60 +7,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.logger import Logger
-
 from mqhub.errors import PluginError
-from mqhub.listener import ListenerService
+from mqhub.protocol_service import ProtocolService
 from mqhub.protocols.mqks.config import MqksConfig
 from mqhub.protocols.mqks.queues import MqksRegistry
 from mqhub.protocols.mqks.server import MqksFactory
 
-log = Logger(namespace="mqhub.mqks")
 
+class MqksService(ProtocolService):
+    """Recovers the MQKS queues from the core and store, then starts the TCP listener."""
 
-class MqksService(MultiService):
-    """Recovers the MQKS queues from the core and store, then starts the TCP listener.
-
-    :ivar port: the bound TCP port once listening.
-    """
+    label = "mqks"
 
     def __init__(self, hub: Any, endpoints: dict[str, str], config: MqksConfig) -> None:
         """Build the registry, factory and listener (nothing is bound yet)."""
-        super().__init__()
-        self.hub = hub
+        super().__init__(hub)
         self.config = config
         self.registry = MqksRegistry(hub.broker, hub.store, hub.clock, config.prefetch,
                                      config.window)
         self.factory = MqksFactory(hub, config, self.registry)
-        self.port = 0
-        self.tcp = ListenerService(endpoints["tcp"], self.factory,
-                                   reactor=getattr(hub, "reactor", None))
-        self.tcp.setName("mqks-tcp")
-        self.tcp.setServiceParent(self)
-        self.tcp.listening.addCallback(self._bound)
-        self.tcp.listening.addErrback(lambda f: None)
+        self.tcp = self.add_listener("tcp", endpoints["tcp"], self.factory)
 
-    def _bound(self, port: Any) -> Any:
-        """Remember the real bound port (the endpoint may ask for port 0)."""
-        self.port = port.getHost().port
-        return port
+    @property
+    def port(self) -> int:
+        """The bound TCP port once listening (0 before)."""
+        return self.ports.get("tcp", 0)
 
-    def startService(self) -> None:
-        """Recover the queues first, then start the listener."""
-        Service.startService(self)
-        d: Deferred[Any] = maybeDeferred(self.registry.load)
-
-        def start_children(_: Any) -> None:
-            """Listen once the queues are known."""
-            if not self.running:
-                return
-            for child in self:
-                child.startService()
-
-        d.addCallback(start_children)
-        d.addErrback(lambda f: log.failure("mqks: could not recover queues", f))
+    def recover(self) -> Any:
+        """Load the MQKS queues before anything listens."""
+        return self.registry.load()
 
 
 def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> MqksService:

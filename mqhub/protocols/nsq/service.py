@@ -7,75 +7,54 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.logger import Logger
 from twisted.web.server import Site
 
 from mqhub.errors import PluginError
 from mqhub.listener import ListenerService
+from mqhub.protocol_service import ProtocolService
 from mqhub.protocols.nsq.auth import SecretsFile
 from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.http import NsqHttpResource
 from mqhub.protocols.nsq.server import NsqFactory
 from mqhub.protocols.nsq.topics import TopicRegistry
 
-log = Logger(namespace="mqhub.nsq")
 
+class NsqService(ProtocolService):
+    """Recovers the NSQ topics, then listens on the ``tcp`` and ``http`` endpoints."""
 
-class NsqService(MultiService):
-    """Recovers the NSQ topics, then listens on the ``tcp`` and ``http`` endpoints.
-
-    :ivar tcp_port: the bound TCP port once listening (for /info and /lookup).
-    :ivar http_port: the bound HTTP port once listening.
-    """
+    label = "nsq"
 
     def __init__(self, hub: Any, endpoints: dict[str, str], config: NsqConfig,
                  secrets: SecretsFile | None = None) -> None:
         """Build the factory, the HTTP site and their listeners (nothing is bound yet)."""
-        super().__init__()
-        self.hub = hub
+        super().__init__(hub)
         self.config = config
         self.registry = TopicRegistry(hub.broker, hub.store, config.mem_queue_size)
         self.factory = NsqFactory(hub, config, self.registry, secrets)
         self.start_time = int(hub.clock.seconds())
-        self.tcp_port = _port_of(endpoints.get("tcp", ""))
-        self.http_port = _port_of(endpoints.get("http", ""))
-        self.tcp = self._listener("tcp", endpoints["tcp"], self.factory)
+        # the configured ports until the listeners report the ones they really bound
+        self.ports.update(tcp=_port_of(endpoints.get("tcp", "")),
+                          http=_port_of(endpoints.get("http", "")))
+        self.tcp = self.add_listener("tcp", endpoints["tcp"], self.factory)
         self.http: ListenerService | None = None
         if endpoints.get("http"):
             site = Site(NsqHttpResource(self))
             site.noisy = False
-            self.http = self._listener("http", endpoints["http"], site)
+            self.http = self.add_listener("http", endpoints["http"], site)
 
-    def _listener(self, role: str, endpoint: str, factory: Any) -> ListenerService:
-        """A child listener for ``role`` that records its bound port as ``<role>_port``."""
-        listener = ListenerService(endpoint, factory, reactor=getattr(self.hub, "reactor", None))
-        listener.setName(f"nsq-{role}")
-        listener.setServiceParent(self)
-        listener.listening.addCallback(self._bound, f"{role}_port")
-        listener.listening.addErrback(lambda f: None)
-        return listener
+    @property
+    def tcp_port(self) -> int:
+        """The TCP port (for /info and /lookup): the bound one once listening."""
+        return self.ports["tcp"]
 
-    def _bound(self, port: Any, attr: str) -> Any:
-        """Remember the real bound port (endpoints may ask for port 0)."""
-        setattr(self, attr, port.getHost().port)
-        return port
+    @property
+    def http_port(self) -> int:
+        """The HTTP port (for /info and /lookup): the bound one once listening."""
+        return self.ports["http"]
 
-    def startService(self) -> None:
-        """Recover topics from the store first, then start both listeners."""
-        Service.startService(self)
-        d: Deferred[Any] = maybeDeferred(self.registry.load)
-
-        def start_children(_: Any) -> None:
-            """Start the listeners once the topics are known."""
-            if not self.running:
-                return
-            for child in self:
-                child.startService()
-
-        d.addCallback(start_children)
-        d.addErrback(lambda f: log.failure("nsq: could not recover topics", f))
+    def recover(self) -> Any:
+        """Load the NSQ topics before anything listens."""
+        return self.registry.load()
 
 
 def _port_of(endpoint: str) -> int:

@@ -7,61 +7,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.application.service import MultiService, Service
-from twisted.internet.defer import maybeDeferred
-from twisted.logger import Logger
-
 from mqhub.errors import PluginError
-from mqhub.listener import ListenerService
+from mqhub.protocol_service import ProtocolService
 from mqhub.protocols.vibemq.auth import UsersError, UserStore
 from mqhub.protocols.vibemq.config import VibeMQConfig
 from mqhub.protocols.vibemq.queues import QueueRegistry
 from mqhub.protocols.vibemq.server import VibeMQFactory
 
-log = Logger(namespace="mqhub.vibemq")
 
+class VibeMQService(ProtocolService):
+    """Recovers the VibeMQ queue options, then starts the TCP listener."""
 
-class VibeMQService(MultiService):
-    """Recovers the VibeMQ queue options, then starts the TCP listener.
-
-    :ivar port: the bound TCP port once listening.
-    """
+    label = "vibemq"
 
     def __init__(self, hub: Any, endpoints: dict[str, str], config: VibeMQConfig,
                  users: UserStore | None = None) -> None:
         """Build the registry, factory and listener (nothing is bound yet)."""
-        super().__init__()
-        self.hub = hub
+        super().__init__(hub)
         self.config = config
         self.registry = QueueRegistry(hub.broker, hub.store, hub.clock, config.tier,
                                       config.ack_timeout, config.window)
         self.factory = VibeMQFactory(hub, config, self.registry, users)
-        self.port = 0
-        self.tcp = ListenerService(endpoints["tcp"], self.factory,
-                                   reactor=getattr(hub, "reactor", None))
-        self.tcp.setName("vibemq-tcp")
-        self.tcp.setServiceParent(self)
-        self.tcp.listening.addCallback(self._bound)
-        self.tcp.listening.addErrback(lambda f: None)
+        self.tcp = self.add_listener("tcp", endpoints["tcp"], self.factory)
 
-    def _bound(self, port: Any) -> Any:
-        """Remember the real bound port (endpoints may ask for port 0)."""
-        self.port = port.getHost().port
-        return port
+    @property
+    def port(self) -> int:
+        """The bound TCP port once listening (0 before)."""
+        return self.ports.get("tcp", 0)
 
-    def startService(self) -> None:
-        """Recover queues from the store first, then start the listener."""
-        Service.startService(self)
-        d = maybeDeferred(self.registry.load)
-
-        def start_children(_: Any) -> None:
-            """Start listening once the queues are known."""
-            if self.running:
-                for child in self:
-                    child.startService()
-
-        d.addCallback(start_children)
-        d.addErrback(lambda f: log.failure("vibemq: could not recover queues", f))
+    def recover(self) -> Any:
+        """Load the VibeMQ queue options before anything listens."""
+        return self.registry.load()
 
 
 def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> VibeMQService:

@@ -59,7 +59,7 @@ class Harness:
         self.hub = memory_hub(clock=self.clock, store=store)
         self.config = config or NsqConfig(hostname="test-host")
         self.service = NsqService(self.hub, {"tcp": "tcp:0", "http": ""}, self.config, secrets)
-        self.service.tcp_port = 4150
+        self.service.ports["tcp"] = 4150
         self.service.registry.load()
         self.clock.advance(0)
         self._ports = 40000
