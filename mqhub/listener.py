@@ -187,3 +187,22 @@ class ListenerService(Service):
             abort = getattr(protocol.transport, "abortConnection", None)
             if abort is not None:
                 abort()
+
+
+def peer_text(transport: Any) -> str:
+    """``host:port`` of a connection's peer for logs and stats (``?`` when it has none)."""
+    try:
+        peer = transport.getPeer()
+        return f"{peer.host}:{peer.port}"
+    except Exception:
+        return "?"
+
+
+def set_no_delay(transport: Any) -> None:
+    """Turn Nagle's algorithm off where the transport allows it (small replies go out at once)."""
+    no_delay = getattr(transport, "setTcpNoDelay", None)
+    if no_delay is not None:
+        try:
+            no_delay(True)
+        except OSError:
+            pass

@@ -30,6 +30,7 @@ from zope.interface import implementer
 
 from mqhub.core.ids import format_id
 from mqhub.errors import MqhubError
+from mqhub.listener import peer_text, set_no_delay
 from mqhub.protocols.mqks import codec as wire
 from mqhub.protocols.mqks.codec import (
     FATAL_TOO_LONG,
@@ -149,12 +150,7 @@ class MqksProtocol(Protocol):
     def connectionMade(self) -> None:
         """Register the client; watch the write buffer; no Nagle delay for small replies."""
         self.factory.clients.add(self)
-        no_delay = getattr(self.transport, "setTcpNoDelay", None)
-        if no_delay is not None:
-            try:
-                no_delay(True)
-            except OSError:
-                pass
+        set_no_delay(self.transport)  # small replies must not wait for Nagle
         self.transport.registerProducer(self, True)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
@@ -244,12 +240,8 @@ class MqksProtocol(Protocol):
         self.reply(encode_error(request_id, eid))
 
     def _peer(self) -> str:
-        """host:port of the client, for logs."""
-        try:
-            peer = self.transport.getPeer()
-            return f"{peer.host}:{peer.port}"
-        except Exception:
-            return "?"
+        """host:port of the client, for logs and stats."""
+        return peer_text(self.transport)
 
     # input ----------------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from mqhub.core.ids import EPOCH, SEQ_BITS
 from mqhub.core.queue import NOT_OWNER
 from mqhub.errors import InvalidName, MqhubError, QueueFull
 from mqhub.interfaces import IDeliveryTarget
+from mqhub.listener import peer_text, set_no_delay
 from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq import snappy
 from mqhub.protocols.nsq.auth import AuthState, SecretsFile
@@ -163,12 +164,7 @@ class NsqProtocol(Protocol):
     def connectionMade(self) -> None:
         """Register the client and arm the heartbeat timer."""
         self.factory.clients.add(self)
-        no_delay = getattr(self.transport, "setTcpNoDelay", None)
-        if no_delay is not None:  # small response frames must not wait for Nagle (Go's default too)
-            try:
-                no_delay(True)
-            except OSError:
-                pass
+        set_no_delay(self.transport)  # small replies must not wait for Nagle
         self._last_read = self.clock.seconds()
         self._arm_heartbeat()
 
@@ -371,11 +367,7 @@ class NsqProtocol(Protocol):
 
     def _peer(self) -> str:
         """host:port of the client, for logs and stats."""
-        try:
-            peer = self.transport.getPeer()
-            return f"{peer.host}:{peer.port}"
-        except Exception:
-            return "?"
+        return peer_text(self.transport)
 
     # IDeliveryTarget --------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from zope.interface import implementer
 from mqhub.core.deadletter import REASON_MAX_ATTEMPTS
 from mqhub.errors import InvalidName, MqhubError
 from mqhub.interfaces import IDeliveryTarget
+from mqhub.listener import set_no_delay
 from mqhub.protocols.vibemq import codec as c
 from mqhub.protocols.vibemq.admin import handle_admin
 from mqhub.protocols.vibemq.auth import UserStore
@@ -177,12 +178,7 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             self.transport.registerProducer(self, True)
         except Exception:  # pragma: no cover - transports without producer support
             pass
-        no_delay = getattr(self.transport, "setTcpNoDelay", None)
-        if no_delay is not None:
-            try:
-                no_delay(True)
-            except OSError:
-                pass
+        set_no_delay(self.transport)  # small replies must not wait for Nagle
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         """Return unacked deliveries to their queues; withheld publishes are never acked."""
