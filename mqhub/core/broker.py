@@ -79,7 +79,8 @@ class Broker(BrokerDelays):
         self._queues: dict[str, Queue] = {}
         self._hidden: dict[str, Queue] = {}
         self._bindings: dict[int, Binding] = {}
-        self._queue_bindings: dict[tuple[str, str], Binding] = {}
+        #: queue name -> pattern -> its binding (a queue's bindings without a scan)
+        self._queue_bindings: dict[str, dict[str, Binding]] = {}
         self._next_binding = 0
         #: the write batches and their commits (see mqhub.core.commits)
         self.commits = Commits(store, clock)
@@ -231,8 +232,7 @@ class Broker(BrokerDelays):
         if q is None:
             return succeed(None)
         b = WriteBatch()
-        for key in [k for k in self._queue_bindings if k[1] == name]:
-            binding = self._queue_bindings.pop(key)
+        for binding in self._queue_bindings.pop(name, {}).values():
             self.router.trie.remove(binding.pattern, binding)
             self._bindings.pop(binding.id, None)
             if q.durable:
@@ -256,14 +256,14 @@ class Broker(BrokerDelays):
         b = Binding(self._next_binding, pattern, queue, target, group, tag, self)
         self._bindings[b.id] = b
         if queue is not None:
-            self._queue_bindings[(pattern, queue.name)] = b
+            self._queue_bindings.setdefault(queue.name, {})[pattern] = b
         self.router.trie.add(pattern, b)
         self.router.changed()
         return b
 
     def bind_queue(self, pattern: str, queue_name: str) -> Binding:
         """Bind ``pattern`` to the queue (idempotent; persisted for durable queues)."""
-        existing = self._queue_bindings.get((pattern, queue_name))
+        existing = self._queue_bindings.get(queue_name, {}).get(pattern)
         if existing is not None:
             return existing
         validate_pattern(pattern)
@@ -292,7 +292,11 @@ class Broker(BrokerDelays):
             return
         self.router.trie.remove(binding.pattern, binding)
         if binding.queue is not None:
-            self._queue_bindings.pop((binding.pattern, binding.queue.name), None)
+            own = self._queue_bindings.get(binding.queue.name)
+            if own is not None and own.get(binding.pattern) is binding:
+                del own[binding.pattern]
+                if not own:
+                    del self._queue_bindings[binding.queue.name]
             if binding.queue.durable:
                 wb = WriteBatch()
                 wb.delete_meta("b/" + binding.queue.name + SEP + binding.pattern)
@@ -303,7 +307,7 @@ class Broker(BrokerDelays):
         """Every binding, or those of one queue."""
         if queue_name is None:
             return list(self._bindings.values())
-        return [b for (_, n), b in self._queue_bindings.items() if n == queue_name]
+        return list(self._queue_bindings.get(queue_name, {}).values())
 
     def route(self, address: str) -> Route:
         """The cached route of ``address`` (see :class:`mqhub.core.routing.Route`)."""

@@ -200,3 +200,27 @@ def test_priority_is_clamped(hub: Hub) -> None:
     hub.broker.publish_batch("p", [b"hi"], priority=42)
     hub.broker.publish_batch("p", [b"lo"], priority=-3)
     assert [(e[1], e[7]) for e in q.peek(5)] == [(9, b"hi"), (0, b"lo")]
+
+
+def test_queue_bindings_are_indexed_per_queue_through_unbind_delete_and_restart(hub: Hub) -> None:
+    """bindings(queue) lists exactly that queue's patterns after unbind, delete and re-create."""
+    from mqhub.testing import restart_hub, settle
+
+    b = hub.broker
+    b.declare_queue("a")
+    b.declare_queue("b")
+    a1, _a2 = b.bind_queue("x.*", "a"), b.bind_queue("y.>", "a")
+    b.bind_queue("x.*", "b")
+    assert b.bind_queue("x.*", "a") is a1  # idempotent per pattern + queue
+    assert sorted(x.pattern for x in b.bindings("a")) == ["x.*", "y.>"]
+    b.unbind(a1)
+    assert [x.pattern for x in b.bindings("a")] == ["y.>"]
+    result_of(b.delete_queue("b"))
+    assert b.bindings("b") == [] and [x.queue.name for x in b.route("x.q").queues] == []
+    b.declare_queue("b")
+    assert b.bindings("b") == []
+    settle(hub)
+    hub2 = restart_hub(hub)
+    settle(hub2)
+    assert [x.pattern for x in hub2.broker.bindings("a")] == ["y.>"]
+    assert hub2.broker.bindings("b") == []
