@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from zope.interface import implementer
 
@@ -28,8 +28,12 @@ from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.nats import codec
 from mqhub.store.records import ADDRESS, BODY, HEADERS, MSG_ID
 
-if TYPE_CHECKING:  # pragma: no cover
-    from mqhub.protocols.nats.mq9 import Mq9
+
+class MailboxHost(Protocol):
+    """What a mailbox's push target needs from the mq9 handler (mqhub.protocols.nats.mq9.Mq9)."""
+
+    def push(self, pusher: MailboxPusher, consumer: Any, entries: list[tuple]) -> None:
+        """Render ``entries`` for the mailbox's subscribers and ack what was pushed."""
 
 INBOX = "$mq9.AI.INBOX."
 RESERVED_REPLY = "mqhub-reply"
@@ -116,7 +120,7 @@ class MailboxPusher:
 
     protocol_name = "nats"
 
-    def __init__(self, mq9: Mq9, mail_id: str, priority: int) -> None:
+    def __init__(self, mq9: MailboxHost, mail_id: str, priority: int) -> None:
         """Push for ``mail_id``'s ``priority`` queue through ``mq9``."""
         self.mq9 = mq9
         self.mail_id = mail_id
