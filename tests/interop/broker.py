@@ -139,8 +139,32 @@ class BrokerProcess:
     def start(self, timeout: float = 20.0) -> BrokerProcess:
         """Start the broker and return once every awaited port accepts connections.
 
+        A port chosen free can be taken by another process before the broker binds it (other
+        suites run beside this one): the broker then logs ``cannot listen on`` and something
+        else answers there. Such a role gets a fresh port and the broker is started again
+        (up to three times), so a test never talks to a stranger.
+
         :raises BrokerError: when it exits or does not listen within ``timeout`` seconds.
         """
+        for _ in range(3):
+            taken = self._start_once(timeout)
+            if not taken:
+                return self
+            self.kill()
+            for key in taken:
+                self._assign(key, free_port())
+        raise BrokerError(f"ports kept being taken: {taken}:\n{self.output()}")
+
+    def _assign(self, key: tuple[str, str], port: int) -> None:
+        """Give role ``key`` the TCP ``port`` (a ZeroMQ address for eMQP roles)."""
+        self.ports[key] = port
+        if self.endpoints[key].startswith("tcp://"):
+            self.endpoints[key] = f"tcp://{HOST}:{port}"
+        else:
+            self.endpoints[key] = f"tcp:{port}:interface={HOST}"
+
+    def _start_once(self, timeout: float) -> list[tuple[str, str]]:
+        """One start; return the roles whose port another process had taken (none: started)."""
         if self.process is not None and self.process.poll() is None:
             raise BrokerError("broker already running")
         self.runs += 1
@@ -164,6 +188,11 @@ class BrokerProcess:
             if self.process.poll() is not None:
                 self.returncode = self.process.returncode
                 raise BrokerError(f"broker exited with {self.returncode}:\n{self.output()}")
+            out = self.output()
+            taken = [key for key in self.ports
+                     if f"cannot listen on {self.endpoints[key]}:" in out]
+            if taken:
+                return taken
             pending = [key for key in pending if not port_accepts(self.ports[key])]
             if not pending:
                 break
@@ -171,7 +200,19 @@ class BrokerProcess:
                 self.kill()
                 raise BrokerError(f"broker did not listen on {pending}:\n{self.output()}")
             time.sleep(0.02)
-        return self
+        # a stranger may have answered before the broker bound: wait (briefly) for the
+        # broker's own word on each Twisted listener (JSON logs do not render it: 2 s at most)
+        listeners = [k for k in self.wait_for if not self.endpoints[k].startswith("tcp://")]
+        settle = time.monotonic() + 2.0
+        while time.monotonic() < settle:
+            out = self.output()
+            taken = [k for k in self.ports if f"cannot listen on {self.endpoints[k]}:" in out]
+            if taken:
+                return taken
+            if all(f"listening on {self.endpoints[k]}" in out for k in listeners):
+                break
+            time.sleep(0.02)
+        return []
 
     def wait_for_log(self, text: str, timeout: float = 10.0) -> None:
         """Poll the log until ``text`` appears.
