@@ -58,7 +58,8 @@ class Hub:
 def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hub:
     """Create the store, scheduler and broker core for ``options`` (nothing is opened or started).
 
-    Reads ``data-dir`` (None: a memory hub) and ``durability`` (sync | batch | none).
+    Reads ``data-dir`` (None: a memory hub), ``durability`` (sync | batch | none) and
+    ``store-map-size`` (initial LMDB map in MiB; None: the store's default).
     The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
     """
     data_dir = options.get("data-dir", options.get("data_dir"))
@@ -66,7 +67,10 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     store: Any
     if data_dir is not None:
         os.makedirs(data_dir, exist_ok=True)
-        store = LmdbStore(os.path.join(data_dir, "store"), clock=clock, durability=durability)
+        map_mib = options.get("store-map-size")
+        sizing = {"map_size": int(map_mib) << 20} if map_mib else {}
+        store = LmdbStore(os.path.join(data_dir, "store"), clock=clock, durability=durability,
+                          **sizing)
     else:
         store = MemoryStore(clock=clock)
     scheduler = SchedulerService(store, clock)

@@ -62,6 +62,8 @@ Examples:
         ["data-dir", "d", "./var", "Directory of the durable store."],
         ["log-format", None, "text", "Log output: text or json (one JSON object per line)."],
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
+        ["store-map-size", None, None,
+         "Initial LMDB map size in MiB (default 256); the map doubles whenever it fills."],
         *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
     ]
 
@@ -118,6 +120,13 @@ Examples:
             raise usage.UsageError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
         if self["durability"] not in DURABILITY_MODES:
             raise usage.UsageError(f"--durability must be one of {', '.join(DURABILITY_MODES)}")
+        if self["store-map-size"] is not None:
+            try:
+                self["store-map-size"] = int(self["store-map-size"])
+            except ValueError:
+                raise usage.UsageError("--store-map-size expects a number of MiB") from None
+            if self["store-map-size"] < 1:
+                raise usage.UsageError("--store-map-size must be at least 1 (MiB)")
         found = self._discover()
         available = ", ".join(found.plugins) or "none"
         requested = [n.strip() for n in self["protocols"].split(",") if n.strip()]
