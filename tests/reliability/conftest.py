@@ -34,3 +34,6 @@ def record_figures() -> Callable[[str, dict[str, object]], None]:
             with open(path, "a") as f:
                 f.write(line + "\n")
     return record
+
+
+from tests.interop.conftest import make_broker  # noqa: E402,F401 - real broker factory, shared
