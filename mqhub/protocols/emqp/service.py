@@ -36,6 +36,10 @@ _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 DRAIN_LIMIT = 16384
 #: Replies queued for one client that is not reading before further ones are dropped.
 CLIENT_HWM = 100_000
+#: Messages ZeroMQ buffers from one peer before it stops reading that peer's connection (TCP
+#: back-pressure; nothing is dropped). Unlimited let a client sending faster than the broker
+#: handles grow the broker without bound.
+RECEIVE_HWM = 10_000
 #: Messages queued for one slow SUB subscriber before PUB drops (ZeroMQ pub/sub semantics).
 SUBSCRIBER_HWM = 100_000
 ROLES = ("frontend", "backend", "pub-in", "pub-out")
@@ -114,7 +118,7 @@ class BatchSocket(ZmqConnection):
         if socket_type == zmq.ROUTER:
             self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.SNDHWM, sndhwm)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
         self.addEndpoints([ZmqEndpoint(ZmqEndpointType.bind, address)])
         if on_batch is not None:
             drainer.sockets.append(self)
