@@ -22,8 +22,8 @@ from tests.interop.broker import HOST, BrokerProcess
 from tests.plugins import EXAMPLE_PLUGINS
 from tests.reliability.fuzz.mutate import mutate
 from tests.reliability.fuzz.targets import all_targets, pieces
-from tests.reliability.test_limits import RSS_BOUND_MIB, Bystander
 from tests.reliability.targets.natsock import NatsSocket
+from tests.reliability.test_limits import RSS_BOUND_MIB, Bystander
 
 pytestmark = pytest.mark.interop
 
