@@ -40,8 +40,8 @@ FIGURES ?= var/reliability-figures.jsonl
 reliability: venv
 	mkdir -p var && rm -f $(FIGURES)
 	MQHUB_CRASH_CYCLES=$(CYCLES) MQHUB_RELIABILITY_FIGURES=$(abspath $(FIGURES)) \
-		$(PY) -m pytest -q -p no:randomly --timeout=7200 tests/reliability
-	$(PY) -m tests.reliability.report $(FIGURES)
+		$(PY) -m pytest -q -p no:randomly --timeout=7200 tests/reliability; \
+		status=$$?; $(PY) -m tests.reliability.report $(FIGURES); exit $$status
 
 # Fuzz every codec: atheris (coverage-guided) for FUZZ_SECONDS each, then FUZZ_INPUTS random
 # mutations each; prints inputs per codec, fails on any crash (inputs go to var/fuzz-crashes/).
