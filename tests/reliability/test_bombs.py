@@ -84,3 +84,45 @@ def test_identify_answer_is_json() -> None:
     c.send(w.encode_identify({"feature_negotiation": True, "deflate": True}))
     size = int.from_bytes(c.transport.value()[:4], "big")
     assert json.loads(c.transport.value()[8:4 + size])["deflate"] is True
+
+
+def test_http_body_past_the_limit_is_neither_kept_nor_spooled() -> None:
+    """A declared or chunked body over the limit is dropped as it arrives (Twisted would spool it
+    to a temporary file without bound); the resource then answers nsqd's 413."""
+    from twisted.web.test.requesthelper import DummyChannel
+
+    from mqhub.protocols.nsq.http import request_factory
+
+    cls = request_factory(1000)
+    declared = cls(DummyChannel())
+    declared.gotLength(50 << 20)
+    assert declared.body_too_big and declared.content.getvalue() == b""
+    chunked = cls(DummyChannel())
+    chunked.gotLength(None)
+    for _ in range(50):
+        chunked.handleContentChunk(b"x" * 100)
+    assert chunked.body_too_big and chunked.content.getvalue() == b""
+    fits = cls(DummyChannel())
+    fits.gotLength(None)
+    fits.handleContentChunk(b"y" * 1000)
+    assert not fits.body_too_big
+    fits.content.seek(0)
+    assert fits.content.read() == b"y" * 1000
+
+
+def test_too_big_request_gets_413_with_nsqds_codes() -> None:
+    """/pub answers MSG_TOO_BIG and /mpub BODY_TOO_BIG for a dropped body."""
+    from twisted.web.test.requesthelper import DummyRequest
+
+    from mqhub.protocols.nsq.http import NsqHttpResource
+
+    h = Harness()
+    resource = NsqHttpResource(h.service)
+    for path, code in ((b"/pub", "MSG_TOO_BIG"), (b"/mpub", "BODY_TOO_BIG")):
+        request = DummyRequest([path.strip(b"/")])
+        request.method = b"POST"
+        request.path = path
+        request.args = {b"topic": [b"t"]}
+        request.body_too_big = True
+        body = resource.render(request)
+        assert request.responseCode == 413 and json.loads(body) == {"message": code}

@@ -16,7 +16,7 @@ from mqhub.errors import PluginError
 from mqhub.listener import ListenerService
 from mqhub.protocols.nsq.auth import SecretsFile
 from mqhub.protocols.nsq.config import NsqConfig
-from mqhub.protocols.nsq.http import NsqHttpResource
+from mqhub.protocols.nsq.http import NsqHttpResource, request_factory
 from mqhub.protocols.nsq.server import NsqFactory
 from mqhub.protocols.nsq.topics import TopicRegistry
 
@@ -45,6 +45,8 @@ class NsqService(MultiService):
         self.http: ListenerService | None = None
         if endpoints.get("http"):
             site = Site(NsqHttpResource(self))
+            site.requestFactory = request_factory(
+                max(self.config.max_body_size, self.config.max_msg_size) + 1)
             site.noisy = False
             self.http = self._listener("http", endpoints["http"], site)
 
