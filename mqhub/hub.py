@@ -67,10 +67,12 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     store: Any
     if data_dir is not None:
         os.makedirs(data_dir, exist_ok=True)
+        path = os.path.join(data_dir, "store")
         map_mib = options.get("store-map-size")
-        sizing = {"map_size": int(map_mib) << 20} if map_mib else {}
-        store = LmdbStore(os.path.join(data_dir, "store"), clock=clock, durability=durability,
-                          **sizing)
+        if map_mib:
+            store = LmdbStore(path, clock=clock, durability=durability, map_size=int(map_mib) << 20)
+        else:
+            store = LmdbStore(path, clock=clock, durability=durability)
     else:
         store = MemoryStore(clock=clock)
     scheduler = SchedulerService(store, clock)

@@ -50,6 +50,7 @@ class BoundedRequest(server.Request):
     max_body = 5 * 1024 * 1024 + 1
     body_too_big = False
     _body_seen = 0
+    content: Any
 
     def gotLength(self, length: int | None) -> None:
         """Refuse to spool a declared length over the limit."""
