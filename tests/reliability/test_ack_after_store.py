@@ -16,7 +16,7 @@ from twisted.internet.defer import Deferred
 
 from mqhub.store.memory import MemoryStore
 from mqhub.testing import memory_hub, start_clock
-from tests.protocols.emqp.helpers import Rig
+from tests.protocols.emqp.helpers import Rig, V, job
 
 
 class HeldStore(MemoryStore):
@@ -50,14 +50,20 @@ def acks(rig: Rig) -> list[bytes]:
     return [f[-1] for f in rig.front if f[3] == b"REPLY" and len(f) == 6]
 
 
-def test_ack_of_a_later_turn_waits_for_its_own_commit() -> None:
-    """m1's barrier is outstanding when m2 is published: m1's durability must not release m2's ack."""
+def held_rig(queues: list[list[object]], ready: int) -> tuple[Any, HeldStore, Rig]:
+    """(clock, store, rig) with worker ``w1`` serving ``queues``, its setup already durable."""
     clock = start_clock()
     store = HeldStore()
     store.open()
     rig = Rig(memory_hub(clock, store=store))
-    rig.worker(b"w1", [[10, "q"]], ready=2)
-    store.release_all()  # the worker's queue setup
+    rig.worker(b"w1", queues, ready=ready)
+    store.release_all()
+    return clock, store, rig
+
+
+def test_ack_of_a_later_turn_waits_for_its_own_commit() -> None:
+    """m1's barrier is outstanding when m2 is published: m1's durability must not release m2's ack."""
+    clock, store, rig = held_rig([[10, "q"]], 2)
     first = len(store.held)
     rig.request(b"client", b"m1", b"q", b"guarantee")
     clock.advance(0)
@@ -74,14 +80,8 @@ def test_ack_of_a_later_turn_waits_for_its_own_commit() -> None:
 
 def test_acks_of_one_turn_wait_for_every_commit_of_that_turn() -> None:
     """Two queues in one read: the first dispatch's ack waits for the second queue's commit too."""
-    clock = start_clock()
-    store = HeldStore()
-    store.open()
-    rig = Rig(memory_hub(clock, store=store))
-    rig.worker(b"w1", [[10, "a"], [10, "b"]], ready=2)
-    store.release_all()  # the worker's queue setup
+    clock, store, rig = held_rig([[10, "a"], [10, "b"]], 2)
     first = len(store.held)
-    from tests.protocols.emqp.helpers import V, job
     rig.router.frontend_received([[b"client", b"", V, b"REQUEST", b"ma", b"a", b"guarantee", job()],
                                   [b"client", b"", V, b"REQUEST", b"mb", b"b", b"guarantee", job()]])
     clock.advance(0)
@@ -97,12 +97,7 @@ def test_no_ack_when_the_jobs_commit_fails() -> None:
     """A job whose commit fails is never acknowledged as dispatched (no confirmation unstored)."""
     from mqhub.errors import StoreError
 
-    clock = start_clock()
-    store = HeldStore()
-    store.open()
-    rig = Rig(memory_hub(clock, store=store))
-    rig.worker(b"w1", [[10, "q"]], ready=1)
-    store.release_all()
+    clock, store, rig = held_rig([[10, "q"]], 1)
     first = len(store.held)
     rig.request(b"client", b"m1", b"q", b"guarantee")
     clock.advance(0)
