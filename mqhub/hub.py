@@ -59,7 +59,8 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     """Create the store, scheduler and broker core for ``options`` (nothing is opened or started).
 
     Reads ``data-dir`` (None: a memory hub), ``durability`` (sync | batch | none) and
-    ``store-map-size`` (initial LMDB map in MiB; None: the store's default).
+    ``store-map-size`` (initial LMDB map in MiB; None: the store's default) and
+    ``store-reserve`` (MiB held back for acks on a full disk; 0 or None: none).
     The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
     """
     data_dir = options.get("data-dir", options.get("data_dir"))
@@ -69,10 +70,12 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
         os.makedirs(data_dir, exist_ok=True)
         path = os.path.join(data_dir, "store")
         map_mib = options.get("store-map-size")
+        reserve = int(options.get("store-reserve") or 0) << 20
         if map_mib:
-            store = LmdbStore(path, clock=clock, durability=durability, map_size=int(map_mib) << 20)
+            store = LmdbStore(path, clock=clock, durability=durability, reserve=reserve,
+                              map_size=int(map_mib) << 20)
         else:
-            store = LmdbStore(path, clock=clock, durability=durability)
+            store = LmdbStore(path, clock=clock, durability=durability, reserve=reserve)
     else:
         store = MemoryStore(clock=clock)
     scheduler = SchedulerService(store, clock)

@@ -64,6 +64,8 @@ Examples:
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
         ["store-map-size", None, None,
          "Initial LMDB map size in MiB (default 256); the map doubles whenever it fills."],
+        ["store-reserve", None, "16",
+         "MiB of disk the store holds back so acks still commit when the disk fills (0: none)."],
         *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
     ]
 
@@ -127,6 +129,12 @@ Examples:
                 raise usage.UsageError("--store-map-size expects a number of MiB") from None
             if self["store-map-size"] < 1:
                 raise usage.UsageError("--store-map-size must be at least 1 (MiB)")
+        try:
+            self["store-reserve"] = int(self["store-reserve"])
+        except ValueError:
+            raise usage.UsageError("--store-reserve expects a number of MiB") from None
+        if self["store-reserve"] < 0:
+            raise usage.UsageError("--store-reserve must not be negative")
         found = self._discover()
         available = ", ".join(found.plugins) or "none"
         requested = [n.strip() for n in self["protocols"].split(",") if n.strip()]

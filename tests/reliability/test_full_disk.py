@@ -1,8 +1,10 @@
 """A full disk: the broker's store on a small tmpfs the test mounts.
 
 Publishers get their protocol's error for every message not stored and an ``OK`` for none of
-them; reads and acknowledgements keep working; once space is back (messages consumed, topic
-deleted) publishing resumes without a restart. Needs ``mount`` (root or CAP_SYS_ADMIN); where it
+them; reads and acknowledgements keep working (the store gives back its reserve file when a
+write fails, so acks and deletes find room: without it every ack failed too, and space could
+never come back without a restart); once space is back (messages consumed, topic deleted)
+publishing resumes without a restart. Needs ``mount`` (root or CAP_SYS_ADMIN); where it
 is not permitted the test is skipped with that reason and the store-level proof is
 ``tests/unit/store/test_lmdb.py`` (a real EFBIG from RLIMIT_FSIZE).
 """
@@ -10,6 +12,7 @@ is not permitted the test is skipped with that reason and the store-level proof 
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import pytest
 
 from mqhub.protocols.nsq import codec as wire
 from tests.interop.broker import BrokerProcess
-from tests.interop.nsq_client import NsqSocket, ok, request
+from tests.interop.nsq_client import NsqSocket, channel_stats, ok, request
 
 pytestmark = pytest.mark.interop
 
@@ -70,7 +73,8 @@ def fill_read_and_recover(disk: Path, make_broker: Callable[..., BrokerProcess])
 
     Returns (bodies answered OK, bodies delivered).
     """
-    broker = make_broker(["nsq"], data_dir=disk / "data", extra_args=["--store-map-size", "1"])
+    broker = make_broker(["nsq"], data_dir=disk / "data",
+                         extra_args=["--store-map-size", "1", "--store-reserve", "1"])
     ok(broker, "/topic/create?topic=disk")
     ok(broker, "/channel/create?topic=disk&channel=c")
     port = broker.port("nsq", "tcp")
@@ -83,13 +87,25 @@ def fill_read_and_recover(disk: Path, make_broker: Callable[..., BrokerProcess])
         oks.append(http_body)
     consumer = NsqSocket(port)  # reads and FINs keep working on the full disk
     got = consumer.consume("disk", "c", lambda bodies: set(oks) <= set(bodies), timeout=60)
+    deadline = time.monotonic() + 20
+    while (stats := channel_stats(broker, "disk", "c"))["depth"] or stats["in_flight_count"]:
+        assert time.monotonic() < deadline, f"FINs not taken on the full disk: {stats}"
+        time.sleep(0.05)
     consumer.close()
     ok(broker, "/topic/delete?topic=disk")
-    producer = NsqSocket(port)  # space is back: publishing resumes without a restart
-    producer.send(wire.encode_pub("after", b"resumed"))
-    (frame,) = producer.read_until(lambda fs: bool(fs), "the PUB's answer")
-    assert frame == wire.Response(b"OK")
-    producer.close()
+    # space is back: publishing resumes without a restart (after the store's short refusal
+    # window that follows a failed write)
+    deadline = time.monotonic() + 20
+    while True:
+        producer = NsqSocket(port)
+        producer.send(wire.encode_pub("after", b"resumed"))
+        (frame,) = producer.read_until(lambda fs: bool(fs), "the PUB's answer")
+        producer.close()
+        if frame == wire.Response(b"OK"):
+            break
+        assert time.monotonic() < deadline, f"publishing did not resume: {frame}"
+        time.sleep(0.1)
+    assert "store commit failed" not in broker.output(), "an ack or delete failed on the full disk"
     assert broker.running
     return set(oks), {m.body for m in got}
 

@@ -39,3 +39,18 @@ def test_bad_store_map_size_is_a_usage_error(value: str) -> None:
     """Zero, negative and non-numbers are refused."""
     with pytest.raises(usage.UsageError):
         Options().parseOptions(["--protocols", "nsq", "--store-map-size", value])
+
+
+def test_store_reserve_option(tmp_path: Path) -> None:
+    """--store-reserve: 16 MiB by default, 0 allowed, negatives refused; the file is made on open."""
+    options = Options()
+    options.parseOptions(["--protocols", "nsq"])
+    assert options["store-reserve"] == 16
+    with pytest.raises(usage.UsageError):
+        Options().parseOptions(["--protocols", "nsq", "--store-reserve", "-1"])
+    hub = build_hub({"data-dir": str(tmp_path), "store-reserve": 2}, MemoryReactorClock())
+    hub.store.open()
+    try:
+        assert (tmp_path / "store" / "reserve").stat().st_size == 2 << 20
+    finally:
+        hub.store.close()
