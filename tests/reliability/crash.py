@@ -11,9 +11,11 @@ One cycle of :func:`run_crash_cycles`, for one :class:`CrashTarget`:
    (and on some snapshot cycles the snapshot process too);
 4. a finished snapshot must open and verify against its manifest.
 
-The broker runs with a 1 MiB initial LMDB map, so map growth happens under load (its log
-line is counted per killed run), and the data directory starts afresh every ``epoch`` cycles
-so growth keeps recurring over a long run.
+The broker runs with a 1 MiB initial LMDB map, so map growth happens under load, and the data
+directory starts afresh every ``epoch`` cycles so growth keeps recurring over a long run. Every
+fourth cycle waits for the next growth in the broker's log and kills it the moment it appears
+(``kills_at_map_growth``; if none comes in time the cycle kills at a random moment as usual);
+``kills_after_map_growth`` counts the other killed runs whose map had grown.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from tests.reliability.ledger import Ledger
 
 #: Initial LMDB map (MiB) of the crash-cycle broker: small, so growth happens under load.
 MAP_MIB = 1
+#: The store's log line for a map growth.
+GROWN = "store map grown"
 
 
 class CrashTarget(Protocol):
@@ -75,6 +79,7 @@ class Figures:
     unconfirmed_delivered: int = 0
     snapshots_taken: int = 0
     snapshots_killed: int = 0
+    kills_at_map_growth: int = 0
     kills_after_map_growth: int = 0
     seconds: float = 0.0
     losses: list[str] = field(default_factory=list)
@@ -149,11 +154,14 @@ def run_crash_cycles(target: CrashTarget, work: Path, cycles: int, seed: int,
             if cycle % 2 == 1:
                 snap = _snapshot(broker.data_dir, work / f"snap{cycle}")
                 figures.snapshots_taken += 1
-            time.sleep(rng.uniform(0, max_wait))
-            log_before_kill = broker.output()
-            broker.kill()
-            if "store map grown" in log_before_kill:
-                figures.kills_after_map_growth += 1
+            if cycle % 4 == 2 and _kill_at_next_growth(broker, rng.uniform(0.2, 2 * max_wait)):
+                figures.kills_at_map_growth += 1
+            else:
+                time.sleep(rng.uniform(0, max_wait))
+                log_before_kill = broker.output()
+                broker.kill()
+                if GROWN in log_before_kill:
+                    figures.kills_after_map_growth += 1
             stop.set()
             thread.join(30)
             assert not thread.is_alive(), f"{target.name}: load thread did not stop"
@@ -165,6 +173,19 @@ def run_crash_cycles(target: CrashTarget, work: Path, cycles: int, seed: int,
         broker.close()
     figures.seconds = round(time.monotonic() - started, 1)
     return figures
+
+
+def _kill_at_next_growth(broker: BrokerProcess, within: float) -> bool:
+    """SIGKILL the broker as soon as its log shows one more map growth (the retried group is
+    then being committed into the grown map); False, with the broker alive, if none came."""
+    seen = broker.output().count(GROWN)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if broker.output().count(GROWN) > seen:
+            broker.kill()
+            return True
+        time.sleep(0.001)
+    return False
 
 
 def _finish_snapshot(snap: subprocess.Popen[bytes], out: Path, rng: random.Random,
