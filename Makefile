@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 DATA   ?= ./var
 
-.PHONY: venv run test test-fast lint typecheck bench clean node browser
+.PHONY: venv run test test-fast lint typecheck bench clean node browser reliability fuzz
 
 venv: $(STAMP)
 
@@ -39,6 +39,25 @@ run: venv
 
 test: venv node browser
 	$(PY) -m pytest -q tests
+
+# The reliability suite's long runs (the short versions run in `make test`): crash cycles per
+# durable protocol, then every figure as a table (docs/guarantees.md quotes them).
+CYCLES ?= 100
+FIGURES ?= var/reliability-figures.jsonl
+reliability: venv
+	mkdir -p var && rm -f $(FIGURES)
+	MQHUB_CRASH_CYCLES=$(CYCLES) MQHUB_RELIABILITY_FIGURES=$(abspath $(FIGURES)) \
+		$(PY) -m pytest -q -p no:randomly --timeout=7200 tests/reliability; \
+		status=$$?; $(PY) -m tests.reliability.report $(FIGURES); exit $$status
+
+# Fuzz every codec: atheris (coverage-guided) for FUZZ_SECONDS each, then FUZZ_INPUTS random
+# mutations each; prints inputs per codec, fails on any crash (inputs go to var/fuzz-crashes/).
+FUZZ_SECONDS ?= 30
+FUZZ_INPUTS ?= 1000000
+fuzz: venv
+	mkdir -p var
+	MQHUB_RELIABILITY_FIGURES=$(abspath var/fuzz-figures.jsonl) \
+		$(PY) -m tests.reliability.fuzz.main --seconds $(FUZZ_SECONDS) --inputs $(FUZZ_INPUTS)
 
 test-fast: venv
 	$(PY) -m pytest -q -x -m "not interop and not slow" tests

@@ -65,6 +65,8 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     Reads ``data-dir`` (None: a memory hub), ``durability`` (sync | batch | none) and
     ``journal`` (on | off; the flow journal needs a data directory), ``journal-days`` and
     ``journal-max-bytes`` (its retention).
+    ``store-map-size`` (initial LMDB map in MiB; None: the store's default) and
+    ``store-reserve`` (MiB held back for acks on a full disk; 0 or None: none).
     The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
     """
     data_dir = options.get("data-dir", options.get("data_dir"))
@@ -72,7 +74,14 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     store: Any
     if data_dir is not None:
         os.makedirs(data_dir, exist_ok=True)
-        store = LmdbStore(os.path.join(data_dir, "store"), clock=clock, durability=durability)
+        path = os.path.join(data_dir, "store")
+        map_mib = options.get("store-map-size")
+        reserve = int(options.get("store-reserve") or 0) << 20
+        if map_mib:
+            store = LmdbStore(path, clock=clock, durability=durability, reserve=reserve,
+                              map_size=int(map_mib) << 20)
+        else:
+            store = LmdbStore(path, clock=clock, durability=durability, reserve=reserve)
     else:
         store = MemoryStore(clock=clock)
     scheduler = SchedulerService(store, clock)

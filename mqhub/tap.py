@@ -74,6 +74,10 @@ Examples:
         ["journal", None, "on", "Flow journal for analytics (docs/analytics.md): on or off."],
         ["journal-days", None, "7", "Delete closed journal files older than this many days."],
         ["journal-max-bytes", None, str(1 << 30), "Keep at most this many bytes of journal."],
+        ["store-map-size", None, None,
+         "Initial LMDB map size in MiB (default 256); the map doubles whenever it fills."],
+        ["store-reserve", None, "16",
+         "MiB of disk the store holds back so acks still commit when the disk fills (0: none)."],
         *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
     ]
 
@@ -143,6 +147,19 @@ Examples:
         except ValueError as exc:
             raise usage.UsageError(
                 "--journal-days and --journal-max-bytes must be positive numbers") from exc
+        if self["store-map-size"] is not None:
+            try:
+                self["store-map-size"] = int(self["store-map-size"])
+            except ValueError:
+                raise usage.UsageError("--store-map-size expects a number of MiB") from None
+            if self["store-map-size"] < 1:
+                raise usage.UsageError("--store-map-size must be at least 1 (MiB)")
+        try:
+            self["store-reserve"] = int(self["store-reserve"])
+        except ValueError:
+            raise usage.UsageError("--store-reserve expects a number of MiB") from None
+        if self["store-reserve"] < 0:
+            raise usage.UsageError("--store-reserve must not be negative")
         found = self._discover()
         available = ", ".join(found.plugins) or "none"
         requested = [n.strip() for n in self["protocols"].split(",") if n.strip()]

@@ -75,6 +75,7 @@ from mqhub.store.records import (
     Entry,
     EntryKey,
 )
+from mqhub.store.reserve import DiskReserve
 from mqhub.store.segments import CorruptRecord, SegmentLog, list_segments
 
 log = logging.getLogger("mqhub.store.lmdb")
@@ -149,7 +150,7 @@ class LmdbStore:
                  segment_threshold: int = 64 << 10, segment_size: int = 64 << 20,
                  compress: bool = False, batch_interval: float = 0.05,
                  call_from_thread: Callable[..., None] | None = None,
-                 auto_threshold: float = AUTO_THREAD_AFTER) -> None:
+                 auto_threshold: float = AUTO_THREAD_AFTER, reserve: int = 0) -> None:
         """Configure (nothing is opened until :meth:`open`).
 
         :param path: data directory (created if missing).
@@ -161,6 +162,7 @@ class LmdbStore:
         :param segment_threshold: bodies longer than this go to segment files.
         :param call_from_thread: how the writer thread hands results back (defaults to
             ``clock.callFromThread``, i.e. the reactor's).
+        :param reserve: bytes of disk held back for acks on a full disk (see DiskReserve).
         """
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}")
@@ -176,6 +178,7 @@ class LmdbStore:
         self._segments = SegmentLog(os.path.join(path, "segments"), max_size=segment_size,
                                     compress=compress)
         self._call_from_thread = call_from_thread
+        self._reserve = DiskReserve(os.path.join(path, "reserve"), reserve)
         self._env: Any = None
         self._dbs: dict[bytes, Any] = {}
         self._qids: dict[str, int] = {}
@@ -233,6 +236,7 @@ class LmdbStore:
         self._owner_fd = owner
         try:
             self._open_env(index)
+            self._reserve.restore()
         except lmdb.Error as e:
             self._release_owner()
             raise StoreError(f"cannot open store {self.path!r}: {e}") from e
@@ -416,6 +420,9 @@ class LmdbStore:
         """Queue ``batch`` for this turn's group commit; fire when it is durable."""
         if not self._open or self._closing is not None:
             return fail(StoreClosed("store is closed"))
+        if self._reserve.refuses(batch, self._clock.seconds()):
+            return fail(StoreError("the disk is full: new messages are refused for now "
+                                   "(acknowledgements and deletes still commit)"))
         d: Deferred[None] = Deferred()
         self._pending.append((batch, d))
         if self._flush_call is None and not self._writing:
@@ -459,6 +466,11 @@ class LmdbStore:
 
     def _fire(self, group: list[tuple[WriteBatch, Deferred[None]]], result: Any) -> None:
         """Fire the Deferreds of a written group with ``result`` (None, error, or per batch)."""
+        errors = result.results if isinstance(result, _PerBatch) else [result]
+        if any(isinstance(e, _WriteFailed) for e in errors):
+            self._reserve.write_failed(self._clock.seconds())
+        elif result is None:
+            self._reserve.write_succeeded(self._clock.seconds())
         if isinstance(result, _PerBatch):
             result = result.results
         if isinstance(result, list):
@@ -549,7 +561,7 @@ class LmdbStore:
             txn.abort()
             self._safe_rollback(mark)
             self.failed_groups += 1
-            raise StoreError(f"store write failed: {e}") from e
+            raise _WriteFailed(f"store write failed: {e}") from e
         except (ValueError, TypeError, AttributeError, KeyError, OverflowError,
                 struct.error) as e:
             txn.abort()
@@ -1125,6 +1137,10 @@ class LmdbStore:
             info = self._env.info()
             out["used_bytes"] = (info["last_pgno"] + 1) * self._env.stat()["psize"]
         return out
+
+
+class _WriteFailed(StoreError):
+    """Internal: LMDB or the file system refused a group's write (disk full, I/O error)."""
 
 
 class _PerBatch(StoreError):

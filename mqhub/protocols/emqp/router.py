@@ -19,6 +19,7 @@ from typing import Any
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.errors import InvalidName, MqhubError
@@ -179,7 +180,7 @@ class EmqpRouter:
         self._repump: set[str] = set()
         self._sending: tuple[Worker, bytes] | None = None
         self._post: list[Frames] = []
-        self._barrier = False
+        self._seal_call: Any = None
         self._heartbeat: LoopingCall | None = None
         self.pub_bridge = tuple(pub_bridge)
         self._bridge_bindings: list[Any] = []
@@ -207,6 +208,9 @@ class EmqpRouter:
         """Stop heartbeating and detach (in-flight jobs return to their queues)."""
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
+        if self._seal_call is not None and self._seal_call.active():
+            self._seal_call.cancel()
+        self._seal_call = None
         for binding in self._bridge_bindings:
             self.broker.unbind(binding)
         self._bridge_bindings.clear()
@@ -464,16 +468,29 @@ class EmqpRouter:
         ``broker.barrier()`` fires once every write the core issued so far (the job's publish,
         the ack that finishes it) is durable, without committing anything itself. A client's
         dispatch ack therefore means "stored", and it never sees the result of a job that a
-        crash could still run again. One barrier serves all frames of a turn.
+        crash could still run again. When nothing is pending the frames go out at once;
+        otherwise the frames of a turn are sealed at the end of that turn under one barrier
+        taken then, so it covers every commit the turn issued (a barrier taken earlier, or
+        one still outstanding from an earlier turn, would not cover a later publish).
         """
+        if self._seal_call is None:
+            if self.broker.barrier().called:
+                for msg in frames:
+                    self._safe(self.send_frontend, msg)
+                return
+            self._seal_call = self.clock.callLater(0, self._seal)
         self._post.extend(frames)
-        if self._barrier:
-            return
-        self._barrier = True
+
+    def _seal(self) -> None:
+        """End of the turn: the frames gathered wait for a barrier over everything issued."""
+        self._seal_call = None
+        post, self._post = self._post, []
 
         def flush(outcome: Any) -> None:
-            self._barrier = False
-            post, self._post = self._post, []
+            if isinstance(outcome, Failure):  # not stored: no ack (eMQP has no error frame)
+                log.error("eMQP: {n} client replies withheld, a store write failed: {e}",
+                          n=len(post), e=outcome.getErrorMessage())
+                return
             for msg in post:
                 self._safe(self.send_frontend, msg)
 

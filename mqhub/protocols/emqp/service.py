@@ -9,10 +9,12 @@ read).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
+import zmq.auth
 from twisted.application.service import IService, Service
 from twisted.logger import Logger
 from txzmq import ZmqEndpoint, ZmqEndpointType, ZmqFactory
@@ -36,6 +38,10 @@ _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 DRAIN_LIMIT = 16384
 #: Replies queued for one client that is not reading before further ones are dropped.
 CLIENT_HWM = 100_000
+#: Messages ZeroMQ buffers from one peer before it stops reading that peer's connection (TCP
+#: back-pressure; nothing is dropped). Unlimited let a client sending faster than the broker
+#: handles grow the broker without bound.
+RECEIVE_HWM = 10_000
 #: Messages queued for one slow SUB subscriber before PUB drops (ZeroMQ pub/sub semantics).
 SUBSCRIBER_HWM = 100_000
 ROLES = ("frontend", "backend", "pub-in", "pub-out")
@@ -100,11 +106,13 @@ class BatchSocket(ZmqConnection):
                  on_batch: Callable[[list[list[bytes]]], None] | None,
                  drainer: Drainer,
                  on_unreachable: Callable[[bytes], None] | None = None,
-                 sndhwm: int = 0) -> None:
+                 sndhwm: int = 0, curve_secret: bytes | None = None) -> None:
         """Create the socket of ``socket_type`` and bind it to ``address``.
 
         :param sndhwm: messages queued per peer before sends fail (ROUTER) or are dropped
             (PUB); 0 = unlimited.
+        :param curve_secret: the server's CURVE secret key: peers must speak CURVE with the
+            matching public key (encrypted; which client keys are let in is the ZAP handler's).
         """
         self.socketType = socket_type
         self.on_batch = on_batch
@@ -114,7 +122,10 @@ class BatchSocket(ZmqConnection):
         if socket_type == zmq.ROUTER:
             self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.SNDHWM, sndhwm)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        if curve_secret is not None:
+            self.socket.curve_secretkey = curve_secret
+            self.socket.curve_server = True
         self.addEndpoints([ZmqEndpoint(ZmqEndpointType.bind, address)])
         if on_batch is not None:
             drainer.sockets.append(self)
@@ -183,10 +194,16 @@ class EmqpService(Service):
 
     name: Any = "emqp"
 
-    def __init__(self, hub: Any, endpoints: dict[str, str], settings: dict[str, Any]) -> None:
+    def __init__(self, hub: Any, endpoints: dict[str, str], settings: dict[str, Any],
+                 curve: CurveSettings | None = None) -> None:
         """Build the router now (its schedule handler must exist before the scheduler fires);
-        the sockets are made in startService."""
+        the sockets are made in startService.
+
+        :param curve: CURVE encryption (and optional client allowlist) for every socket.
+        """
         self.hub = hub
+        self.curve = curve
+        self.authenticator: Any = None
         self.endpoints = endpoints
         self.factory: ZmqFactory | None = None
         self.sockets: dict[str, BatchSocket] = {}
@@ -211,17 +228,23 @@ class EmqpService(Service):
         self.factory = factory
         router = self.router
         drainer = self.drainer = Drainer(self.hub.clock)
+        secret = self.curve.secret if self.curve is not None else None
+        if self.curve is not None:
+            self.authenticator = start_authenticator(factory.context, self.curve)
         try:
             # eventmq clients often never read their acks: bound what waits for each of them
             front = BatchSocket(factory, zmq.ROUTER, self.endpoints["frontend"],
-                                router.frontend_received, drainer, sndhwm=CLIENT_HWM)
+                                router.frontend_received, drainer, sndhwm=CLIENT_HWM,
+                                curve_secret=secret)
             back = BatchSocket(factory, zmq.ROUTER, self.endpoints["backend"],
-                               router.backend_received, drainer, router.peer_unreachable)
+                               router.backend_received, drainer, router.peer_unreachable,
+                               curve_secret=secret)
             pub_in = BatchSocket(factory, zmq.ROUTER, self.endpoints["pub-in"],
-                                 router.pubin_received, drainer)
+                                 router.pubin_received, drainer, curve_secret=secret)
             pub_out = BatchSocket(factory, zmq.PUB, self.endpoints["pub-out"], None, drainer,
-                                  sndhwm=SUBSCRIBER_HWM)
+                                  sndhwm=SUBSCRIBER_HWM, curve_secret=secret)
         except zmq.ZMQError as exc:
+            self._stop_authenticator()
             factory.shutdown()
             self.factory = None
             raise PluginError(f"emqp cannot bind: {exc}") from exc
@@ -233,12 +256,70 @@ class EmqpService(Service):
         """Stop the router and close the sockets."""
         super().stopService()
         self.router.stop()
+        self._stop_authenticator()
         if self.factory is not None:
             self.factory.shutdown()
             self.factory = None
         if self.drainer is not None:
             self.drainer.cancel()
         self.sockets = {}
+
+
+    def _stop_authenticator(self) -> None:
+        """Stop the ZAP handler thread, if CURVE started one."""
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
+
+
+class CurveSettings(NamedTuple):
+    """ZeroMQ CURVE for the eMQP sockets: the server's key pair and the allowed clients."""
+
+    public: bytes
+    secret: bytes
+    #: Directory of client public-key certificates let in; None lets in any client that knows
+    #: the server's public key (the traffic is still encrypted).
+    clients: str | None
+
+
+def curve_settings(options: dict[str, Any]) -> CurveSettings | None:
+    """``--option emqp.curve_secret_file=PATH [emqp.curve_clients=DIR]``, or None.
+
+    PATH is a ZeroMQ certificate with a secret key (``zmq.auth.create_certificates`` writes
+    one); DIR holds the public certificates of the clients that may connect.
+
+    :raises PluginError: when the file cannot be read, holds no secret key, or DIR is missing.
+    """
+    raw = options.get("plugin_options") or {}
+    if isinstance(raw.get("emqp"), dict):
+        raw = raw["emqp"]
+    path = raw.get("curve_secret_file")
+    if not path:
+        if raw.get("curve_clients"):
+            raise PluginError("emqp.curve_clients needs emqp.curve_secret_file")
+        return None
+    if not zmq.has("curve"):
+        raise PluginError("emqp.curve_secret_file: this libzmq has no CURVE support")
+    try:
+        public, secret = zmq.auth.load_certificate(str(path))
+    except (OSError, ValueError) as exc:
+        raise PluginError(f"emqp.curve_secret_file: {exc}") from exc
+    if not secret:
+        raise PluginError(f"emqp.curve_secret_file {path!r} holds no secret key")
+    clients = raw.get("curve_clients") or None
+    if clients is not None and not os.path.isdir(str(clients)):
+        raise PluginError(f"emqp.curve_clients {clients!r} is not a directory")
+    return CurveSettings(public, secret, str(clients) if clients else None)
+
+
+def start_authenticator(context: zmq.Context[Any], curve: CurveSettings) -> Any:
+    """Start pyzmq's ZAP handler thread: only ``curve.clients`` (or any CURVE client) get in."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    auth = ThreadAuthenticator(context)
+    auth.start()
+    auth.configure_curve(domain="*", location=curve.clients or zmq.auth.CURVE_ALLOW_ANY)
+    return auth
 
 
 def _flag(value: Any) -> bool:
@@ -291,4 +372,4 @@ def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -
     for role in ROLES:
         if not endpoints[role].startswith(("tcp://", "ipc://", "inproc://")):
             raise PluginError(f"emqp.{role} takes a ZeroMQ address, got {endpoints[role]!r}")
-    return EmqpService(hub, dict(endpoints), router_settings(options))
+    return EmqpService(hub, dict(endpoints), router_settings(options), curve_settings(options))

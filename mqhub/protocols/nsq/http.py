@@ -8,6 +8,7 @@ this broker as the only producer, so clients configured with lookupd HTTP addres
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 from collections.abc import Callable
@@ -36,6 +37,50 @@ class HttpError(Exception):
         super().__init__(status, message)
         self.status = status
         self.message = message
+
+
+class BoundedRequest(server.Request):
+    """A request that keeps at most ``max_body`` body bytes, in memory or spooled to disk.
+
+    Twisted spools a large body to a temporary file and sets no limit, so one POST could fill
+    the disk. Past ``max_body`` the rest of the body is read and dropped (the connection stays
+    usable) and :class:`NsqHttpResource` answers nsqd's 413.
+    """
+
+    max_body = 5 * 1024 * 1024 + 1
+    body_too_big = False
+    _body_seen = 0
+    content: Any
+
+    def gotLength(self, length: int | None) -> None:
+        """Refuse to spool a declared length over the limit."""
+        if length is not None and length > self.max_body:
+            self._drop_body()
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        """Keep body bytes up to the limit (chunked bodies declare no length)."""
+        if self.body_too_big:
+            return
+        self._body_seen += len(data)
+        if self._body_seen > self.max_body:
+            self._drop_body()
+            return
+        super().handleContentChunk(data)
+
+    def _drop_body(self) -> None:
+        """Forget what was kept and keep nothing more."""
+        old = getattr(self, "content", None)
+        if old is not None:
+            old.close()
+        self.body_too_big = True
+        self.content = io.BytesIO()
+
+
+def request_factory(max_body: int) -> type[BoundedRequest]:
+    """A :class:`BoundedRequest` class keeping at most ``max_body`` bytes (for Site.requestFactory)."""
+    return type("NsqHttpRequest", (BoundedRequest,), {"max_body": max_body})
 
 
 class NsqHttpResource(Resource):
@@ -86,6 +131,9 @@ class NsqHttpResource(Resource):
         methods, handler = route
         if request.method not in methods:
             return self._error(request, HttpError(405, "METHOD_NOT_ALLOWED"))
+        if getattr(request, "body_too_big", False):
+            too_big = "MSG_TOO_BIG" if request.path.rstrip(b"/") == b"/pub" else "BODY_TOO_BIG"
+            return self._error(request, HttpError(413, too_big))
         try:
             result = handler(request)
         except HttpError as exc:

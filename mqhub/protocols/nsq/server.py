@@ -60,6 +60,8 @@ _EPOCH_MS = int(EPOCH * 1000)
 _OK = wire.OK_FRAME
 #: unconfirmed messages per connection above which reading pauses until commits catch up
 MAX_UNCONFIRMED = 50_000
+#: Most bytes one inflate step of a deflate connection produces (bounds a decompression bomb).
+INFLATE_STEP = 256 * 1024
 _NOT_IN_FLIGHT = b"ID not in flight"
 _NOT_OWNER = b"client does not own message"
 
@@ -219,17 +221,37 @@ class NsqProtocol(Protocol):
             return
         self._last_read = self.clock.seconds()
         if self._inflate is not None:
-            try:
-                data = self._inflate.decompress(data)
-            except zlib.error:
-                self._fatal(ProtocolError("E_BAD_BODY", "failed to inflate"))
-                return
-        elif self._snappy_in is not None:
+            self._inflate_and_read(data)
+            return
+        if self._snappy_in is not None:
             try:
                 data = self._snappy_in.decode(data)
             except ProtocolError as exc:
                 self._fatal(exc)
                 return
+        self._read(data)
+
+    def _inflate_and_read(self, data: bytes) -> None:
+        """Inflate ``data`` at most INFLATE_STEP bytes at a time, reading each step's commands.
+
+        A deflate bomb therefore never expands at once: the codec's limits close the
+        connection after a step or two of garbage, and memory stays bounded by one step.
+        """
+        inflate = self._inflate
+        while True:
+            try:
+                plain = inflate.decompress(data, INFLATE_STEP)
+            except zlib.error:
+                self._fatal(ProtocolError("E_BAD_BODY", "failed to inflate"))
+                return
+            if plain:
+                self._read(plain)
+            data = inflate.unconsumed_tail
+            if self.closed or self._failing or (not data and len(plain) < INFLATE_STEP):
+                return
+
+    def _read(self, data: bytes) -> None:
+        """Decode and dispatch the commands in ``data`` (plain bytes after any decompression)."""
         codec = self.codec
         codec.receive_data(data)
         pub_topic = ""

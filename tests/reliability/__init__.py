@@ -1,0 +1,1 @@
+"""Reliability suite: crash cycles, fuzzing, resource limits, a full disk, security defaults."""

@@ -1,0 +1,1 @@
+"""Codec fuzzing: one target per codec, driven by Hypothesis, atheris or a bounded random loop."""

@@ -1,0 +1,287 @@
+"""Resource limits against a real broker: stalled consumers, idle connections and churn, huge
+inputs. Each test checks the protocol's own error or rule, a bounded broker RSS (psutil) and a
+bystander of another protocol that keeps publishing and receiving.
+
+The RSS bounds are documented in docs/guarantees.md; they are deliberately loose (the machine
+is shared and Python's allocator keeps freed arenas) and far below what an unbounded buffer
+reaches under the same load.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import struct
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+import zmq
+
+from mqhub.protocols.nats import codec as nats
+from mqhub.protocols.nsq import codec as wire
+from tests.interop.broker import HOST, BrokerProcess
+from tests.interop.nsq_client import NsqSocket, ok
+from tests.reliability.targets.emqp import Worker, job
+from tests.reliability.targets.natsock import NatsSocket
+
+pytestmark = pytest.mark.interop
+
+#: Broker RSS bound (MiB) under every stalled-consumer and flood scenario below.
+RSS_BOUND_MIB = 400
+#: How long each producer runs at full speed against a stalled consumer (s).
+LOAD_SECONDS = 4.0
+
+
+@pytest.fixture
+def broker(make_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
+    """A broker with NSQ, mq9/NATS and eMQP (durability none: the limits, not the disk, are tested)."""
+    return make_broker(["nsq", "mq9", "emqp"], extra_args=["--durability", "none"])
+
+
+def rss_mib(broker: BrokerProcess) -> float:
+    """The broker's resident set size in MiB."""
+    assert broker.process is not None
+    return float(psutil.Process(broker.process.pid).memory_info().rss) / (1 << 20)
+
+
+class Bystander:
+    """An NSQ producer and consumer on their own topic: proves the broker still serves others."""
+
+    def __init__(self, broker: BrokerProcess) -> None:
+        """Subscribe to topic ``bystander``."""
+        self.port = broker.port("nsq", "tcp")
+        self.consumer = NsqSocket(self.port)
+        self.consumer.send(wire.encode_sub("bystander", "c") + wire.encode_rdy(100))
+        self.consumer.read_until(lambda fs: wire.Response(b"OK") in fs, "SUB OK")
+        self.n = 0
+
+    def check(self) -> None:
+        """One message round trip within 10 s."""
+        self.n += 1
+        body = b"still-alive-%d" % self.n
+        producer = NsqSocket(self.port)
+        producer.send(wire.encode_pub("bystander", body))
+        producer.read_until(lambda fs: wire.Response(b"OK") in fs, "bystander OK")
+        producer.close()
+        msgs = self.consumer.messages_until(1, "the bystander's message")
+        assert [m.body for m in msgs] == [body]
+        self.consumer.send(wire.encode_fin(msgs[0].msg_id))
+
+
+class Pusher:
+    """Writes a repeated chunk to a non-blocking socket at full speed, never cutting a command."""
+
+    def __init__(self, sock: socket.socket, chunk: bytes) -> None:
+        """Make ``sock`` non-blocking."""
+        self.sock, self.chunk, self.pending = sock, chunk, b""
+        sock.setblocking(False)
+        self.sent = 0
+
+    def step(self) -> None:
+        """Send what the kernel takes now; the rest waits for the next step."""
+        if not self.pending:
+            self.pending = self.chunk
+        n = self.sock.send(self.pending)
+        self.pending = self.pending[n:]
+        self.sent += n
+
+
+def full_speed(seconds: float, step: Callable[[], None], broker: BrokerProcess) -> float:
+    """Call ``step`` in a loop for ``seconds``; return the broker's peak RSS seen (MiB)."""
+    peak = 0.0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            step()
+        except (BlockingIOError, TimeoutError):
+            pass  # the broker stopped reading us: back-pressure, which is the rule
+        peak = max(peak, rss_mib(broker))
+    return peak
+
+
+def test_nats_subscriber_that_never_reads(broker: BrokerProcess) -> None:
+    """A NATS subscriber that never reads, a publisher at full speed: bounded RSS; the slow
+    consumer is cut off (nats-server's rule) or the publisher is held back; others go on."""
+    bystander = Bystander(broker)
+    stalled = NatsSocket(broker.port("mq9"))
+    stalled.send(nats.encode_sub("flood", "1") + b"PING\r\n")
+    stalled.until(lambda e: e[0] == nats.OP_PONG)
+    stalled.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    pub = NatsSocket(broker.port("mq9"))
+    pusher = Pusher(pub.sock, nats.encode_pub("flood", b"x" * 1024) * 256)
+    peak = full_speed(LOAD_SECONDS, pusher.step, broker)
+    assert pusher.sent > 10 << 20, "the publisher never got going"
+    assert peak < RSS_BOUND_MIB, f"broker RSS {peak:.0f} MiB"
+    bystander.check()
+    stalled.close()
+    pub.close()
+
+
+def test_nsq_consumer_at_rdy_2500_that_never_reads(broker: BrokerProcess) -> None:
+    """An NSQ consumer with RDY 2500 that never reads, PUBs at full speed: bounded RSS."""
+    bystander = Bystander(broker)
+    ok(broker, "/topic/create?topic=flood")
+    stalled = NsqSocket(broker.port("nsq", "tcp"))
+    stalled.send(wire.encode_sub("flood", "c") + wire.encode_rdy(2500))
+    stalled.read_until(lambda fs: wire.Response(b"OK") in fs, "SUB OK")
+    producer = NsqSocket(broker.port("nsq", "tcp"))
+    pusher = Pusher(producer.sock, wire.encode_mpub("flood", [b"y" * 1024] * 256))
+
+    def step() -> None:
+        """Push, and read the OKs so only the broker's side can back up."""
+        pusher.step()
+        try:
+            producer.sock.recv(1 << 16)
+        except BlockingIOError:
+            pass
+
+    peak = full_speed(LOAD_SECONDS, step, broker)
+    assert peak < RSS_BOUND_MIB, f"broker RSS {peak:.0f} MiB"
+    assert pusher.sent > 10 << 20, "the producer never got going"
+    bystander.check()
+    stalled.close()
+    producer.close()
+
+
+def test_emqp_worker_that_never_answers(broker: BrokerProcess) -> None:
+    """An eMQP worker that takes jobs and never answers, a client sending at full speed.
+
+    Regression: the sockets had an unlimited ZeroMQ receive queue, so libzmq read a fast client
+    into the broker's memory without bound (770 MiB of anonymous memory after 511k jobs in
+    11 s); with RECEIVE_HWM the client is held back by TCP and RSS stays flat.
+    """
+    bystander = Bystander(broker)
+    worker = Worker(broker, "flood", 2500)
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    client.setsockopt(zmq.SNDHWM, 1000)
+    client.connect(broker.url("emqp", "frontend"))
+    body = job(b"z" * 512)
+    seq = [0]
+
+    def step() -> None:
+        for _ in range(200):
+            seq[0] += 1
+            client.send_multipart([b"", b"eMQP/1.0", b"REQUEST", b"j%d" % seq[0], b"flood", b"", body],
+                                  flags=zmq.NOBLOCK)
+
+    peak = full_speed(LOAD_SECONDS, lambda: _ignore_again(step), broker)
+    assert peak < RSS_BOUND_MIB, f"broker RSS {peak:.0f} MiB"
+    bystander.check()
+    client.close(linger=0)
+    worker.close()
+
+
+def _ignore_again(step: Callable[[], None]) -> None:
+    """Run ``step``; a full ZeroMQ queue (zmq.Again) is back-pressure, not an error."""
+    try:
+        step()
+    except zmq.Again:
+        pass
+
+
+@pytest.fixture
+def many_fds() -> Iterator[int]:
+    """Raise RLIMIT_NOFILE (soft to hard) for this process and the brokers it starts."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    yield hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_idle_connections_and_churn(many_fds: int, make_broker: Callable[..., BrokerProcess]) -> None:
+    """5,000 idle connections (fewer if the fd limit is lower) and 2,000 connect/close cycles."""
+    idle_target = min(5000, (many_fds - 200) // 2)
+    assert idle_target >= 1000, f"fd limit {many_fds} too low for this test"
+    broker = make_broker(["nsq", "mq9"], extra_args=["--durability", "none"])
+    bystander = Bystander(broker)
+    before = rss_mib(broker)
+    ports = [broker.port("nsq", "tcp"), broker.port("mq9")]
+    idle = [socket.create_connection((HOST, ports[i % 2]), timeout=10) for i in range(idle_target)]
+    for sock in idle[::2]:
+        sock.sendall(wire.MAGIC_V2)
+    bystander.check()
+    during = rss_mib(broker)
+    assert during - before < 200, f"{idle_target} idle connections cost {during - before:.0f} MiB"
+    for sock in idle:
+        sock.close()
+    for i in range(2000):
+        with socket.create_connection((HOST, ports[i % 2]), timeout=10) as sock:
+            if i % 3 == 0:
+                sock.sendall(b"PING\r\n" if i % 2 else wire.MAGIC_V2 + b"NOP\n")
+    bystander.check()
+    after = rss_mib(broker)
+    assert after < RSS_BOUND_MIB
+    conns = psutil.Process(broker.process.pid).net_connections(kind="tcp")  # type: ignore[union-attr]
+    deadline = time.monotonic() + 20
+    while sum(c.status == psutil.CONN_ESTABLISHED for c in conns) > 50:  # the closes reached it
+        assert time.monotonic() < deadline, "the broker keeps closed connections open"
+        time.sleep(0.1)
+        conns = psutil.Process(broker.process.pid).net_connections(kind="tcp")  # type: ignore[union-attr]
+
+
+def read_all(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """Everything the broker sends until it closes the connection (or ``timeout``)."""
+    sock.settimeout(timeout)
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not data:
+            break
+        out += data
+    return out
+
+
+def send_all(sock: socket.socket, data: bytes) -> None:
+    """Send what the broker takes; it may close the connection before reading everything."""
+    try:
+        sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def test_huge_inputs_get_the_protocols_error(broker: BrokerProcess) -> None:
+    """Absurd length prefixes and 1 MB control lines: each protocol's error, that connection only."""
+    bystander = Bystander(broker)
+    port = broker.port("nsq", "tcp")
+    with socket.create_connection((HOST, port)) as sock:  # PUB claiming 4 GiB
+        send_all(sock, wire.MAGIC_V2 + b"PUB t\n" + struct.pack(">I", 0xFFFFFFFF) + b"x" * 100)
+        assert b"E_BAD_MESSAGE" in read_all(sock)
+    with socket.create_connection((HOST, port)) as sock:  # MPUB with 2**31 messages
+        send_all(sock, wire.MAGIC_V2 + b"MPUB t\n" + struct.pack(">II", 100, 0x7FFFFFFF) + b"x" * 96)
+        assert b"E_BAD" in read_all(sock)
+    with socket.create_connection((HOST, port)) as sock:  # a 1 MB command line
+        send_all(sock, wire.MAGIC_V2 + b"PUB " + b"t" * (1 << 20) + b"\n")
+        assert b"E_" in read_all(sock)
+    nport = broker.port("mq9")
+    with socket.create_connection((HOST, nport)) as sock:  # a 1 MB control line
+        send_all(sock, b"PUB " + b"s" * (1 << 20) + b" 1\r\nx\r\n")
+        assert b"-err 'maximum control line exceeded'" in read_all(sock).lower()
+    with socket.create_connection((HOST, nport)) as sock:  # a payload size of 10**15
+        send_all(sock, b"CONNECT {}\r\nPUB s 1000000000000000\r\n")
+        assert b"-err 'maximum payload violation'" in read_all(sock).lower()
+    assert rss_mib(broker) < RSS_BOUND_MIB
+    bystander.check()
+
+
+def test_fifty_megabyte_http_body_is_refused(broker: BrokerProcess) -> None:
+    """A 50 MB POST to the NSQ HTTP /pub is refused with nsqd's MSG_TOO_BIG; RSS stays bounded."""
+    bystander = Bystander(broker)
+    url = f"http://{HOST}:{broker.port('nsq', 'http')}/pub?topic=big"
+    request = urllib.request.Request(url, data=b"b" * (50 << 20), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            status, data = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, data = err.code, err.read()
+    assert status == 413 and json.loads(data)["message"] == "MSG_TOO_BIG", (status, data)
+    assert rss_mib(broker) < RSS_BOUND_MIB
+    bystander.check()
