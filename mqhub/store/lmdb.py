@@ -1036,10 +1036,18 @@ class LmdbStore:
                 if len(keys) >= limit:
                     break
             rows = txn.cursor(db=self._dbs[b"entries"]).getmulti(keys)
+            # a page usually repeats one meta (address, origin, no headers): decode it once
+            metas: dict[bytes, tuple] = {}
             for k, v in rows:
                 mid, _, pb = unpack_key(k)
                 flags, att, d_at, e_at, ml = unpack_head(v)
-                address, headers, origin = decode_meta(v[h:h + ml])
+                mb = v[h:h + ml]
+                meta = metas.get(mb)
+                if meta is None:
+                    meta = decode_meta(mb)
+                    if meta[1] is None:   # headers are mutable: never shared between entries
+                        metas[mb] = meta
+                address, headers, origin = meta
                 if flags & FLAG_SEGMENT:
                     body = codec.segment_body(txn, messages, self._segments, mid)
                 else:
