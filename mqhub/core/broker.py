@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from itertools import repeat
 from collections.abc import Iterable
 from typing import Any
 
@@ -343,10 +342,8 @@ class Broker(BrokerDelays):
             entries = [(i, priority, 0, deliver_at, expires_at, address, h, b, origin)
                        for i, b, h in zip(ids, bodies, headers, strict=False)]
         else:
-            # the tuples are built by zip in C: no bytecode runs per message
-            entries = list(zip(ids, repeat(priority), repeat(0), repeat(deliver_at),
-                               repeat(expires_at), repeat(address), repeat(headers), bodies,
-                               repeat(origin)))
+            entries = [(i, priority, 0, deliver_at, expires_at, address, headers, b, origin)
+                       for i, b in zip(ids, bodies, strict=False)]
         return self._publish(route, address, entries, persist, deliver_at, True)
 
     def publish_entries(self, address: str, entries: list[Entry], *,

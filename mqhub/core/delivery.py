@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-from functools import partial
-from operator import add, itemgetter
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -34,9 +32,6 @@ MAX_ATTEMPTS_HEADER = "mqhub-max-attempts"
 INF = float("inf")
 _NO_MAP = NO_MAP
 _NO_LIST = NO_LIST
-#: an entry's store key ``(priority, msg_id)``
-_PRIORITY_ID = itemgetter(1, 0)
-_PLUS_ONE = partial(add, 1)
 
 
 class QueueDelivery(QueueWindow):
@@ -204,8 +199,6 @@ class QueueDelivery(QueueWindow):
             if avail <= 0:
                 continue
             taken = self._pop_ready(avail)
-            if not taken:
-                continue
             if self._may_expire or ttl_cut:
                 n = len(taken)
                 taken = self._drop_expired(taken, now, ttl_cut)
@@ -213,11 +206,10 @@ class QueueDelivery(QueueWindow):
                     self._again = True
                 if not taken:
                     continue
-            # one more attempt each, rebuilt column-wise in C (zip) rather than per tuple
-            ids, prios, atts, *rest = zip(*taken)
-            out = list(zip(ids, prios, map(_PLUS_ONE, atts), *rest))
+            out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
             self.broker.journal.delivered(self, out)
             deadline = now + c.timeout
+            ids = [e[0] for e in out]
             if self._inflight is _NO_MAP:
                 self._inflight = {}
                 self._owner = {}
@@ -227,10 +219,10 @@ class QueueDelivery(QueueWindow):
             c.in_flight += n
             if c.credit > 0:
                 c.credit -= n
-            self._push_deadline(deadline, list(ids))
+            self._push_deadline(deadline, ids)
             if record:
                 b = WriteBatch()
-                b.set_attempts(self.name, list(zip(prios, ids, map(_PLUS_ONE, atts))))
+                b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in out])
                 self.broker.commits.commit(b)
             self.broker.counters.deliver(c.target, n)
             try:
@@ -392,7 +384,7 @@ class QueueDelivery(QueueWindow):
             self._parent.fan_done(self, got)
         if got and self.durable:
             b = WriteBatch()
-            b.delete_entries(self.name, list(map(_PRIORITY_ID, got)))
+            b.delete_entries(self.name, [(e[1], e[0]) for e in got])
             self._write(b)
         if got:
             self.broker.journal.acked(self, got)

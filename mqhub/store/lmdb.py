@@ -35,8 +35,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
-from itertools import repeat
 from operator import itemgetter, lt
 from typing import Any
 
@@ -89,15 +87,6 @@ OWNER_LOCK = "store.lock"
 
 
 _KEY0 = itemgetter(0)
-_FIRST = itemgetter(0)
-#: an entry key's msg_id part and the rest (the ``order`` key is rest + msg_id)
-_ID_PART = itemgetter(slice(0, 8))
-_AFTER_ID = itemgetter(slice(8, None))
-#: what a batch must share for :meth:`LmdbStore._uniform_values`
-_SHAPE = itemgetter(ATTEMPTS, DELIVER_AT, EXPIRES_AT, ADDRESS, ORIGIN, HEADERS)
-_BODY = itemgetter(BODY)
-_PRIORITY = itemgetter(PRIORITY)
-_MSG_ID = itemgetter(MSG_ID)
 
 
 def _append_tail(txn: Any, db: Any, rows: list[tuple[bytes, bytes]]
@@ -708,9 +697,21 @@ class LmdbStore:
                     txn.put(k, codec.with_attempts(v, attempts), db=entries)
         for queue, keys in batch.deletes.items():
             qid = self._qid(t, queue, False)
-            if qid is None or not keys:
+            if qid is None:
                 continue
-            removed = self._delete_keys(t, qid, keys)
+            removed = 0
+            pack = ENTRY_KEY.pack
+            pop = txn.cursor(db=entries).pop
+            pop_order = txn.cursor(db=order).pop
+            opack = ORDER_KEY.pack
+            for priority, msg_id in keys:
+                k = pack(msg_id, qid, 9 - priority)
+                v = pop(k)
+                if v is not None:
+                    removed += 1
+                    pop_order(opack(qid, 9 - priority, msg_id))
+                    if v[0]:
+                        self._release(t, k, v)
             if removed:
                 t.counts[queue] = self._count(t, queue) - removed
         due, due_keys = self._dbs[b"due"], self._dbs[b"due_keys"]
@@ -730,36 +731,6 @@ class LmdbStore:
             txn.put(mkey.encode(), value, db=meta)
         for mkey in batch.meta_deletes:
             txn.delete(mkey.encode(), db=meta)
-
-    def _delete_keys(self, t: _Txn, qid: int, keys: list[EntryKey]) -> int:
-        """Remove the ``(priority, msg_id)`` entries of queue ``qid`` and their ``order`` rows.
-
-        Return how many existed. Keys are built and rows popped with C-level ``map`` calls (an
-        ack of 1,000 FINs runs no Python bytecode per key); only rows with flags (expiry,
-        segment body) take the per-row release path.
-        """
-        txn = t.txn
-        entries = self._dbs[b"entries"]
-        if len(set(keys)) != len(keys):
-            keys = list(dict.fromkeys(keys))
-        prios, ids = zip(*keys)
-        top = max(prios)
-        rprio: Any = (repeat(MAX_PRIORITY - top) if top == min(prios)
-                      else list(map(MAX_PRIORITY.__sub__, prios)))
-        ekeys = list(map(ENTRY_KEY.pack, ids, repeat(qid), rprio))
-        olds = list(map(partial(txn.pop, db=entries), ekeys))
-        live = list(filter(None, olds))
-        if not live:
-            return 0
-        okeys = map(ORDER_KEY.pack, repeat(qid), rprio, ids)
-        # a row's order twin exists exactly when the row does: deleting a missing one is a no-op
-        sum(map(partial(txn.delete, db=self._dbs[b"order"]), okeys))
-        if any(map(_FIRST, live)):
-            release = self._release
-            for k, v in zip(ekeys, olds):
-                if v is not None and v[0]:
-                    release(t, k, v)
-        return len(live)
 
     def _put(self, t: _Txn, queue: str, items: list[Entry], archive: bool) -> None:
         """Store entries of one queue: plain ones are gathered for :meth:`_flush_plain`."""
@@ -811,24 +782,20 @@ class LmdbStore:
         deliver_at, address and origin; returns None otherwise (the general loop handles it).
         """
         first = items[0]
-        try:
-            shapes = set(map(_SHAPE, items))
-        except TypeError:  # unhashable headers
+        shape = (first[ATTEMPTS], first[DELIVER_AT], first[ADDRESS], first[ORIGIN])
+        if (any(e[EXPIRES_AT] or e[HEADERS] is not None for e in items)
+                or max(map(len, [e[BODY] for e in items])) > self._threshold
+                or any((e[ATTEMPTS], e[DELIVER_AT], e[ADDRESS], e[ORIGIN]) != shape
+                       for e in items)):
             return None
-        if len(shapes) != 1 or first[EXPIRES_AT] or first[HEADERS] is not None:
-            return None
-        bodies = list(map(_BODY, items))
-        if max(map(len, bodies)) > self._threshold:
-            return None
-        prios = set(map(_PRIORITY, items))
+        prios = [e[PRIORITY] for e in items]
         if min(prios) < MIN_PRIORITY or max(prios) > MAX_PRIORITY:
             raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
         meta = codec.encode_meta(first[ADDRESS], None, first[ORIGIN])
         pre = VALUE_HEAD.pack(0, first[ATTEMPTS], first[DELIVER_AT], 0.0, len(meta)) + meta
-        rprio: Any = (repeat(MAX_PRIORITY - first[PRIORITY]) if len(prios) == 1
-                      else map(MAX_PRIORITY.__sub__, map(_PRIORITY, items)))
-        keys = map(ENTRY_KEY.pack, map(_MSG_ID, items), repeat(qid), rprio)
-        return list(zip(keys, map(pre.__add__, bodies)))
+        pack_key = ENTRY_KEY.pack
+        return [(pack_key(e[MSG_ID], qid, MAX_PRIORITY - e[PRIORITY]), pre + e[BODY])
+                for e in items]
 
     def _flush_plain(self, t: _Txn) -> None:
         """Write the gathered plain rows (inline bodies, no expiry) and their ``order`` rows.
@@ -865,9 +832,7 @@ class LmdbStore:
             elif old[0]:
                 self._release(t, k, old)
         order = self._dbs[b"order"]
-        ks = list(map(_KEY0, rows))
-        orows = sorted(zip(map(bytes.__add__, map(_AFTER_ID, ks), map(_ID_PART, ks)),
-                           repeat(b"")))
+        orows = sorted([(k[8:] + k[:8], b"") for k, _ in rows])
         _, orest = _append_tail(txn, order, orows)
         if orest:
             txn.cursor(db=order).putmulti(orest)
@@ -1036,18 +1001,10 @@ class LmdbStore:
                 if len(keys) >= limit:
                     break
             rows = txn.cursor(db=self._dbs[b"entries"]).getmulti(keys)
-            # a page usually repeats one meta (address, origin, no headers): decode it once
-            metas: dict[bytes, tuple] = {}
             for k, v in rows:
                 mid, _, pb = unpack_key(k)
                 flags, att, d_at, e_at, ml = unpack_head(v)
-                mb = v[h:h + ml]
-                meta = metas.get(mb)
-                if meta is None:
-                    meta = decode_meta(mb)
-                    if meta[1] is None:   # headers are mutable: never shared between entries
-                        metas[mb] = meta
-                address, headers, origin = meta
+                address, headers, origin = decode_meta(v[h:h + ml])
                 if flags & FLAG_SEGMENT:
                     body = codec.segment_body(txn, messages, self._segments, mid)
                 else:
