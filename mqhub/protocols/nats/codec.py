@@ -343,15 +343,18 @@ class NatsParser:
 
         ``routes`` maps a raw PUB line (as in ``hit[0]``) to ``(targets, special, size)``;
         a route qualifies when ``special`` is None. Each target is ``(owner, out, prefix)``:
-        the message is appended to the ``out`` list as prefix, payload, CRLF, and ``owner``
-        is appended to ``dirty`` when its ``out`` was empty. Stops (returning how many PUBs
-        it delivered) at the first line that needs anything else; :meth:`slow_run` takes it
-        from there. The only state it touches is the buffer offset.
+        the message is appended to the ``out`` list as prefix and one slice ``payload + CRLF``,
+        and ``owner`` is appended to ``dirty`` when its ``out`` was empty. A run of at least
+        ``_RUN_MIN`` frames (each up to ``_RUN_MAX_FRAME`` bytes) repeating one line exactly is
+        appended as one block per target: the run with every header replaced by the prefix.
+        Stops (returning how many PUBs it delivered) at the first line that needs anything
+        else; :meth:`slow_run` takes it from there. The only state it touches is the buffer
+        offset.
 
         ``head_routes`` optionally maps a line's head (``PUB subject [reply]``, everything
         before the last space) to ``(heads, special)`` with targets ``(owner, out, head)``:
-        a line seen for the first time on a known subject is then delivered with the prefix
-        ``head + size + CRLF`` without being parsed.
+        a line seen for the first time on a known subject is then delivered as ``head`` and
+        one slice ``size CRLF payload CRLF`` of the buffer, without being parsed.
 
         After the call ``last_sent`` holds how many MSG copies it wrote (the admin counters).
         """
