@@ -343,15 +343,18 @@ class NatsParser:
 
         ``routes`` maps a raw PUB line (as in ``hit[0]``) to ``(targets, special, size)``;
         a route qualifies when ``special`` is None. Each target is ``(owner, out, prefix)``:
-        the message is appended to the ``out`` list as prefix, payload, CRLF, and ``owner``
-        is appended to ``dirty`` when its ``out`` was empty. Stops (returning how many PUBs
-        it delivered) at the first line that needs anything else; :meth:`slow_run` takes it
-        from there. The only state it touches is the buffer offset.
+        the message is appended to the ``out`` list as prefix and one slice ``payload + CRLF``,
+        and ``owner`` is appended to ``dirty`` when its ``out`` was empty. A run of at least
+        ``_RUN_MIN`` frames (each up to ``_RUN_MAX_FRAME`` bytes) repeating one line exactly is
+        appended as one block per target: the run with every header replaced by the prefix.
+        Stops (returning how many PUBs it delivered) at the first line that needs anything
+        else; :meth:`slow_run` takes it from there. The only state it touches is the buffer
+        offset.
 
         ``head_routes`` optionally maps a line's head (``PUB subject [reply]``, everything
         before the last space) to ``(heads, special)`` with targets ``(owner, out, head)``:
-        a line seen for the first time on a known subject is then delivered with the prefix
-        ``head + size + CRLF`` without being parsed.
+        a line seen for the first time on a known subject is then delivered as ``head`` and
+        one slice ``size CRLF payload CRLF`` of the buffer, without being parsed.
 
         After the call ``last_sent`` holds how many MSG copies it wrote (the admin counters).
         """
@@ -368,6 +371,7 @@ class NatsParser:
         dappend = dirty.append
         count = 0
         extra = 0    # MSG copies beyond one per PUB (the one-target case costs nothing)
+        run_max = _RUN_MAX_FRAME  # frames up to this size try the run path; 0 once one failed
         while True:
             i = find(b"\n", pos)
             if i < 0:
@@ -387,37 +391,54 @@ class NatsParser:
                 size = int(size_f)
                 if size > max_payload:
                     break
-                start = i + 1
-                stop = start + size
+                stop = i + 1 + size
                 if stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
                     break
-                payload = buf[start:stop]
-                tail = size_f + _CRLF
+                # "size\r\n" + payload + "\r\n" in one slice, shared by every target
+                tail = buf[pos + sp + 1:stop + 2]
                 for owner, out, head in hr[0]:
                     if not out:
                         dappend(owner)
-                    out.append(head + tail)
-                    out.append(payload)
-                    out.append(_CRLF)
+                    out.append(head)
+                    out.append(tail)
                 extra += len(hr[0]) - 1
                 pos = stop + 2
                 count += 1
                 continue
             if r[1] is not None:
                 break
-            start = i + 1
-            stop = start + r[2]
+            stop = i + 1 + r[2]
             if stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
                 break
-            payload = buf[start:stop]
             targets = r[0]
+            step = stop + 2 - pos
+            if step <= run_max and n - pos >= step * _RUN_MIN \
+                    and buf[stop + 2:stop + 3 + i - pos] == buf[pos:i + 1] \
+                    and buf[pos + step * (_RUN_MIN - 1):i + 1 + step * (_RUN_MIN - 1)] \
+                    == buf[pos:i + 1]:
+                k = _run_length(buf, pos, i + 1 - pos, step)
+                head = buf[pos:i + 1]
+                seg = buf[pos:pos + k * step]
+                # the header ends in its only LF, so its copies cannot overlap: k of them means
+                # no payload holds one and the replace swaps exactly the k headers
+                if k >= _RUN_MIN and seg.count(head) == k:
+                    for owner, out, prefix in targets:
+                        if not out:
+                            dappend(owner)
+                        out.append(seg.replace(head, prefix))
+                    extra += (len(targets) - 1) * k
+                    pos += k * step
+                    count += k
+                    continue
+                run_max = 0     # a failed attempt: no more this call (bounds the work)
+            # payload and its CRLF in one slice
+            payload = buf[i + 1:stop + 2]
             if len(targets) == 1:
                 owner, out, prefix = targets[0]
                 if not out:
                     dappend(owner)
                 out.append(prefix)
                 out.append(payload)
-                out.append(_CRLF)
             else:
                 extra += len(targets) - 1
                 for owner, out, prefix in targets:
@@ -425,7 +446,6 @@ class NatsParser:
                         dappend(owner)
                     out.append(prefix)
                     out.append(payload)
-                    out.append(_CRLF)
             pos = stop + 2
             count += 1
         self._pos = pos
@@ -624,6 +644,32 @@ class NatsParser:
         out.append((OP_HMSG, _text(subject), _text(sid), reply, buf[nxt:nxt + hsize],
                     buf[nxt + hsize:stop]))
         return stop + 2
+
+
+#: consecutive identical PUB frames worth the run path of :meth:`NatsParser.route_pubs`
+_RUN_MIN = 8
+#: frames above this size take the per-message path: their cost is copying, which the run
+#: path does not save (measured: 1 KiB frames were 10 % slower through it)
+_RUN_MAX_FRAME = 512
+
+
+def _run_length(buf: bytes, pos: int, hlen: int, step: int) -> int:
+    """How many frames of ``step`` bytes from ``pos`` repeat the first one's header and CRLF.
+
+    The first frame is ``header (hlen bytes, ending in LF) + payload + CRLF``; each header
+    byte and both CRLF bytes are checked column-wise with strided slices (C-level work, no
+    bytecode per frame).
+    """
+    k = (len(buf) - pos) // step
+    for o in (*range(hlen), step - 2, step - 1):
+        col = buf[pos + o:pos + k * step:step]
+        c = buf[pos + o:pos + o + 1]
+        lead = len(col) - len(col.lstrip(c))
+        if lead < k:
+            k = lead
+            if k < _RUN_MIN:
+                return k
+    return k
 
 
 def _routable(raw: bytes, stop: tuple[dict[bytes, tuple], dict[bytes, tuple]]) -> bool:

@@ -3,8 +3,10 @@
 Hot path (see ../shared/reference/performance.md): the codec yields every event of one read;
 a PUB looks up its *route* by the raw control line (cached until any subscription changes,
 the "epoch"); a route holds, per receiving subscription, the prebuilt ``MSG subj sid n``
-line and the receiver's output list, so delivering is three list appends. Every connection
-touched during a read gets one ``transport.write`` at the end of that read.
+line and the receiver's output list, so delivering is two list appends (prefix, then
+payload and CRLF as one slice); a run of identical frames is one block per receiver (see
+``NatsParser.route_pubs``). Every connection touched during a read gets one
+``transport.write`` at the end of that read.
 
 Subscriptions live in the NATS trie and, when the hub has a core broker, are also bound in
 the core's address space through :mod:`mqhub.protocols.nats.bridge`, so other protocols reach

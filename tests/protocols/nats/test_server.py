@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mqhub.protocols.nats import codec
@@ -331,6 +331,50 @@ def test_fast_path_still_enforces_framing_and_limits() -> None:
     pub2.send(b"PUB f 101\r\n")                           # known head, size over the limit
     assert pub2.events()[-1] == (codec.OP_ERR, "Maximum Payload Violation") and pub2.closed
     assert [e[4] for e in sub.events()] == [b"12", b"12"]
+
+
+#: payloads that hold their own frame's header line (12 and 20 bytes) must not confuse the run path
+_RUN_PAYLOADS = [b"abcd", b"PUB r.a 12\r\n", b"PUB r.b 12\r\n", b"PUB r.a r.reply 20\r\n",
+                 b"\r\n\r\n"]
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["r.a", "r.b", "r.a r.reply"]),
+                          st.sampled_from(_RUN_PAYLOADS),
+                          st.integers(min_value=1, max_value=30)), min_size=1, max_size=6),
+       st.integers(min_value=1, max_value=400), st.booleans())
+@example([("r.a", b"PUB r.a 12\r\n", 20), ("r.a r.reply", b"PUB r.a r.reply 20\r\n", 12),
+          ("r.b", b"abcd", 30)], 4000, True)
+@example([("r.a", b"abcd", 9), ("r.b", b"abcd", 9), ("r.a", b"abcd", 7)], 4000, False)
+def test_runs_of_identical_frames_are_delivered_exactly(runs: list[tuple[str, bytes, int]],
+                                                        cut: int, bad_end: bool) -> None:
+    """Long runs of identical PUB frames (the run path) deliver exactly what one-by-one
+    parsing would, to every subscriber, whatever the payload holds and wherever reads split;
+    a broken frame inside a run still closes the publisher after the frames before it."""
+    srv = make_server(max_payload=100)
+    plain, wild, pub = Client(srv), Client(srv), Client(srv)
+    plain.send(b"SUB r.a 1\r\n")
+    wild.send(b"SUB r.* 7\r\n")
+    expected: list[tuple[str, str | None, bytes]] = []
+    stream = b""
+    for subj, payload, count in runs:
+        subject, _, reply = subj.partition(" ")
+        stream += codec.encode_pub(subject, payload, reply or None) * count
+        expected += [(subject, reply or None, payload)] * count
+    for subject, reply in (("r.a", None), ("r.b", None), ("r.a", "r.reply")):
+        for size in {len(p) for p in _RUN_PAYLOADS}:   # the route cache knows every line
+            pub.send(codec.encode_pub(subject, b"w" * size, reply))
+    plain.events()
+    wild.events()
+    if bad_end:
+        stream += codec.encode_pub("r.a", b"abcd")[:-2] + b"XX"
+    for i in range(0, len(stream), cut):
+        pub.send(stream[i:i + cut])
+    got_wild = [(e[1], e[3], e[4]) for e in wild.events() if e[0] == OP_MSG]
+    got_plain = [(e[1], e[3], e[4]) for e in plain.events() if e[0] == OP_MSG]
+    assert got_wild == expected
+    assert got_plain == [x for x in expected if x[0] == "r.a"]
+    assert pub.closed == bad_end
 
 
 @settings(max_examples=150, deadline=None)

@@ -113,3 +113,28 @@ def test_format_1_store_is_refused(tmp_path: Any) -> None:
     # the refused open released its lock: a later open (after an upgrade) is not blocked by it
     with pytest.raises(StoreError, match="format 1"):
         open_store(path)
+
+
+def test_batched_deletes_drop_every_row_and_reference(tmp_path: Any) -> None:
+    """One delete batch over mixed priorities, expiring and segment entries, repeated and
+    missing keys: exactly the named entries go, with their order, expiry and segment rows."""
+    h = open_store(str(tmp_path / "d"), segment_threshold=256)
+    b = WriteBatch()
+    b.put_entries("q", [make_entry(i, b"p%d" % i, "a", priority=i % 3) for i in range(1, 31)])
+    b.put_entries("q", [make_entry(i, b"e%d" % i, "a", expires_at=1e12) for i in range(31, 41)])
+    b.put_entries("q", [make_entry(i, KIB, "a", priority=5) for i in range(41, 51)])
+    h.result(h.store.commit(b))
+    assert h.result(h.store.count_entries("q")) == 50
+    gone = [(i % 3, i) for i in range(1, 31, 2)] + [(0, i) for i in range(31, 41, 2)]
+    gone += [(5, i) for i in range(41, 51, 2)]
+    b = WriteBatch()
+    b.delete_entries("q", gone + gone[:3] + [(0, 999), (7, 2)])   # repeats, missing, wrong prio
+    h.result(h.store.commit(b))
+    left = sorted(e[0] for e in h.result(h.store.read_entries("q", None, 100)))
+    assert left == list(range(2, 51, 2))
+    assert h.result(h.store.count_entries("q")) == 25
+    with h.store._env.begin() as txn:
+        assert txn.stat(h.store._dbs[b"order"])["entries"] == 25
+        assert txn.stat(h.store._dbs[b"expiry"])["entries"] == 5
+        assert txn.stat(h.store._dbs[b"messages"])["entries"] == 5
+    h.result(h.store.close())
