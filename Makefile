@@ -42,22 +42,27 @@ test: venv node browser
 
 # The reliability suite's long runs (the short versions run in `make test`): crash cycles per
 # durable protocol, then every figure as a table (docs/guarantees.md quotes them).
+# RELIABILITY_K selects tests by pytest -k (e.g. RELIABILITY_K="mqks or vibemq").
 CYCLES ?= 100
 FIGURES ?= var/reliability-figures.jsonl
+RELIABILITY_K ?=
 reliability: venv
 	mkdir -p var && rm -f $(FIGURES)
 	MQHUB_CRASH_CYCLES=$(CYCLES) MQHUB_RELIABILITY_FIGURES=$(abspath $(FIGURES)) \
-		$(PY) -m pytest -q -p no:randomly --timeout=7200 tests/reliability; \
+		$(PY) -m pytest -q -p no:randomly --timeout=7200 tests/reliability \
+		$(if $(RELIABILITY_K),-k "$(RELIABILITY_K)"); \
 		status=$$?; $(PY) -m tests.reliability.report $(FIGURES); exit $$status
 
 # Fuzz every codec: atheris (coverage-guided) for FUZZ_SECONDS each, then FUZZ_INPUTS random
 # mutations each; prints inputs per codec, fails on any crash (inputs go to var/fuzz-crashes/).
 FUZZ_SECONDS ?= 30
 FUZZ_INPUTS ?= 1000000
+FUZZ_CODECS ?=
 fuzz: venv
 	mkdir -p var
 	MQHUB_RELIABILITY_FIGURES=$(abspath var/fuzz-figures.jsonl) \
-		$(PY) -m tests.reliability.fuzz.main --seconds $(FUZZ_SECONDS) --inputs $(FUZZ_INPUTS)
+		$(PY) -m tests.reliability.fuzz.main --seconds $(FUZZ_SECONDS) --inputs $(FUZZ_INPUTS) \
+		$(foreach c,$(FUZZ_CODECS),--codec $(c))
 
 test-fast: venv
 	$(PY) -m pytest -q -x -m "not interop and not slow" tests

@@ -98,6 +98,10 @@ class VibeClientBase:
                 self.frames.append(f)
         return True
 
+    def pump(self, timeout: float) -> bool:
+        """Read once (up to ``timeout``) into ``frames``/``deliveries``; False when nothing came."""
+        return self._pump(timeout)
+
     def next_frame(self, timeout: float = COMMAND_TIMEOUT) -> c.Frame:
         """The next non-Deliver frame, whatever its id."""
         deadline = time.monotonic() + timeout

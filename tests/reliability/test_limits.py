@@ -285,3 +285,79 @@ def test_fifty_megabyte_http_body_is_refused(broker: BrokerProcess) -> None:
     assert status == 413 and json.loads(data)["message"] == "MSG_TOO_BIG", (status, data)
     assert rss_mib(broker) < RSS_BOUND_MIB
     bystander.check()
+
+
+@pytest.fixture
+def mq_broker(make_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
+    """A broker with NSQ (the bystander), MQKS and VibeMQ (durability none)."""
+    return make_broker(["nsq", "mqks", "vibemq"], extra_args=["--durability", "none"])
+
+
+def _drain_replies(sock: socket.socket) -> None:
+    """Read what the broker answered the producer, so only the broker's side can back up."""
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except (BlockingIOError, TimeoutError):
+        pass
+
+
+def test_mqks_consumer_that_never_reads(mq_broker: BrokerProcess) -> None:
+    """An MQKS auto-ack consumer that never reads, ``publish`` lines at full speed: bounded RSS."""
+    bystander = Bystander(mq_broker)
+    port = mq_broker.port("mqks", "tcp")
+    stalled = socket.create_connection((HOST, port))
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.sendall(b"c1 consume --confirm floodq flood.e\n")
+    stalled.settimeout(10)
+    assert stalled.recv(100).startswith(b"c1 ok ")
+    producer = socket.create_connection((HOST, port))
+    pusher = Pusher(producer, b"".join(b"p%d publish flood.e %s\n" % (i, b"m" * 1024)
+                                       for i in range(256)))
+
+    def step() -> None:
+        """Push, then read the producer's replies (there are none without --confirm)."""
+        pusher.step()
+        _drain_replies(producer)
+
+    peak = full_speed(LOAD_SECONDS, step, mq_broker)
+    assert pusher.sent > 10 << 20, "the producer never got going"
+    assert peak < RSS_BOUND_MIB, f"broker RSS {peak:.0f} MiB"
+    bystander.check()
+    stalled.close()
+    producer.close()
+
+
+def test_vibemq_subscriber_that_never_reads(mq_broker: BrokerProcess) -> None:
+    """A VibeMQ subscriber that never reads nor acks, an unbounded queue, Publish frames at full
+    speed: bounded RSS (deliveries wait in the queue, not in the connection's write buffer;
+    publishes awaiting their commit pause the producer's reads: before that bound this scenario
+    grew the broker to 1.9 GiB in 30 s, see tests/protocols/vibemq/test_server.py)."""
+    from mqhub.protocols.vibemq import codec as vc
+    from mqhub.protocols.vibemq.options import QueueOptions
+    from tests.interop.vibemq_client import SocketClient
+
+    bystander = Bystander(mq_broker)
+    port = mq_broker.port("vibemq", "tcp")
+    stalled = SocketClient(port)
+    stalled.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect(compression=None)
+    stalled.create_queue("flood", QueueOptions(max_queue_size=0))
+    stalled.subscribe("flood")
+    producer = SocketClient(port)
+    producer.connect(compression=None)
+    chunk = b"".join(vc.encode(vc.Frame(vc.PUBLISH, f"p{i}", "flood", b'"' + b"v" * 1024 + b'"'))
+                     for i in range(256))
+    pusher = Pusher(producer.sock, chunk)
+
+    def step() -> None:
+        """Push, then read the PublishAcks."""
+        pusher.step()
+        _drain_replies(producer.sock)
+
+    peak = full_speed(LOAD_SECONDS, step, mq_broker)
+    assert pusher.sent > 10 << 20, "the producer never got going"
+    assert peak < RSS_BOUND_MIB, f"broker RSS {peak:.0f} MiB"
+    bystander.check()
+    stalled.close()
+    producer.close()

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.interop
 INPUTS = int(os.environ.get("MQHUB_SERVER_FUZZ_INPUTS", 300))
 #: fuzz target -> (protocol, role) of the live listener it is sent to.
 LISTENERS = {"nsq": ("nsq", "tcp"), "nats": ("mq9", "tcp"), "resp": ("redis", "tcp"),
-             "emqp": ("emqp", "frontend")}
+             "emqp": ("emqp", "frontend"), "mqks": ("mqks", "tcp"), "vibemq": ("vibemq", "tcp")}
 
 
 def send_tcp(port: int, data: bytes) -> None:
@@ -50,7 +50,7 @@ def test_fuzzed_frames_never_hurt_the_broker_or_a_bystander(
         name: str, make_broker: Callable[..., BrokerProcess],
         record_figures: Callable[[str, dict[str, object]], None]) -> None:
     """INPUTS mutated inputs of one protocol; the bystander (NSQ, or NATS for NSQ) keeps working."""
-    broker = make_broker(["nsq", "mq9", "emqp", "redis"], plugin_paths=[EXAMPLE_PLUGINS],
+    broker = make_broker(["nsq", "mq9", "emqp", "redis", "mqks", "vibemq"], plugin_paths=[EXAMPLE_PLUGINS],
                          extra_args=["--durability", "none"])
     target = all_targets()[name]
     rng = random.Random(name)

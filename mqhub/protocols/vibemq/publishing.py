@@ -25,6 +25,9 @@ from mqhub.protocols.vibemq.render import publish_acks
 log = Logger(namespace="mqhub.vibemq")
 
 MAX_HEADERS = 50
+#: publishes per connection handed to the core and not yet stored, above which reading pauses
+#: until commits catch up (NSQ and MQKS use the same bound)
+MAX_UNCONFIRMED = 50_000
 MAX_HEADER_VALUE = 4096
 
 
@@ -58,6 +61,8 @@ class PublishingMixin:
     blocked: deque[tuple[VibeQueue, c.Frame]]
     _retry: Any
     _paused: bool
+    _unconfirmed: int
+    _backlog: bool
 
     def error(self, msg_id: str | None, code: str, text: str) -> None:
         """Send an Error frame (the protocol's)."""
@@ -142,18 +147,31 @@ class PublishingMixin:
         else:
             d = self.broker.publish_batch(vq.name, bodies, origin="vibemq", headers=headers)
         ids = [f.id for f in run]
+        self._unconfirmed += len(ids)
+        if self._unconfirmed > MAX_UNCONFIRMED and not self._backlog:
+            self._backlog = True
+            self._sync_reading()
         d.addCallbacks(self._stored, self._store_failed, callbackArgs=(ids, vq.name),
                        errbackArgs=(ids,))
 
     def _stored(self, _: Any, ids: list[str], queue: str) -> None:
         """Send the PublishAcks of a stored batch."""
+        self._settled(len(ids))
         self.write(publish_acks(ids, queue))
 
     def _store_failed(self, failure: Failure, ids: list[str]) -> None:
         """The store refused the batch: every publisher of it gets an error."""
+        self._settled(len(ids))
         log.failure("vibemq: publish batch not stored", failure)
         for i in ids:
             self.error(i, "SERVER_ERROR", "The message could not be stored.")
+
+    def _settled(self, n: int) -> None:
+        """Count settled publishes; read again once commits caught up."""
+        self._unconfirmed -= n
+        if self._backlog and self._unconfirmed <= MAX_UNCONFIRMED // 2:
+            self._backlog = False
+            self._sync_reading()
 
     def _overflow(self, vq: VibeQueue, run: list[c.Frame]) -> None:
         """A full DropNewest or BlockPublisher queue: put what fits, drop or withhold the rest."""

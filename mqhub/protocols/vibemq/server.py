@@ -143,6 +143,8 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         self._retry: Any = None
         self._paused = False  # reads paused by BlockPublisher
         self._write_full = False  # the transport's write buffer is full
+        self._unconfirmed = 0  # publishes handed to the core whose commit has not settled
+        self._backlog = False  # reads paused until those commits catch up
         self._reading = True
         self._window = 0.0
         self._frames = 0
@@ -369,8 +371,8 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         """The connection is going away (connectionLost cleans up)."""
 
     def _sync_reading(self) -> None:
-        """Pause reads while withheld publishes pile up or the write buffer is full."""
-        want = not (self._paused or self._write_full)
+        """Pause reads while withheld or unconfirmed publishes pile up or the write buffer is full."""
+        want = not (self._paused or self._write_full or self._backlog)
         if want != self._reading and not self.closed:
             self._reading = want
             if want:

@@ -596,3 +596,18 @@ def test_messages_too_large_for_the_client_are_refused_or_dead_lettered(h: Harne
     h.advance(0)
     dead = h.result(h.hub.broker.dead_letters("big"))
     assert [(len(x.body), x.reason) for x in dead] == [(1 << 20, "rejected")]
+
+
+def test_unconfirmed_publishes_pause_reading_until_commits_catch_up(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (reliability suite): reads never paused for publishes awaiting their commit,
+    so a producer faster than the commits grew the broker without bound (1.9 GiB in 30 s)."""
+    from mqhub.protocols.vibemq import publishing
+
+    monkeypatch.setattr(publishing, "MAX_UNCONFIRMED", 100)
+    pub = h.client()
+    ids = [new_id() for _ in range(150)]
+    pub.send_raw(b"".join(c.encode(c.Frame(c.PUBLISH, i, "fast", b"1")) for i in ids))
+    assert pub.transport.producerState == "paused"  # 150 > 100 unconfirmed: reads stop
+    assert [f.type for f in pub.wait_acks(ids)] == [c.PUBLISH_ACK] * 150  # commits land
+    assert pub.transport.producerState == "producing"

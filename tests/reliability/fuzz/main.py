@@ -1,6 +1,7 @@
 """``make fuzz``: fuzz every codec for a bounded time and print inputs per codec.
 
-``python -m tests.reliability.fuzz.main [--seconds S] [--inputs N] [--engine auto|atheris|random]``
+``python -m tests.reliability.fuzz.main [--seconds S] [--inputs N] [--engine auto|atheris|random]
+[--codec NAME ...]``
 
 For each target: atheris (coverage-guided, when installed) runs for ``--seconds`` in its own
 process, then the random mutation loop runs ``--inputs`` inputs (bounded by ``--seconds`` × 10
@@ -57,12 +58,19 @@ def run_atheris(name: str, seconds: int) -> tuple[int, list[str]]:
 @click.option("--seconds", default=30, show_default=True, help="atheris time per codec.")
 @click.option("--inputs", default=1_000_000, show_default=True, help="Random-loop inputs per codec.")
 @click.option("--engine", type=click.Choice(["auto", "atheris", "random"]), default="auto")
-def main(seconds: int, inputs: int, engine: str) -> None:
+@click.option("--codec", "codecs", multiple=True, help="Only these codecs (repeatable; default all).")
+def main(seconds: int, inputs: int, engine: str, codecs: tuple[str, ...]) -> None:
     """Fuzz every codec; print inputs per codec; exit 1 on any crash."""
     use_atheris = engine == "atheris" or (engine == "auto" and have_atheris())
     rows = []
     failed = False
-    for name, target in all_targets().items():
+    targets = all_targets()
+    unknown = set(codecs) - set(targets)
+    if unknown:
+        raise click.BadParameter(f"unknown codec(s) {sorted(unknown)}; known: {sorted(targets)}")
+    for name, target in targets.items():
+        if codecs and name not in codecs:
+            continue
         started = time.monotonic()
         ath_runs, crashes = run_atheris(name, seconds) if use_atheris and engine != "random" else (0, [])
         loop = fuzz_loop(target, seconds * 10, seed=1, max_inputs=inputs) if inputs else None

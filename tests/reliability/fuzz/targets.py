@@ -9,13 +9,19 @@ fuzzing (Hypothesis, atheris and ``make fuzz``) by adding one subclass to :data:
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable
 
+import brotli
+
 from mqhub.protocols.emqp import frames as emqp
+from mqhub.protocols.mqks import codec as mqks
+from mqhub.protocols.mqks import evals as mqks_evals
 from mqhub.protocols.nats import codec as nats
 from mqhub.protocols.nsq import codec as nsq
 from mqhub.protocols.nsq import snappy
+from mqhub.protocols.vibemq import codec as vibemq
 
 
 def pieces(data: bytes) -> list[bytes]:
@@ -198,6 +204,116 @@ class EmqpFrames(FuzzTarget):
             parse[cmd.name]()
 
 
+class MqksRequests(FuzzTarget):
+    """MQKS request lines: the line reader, then each line's split and action data parsed."""
+
+    name = "mqks"
+    units = [b"p1 publish --confirm e.1 hello world", b"c1 consume q1 e.1 e.2 --manual-ack",
+             b"c2 consume --confirm q2 --add e.3 --delete-queue-when-unused=5.5",
+             b"r1 rebind q1 e.4 --remove e.1 --remove-mask e.* --add x.y",
+             b"a1 ack c1 m1", b"a2 reject c1 --all", b"d1 delete_queue q1",
+             b"d2 delete_consumer c1", b"x ping data", b"e _eval len(state.queues)"]
+    joiner = b"\n"
+    #: the reader's line limit here (the server's is 1 MiB)
+    MAX_LINE = 256
+
+    def run(self, data: bytes) -> int:
+        """Read lines with a small limit; parse each as the server does; only RequestError passes."""
+        reader = mqks.LineReader(max_line=self.MAX_LINE)
+        count = 0
+        for piece in pieces(data):
+            for line in reader.feed(piece):
+                count += 1
+                self._line(line)
+            assert reader.buffered <= self.MAX_LINE, reader.buffered
+            if reader.fatal is not None:
+                assert reader.fatal in (mqks.FATAL_TAB, mqks.FATAL_TOO_LONG)
+                break
+        return count
+
+    @staticmethod
+    def _line(line: bytes) -> None:
+        """One request line through the parsers of its action."""
+        parts = mqks.split_request(line)
+        if parts is None:
+            return
+        _, action, data = parts
+        _, data = mqks.take_confirm(data)
+        try:
+            if action == b"consume":
+                args = mqks.parse_consume(data)
+                mqks.render_update(args.queue, args.replace + args.add, args.delete_when_unused,
+                                   args.manual_ack)
+            elif action == b"rebind":
+                a = mqks.parse_rebind(data)
+                mqks.apply_rebind({"e.1", "e.x.y", "nodot"}, a.replace, a.remove, a.remove_mask,
+                                  a.add)
+            elif action in (b"publish", b"ack", b"reject"):
+                mqks.split2(data)
+            elif action in (b"delete_queue", b"delete_consumer"):
+                mqks.text(data)
+            elif action == b"_eval":
+                try:
+                    mqks_evals.answer(data.decode("utf-8", "replace"), lambda name, queue: 7)
+                except mqks_evals.EvalRefused:
+                    pass
+        except mqks.RequestError:
+            pass
+
+
+def _vibemq_units() -> list[bytes]:
+    """Valid VibeMQ frames: plain, headers, an Error frame, and gzip and brotli compressed."""
+    c = vibemq
+    big = b'{"text":"' + b"all work and no play " * 80 + b'"}'
+    body = c.encode_body(c.PUBLISH, "i3", "q", big, {"h": "v"})
+    return [
+        c.encode(c.Frame(c.CONNECT, "i0", None, None, {"supported-compression": "brotli,gzip"})),
+        c.encode(c.Frame(c.PUBLISH, "i1", "orders", b'{"n":1}')),
+        c.encode(c.Frame(c.SUBSCRIBE, "i2", "orders")), c.encode(c.Frame(c.ACK, "i2")),
+        c.encode_error("i4", "QUEUE_NOT_FOUND", "no such queue"),
+        c.frame(body, c.FLAG_GZIP, 0), c.frame(body, c.FLAG_BROTLI, 0),
+        c.encode(c.Frame(c.CREATE_QUEUE, "i5", "q", b'{"maxQueueSize":10,"mode":1}')),
+    ]
+
+
+class VibeMqFrames(FuzzTarget):
+    """VibeMQ frames: length prefix, flags, gzip/brotli bodies (bounded) and the body fields."""
+
+    name = "vibemq"
+    units = _vibemq_units()
+    MAX_FRAME = 4096
+    MAX_DECOMPRESSED = 16384
+
+    def run(self, data: bytes) -> int:
+        """Decode with small limits; on success also parse each frame's JSON payload."""
+        decoder = vibemq.FrameDecoder(self.MAX_FRAME, self.MAX_DECOMPRESSED)
+        count = 0
+        try:
+            for piece in pieces(data):
+                for frame in decoder.feed(piece):
+                    count += 1
+                    if isinstance(frame, vibemq.Frame) and frame.payload:
+                        try:
+                            frame.json()
+                        except ValueError:
+                            pass
+                assert decoder.buffered <= self.MAX_FRAME + 5, decoder.buffered
+        except vibemq.ProtocolError:
+            count += len(decoder.salvage())
+        return count
+
+
+def _compression_seeds() -> list[bytes]:
+    """Decompression bombs and corrupt bodies as extra VibeMQ seeds."""
+    zeros = bytes(1 << 16)
+    return [vibemq.frame(gzip.compress(zeros), vibemq.FLAG_GZIP, 0),
+            vibemq.frame(brotli.compress(zeros), vibemq.FLAG_BROTLI, 0),
+            vibemq.frame(b"\x1f\x8b\x00\x00", vibemq.FLAG_GZIP, 0)]
+
+
+VibeMqFrames.units = VibeMqFrames.units + _compression_seeds()
+
+
 def resp_target() -> type[FuzzTarget] | None:
     """The Redis example plugin's RESP target (the plugin is a drop-in, loaded from its path)."""
     from mqhub.discovery import load_plugins
@@ -232,7 +348,8 @@ def resp_target() -> type[FuzzTarget] | None:
 
 def all_targets() -> dict[str, FuzzTarget]:
     """Every fuzz target, by name."""
-    classes: list[type[FuzzTarget]] = [NsqServer, NsqClient, NsqSnappy, NatsServer, NatsClient, EmqpFrames]
+    classes: list[type[FuzzTarget]] = [NsqServer, NsqClient, NsqSnappy, NatsServer, NatsClient,
+                                       EmqpFrames, MqksRequests, VibeMqFrames]
     extra = resp_target()
     if extra is not None:
         classes.append(extra)
