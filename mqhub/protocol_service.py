@@ -36,6 +36,11 @@ class ProtocolService(MultiService):
         self.hub = hub
         self.ports: dict[str, int] = {}
 
+    @property
+    def port(self) -> int:
+        """The bound port of the ``tcp`` role once listening (0 before)."""
+        return self.ports.get("tcp", 0)
+
     def add_listener(self, role: str, endpoint: str, factory: Any) -> ListenerService:
         """Add a child listener for ``role`` whose bound port is recorded in ``ports[role]``."""
         listener = ListenerService(endpoint, factory, reactor=getattr(self.hub, "reactor", None))

@@ -26,17 +26,9 @@ import nats
 import redis
 import zmq
 
+from tests.interop.broker import WAIT, wait_until
+
 HOST = "127.0.0.1"
-WAIT = 10.0
-
-
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """Poll ``cond`` until it holds; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 class Publisher(Protocol):

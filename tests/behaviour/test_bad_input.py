@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import pytest
 import zmq
 
-from tests.behaviour.clients import HOST, EmqpPublisher, wait_until
+from tests.behaviour.clients import HOST, EmqpPublisher
 from tests.behaviour.conftest import Drivers
-from tests.interop.broker import BrokerProcess
+from tests.interop.broker import BrokerProcess, wait_until
 
 #: The healthy "other protocol" paired with each protocol under test.
 OTHER = {"nsq": "nats", "nsq-http": "redis", "nats": "redis", "mq9": "nsq", "redis": "nsq",

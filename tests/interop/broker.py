@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from mqhub.discovery import load_plugins
@@ -30,6 +30,8 @@ from tests.plugins import isolated_plugin_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
+#: how long test helpers wait for a condition by default (seconds)
+WAIT = 10.0
 
 
 def free_port() -> int:
@@ -37,6 +39,15 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """Poll ``cond`` until it holds; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
 
 
 def port_accepts(port: int, timeout: float = 0.2) -> bool:

@@ -19,17 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tests.interop.broker import WAIT
+
 HOST = "127.0.0.1"
-WAIT = 10.0
-
-
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """Poll ``cond`` until it holds; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def pump_until(socks: list[MqksSocket], cond: Callable[[], bool], what: str,

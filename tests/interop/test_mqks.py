@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.broker import BrokerProcess
-from tests.interop.mqks_client import MqksClient, MqksSocket, pump_until, wait_until
+from tests.interop.broker import BrokerProcess, wait_until
+from tests.interop.mqks_client import MqksClient, MqksSocket, pump_until
 
 pytestmark = pytest.mark.interop
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.interop.broker import BrokerProcess
-from tests.interop.mqks_client import MqksClient, MqksSocket, wait_until
+from tests.interop.broker import BrokerProcess, wait_until
+from tests.interop.mqks_client import MqksClient, MqksSocket
 
 pytestmark = pytest.mark.interop
 

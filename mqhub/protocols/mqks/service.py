@@ -28,11 +28,6 @@ class MqksService(ProtocolService):
         self.factory = MqksFactory(hub, config, self.registry)
         self.tcp = self.add_listener("tcp", endpoints["tcp"], self.factory)
 
-    @property
-    def port(self) -> int:
-        """The bound TCP port once listening (0 before)."""
-        return self.ports.get("tcp", 0)
-
     def recover(self) -> Any:
         """Load the MQKS queues before anything listens."""
         return self.registry.load()

@@ -30,11 +30,6 @@ class VibeMQService(ProtocolService):
         self.factory = VibeMQFactory(hub, config, self.registry, users)
         self.tcp = self.add_listener("tcp", endpoints["tcp"], self.factory)
 
-    @property
-    def port(self) -> int:
-        """The bound TCP port once listening (0 before)."""
-        return self.ports.get("tcp", 0)
-
     def recover(self) -> Any:
         """Load the VibeMQ queue options before anything listens."""
         return self.registry.load()
