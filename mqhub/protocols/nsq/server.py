@@ -30,7 +30,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mqhub.core.ids import EPOCH, SEQ_BITS
 from mqhub.core.queue import NOT_OWNER
 from mqhub.errors import InvalidName, MqhubError, QueueFull
 from mqhub.interfaces import IDeliveryTarget
@@ -39,7 +38,6 @@ from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq import snappy
 from mqhub.protocols.nsq.auth import AuthState, SecretsFile
 from mqhub.protocols.nsq.codec import (
-    MSG_HEAD,
     NEED_DATA,
     ProtocolError,
     encode_error,
@@ -47,8 +45,9 @@ from mqhub.protocols.nsq.codec import (
 )
 from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.identify import Identity, default_identity, negotiate
+from mqhub.protocols.nsq.render import render_messages
 from mqhub.protocols.nsq.topics import TopicRegistry
-from mqhub.store.records import ATTEMPTS, BODY, MSG_ID
+from mqhub.store.records import MSG_ID
 
 log = Logger(namespace="mqhub.nsq")
 
@@ -56,7 +55,6 @@ STATE_INIT = "init"
 STATE_SUBSCRIBED = "subscribed"
 STATE_CLOSING = "closing"
 
-_EPOCH_MS = int(EPOCH * 1000)
 _OK = wire.OK_FRAME
 #: unconfirmed messages per connection above which reading pauses until commits catch up
 MAX_UNCONFIRMED = 50_000
@@ -64,33 +62,6 @@ MAX_UNCONFIRMED = 50_000
 INFLATE_STEP = 256 * 1024
 _NOT_IN_FLIGHT = b"ID not in flight"
 _NOT_OWNER = b"client does not own message"
-
-
-def render_messages(messages: list[tuple]) -> bytes:
-    """NSQ message frames for core entries (C-level work where the batch allows it).
-
-    Ids are rendered in one go; when every message of the batch has the same body size,
-    attempts and publish millisecond (a typical MPUB), all frames share one 18-byte head.
-    """
-    if not messages:
-        return b""
-    ids = [e[MSG_ID] for e in messages]
-    hexes = wire.render_ids(ids)
-    bodies = [e[BODY] for e in messages]
-    pack = MSG_HEAD.pack  # frame type 2 (message) is written as a literal below
-    lo = min(ids) >> SEQ_BITS
-    if lo == max(ids) >> SEQ_BITS:
-        ts = (_EPOCH_MS + lo) * 1_000_000
-        sizes = set(map(len, bodies))
-        if len(sizes) == 1:
-            attempts = {e[ATTEMPTS] for e in messages}
-            if len(attempts) == 1:
-                head = pack(sizes.pop() + 30, 2, ts, attempts.pop())
-                return head + head.join(map(bytes.__add__, hexes, bodies))
-        return b"".join([pack(len(b) + 30, 2, ts, e[ATTEMPTS]) + h + b
-                         for e, h, b in zip(messages, hexes, bodies, strict=True)])
-    return b"".join([pack(len(b) + 30, 2, (_EPOCH_MS + (m >> SEQ_BITS)) * 1_000_000, e[ATTEMPTS])
-                     + h + b for e, m, h, b in zip(messages, ids, hexes, bodies, strict=True)])
 
 
 class _Slot:
