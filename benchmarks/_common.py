@@ -34,6 +34,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def connect(port: int, host: str = HOST, rcvbuf: int = 1 << 20) -> socket.socket:
+    """A load generator's socket: connected, TCP_NODELAY, a large receive buffer."""
+    sock = socket.create_connection((host, port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    return sock
+
+
 def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
     """Poll until ``port`` accepts; fail if ``proc`` exited or the deadline passed."""
     end = time.monotonic() + timeout

@@ -58,10 +58,7 @@ def start_mqhub(data_dir: str, durability: str) -> tuple[subprocess.Popen, int]:
 
 def _connect(host: str, port: int) -> socket.socket:
     """A connected socket with TCP_NODELAY and a large receive buffer."""
-    sock = socket.create_connection((host, port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-    return sock
+    return _common.connect(port, host)
 
 
 def _wait_line(sock: socket.socket, line: bytes) -> bytes:

@@ -74,9 +74,7 @@ def start_nats_server(binary: str, work: str) -> tuple[subprocess.Popen, int]:
 
 def _handshake(port: int, extra: bytes = b"") -> tuple[socket.socket, bytes]:
     """Connect, read INFO, send CONNECT + ``extra`` + PING, return once the PONG arrived."""
-    s = socket.create_connection((HOST, port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+    s = _common.connect(port, rcvbuf=4 << 20)
     buf = b""
     while b"\r\n" not in buf:
         buf += s.recv(4096)

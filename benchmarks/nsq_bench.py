@@ -59,9 +59,7 @@ def start_mqhub(data_dir: str, durability: str, journal: str = "on") -> tuple[su
 
 def _connect(port: int, host: str) -> socket.socket:
     """A connected socket with the V2 magic sent."""
-    sock = socket.create_connection((host, port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sock = _common.connect(port, host)
     sock.sendall(wire.MAGIC_V2)
     return sock
 

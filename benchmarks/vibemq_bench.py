@@ -49,9 +49,7 @@ WINDOW = 8
 
 def _connect(port: int, compression: str | None) -> tuple[socket.socket, c.FrameDecoder, int]:
     """Connect, send Connect, read the next frame; return the socket, decoder and frame flag."""
-    sock = socket.create_connection((HOST, port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sock = _common.connect(port)
     headers = {"supported-compression": compression} if compression else None
     sock.sendall(c.encode(c.Frame(c.CONNECT, uuid.uuid4().hex, headers=headers)))
     dec = c.FrameDecoder()
