@@ -206,3 +206,15 @@ def set_no_delay(transport: Any) -> None:
             no_delay(True)
         except OSError:
             pass
+
+
+def set_read_size(transport: Any, size: int) -> None:
+    """Read up to ``size`` bytes per turn (and buffer as much output before pausing).
+
+    Looks through a ProtocolWrapper (TLS, the listener's tracking) to the socket transport;
+    transports without a ``bufferSize`` are left alone.
+    """
+    inner = getattr(transport, "transport", None)
+    real = inner if inner is not None and hasattr(inner, "bufferSize") else transport
+    if hasattr(real, "bufferSize"):
+        real.bufferSize = size

@@ -25,6 +25,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from mqhub.listener import set_read_size
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import (
     OP_CONNECT,
@@ -445,11 +446,8 @@ class NatsConnection(Protocol):
         srv.stats["connections"] += 1
         peer = self.transport.getPeer()
         self.peer_host = getattr(peer, "host", "") or ""
-        inner = getattr(self.transport, "transport", None)    # under a ProtocolWrapper
-        real = inner if inner is not None and hasattr(inner, "bufferSize") else self.transport
-        if hasattr(real, "bufferSize"):
-            # bigger reads = bigger groups per store commit for mq9, fewer turns for core
-            real.bufferSize = READ_SIZE
+        # bigger reads = bigger groups per store commit for mq9, fewer turns for core
+        set_read_size(self.transport, READ_SIZE)
         try:
             self.transport.registerProducer(self, True)
         except Exception:  # pragma: no cover - transports without producer support

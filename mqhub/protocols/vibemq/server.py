@@ -27,7 +27,7 @@ from zope.interface import implementer
 from mqhub.core.deadletter import REASON_MAX_ATTEMPTS
 from mqhub.errors import InvalidName, MqhubError
 from mqhub.interfaces import IDeliveryTarget
-from mqhub.listener import set_no_delay
+from mqhub.listener import set_no_delay, set_read_size
 from mqhub.protocols.vibemq import codec as c
 from mqhub.protocols.vibemq.admin import handle_admin
 from mqhub.protocols.vibemq.auth import UserStore
@@ -169,12 +169,9 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             self.transport.loseConnection()
             return
         self.factory.clients.add(self)
-        real = getattr(self.transport, "transport", None)  # under a ProtocolWrapper
-        real = real if real is not None and hasattr(real, "bufferSize") else self.transport
-        if hasattr(real, "bufferSize"):
-            # bigger reads (bigger publish batches) and up to 1 MiB of unsent output before the
-            # transport says "pause" (Twisted's 64 KiB would pause a subscriber on every burst)
-            real.bufferSize = BUFFER_SIZE
+        # bigger reads (bigger publish batches) and up to 1 MiB of unsent output before the
+        # transport says "pause" (Twisted's 64 KiB would pause a subscriber on every burst)
+        set_read_size(self.transport, BUFFER_SIZE)
         try:
             # the transport tells us when its write buffer fills (a client that does not read)
             self.transport.registerProducer(self, True)
