@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mqhub.errors import PluginError
+from mqhub.plugin_settings import apply_settings
 from mqhub.protocols.mqks.codec import DEFAULT_MAX_LINE
 
 #: ``--mqks-eval`` values: ``off`` (every ``_eval`` is an error) or ``stats`` (the lookup table)
@@ -35,24 +36,13 @@ class MqksConfig:
 
         :raises PluginError: on an unknown key or a bad value.
         """
-        config = cls()
         raw: dict[str, Any] = dict((options.get("plugin_options") or {}).get("mqks", {}))
         if options.get("mqks-eval"):
             raw["eval"] = options["mqks-eval"]
-        for key, value in raw.items():
-            key = key.replace("-", "_")
-            if key in ("prefetch", "max_line", "window"):
-                try:
-                    number = int(value)
-                except (TypeError, ValueError):
-                    raise PluginError(f"mqks: option {key} expects a number, got {value!r}") from None
-                if number < 1:
-                    raise PluginError(f"mqks: option {key} must be at least 1")
-                setattr(config, key, number)
-            elif key == "eval":
-                if str(value) not in EVAL_MODES:
-                    raise PluginError(f"mqks: --mqks-eval must be one of {', '.join(EVAL_MODES)}")
-                config.eval = str(value)
-            else:
-                raise PluginError(f"mqks: unknown option {key!r}")
+        config = apply_settings(cls(), raw, "mqks")
+        for key in ("prefetch", "max_line", "window"):
+            if getattr(config, key) < 1:
+                raise PluginError(f"mqks: option {key} must be at least 1")
+        if config.eval not in EVAL_MODES:
+            raise PluginError(f"mqks: --mqks-eval must be one of {', '.join(EVAL_MODES)}")
         return config

@@ -20,6 +20,7 @@ def test_defaults_and_options() -> None:
     {"plugin_options": {"mqks": {"nope": "1"}}},
     {"plugin_options": {"mqks": {"prefetch": "x"}}},
     {"plugin_options": {"mqks": {"prefetch": "0"}}},
+    {"plugin_options": {"mqks": {"window": "0"}}},
     {"mqks-eval": "python"},
 ])
 def test_bad_options_are_refused(options: dict[str, object]) -> None:
