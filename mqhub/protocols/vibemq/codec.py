@@ -143,6 +143,19 @@ def encode_body(type: int, id: str, queue: str | None = None, payload: bytes | N
     return b"".join(parts)
 
 
+def compression_names(names: str) -> list[str]:
+    """The known compression names of a comma-separated list, lower-cased, in its order."""
+    return [n for n in (x.strip().lower() for x in names.split(",")) if n in COMPRESSIONS]
+
+
+def negotiate_compression(offered: str, supported: list[str]) -> str | None:
+    """The first name of the client's ``supported-compression`` list the server also supports.
+
+    The client's order wins; None when they share none (the connection stays uncompressed).
+    """
+    return next((n for n in compression_names(offered) if n in supported), None)
+
+
 def compress(body: bytes, flag: int) -> bytes:
     """``body`` compressed for frame flag ``flag`` (fast levels, like .NET's Fastest)."""
     if flag == FLAG_GZIP:

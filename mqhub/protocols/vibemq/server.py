@@ -81,8 +81,7 @@ class VibeMQFactory(Factory):
         self.views: dict[str, DeadLetterView] = {}
         self.accepts: dict[str, deque[float]] = {}
         self.counters = {"dropped_newest": 0, "blocked": 0, "bad_frames": 0, "rate_limited": 0}
-        self.server_compressions = [n.strip().lower() for n in config.compressions.split(",")
-                                    if n.strip().lower() in c.COMPRESSIONS]
+        self.server_compressions = c.compression_names(config.compressions)
 
     def buildProtocol(self, addr: Any) -> VibeMQProtocol:
         """A protocol instance for one connection."""
@@ -330,13 +329,8 @@ class VibeMQProtocol(PublishingMixin, Protocol):
                 return
             self.user = user
             self.authenticated = True
-        chosen = None
-        offered = h.get("supported-compression", "")
-        for name in offered.split(","):
-            name = name.strip().lower()
-            if name in self.factory.server_compressions:
-                chosen = name
-                break
+        chosen = c.negotiate_compression(h.get("supported-compression", ""),
+                                         self.factory.server_compressions)
         self.write(c.frame(c.encode_body(
             c.CONNECT_ACK, _random_id(), None, None,
             {"negotiated-compression": chosen} if chosen else None)))

@@ -252,3 +252,12 @@ def test_fuzz_bodies_inside_valid_frames(body: bytes, flag: int) -> None:
     except c.ProtocolError:
         return
     assert len(out) == 1
+
+
+def test_negotiate_compression_client_order_wins() -> None:
+    """The client's first name the server supports is chosen; unknown or no shared name: None."""
+    assert c.compression_names(" Brotli, zstd ,gzip") == ["brotli", "gzip"]
+    assert c.negotiate_compression("gzip, BROTLI", ["brotli", "gzip"]) == "gzip"
+    assert c.negotiate_compression("zstd,brotli", ["brotli", "gzip"]) == "brotli"
+    assert c.negotiate_compression("gzip", ["brotli"]) is None
+    assert c.negotiate_compression("", ["brotli", "gzip"]) is None
