@@ -33,6 +33,7 @@ from mqhub.errors import MqhubError
 from mqhub.listener import peer_text, set_no_delay
 from mqhub.protocols.mqks import codec as wire
 from mqhub.protocols.mqks.codec import (
+    CONFIRM,
     FATAL_TOO_LONG,
     NONE_ID,
     RequestError,
@@ -55,6 +56,7 @@ MAX_UNCONFIRMED = 50_000
 MAX_CONSUMERS = 10_000
 _PUBLISH = b"publish"
 _ACK = b"ack"
+_CONFIRM_LEN = len(CONFIRM)
 _EVENTS: dict[str, bytes] = {}
 
 
@@ -294,9 +296,9 @@ class MqksProtocol(Protocol):
                 self.error(NONE_ID, "unsplittable line", line)
                 continue
             rid, action, rdata = parts
-            confirm = rdata[:10] == b"--confirm "
+            confirm = rdata[:_CONFIRM_LEN] == CONFIRM  # take_confirm, inlined
             if confirm:
-                rdata = rdata[10:]
+                rdata = rdata[_CONFIRM_LEN:]
             if action == _PUBLISH:
                 ev, sep, body = rdata.partition(b" ")
                 if sep:
