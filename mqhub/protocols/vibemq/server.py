@@ -65,6 +65,10 @@ def _random_id() -> str:
     return uuid.uuid4().hex
 
 
+#: distinct hosts kept for the connection-rate limit before stale ones are swept
+ACCEPT_HOSTS_SWEEP = 10_000
+
+
 class VibeMQFactory(Factory):
     """Shared state of every VibeMQ connection: config, users, queues, dead-letter views."""
 
@@ -110,6 +114,11 @@ class VibeMQFactory(Factory):
             times = self.accepts.setdefault(host, deque())
             while times and times[0] <= now - 60:
                 times.popleft()
+            if len(self.accepts) > ACCEPT_HOSTS_SWEEP:
+                # hosts whose last accept left the window are forgotten: the map stays bounded
+                for other in [h for h, t in self.accepts.items() if not t or t[-1] <= now - 60]:
+                    if other != host:
+                        del self.accepts[other]
             if len(times) >= cfg.connection_rate:
                 return "RATE_LIMITED"
             times.append(now)

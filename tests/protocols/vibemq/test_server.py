@@ -571,6 +571,20 @@ def test_connection_rate_limit_per_ip() -> None:
     h.client()
 
 
+
+def test_connection_rate_map_forgets_stale_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the sweep size, hosts whose accepts left the 60 s window are forgotten."""
+    from mqhub.protocols.vibemq import server as vserver
+
+    monkeypatch.setattr(vserver, "ACCEPT_HOSTS_SWEEP", 3)
+    h = Harness(connection_rate=5)
+    for i in range(4):
+        assert h.factory.allow_connection(f"10.0.0.{i}") is None
+    assert len(h.factory.accepts) == 4
+    h.advance(61)
+    assert h.factory.allow_connection("10.0.0.9") is None
+    assert list(h.factory.accepts) == ["10.0.0.9"]
+
 def test_config_from_twistd_options() -> None:
     from mqhub.errors import PluginError
     from mqhub.protocols.vibemq.config import VibeMQConfig
