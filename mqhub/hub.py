@@ -29,7 +29,7 @@ from mqhub.core.broker import Broker
 from mqhub.scheduler.service import SchedulerService
 from mqhub.store.journal import Journal
 from mqhub.store.journal_recorder import JournalRecorder
-from mqhub.store.lmdb import LmdbStore
+from mqhub.store.lmdb import DEFAULT_MAP_SIZE, LmdbStore
 from mqhub.store.memory import MemoryStore
 
 log = Logger(namespace="mqhub.hub")
@@ -76,12 +76,9 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
         os.makedirs(data_dir, exist_ok=True)
         path = os.path.join(data_dir, "store")
         map_mib = options.get("store-map-size")
-        reserve = int(options.get("store-reserve") or 0) << 20
-        if map_mib:
-            store = LmdbStore(path, clock=clock, durability=durability, reserve=reserve,
-                              map_size=int(map_mib) << 20)
-        else:
-            store = LmdbStore(path, clock=clock, durability=durability, reserve=reserve)
+        store = LmdbStore(path, clock=clock, durability=durability,
+                          map_size=int(map_mib) << 20 if map_mib else DEFAULT_MAP_SIZE,
+                          reserve=int(options.get("store-reserve") or 0) << 20)
     else:
         store = MemoryStore(clock=clock)
     scheduler = SchedulerService(store, clock)

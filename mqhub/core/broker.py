@@ -408,9 +408,10 @@ class Broker(BrokerDelays):
         """Hand ``entries`` to the live subscribers of ``address`` (one call per binding)."""
         if route is None:
             route = self.route(address)
+        n = len(entries)
         if route.targets:
             for b in route.targets:
-                self.counters.deliver_live(b.target, entries)
+                self.counters.deliver(b.target, n)
                 try:
                     b.target.deliver_batch(b, address, entries)
                 except Exception:
@@ -418,7 +419,7 @@ class Broker(BrokerDelays):
         if route.groups:
             for i in range(len(route.groups)):
                 b = route.pick(i)
-                self.counters.deliver_live(b.target, entries)
+                self.counters.deliver(b.target, n)
                 try:
                     b.target.deliver_batch(b, address, entries)
                 except Exception:

@@ -38,16 +38,10 @@ class Counters:
         self.published[origin] += n
 
     def deliver(self, target: Any, n: int) -> None:
-        """``n`` messages were handed to a queue consumer's target (one delivery batch)."""
+        """``n`` messages were handed to ``target`` (a queue consumer's or a live subscriber's batch)."""
         name = getattr(target, "protocol_name", "")
         if name not in self.sources:  # else counted by the protocol itself
             self.delivered[name] += n
-
-    def deliver_live(self, target: Any, entries: list[Any]) -> None:
-        """One live delivery batch (skipped when the target's protocol counts its own)."""
-        name = getattr(target, "protocol_name", "")
-        if name not in self.sources:  # else counted by the protocol itself
-            self.delivered[name] += len(entries)
 
     def ack(self, target: Any, n: int) -> None:
         """``n`` messages were acknowledged by a consumer whose target is ``target``."""

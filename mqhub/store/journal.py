@@ -152,10 +152,10 @@ class Journal:
     def _cut_to_committed(self, txn: Any, sysdb: Any) -> None:
         """First write after open: cut journal bytes the index never committed."""
         self._checked = True
-        row = txn.get(END_KEY, db=sysdb)
-        if row is None:
+        committed = read_end(txn, sysdb)
+        if committed is None:
             return
-        number, end = END_ROW.unpack(bytes(row))
+        number, end = committed
         if (self._log.active, self._log.active_size) > (number, end):
             if os.path.exists(self._log.path(number)):
                 log.warning("journal: cutting %s past the committed end (%d, %d)",

@@ -84,6 +84,8 @@ DURABILITY_MODES = ("sync", "batch", "none")
 WRITER_MODES = ("inline", "thread", "auto")
 #: ``auto`` moves commits to the writer thread when a commit takes longer than this on average
 AUTO_THREAD_AFTER = 0.002
+#: initial LMDB map size in bytes (it grows on demand)
+DEFAULT_MAP_SIZE = 256 << 20
 OWNER_LOCK = "store.lock"
 
 
@@ -146,7 +148,7 @@ class LmdbStore:
     """The durable store: LMDB sub-databases plus append-only segment files."""
 
     def __init__(self, path: str, *, clock: Any, durability: str = "sync",
-                 writer: str = "auto", map_size: int = 256 << 20,
+                 writer: str = "auto", map_size: int = DEFAULT_MAP_SIZE,
                  segment_threshold: int = 64 << 10, segment_size: int = 64 << 20,
                  compress: bool = False, batch_interval: float = 0.05,
                  call_from_thread: Callable[..., None] | None = None,
