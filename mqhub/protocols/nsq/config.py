@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from mqhub.errors import PluginError
+from mqhub.plugin_settings import apply_settings
 
 
 @dataclass
@@ -50,29 +50,12 @@ class NsqConfig:
 
         :raises PluginError: on an unknown key or a value of the wrong type.
         """
-        config = cls()
-        types = {f.name: f.type for f in fields(cls)}
         raw: dict[str, Any] = dict((options.get("plugin_options") or {}).get("nsq", {}))
         for flag, key in (("nsq-tls-cert", "tls_cert"), ("nsq-tls-key", "tls_key"),
                           ("nsq-auth-secrets", "auth_secrets")):
             if options.get(flag):
                 raw[key] = options[flag]
-        for key, value in raw.items():
-            key = key.replace("-", "_")
-            if key not in types:
-                raise PluginError(f"nsq: unknown option {key!r}")
-            default = getattr(config, key)
-            try:
-                if isinstance(default, bool):
-                    parsed: Any = value if isinstance(value, bool) else str(value).lower() in (
-                        "1", "true", "yes", "on")
-                elif isinstance(default, int):
-                    parsed = int(value)
-                else:
-                    parsed = None if value in (None, "") else str(value)
-            except ValueError:
-                raise PluginError(f"nsq: option {key} expects a number, got {value!r}") from None
-            setattr(config, key, parsed)
+        config = apply_settings(cls(), raw, "nsq")
         if config.tls_cert and not config.tls_key:
             config.tls_key = config.tls_cert  # one PEM file holding both is fine
         return config
