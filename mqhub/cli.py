@@ -100,9 +100,10 @@ def export(snapdir: Path, out_dir: Path) -> None:
     except ImportError as exc:
         raise click.ClickException("mqhub export needs: pip install 'mqhub[export]'") from exc
     from mqhub.cli_progress import progress_bar
+    from mqhub.store.snapshot import MANIFEST
 
-    if not (snapdir / "manifest.json").exists():
-        raise click.ClickException(f"{snapdir} is not a snapshot (no manifest.json)")
+    if not (snapdir / MANIFEST).exists():
+        raise click.ClickException(f"{snapdir} is not a snapshot (no {MANIFEST})")
     progress, task = progress_bar("export", 1)
     with progress:
         def step(stage: str, done: int, total: int) -> None:
