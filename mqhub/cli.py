@@ -2,7 +2,7 @@
 
 Commands: ``snapshot`` (online copy of a store), ``export`` (snapshot to Parquet), ``analytics``
 (the Spark report) and ``bench``; the admin commands (``stats``, ``queues``, ``dlq``) live in
-:mod:`mqhub.cli_admin`. The analytics commands import pyarrow, pyspark and rich lazily (extras
+:mod:`mqhub.cli_admin`. The analytics commands import pyarrow and pyspark lazily (extras
 ``mqhub[export]`` and ``mqhub[spark]``).
 """
 
@@ -89,19 +89,6 @@ def snapshot(data_dir: Path, out_dir: Path, progress: bool | None) -> None:
     click.echo(json.dumps({"snapshot": str(out_dir), "manifest": manifest}, default=str))
 
 
-def _progress(description: str, total: int) -> Any:
-    """A rich progress bar on stderr (ClickException when rich is missing)."""
-    try:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    except ImportError as exc:
-        raise click.ClickException("this command needs: pip install 'mqhub[export]'") from exc
-    progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                        TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
-                        console=Console(stderr=True))
-    return progress, progress.add_task(description, total=total)
-
-
 @main.command()
 @click.argument("snapdir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
@@ -112,9 +99,12 @@ def export(snapdir: Path, out_dir: Path) -> None:
         from mqhub.analytics.export import export_snapshot
     except ImportError as exc:
         raise click.ClickException("mqhub export needs: pip install 'mqhub[export]'") from exc
-    if not (snapdir / "manifest.json").exists():
-        raise click.ClickException(f"{snapdir} is not a snapshot (no manifest.json)")
-    progress, task = _progress("export", 1)
+    from mqhub.cli_progress import progress_bar
+    from mqhub.store.snapshot import MANIFEST
+
+    if not (snapdir / MANIFEST).exists():
+        raise click.ClickException(f"{snapdir} is not a snapshot (no {MANIFEST})")
+    progress, task = progress_bar("export", 1)
     with progress:
         def step(stage: str, done: int, total: int) -> None:
             progress.update(task, description=f"export: {stage}", completed=done, total=total)
@@ -140,8 +130,9 @@ def export(snapdir: Path, out_dir: Path) -> None:
 def analytics(src: Path, out_dir: Path, master: str, read: str) -> None:
     """Run the Spark analytics job over a snapshot or an export and write the report."""
     from mqhub.analytics.runner import STAGES, AnalyticsError, run_analytics
+    from mqhub.cli_progress import progress_bar
 
-    progress, task = _progress("analytics", len(STAGES))
+    progress, task = progress_bar("analytics", len(STAGES))
     with progress:
         def step(stage: str) -> None:
             progress.update(task, advance=1, description=f"analytics: {stage}")

@@ -1,4 +1,8 @@
-"""A rich progress bar for long file copies whose progress shows only as bytes on disk."""
+"""Rich progress bars on stderr for the ``mqhub`` commands.
+
+:func:`progress_bar` serves ``export`` and ``analytics``, whose work reports its own steps;
+:func:`copy_with_progress` serves ``snapshot``, whose copy shows only as bytes on disk.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,26 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 T = TypeVar("T")
 #: Seconds between two looks at the copy's size.
 POLL = 0.1
+
+
+def progress_bar(description: str, total: int) -> tuple[Progress, TaskID]:
+    """A percentage bar on stderr and its one task, for work that reports its own steps."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                        TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+                        console=Console(stderr=True))
+    return progress, progress.add_task(description, total=total)
 
 
 def tree_bytes(path: Path) -> int:

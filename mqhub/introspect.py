@@ -193,9 +193,8 @@ class Inspector:
         return out
 
     def store_stats(self) -> dict[str, Any]:
-        """The store's own counters plus its size on disk when it has one."""
-        stats = dict(self.hub.store.stats())
-        return stats
+        """A copy of the store's own counters (``used_bytes``, ``commits``, ... as it has them)."""
+        return dict(self.hub.store.stats())
 
     def stats(self) -> dict[str, Any]:
         """The /api/stats document: uptime, protocols, store, core and dead-letter totals."""

@@ -23,6 +23,7 @@ from mqhub.store.journal_format import (
     RUN_COLUMNS,
     decode_chunk,
 )
+from mqhub.store.snapshot import MANIFEST
 
 EVENTS_DDL = ("event STRING, msg_id BIGINT, address STRING, queue STRING, origin STRING, "
               "size BIGINT, priority INT, attempt INT, reason STRING, ts TIMESTAMP")
@@ -163,7 +164,7 @@ def snapshot_journal_files(snapdir: str) -> list[tuple[str, int]]:
     """Return ``(absolute path, length)`` of a snapshot's journal files (from its manifest)."""
     import json
 
-    with open(os.path.join(snapdir, "manifest.json")) as f:
+    with open(os.path.join(snapdir, MANIFEST)) as f:
         manifest = json.load(f)
     journal = manifest.get("journal") or {}
     base = os.path.join(os.path.abspath(snapdir), "journal")

@@ -24,6 +24,7 @@ from mqhub.analytics.arrow import (
     message_batches,
     snapshot_journal_files,
 )
+from mqhub.store.snapshot import MANIFEST
 
 EXPORT_MANIFEST = "export.json"
 _DAY_SOURCE = {"events": "ts", "counters": "second", "messages": "published"}
@@ -84,7 +85,7 @@ def export_snapshot(snapdir: str, out: str,
     """
     started = time.perf_counter()
     snapdir = os.path.abspath(snapdir)
-    with open(os.path.join(snapdir, "manifest.json")) as f:
+    with open(os.path.join(snapdir, MANIFEST)) as f:
         manifest = json.load(f)
     if os.path.exists(os.path.join(out, EXPORT_MANIFEST)):
         raise FileExistsError(f"{out!r} already holds an export")

@@ -30,9 +30,10 @@ def load_tables(spark: Any, src: str) -> tuple[Any, Any, Any]:
 
     from mqhub.analytics.arrow import DDL
     from mqhub.analytics.datasource import MqhubDataSource
+    from mqhub.store.snapshot import MANIFEST
 
     src = os.path.abspath(src)
-    if os.path.exists(os.path.join(src, "manifest.json")):
+    if os.path.exists(os.path.join(src, MANIFEST)):
         spark.dataSource.register(MqhubDataSource)
         reader = spark.read.format("mqhub")
         return (reader.option("table", "events").load(src),

@@ -22,6 +22,7 @@ from typing import Any
 
 from mqhub.analytics.job import TABLE_NAMES, build_tables, load_tables, summary_rows
 from mqhub.store.journal_format import EVENT_NAMES
+from mqhub.store.snapshot import MANIFEST
 
 STAGES = ("java", "input", "spark", "load", *TABLE_NAMES, "summary", "report")
 READ_MODES = ("parquet", "datasource")
@@ -111,7 +112,7 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
     started = time.perf_counter()
     step = progress or (lambda stage: None)
     src = origin = os.path.abspath(src)
-    if not (os.path.exists(os.path.join(src, "manifest.json"))
+    if not (os.path.exists(os.path.join(src, MANIFEST))
             or os.path.isdir(os.path.join(src, "events"))):
         raise AnalyticsError(f"{src!r} is neither a snapshot (manifest.json) nor an export "
                              "(events/)")
@@ -134,7 +135,7 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
         starter = threading.Thread(target=boot, name="spark-session", daemon=True)
         starter.start()
     try:
-        if read == "parquet" and os.path.exists(os.path.join(src, "manifest.json")):
+        if read == "parquet" and os.path.exists(os.path.join(src, MANIFEST)):
             from mqhub.analytics.export import export_snapshot
 
             staged = os.path.join(os.path.abspath(out), STAGED_INPUT)

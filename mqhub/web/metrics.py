@@ -74,7 +74,7 @@ class HubCollector:
                                 value=sum(q.dead_letter_count for q in queues))
         yield GaugeMetricFamily("mqhub_uptime_seconds", "Seconds since the admin surface started.",
                                 value=ins.now() - ins.started_at)
-        store = ins.hub.store.stats()
+        store = ins.store_stats()
         if "used_bytes" in store:
             yield GaugeMetricFamily("mqhub_store_bytes", "Bytes used in the LMDB file.",
                                     value=store["used_bytes"])

@@ -56,12 +56,12 @@ def test_bench_unknown_name_is_a_usage_error(tmp_path: Path, monkeypatch: pytest
     assert escaped.exit_code == 2 and "ran" not in escaped.output
 
 
-def test_snapshot_of_a_broker_data_dir(tmp_path: Path) -> None:
-    """``mqhub snapshot`` copies the store found in DATA_DIR/store and prints the manifest."""
+def _store_with_one_meta(store_dir: Path) -> None:
+    """Write one meta record into a fresh LMDB store at ``store_dir`` and close it."""
     from mqhub.store.lmdb import LmdbStore
 
     clock = Clock()
-    store = LmdbStore(str(tmp_path / "data" / "store"), clock=clock, durability="none")
+    store = LmdbStore(str(store_dir), clock=clock, durability="none")
     store.open()
     batch = WriteBatch()
     batch.put_meta("q/demo", b"{}")
@@ -71,6 +71,11 @@ def test_snapshot_of_a_broker_data_dir(tmp_path: Path) -> None:
     closed = store.close()
     clock.advance(0)
     result_of(closed)
+
+
+def test_snapshot_of_a_broker_data_dir(tmp_path: Path) -> None:
+    """``mqhub snapshot`` copies the store found in DATA_DIR/store and prints the manifest."""
+    _store_with_one_meta(tmp_path / "data" / "store")
     out = tmp_path / "snap"
     result = CliRunner().invoke(cli.main, ["snapshot", "--data-dir", str(tmp_path / "data"),
                                            "--out", str(out)])
@@ -89,19 +94,7 @@ def test_snapshot_of_a_broker_data_dir(tmp_path: Path) -> None:
 
 def test_snapshot_progress_bar_goes_to_stderr(tmp_path: Path) -> None:
     """``--progress`` draws a rich bar on stderr; stdout stays the JSON manifest."""
-    from mqhub.store.lmdb import LmdbStore
-
-    clock = Clock()
-    store = LmdbStore(str(tmp_path / "data" / "store"), clock=clock, durability="none")
-    store.open()
-    batch = WriteBatch()
-    batch.put_meta("q/demo", b"{}")
-    committed = store.commit(batch)
-    clock.advance(0)
-    result_of(committed)
-    closed = store.close()
-    clock.advance(0)
-    result_of(closed)
+    _store_with_one_meta(tmp_path / "data" / "store")
     out = tmp_path / "snap"
     result = CliRunner().invoke(cli.main, ["snapshot", "--data-dir", str(tmp_path / "data"),
                                            "--out", str(out), "--progress"])
