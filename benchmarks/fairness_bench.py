@@ -56,22 +56,9 @@ def publish_alone(host: str, port: int, duration: float) -> float:
 
 def run(host: str, port: int, duration: float) -> dict[str, float]:
     """Producer and consumer on one topic; the figures of the module docstring."""
-    ctx = mp.get_context("fork")
     topic = f"fair_{uuid.uuid4().hex[:8]}"
-    ready = ctx.Event()
-    total = ctx.Value("q", 0)
-    c_recv, c_send = ctx.Pipe(False)
-    p_recv, p_send = ctx.Pipe(False)
-    cons = ctx.Process(target=nsq_bench.consumer, args=(host, port, topic, ready, total, c_send),
-                       kwargs={"rdy": 100, "arrivals": True})
-    prod = ctx.Process(target=nsq_bench.producer,
-                       args=(host, port, topic, "mpub", 16, duration, ready, total, p_send))
-    cons.start()
-    prod.start()
-    sent, start, end, _ = p_recv.recv()
-    arrivals = c_recv.recv()
-    prod.join(10)
-    cons.join(10)
+    (sent, start, end, _), arrivals = nsq_bench.run_pair(host, port, topic, "mpub", 16, duration,
+                                                         rdy=100, arrivals=True)
     got = sum(n for _, n in arrivals)
     during = sum(n for t, n in arrivals if t <= end)
     after = got - during

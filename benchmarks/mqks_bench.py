@@ -56,11 +56,6 @@ def start_mqhub(data_dir: str, durability: str) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def _connect(host: str, port: int) -> socket.socket:
-    """A connected socket with TCP_NODELAY and a large receive buffer."""
-    return _common.connect(port, host)
-
-
 def _wait_line(sock: socket.socket, line: bytes) -> bytes:
     """Read until ``line`` (with its newline) arrived; return what followed it."""
     buf = b""
@@ -75,7 +70,7 @@ def _wait_line(sock: socket.socket, line: bytes) -> bytes:
 def consumer(host: str, port: int, queue: str, event: str, manual: bool, ready: Any,
              total: Any, out: Any) -> None:
     """Consume (acking every message when ``manual``) until ``total`` arrived or 30 s idle."""
-    sock = _connect(host, port)
+    sock = _common.connect(port, host)
     flags = " --manual-ack" if manual else ""
     sock.sendall(f"bc consume --confirm {queue} {event}{flags}\n".encode())
     buf = _wait_line(sock, b"bc ok ")
@@ -118,7 +113,7 @@ def producer(host: str, port: int, event: str, size: int, duration: float, ready
     """Publish chunks for ``duration`` seconds (a confirm per chunk), then wait for every confirm."""
     body = b"x" * size
     ev = event.encode()
-    sock = _connect(host, port)
+    sock = _common.connect(port, host)
     ready.wait(20)
     sent = 0
     chunks = 0

@@ -180,6 +180,27 @@ def producer(host: str, port: int, topic: str, mode: str, size: int, duration: f
     sock.close()
 
 
+def run_pair(host: str, port: int, topic: str, mode: str, size: int, duration: float,
+             **consumer_options: Any) -> tuple[Any, Any]:
+    """Run ``consumer`` (with ``consumer_options``) and ``producer`` on ``topic``, each in its
+    own forked process; return what each sent back (the producer's result first)."""
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    total = ctx.Value("q", 0)
+    c_recv, c_send = ctx.Pipe(False)
+    p_recv, p_send = ctx.Pipe(False)
+    cons = ctx.Process(target=consumer, args=(host, port, topic, ready, total, c_send),
+                       kwargs=consumer_options)
+    prod = ctx.Process(target=producer, args=(host, port, topic, mode, size, duration, ready, total, p_send))
+    cons.start()
+    prod.start()
+    produced = p_recv.recv()
+    consumed = c_recv.recv()
+    prod.join(10)
+    cons.join(10)
+    return produced, consumed
+
+
 def run_scenario(host: str, port: int, mode: str, size: int, duration: float,
                  server_pid: int | None = None) -> tuple[float, float]:
     """One producer/consumer pair; returns (publish rate, end-to-end rate) in msg/s.
@@ -187,21 +208,10 @@ def run_scenario(host: str, port: int, mode: str, size: int, duration: float,
     Also prints, as a ``#`` comment, the CPU each side spent per message (the cores are shared,
     so this says which side limits the run).
     """
-    ctx = mp.get_context("fork")
     topic = f"bench_{mode}_{size}_{uuid.uuid4().hex[:8]}"
-    ready = ctx.Event()
-    total = ctx.Value("q", 0)
-    c_recv, c_send = ctx.Pipe(False)
-    p_recv, p_send = ctx.Pipe(False)
-    cons = ctx.Process(target=consumer, args=(host, port, topic, ready, total, c_send))
-    prod = ctx.Process(target=producer, args=(host, port, topic, mode, size, duration, ready, total, p_send))
     cpu0 = server_cpu(server_pid)
-    cons.start()
-    prod.start()
-    sent, start, end, prod_cpu = p_recv.recv()
-    count, last, cons_cpu = c_recv.recv()
-    prod.join(10)
-    cons.join(10)
+    (sent, start, end, prod_cpu), (count, last, cons_cpu) = run_pair(host, port, topic, mode, size,
+                                                                     duration)
     if count < sent:
         print(f"# {mode} {size}B: consumer got {count} of {sent}", file=sys.stderr)
     per = 1e6 / max(1, sent)

@@ -108,15 +108,11 @@ class BrokerProcess:
             if plugin is None:
                 raise BrokerError(f"unknown protocol {name!r}; found {sorted(found.plugins)}")
             for role, default in plugin.default_endpoints.items():
-                port = free_port()
-                self.ports[(name, role)] = port
-                if default.startswith("tcp://"):
-                    self.endpoints[(name, role)] = f"tcp://{HOST}:{port}"
-                else:
-                    self.endpoints[(name, role)] = f"tcp:{port}:interface={HOST}"
+                self.endpoints[(name, role)] = default
+                self._assign((name, role), free_port())
         if "--no-admin" not in self.extra_args:  # the admin web listener (role admin.http)
-            self.ports[("admin", "http")] = port = free_port()
-            self.endpoints[("admin", "http")] = f"tcp:{port}:interface={HOST}"
+            self.endpoints[("admin", "http")] = "tcp:0"
+            self._assign(("admin", "http"), free_port())
         self.wait_for = list(wait_for) if wait_for is not None else list(self.ports)
         self.process: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
@@ -167,7 +163,8 @@ class BrokerProcess:
         raise BrokerError(f"ports kept being taken: {taken}:\n{self.output()}")
 
     def _assign(self, key: tuple[str, str], port: int) -> None:
-        """Give role ``key`` the TCP ``port`` (a ZeroMQ address for eMQP roles)."""
+        """Give role ``key`` the loopback TCP ``port``, in the form of its current endpoint (a
+        ZeroMQ address ``tcp://`` for eMQP roles, else a Twisted endpoint string)."""
         self.ports[key] = port
         if self.endpoints[key].startswith("tcp://"):
             self.endpoints[key] = f"tcp://{HOST}:{port}"
