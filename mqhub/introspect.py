@@ -13,8 +13,12 @@ from collections.abc import Callable, Iterator
 from operator import attrgetter
 from typing import Any
 
+from twisted.logger import Logger
+
 from mqhub.core.ids import format_id, parse_id
 from mqhub.listener import ListenerService
+
+log = Logger(namespace="mqhub.introspect")
 
 #: Sort keys accepted by :meth:`Inspector.queue_page` (prefix ``-`` for descending).
 QUEUE_SORTS: dict[str, Callable[[Any], Any]] = {
@@ -62,6 +66,51 @@ class RateTracker:
             rate = max(0.0, (total - before) / (now - then))
             self._seen[key] = (now, total, rate)
         return rate
+
+
+class CommitObservers:
+    """Several observers of a store's group commits behind its one ``on_commit`` hook.
+
+    Each observer is called with the commit's duration in seconds; one that raises is logged
+    and the others (and the store) carry on.
+    """
+
+    def __init__(self) -> None:
+        """No observers yet."""
+        self.observers: list[Callable[[float], None]] = []
+
+    def __call__(self, seconds: float) -> None:
+        """Hand one commit's duration to every observer."""
+        for observe in list(self.observers):
+            try:
+                observe(seconds)
+            except Exception:  # noqa: BLE001 - an observer must never fail a commit
+                log.failure("a store commit observer failed")
+
+
+def add_commit_observer(store: Any, observer: Callable[[float], None]) -> bool:
+    """Call ``observer(seconds)`` after each of ``store``'s group commits, beside any others.
+
+    The store's ``on_commit`` becomes a :class:`CommitObservers` (keeping a hook set before).
+    Returns False when the store reports no commits (it has no ``on_commit``).
+    """
+    if not hasattr(store, "on_commit"):
+        return False
+    hook = store.on_commit
+    if not isinstance(hook, CommitObservers):
+        fan = CommitObservers()
+        if hook is not None:
+            fan.observers.append(hook)
+        store.on_commit = hook = fan
+    hook.observers.append(observer)
+    return True
+
+
+def remove_commit_observer(store: Any, observer: Callable[[float], None]) -> None:
+    """Stop calling ``observer`` after ``store``'s commits (nothing when it was not added)."""
+    hook = getattr(store, "on_commit", None)
+    if isinstance(hook, CommitObservers) and observer in hook.observers:
+        hook.observers.remove(observer)
 
 
 def walk_listeners(service: Any, top: str | None = None) -> Iterator[tuple[str, ListenerService]]:
@@ -422,4 +471,5 @@ class Inspector:
         return out
 
 
-__all__ = ["Inspector", "RateTracker", "walk_listeners", "QUEUE_SORTS", "SAFE_SETTINGS"]
+__all__ = ["Inspector", "RateTracker", "CommitObservers", "add_commit_observer",
+           "remove_commit_observer", "walk_listeners", "QUEUE_SORTS", "SAFE_SETTINGS"]

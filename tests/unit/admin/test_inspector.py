@@ -167,3 +167,39 @@ def test_schedules_list_emqp_workers_of_the_router() -> None:
     workers = Inspector(hub, root).schedules()["workers"]
     assert workers == [{"protocol": "emqp", "peer": "jm-1", "queues": ["default", "slow"],
                         "slots": 3, "in_flight": 0, "last_seen": 5.0}]
+
+
+def test_several_commit_observers_share_the_store_hook(tmp_path) -> None:
+    """/metrics' histogram and other observers all see each LMDB group commit; a failing
+    observer neither stops the others nor fails the commit; removal stops the calls."""
+    from mqhub.hub import Hub
+    from mqhub.introspect import add_commit_observer, remove_commit_observer
+    from tests.unit.store.test_journal import Rig
+
+    rig = Rig(str(tmp_path / "s"))
+    seen: dict[str, list[float]] = {"first": [], "second": []}
+    rig.store.on_commit = seen["first"].append  # a hook set directly before is kept
+    hub = Hub(clock=rig.clock, store=rig.store, broker=rig.broker)
+    registry = build_registry(Inspector(hub))
+
+    def broken(seconds: float) -> None:
+        raise RuntimeError("observer bug")
+
+    assert add_commit_observer(rig.store, broken)
+    assert add_commit_observer(rig.store, seen["second"].append)
+    rig.broker.declare_queue("q")
+    rig.broker.bind_queue("a", "q")
+    for _ in range(3):
+        rig.broker.publish_batch("a", [b"m"], origin="nsq")
+        rig.settle()
+    assert rig.store.commits >= 3
+    assert len(seen["first"]) == len(seen["second"]) == rig.store.commits
+    count = registry.get_sample_value("mqhub_store_commit_seconds_count")
+    assert count == rig.store.commits
+    remove_commit_observer(rig.store, seen["second"].append)
+    before = len(seen["second"])
+    rig.broker.publish_batch("a", [b"m"], origin="nsq")
+    rig.settle()
+    assert len(seen["first"]) == rig.store.commits and len(seen["second"]) == before
+    rig.close()
+    assert not add_commit_observer(memory_hub().store, seen["first"].append)  # no commit hook
