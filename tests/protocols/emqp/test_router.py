@@ -221,7 +221,7 @@ def test_foreign_message_on_job_address_becomes_a_job():
     rig = Rig()
     rig.worker(b"w1", ready=2)
     result_of(rig.hub.broker.publish_batch("emqp.jobs.default", [job(5), b"junk"], origin="nsq"))
-    rig.router._pump("default")
+    rig.router.pump("default")
     [req] = rig.sent(rig.back, b"REQUEST", b"w1")
     assert req[7] == job(5)
     dead = result_of(rig.hub.broker.dead_letters("emqp.jobs.default"))
@@ -437,7 +437,7 @@ def test_a_failing_handler_costs_only_its_own_message(monkeypatch):
     def broken(cmd):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(rig.router, "_schedule_command", broken)
+    monkeypatch.setattr(rig.router.schedules, "command", broken)
     rig.router.frontend_received([
         [b"c", b"", V, b"SCHEDULE", b"s", b"default", b"", b"5", job(), b""],
         [b"c", b"", V, b"REQUEST", b"after", b"default", b"", job()],

@@ -148,7 +148,7 @@ def test_schedules_list_emqp_workers_of_the_router() -> None:
     """An eMQP service's router workers appear in /api/schedules' ``workers``."""
     from twisted.application.service import Service
 
-    from mqhub.protocols.emqp.router import Worker
+    from mqhub.protocols.emqp.workers import Worker
 
     hub, _ = filled_hub(1)
     root = MultiService()
