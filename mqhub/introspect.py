@@ -174,7 +174,8 @@ class Inspector:
         return [c.name for c in self.root if c.name not in self.skip]
 
     def connections(self) -> list[dict[str, Any]]:
-        """Every open client connection: protocol, listener, peer, since, counters."""
+        """Every open client connection: protocol, listener, peer, since, counters; then the
+        peers protocol services track themselves (:meth:`peer_connections`)."""
         out = []
         for protocol, ls in self.listeners():
             for conn in ls.connections:
@@ -190,14 +191,26 @@ class Inspector:
                     if isinstance(value, (int, float, str)) and not isinstance(value, bool):
                         row[attr] = value
                 out.append(row)
-        return out
+        return out + self.peer_connections()
 
     def connection_counts(self) -> dict[str, int]:
         """Open connections per protocol (every protocol service listed, even with none)."""
         counts = dict.fromkeys(self.protocols(), 0)
         for protocol, ls in self.listeners():
             counts[protocol] = counts.get(protocol, 0) + len(ls.connections)
+        for row in self.peer_connections():
+            counts[row["protocol"]] = counts.get(row["protocol"], 0) + 1
         return counts
+
+    def peer_connections(self) -> list[dict[str, Any]]:
+        """Connections a protocol service tracks itself through a ``peers()`` method (eMQP:
+        the ZeroMQ identities its router knows), each row with its ``protocol``."""
+        out: list[dict[str, Any]] = []
+        for child in list(self.root) if self.root is not None else []:
+            peers = getattr(child, "peers", None)
+            if child.name not in self.skip and callable(peers):
+                out.extend({"protocol": child.name, **row} for row in peers())
+        return out
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, details): the store is open and every protocol listener is listening."""
@@ -420,20 +433,9 @@ class Inspector:
 
     def emqp_workers(self, limit: int = 100) -> list[dict[str, Any]]:
         """eMQP jobmanagers connected to the backend: queues, free slots, jobs in flight."""
-        rows: list[dict[str, Any]] = []
-        for child in list(self.root) if self.root is not None else []:
-            workers = getattr(getattr(child, "router", None), "workers", None)
-            if not isinstance(workers, dict):
-                continue
-            for worker in list(workers.values())[:limit]:
-                peer = worker.peer
-                rows.append({
-                    "protocol": child.name,
-                    "peer": peer.decode("utf-8", "replace") if peer.isascii() else peer.hex(),
-                    "queues": [name for _, name in worker.queues], "slots": worker.slots,
-                    "in_flight": len(worker.inflight), "last_seen": worker.last_seen,
-                })
-        return rows
+        keys = ("protocol", "peer", "queues", "slots", "in_flight", "last_seen")
+        workers = [row for row in self.peer_connections() if row.get("kind") == "worker"]
+        return [{k: row[k] for k in keys} for row in workers[:limit]]
 
     # dead letters ---------------------------------------------------------------------------
 

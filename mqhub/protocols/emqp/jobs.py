@@ -8,9 +8,11 @@ after a restart; ``mqhub-max-attempts`` marks a job that may run again after a f
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from mqhub.protocols.emqp import frames as F
+from mqhub.store.records import HEADERS
 
 Frames = list[bytes]
 Send = Callable[[Frames], None]
@@ -56,3 +58,16 @@ def request_headers(cmd: F.Command, headers_raw: bytes) -> dict[str, str]:
     elif h.guarantee:
         meta[H_MAX] = str(GUARANTEE_ATTEMPTS)
     return meta
+
+
+def waiting_jobs(consumers: Iterable[Any], msgid: str) -> list[tuple[Any, tuple]]:
+    """``(queue, entry)`` of every waiting job, on the queues of ``consumers``, whose client
+    msgid is ``msgid`` (a REPLY from before a restart names its job this way)."""
+    found: list[tuple[Any, tuple]] = []
+    for consumer in consumers:
+        queue = consumer.queue
+        for entry in queue.peek(queue.depth):
+            meta = entry[HEADERS]
+            if meta is not None and meta.get(H_MSGID) == msgid:
+                found.append((queue, entry))
+    return found

@@ -13,6 +13,7 @@ from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.emqp import frames as F
 from mqhub.protocols.emqp.droplog import DropLog
 from mqhub.protocols.emqp.jobs import Frames, Send
+from mqhub.protocols.emqp.peers import PeerTable
 from mqhub.store.records import BODY, ORIGIN
 
 log = Logger(namespace="mqhub.emqp")
@@ -45,11 +46,15 @@ class PubRelay:
     """The pub-in ROUTER's PUBLISH handling and the PUB bridge's hub subscriptions."""
 
     def __init__(self, broker: Any, send_pub: Send | None, drops: DropLog, max_body: int,
-                 stats: dict[str, int], patterns: tuple[str, ...] = ()) -> None:
+                 stats: dict[str, int], patterns: tuple[str, ...] = (),
+                 publishers: PeerTable | None = None, clock: Any = None) -> None:
         """:param send_pub: sends ``[topic, message]`` on PUB (None: hub only, no PUB socket).
         :param stats: the router's counters (``published`` is counted here).
-        :param patterns: hub address patterns bridged to PUB while started."""
+        :param patterns: hub address patterns bridged to PUB while started.
+        :param publishers: where the identities that PUBLISH are noted (with ``clock``)."""
         self.broker = broker
+        self.publishers = publishers
+        self.clock = clock
         self.send_pub = send_pub
         self.drops = drops
         self.max_body = max_body
@@ -73,6 +78,7 @@ class PubRelay:
     def received(self, messages: list[Frames]) -> None:
         """PUBLISH on the pub/sub ROUTER: out on PUB as ``[topic, message]`` and into the hub."""
         topics: dict[bytes, list[bytes]] = {}
+        now = self.clock.seconds() if self.clock is not None else 0.0
         for frames in messages:
             try:
                 cmd = F.parse_routed(frames, self.max_body)
@@ -84,6 +90,8 @@ class PubRelay:
             except F.ProtocolError as exc:
                 self.drops.drop("pub-in", frames[0] if frames else b"", str(exc))
                 continue
+            if self.publishers is not None:
+                self.publishers.seen(cmd.peer, now)
             if self.send_pub is not None:
                 self.send_pub([topic, message])
             topics.setdefault(topic, []).append(message)

@@ -38,7 +38,9 @@ from mqhub.protocols.emqp.jobs import (
     Send,
     request_headers,
     valid_job,
+    waiting_jobs,
 )
+from mqhub.protocols.emqp.peers import PeerTable, connection_rows
 from mqhub.protocols.emqp.pubsub import PubRelay
 from mqhub.protocols.emqp.schedules import SCHEDULE_KEY_PREFIX, ScheduleFront
 from mqhub.protocols.emqp.workers import Routes, Worker
@@ -92,6 +94,9 @@ class EmqpRouter:
         #: emq-scheduler peers on the frontend -> last seen (most recent INFORM last)
         self.schedulers: dict[bytes, float] = {}
         self.routes = Routes()
+        #: clients (and schedulers) seen on the frontend, publishers on pub-in
+        self.clients = PeerTable()
+        self.publishers = PeerTable()
         self.consumers: dict[str, Any] = {}
         #: jobs the core delivered when no slot was planned; sent on the next free slot
         self.held: dict[str, list[tuple]] = {}
@@ -105,7 +110,7 @@ class EmqpRouter:
         self.stats = {"requests": 0, "dispatched": 0, "replies": 0, "retries": 0,
                       "published": 0, "scheduled_runs": 0, "late_replies": 0}
         self.pubsub = PubRelay(self.broker, send_pub, self.drops, max_body, self.stats,
-                               tuple(pub_bridge))
+                               tuple(pub_bridge), self.publishers, self.clock)
         self.schedules = ScheduleFront(self.scheduler, self.schedulers, send_frontend, self.ids,
                                        self.stats, forward=forward_schedules, known=self.known,
                                        enqueue=self.enqueue)
@@ -164,6 +169,7 @@ class EmqpRouter:
         for frames in messages:
             try:
                 cmd = F.parse_routed(frames, self.max_body)
+                self.clients.seen(cmd.peer, now)
                 name = cmd.name
                 if name == b"REQUEST":
                     self._take_request(cmd, jobs)
@@ -226,6 +232,7 @@ class EmqpRouter:
     def _frontend_bye(self, cmd: F.Command) -> None:
         """DISCONNECT or KBYE from a frontend peer ends that peer only (never the broker)."""
         self.schedulers.pop(cmd.peer, None)
+        self.clients.forget(cmd.peer)
         if cmd.name == b"DISCONNECT":
             self.send_frontend(F.kbye(cmd.peer, self.ids.next()))
             log.info("eMQP: frontend peer {p} disconnected", p=F.peer_label(cmd.peer))
@@ -335,13 +342,7 @@ class EmqpRouter:
             return False
         result, req = cmd.body
         msgid = req.decode("utf-8", "replace")
-        found: list[tuple[Any, tuple]] = []
-        for consumer in self.consumers.values():
-            queue = consumer.queue
-            for entry in queue.peek(queue.depth):
-                meta = entry[HEADERS]
-                if meta is not None and meta.get(H_MSGID) == msgid:
-                    found.append((queue, entry))
+        found = waiting_jobs(self.consumers.values(), msgid)
         if len(found) != 1:
             return False
         queue, entry = found[0]
@@ -550,8 +551,15 @@ class EmqpRouter:
         for peer, seen in list(self.schedulers.items()):
             if seen < limit:
                 del self.schedulers[peer]
+                self.clients.forget(peer)
             else:
                 self._safe(self.send_frontend, F.heartbeat(peer, self.ids.next(), now))
+        self.clients.expire(now)
+        self.publishers.expire(now)
+
+    def peers(self) -> list[dict[str, Any]]:
+        """Every peer known on the ZeroMQ sockets, as connection rows (see :mod:`.peers`)."""
+        return connection_rows(self.workers, self.schedulers, self.clients, self.publishers)
 
     @staticmethod
     def _safe(send: Send, frames: Frames) -> None:

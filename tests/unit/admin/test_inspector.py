@@ -144,29 +144,29 @@ def test_untrusted_bodies_only_ever_raise_value_error(body: object) -> None:
             pass
 
 
-def test_schedules_list_emqp_workers_of_the_router() -> None:
-    """An eMQP service's router workers appear in /api/schedules' ``workers``."""
-    from twisted.application.service import Service
-
-    from mqhub.protocols.emqp.workers import Worker
+def test_emqp_peers_are_connections_and_workers_of_schedules() -> None:
+    """An eMQP service's router peers appear in connections (and counts); its workers in
+    /api/schedules' ``workers``."""
+    from mqhub.protocols.emqp.service import EmqpService
 
     hub, _ = filled_hub(1)
     root = MultiService()
-    emqp = Service()
-    emqp.setName("emqp")
+    emqp = EmqpService(hub, {}, {})  # not started: no sockets, the router is driven directly
     emqp.setServiceParent(root)
-    worker = Worker(b"jm-1", [(10, "default"), (0, "slow")], 5.0)
-    worker.slots = 3
-
-    class Router:
-        """Stands in for EmqpRouter's public ``workers`` map."""
-
-        workers = {b"jm-1": worker}
-
-    emqp.router = Router()  # type: ignore[attr-defined]
-    workers = Inspector(hub, root).schedules()["workers"]
-    assert workers == [{"protocol": "emqp", "peer": "jm-1", "queues": ["default", "slow"],
-                        "slots": 3, "in_flight": 0, "last_seen": 5.0}]
+    v = b"eMQP/1.0"
+    emqp.router.backend_received([[b"jm-1", b"", v, b"INFORM", b"i", b'[[10, "default"], '
+                                   b'[0, "slow"]]', b"worker"],
+                                  [b"jm-1", b"", v, b"READY", b"r1"]])
+    emqp.router.frontend_received([[b"\x00\x01", b"", v, b"HEARTBEAT", b"h", b"0"]])
+    ins = Inspector(hub, root)
+    rows = ins.connections()
+    assert [(r["protocol"], r["kind"], r["peer"], r["listener"]) for r in rows] == [
+        ("emqp", "worker", "jm-1", "emqp-backend"), ("emqp", "client", "0x0001", "emqp-frontend")]
+    assert rows[0]["queues"] == ["default", "slow"] and rows[0]["slots"] == 1
+    assert ins.connection_counts() == {"emqp": 2}
+    assert ins.schedules()["workers"] == [{"protocol": "emqp", "peer": "jm-1",
+                                           "queues": ["default", "slow"], "slots": 1,
+                                           "in_flight": 0, "last_seen": rows[0]["last_seen"]}]
 
 
 def test_several_commit_observers_share_the_store_hook(tmp_path) -> None:
