@@ -361,11 +361,11 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
         """A commit failed: tell requesters; nothing in it was confirmed to anyone."""
         log.failure("mq9: store commit failed", failure)
         for op in ops:
-            if op[0] == 3:
+            if op[0] == OP_REPLY:
                 self._send(op[1], {"error": "store unavailable"})
-            elif op[0] == 4 and op[1].connected:
+            elif op[0] == OP_PONG and op[1].connected:
                 op[1].out_ctl(codec.PONG)
-            elif op[0] == 5:
+            elif op[0] == OP_PUSH:
                 self.forget(op[1].mail_id, op[1].priority, op[2])   # back to ready
         self.settle()
         self.server.flush()

@@ -112,7 +112,7 @@ class PersistedBroadcasts:
             self.server.deliver(sub, entry[ADDRESS], None,
                                 codec.build_headers(hdrs) if hdrs else None, entry[BODY])
             self.batch.put_meta(META_BCAST_KEYS + str(entry[MSG_ID]),
-                                 json.dumps(sorted(seen)).encode())
+                                json.dumps(sorted(seen)).encode())
         self.kick()
 
     @staticmethod
@@ -121,7 +121,7 @@ class PersistedBroadcasts:
         return "q:" + sub.queue if sub.queue is not None else "s:" + sub.wire_subject
 
     def persisted_broadcast(self, pub: NatsConnection | None, subject: str,
-                             reply: str | None, hdr: bytes | None, payload: bytes) -> int:
+                            reply: str | None, hdr: bytes | None, payload: bytes) -> int:
         """Store a broadcast with ``mq9-persist: true``; it is delivered after the commit.
 
         Past ``max_unread`` stored broadcasts it is delivered live only (not stored).
@@ -141,7 +141,7 @@ class PersistedBroadcasts:
         return 1
 
     def deliver_broadcast(self, pub: NatsConnection | None, entry: tuple, seen: set[str],
-                           reply: str | None, hdr: bytes | None) -> None:
+                          reply: str | None, hdr: bytes | None) -> None:
         """Deliver a committed persisted broadcast and remember who got it."""
         srv = self.server
         subject = entry[ADDRESS]
@@ -161,7 +161,7 @@ class PersistedBroadcasts:
             srv.bridge.publish(subject, reply, hdr, entry[BODY])
         if seen:
             self.batch.put_meta(META_BCAST_KEYS + str(entry[MSG_ID]),
-                                 json.dumps(sorted(seen)).encode())
+                                json.dumps(sorted(seen)).encode())
 
     def expire_broadcasts(self, now: float) -> None:
         """Forget persisted broadcasts past their TTL (their deletes go into ``batch``)."""

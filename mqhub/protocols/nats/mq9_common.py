@@ -3,8 +3,6 @@ header helpers (:mod:`mqhub.protocols.nats.mq9` assembles the layer)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 from mqhub.protocols.nats import codec
 
 MAILBOX = "$mq9.AI.MAILBOX."
@@ -15,21 +13,6 @@ OP_BROADCAST = 2   # (kind, publisher, entry, seen, reply, hdr): deliver a persi
 OP_REPLY = 3       # (kind, reply subject, JSON bytes): answer a MAILBOX request
 OP_PONG = 4        # (kind, connection): a flush() barrier's PONG
 OP_PUSH = 5        # (kind, pusher, consumer, entries): push stored mailbox messages
-
-
-class Mq9Host(Protocol):
-    """What the parts of the mq9 layer call on the assembled :class:`~.mq9.Mq9`."""
-
-    ops: list[tuple]
-
-    def kick(self) -> None:
-        """Arrange a commit on the next turn for writes made outside a read."""
-
-    def answer(self, reply: str | None, body: dict[str, Any]) -> None:
-        """Send a JSON reply after this read's batch commits."""
-
-    def error(self, reply: str | None, text: str) -> None:
-        """Reply ``{"error": text}`` after this read's batch commits."""
 
 
 def headers_dict(hdr: bytes | None) -> dict[str, str] | None:

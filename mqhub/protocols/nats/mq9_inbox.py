@@ -128,7 +128,7 @@ class InboxWriter:
         The messages of one read are grouped per INBOX subject (a group holds a run of one
         expiry: a message with another ``mq9-ttl`` starts a new group of that subject), so
         mixed mailboxes and priorities still make one core call per subject per read
-        (:meth:`_flush_pubs`). The first message of a read to a subject checks the mailbox's
+        (:meth:`flush_pubs`). The first message of a read to a subject checks the mailbox's
         expiry and room here; the next ones only the room (in :meth:`publish`).
         """
         hit = self.inbox_cache.get(subject)

@@ -85,7 +85,7 @@ class MailboxPushes:
         self.settle()
 
     def forget(self, mail_id: str, prio: int, consumer: Any) -> None:
-        """Stop using ``consumer`` for new subscribers; it is detached by :meth:`_settle`."""
+        """Stop using ``consumer`` for new subscribers; it is detached by :meth:`settle`."""
         if self.pushers.get((mail_id, prio), 0) in (consumer, None):
             self.pushers.pop((mail_id, prio), None)
         self._actions.append((consumer, None))
