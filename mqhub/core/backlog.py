@@ -61,7 +61,8 @@ class QueueBacklog:
 
     __slots__ = (
         "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_skip", "_pend",
-        "_page_cap", "_page_gone", "_page_wait", "_tail", "_tail_sorted", "_may_expire")
+        "_page_cap", "_page_gone", "_page_wait", "_tail", "_tail_sorted", "_may_expire",
+        "_npend")
 
     broker: QueueHost
     name: str
@@ -82,11 +83,15 @@ class QueueBacklog:
         self._unsettled = 0                   # marks of this queue on uncommitted batches
         self._put_gen = 0                     # bumps whenever stored-only entries are added
         self._skip: set[int] = _NO_IDS        # ids removed while a page was being read
-        # id(batch) -> [marks, batch, hold, put hold]: this queue's uncommitted batches; a hold is
-        # the lowest ready-order key (-priority, msg_id) the batch may have left in the store
-        # only, or None; a put hold is the lowest such key among the batch's own puts (seeing
-        # that entry in a page proves the batch applied). See _maybe_page.
+        # id(batch) -> [marks, batch, hold, put hold, awaiting, stored-only puts]: this queue's
+        # uncommitted batches; a hold is the lowest ready-order key (-priority, msg_id) the batch
+        # may have left in the store only, or None; a put hold is the lowest such key among the
+        # batch's own puts (seeing that entry in a page proves the batch applied), see
+        # _maybe_page; *awaiting* is the list of the batch's puts that enter the window once it
+        # is committed (never before: a put whose commit fails is never delivered), and the
+        # last field counts its puts that went to the stored backlog instead.
         self._pend: dict[int, list[Any]] = _NO_MAP
+        self._npend = 0                       # entries awaiting their batch's commit
         self._page_cap: tuple[int, int] | None = None   # holds of batches settled mid-read
         self._page_gone: list[list[EntryKey]] = _NO_LIST   # their deletes of this queue
         self._page_wait = 0                   # 0, WAIT_COMMIT or WAIT_HOLD (see _maybe_page)
@@ -120,6 +125,11 @@ class QueueBacklog:
         """The window size in effect (mqhub.core.window)."""
         raise NotImplementedError
 
+    def _committed(self, puts: list[tuple[list[Entry], bool]]) -> None:
+        """The batch holding ``puts`` (each a list of entries in id order and its uniform flag)
+        was committed: they enter the window (mqhub.core.queue)."""
+        raise NotImplementedError
+
     def maybe_page(self) -> None:
         """Read the next page of the stored backlog if the window is at its low-water mark."""
         self._maybe_page()
@@ -130,9 +140,9 @@ class QueueBacklog:
 
     # -- settle callbacks (mqhub.core.commits.BatchWatcher) ------------------------------------
 
-    def batch_settled(self, batch: WriteBatch) -> None:
-        """A batch this queue marked was committed (or failed)."""
-        self._settle(batch)
+    def batch_settled(self, batch: WriteBatch, ok: bool = True) -> None:
+        """A batch this queue marked was committed (``ok``) or failed."""
+        self._settle(batch, ok)
 
     def batch_merged(self, batch: WriteBatch, into: WriteBatch) -> None:
         """A batch this queue marked was merged into ``into``."""
@@ -297,7 +307,7 @@ class QueueBacklog:
             pend = self._pend = {}
         rec = pend.get(id(batch))
         if rec is None:
-            pend[id(batch)] = [1, batch, None, None]
+            pend[id(batch)] = [1, batch, None, None, None, 0]
         else:
             rec[0] += 1
         self.broker.commits.watch(batch, self)
@@ -311,7 +321,7 @@ class QueueBacklog:
         low = min((k for k in (rec[2], rec[3]) if k is not None), default=None)
         other = self._pend.get(id(into))
         if other is None:
-            self._pend[id(into)] = [rec[0], into, low, None]
+            self._pend[id(into)] = [rec[0], into, low, None, None, 0]
         else:
             other[0] += rec[0]
             if low is not None and (other[2] is None or low < other[2]):
@@ -323,11 +333,13 @@ class QueueBacklog:
             self._mark(batch)
         return self.broker.commits.commit(batch)
 
-    def _settle(self, batch: WriteBatch | None = None) -> None:
-        """One mark of this queue on ``batch`` was committed (or failed).
+    def _settle(self, batch: WriteBatch | None = None, ok: bool = True) -> None:
+        """One mark of this queue on ``batch`` was committed (``ok``) or failed.
 
         O(1) unless paging waits for exactly this: a commit of this queue after a read that
-        reached the committed end, or the commit of a batch holding the page.
+        reached the committed end, or the commit of a batch holding the page. Once every mark
+        of a batch settled, its puts that await the commit enter the window (or, when it
+        failed, are dropped: a publish refused to its publisher is never delivered).
         """
         self._unsettled -= 1
         rec = self._pend.get(id(batch)) if batch is not None else None
@@ -339,6 +351,8 @@ class QueueBacklog:
         if rec[0] > 0:
             return
         del self._pend[id(batch)]
+        if rec[4] is not None or rec[5]:
+            self._settle_puts(rec, ok)
         wait = self._page_wait
         if self._paging:
             # the read in progress may have started before this commit: it still counts
@@ -355,6 +369,69 @@ class QueueBacklog:
                 and self._stored_only:
             self._page_wait = 0
             self._maybe_page()
+
+    def _await_commit(self, batch: WriteBatch, entries: list[Entry], stored_only: int,
+                      uniform: bool) -> None:
+        """``entries`` (puts of the uncommitted ``batch``, marked on this queue, in id order)
+        wait for its commit before they enter the window; ``stored_only`` more of its puts went
+        to the stored backlog."""
+        rec = self._pend[id(batch)]
+        if entries:
+            if rec[4] is None:
+                rec[4] = [(entries, uniform)]
+            else:
+                rec[4].append((entries, uniform))
+            self._npend += len(entries)
+        rec[5] += stored_only
+
+    def _awaiting_past_horizon(self) -> None:
+        """The horizon moved back (eviction): awaiting puts that now sort after it belong to
+        the stored backlog, held back from paging until their batch is committed."""
+        for rec in self._pend.values():
+            puts = rec[4]
+            if not puts:
+                continue
+            kept = []
+            for entries, uniform in puts:
+                past = [e for e in entries if self._after_horizon(e)]
+                if not past:
+                    kept.append((entries, uniform))
+                    continue
+                low = min(ready_key(e) for e in past)
+                if rec[3] is None or low < rec[3]:
+                    rec[3] = low
+                rec[5] += len(past)
+                self._stored_only += len(past)
+                self._npend -= len(past)
+                self._put_gen += 1
+                if len(past) < len(entries):
+                    ids = {e[0] for e in past}
+                    kept.append(([e for e in entries if e[0] not in ids], uniform))
+            rec[4] = kept or None
+
+    def _settle_puts(self, rec: list[Any], ok: bool) -> None:
+        """The batch of ``rec`` settled: admit its awaiting puts, or forget its puts if it failed."""
+        waiting: list[tuple[list[Entry], bool]] | None = rec[4]
+        n = sum(len(p[0]) for p in waiting) if waiting else 0
+        self._npend -= n
+        if ok:
+            if waiting and not self.deleted:
+                self._committed(waiting)
+            return
+        log.warning("%s: %d message(s) refused by the store are not kept", self.name,
+                    n + rec[5])
+        if rec[5]:
+            # stored-only puts that never reached the store: uncount them, forget their tail
+            self._stored_only = max(0, self._stored_only - rec[5])
+            self._put_gen += 1
+            if self._tail:
+                gone = {e[0] for e in rec[1].puts.get(self.name, ())}
+                keep = [e for e in self._tail if e[0] not in gone]
+                self._tail.clear()
+                self._tail.extend(keep)
+            if not self._stored_only:
+                self._horizon = None
+                self._tail = _NO_LIST
 
     def _paged(self, entries: list[Entry], incarnation: int, gen: int, asked: int) -> None:
         """Append a page read from the store to the window.

@@ -519,6 +519,8 @@ class Broker(BrokerDelays):
         route = self.router.route(address)
         if route.park is not None or not route.queues:
             return succeed(None)
+        if q.awaiting_commit:   # parked puts enter the window once stored: move them then
+            return self.commits.barrier().addBoth(lambda _: self._drain_park(address))
         dests = route.queues
         now = self.clock.seconds()
         entries = q.pop_ready(q.in_memory)

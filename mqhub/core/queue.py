@@ -134,7 +134,7 @@ class Queue(QueueFanout):
     @property
     def depth(self) -> int:
         """Ready messages (in memory plus stored backlog), not counting in flight or deferred."""
-        return self._nready + self._stored_only
+        return self._nready + self._stored_only + self._npend
 
     def stats(self) -> dict[str, Any]:
         """Counters in the shape the admin surfaces and NSQ /stats use."""
@@ -166,6 +166,19 @@ class Queue(QueueFanout):
         if self.max_size and self.depth > self.max_size:
             self._overflow(self.depth - self.max_size, batch, now)
         if self.durable and self._nready > self._effective_window():
+            self._evict()
+        self.dispatch()
+
+    def _committed(self, puts: list[tuple[list[Entry], bool]]) -> None:
+        """The batch holding ``puts`` was committed: they enter the window, the overflow policy
+        and the window size apply to them, and they are dispatched."""
+        for entries, uniform in puts:
+            self._enter(entries, uniform)
+        if self.max_size and self.depth > self.max_size:
+            b = WriteBatch()
+            self._overflow(self.depth - self.max_size, b, self.broker.clock.seconds())
+            self._write(b)
+        if self._nready > self._effective_window():
             self._evict()
         self.dispatch()
 

@@ -41,12 +41,22 @@ class QueueWindow(QueueBacklog):
             d.clear()
         self._nready = 0
         self._volatile = _NO_IDS
+        for rec in self._pend.values():
+            rec[4] = None
+            rec[5] = 0
+        self._npend = 0
         self._backlog_clear()
 
     @property
     def in_memory(self) -> int:
         """Ready entries in the window (the rest of :attr:`depth` is the stored backlog)."""
         return self._nready
+
+    @property
+    def awaiting_commit(self) -> int:
+        """Stored puts waiting for their batch's commit before they enter the window (counted
+        in :attr:`depth`, not yet deliverable)."""
+        return self._npend
 
     @property
     def may_expire(self) -> bool:
@@ -69,8 +79,11 @@ class QueueWindow(QueueBacklog):
         backlog; their store writes (when ``stored``) go into ``batch``.
 
         ``uniform`` promises every entry has the same priority and expiry (a publish batch).
+        Stored entries put through an uncommitted ``batch`` enter the window only once it is
+        committed (:meth:`_await_commit`): none is delivered before its put is stored.
         """
         n = len(entries)
+        awaiting = stored and batch is not None
         if stored and batch is not None:
             batch.put_entries(self.name, entries)
             self._mark(batch)
@@ -92,6 +105,12 @@ class QueueWindow(QueueBacklog):
                                 [e for e in entries if self._after_horizon(e)], uniform)
             self._stored_only += n - len(keep)
             self._put_gen += 1
+            if awaiting and batch is not None:
+                self._await_commit(batch, keep, n - len(keep), uniform)
+                if not self._may_expire and (entries[0][4] if uniform
+                                             else any(e[4] for e in entries)):
+                    self._may_expire = True
+                return
             entries = keep
         elif not stored and self.durable:
             if self._volatile is _NO_IDS:
@@ -101,6 +120,14 @@ class QueueWindow(QueueBacklog):
             if not self._may_expire and (entries[0][4] if uniform
                                          else any(e[4] for e in entries)):
                 self._may_expire = True
+            if awaiting and batch is not None:
+                self._await_commit(batch, entries, 0, uniform)
+                return
+            self._enter(entries, uniform)
+
+    def _enter(self, entries: list[Entry], uniform: bool) -> None:
+        """Add ``entries`` (in id order) to the ready deques."""
+        if entries:
             p = entries[0][1]
             d = self._deque(p)
             last = d[-1][0] if d else -1
@@ -210,13 +237,17 @@ class QueueWindow(QueueBacklog):
                 self._page_wait = 0
             if self._pend:
                 self._hold_all((-low[1], low[0]))
+        self._horizon = None
         for p in sorted(self._prios):
             d = self._ready[p]
             for e in reversed(d):
                 if e[0] not in volatile:
                     self._horizon = (p, e[0])
-                    return
-        self._horizon = None
+                    break
+            if self._horizon is not None:
+                break
+        if self._npend:
+            self._awaiting_past_horizon()
 
     def _pop_ready(self, n: int) -> list[Entry]:
         """Remove and return up to ``n`` ready entries in ready order."""

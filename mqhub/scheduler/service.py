@@ -72,7 +72,8 @@ class SchedulerService(Service):
     def register(self, prefix: bytes, handler: Handler) -> None:
         """Route due rows whose key starts with ``prefix`` to ``handler(rows, batch, now)``.
 
-        A handler may return a callable; it is called once ``batch`` has been committed.
+        A handler may return a callable; it is called once ``batch`` has been committed, with the
+        commit's result (None, or the Failure when the commit failed).
         """
         self._handlers = [(p, h) for p, h in self._handlers if p != prefix]
         self._handlers.append((prefix, handler))
@@ -325,7 +326,7 @@ class SchedulerService(Service):
         def committed(result: Any) -> bool:
             for func in after:
                 try:
-                    func()
+                    func(result)
                 except Exception:
                     log.exception("after-commit hook %r failed", func)
             if isinstance(result, Failure):
