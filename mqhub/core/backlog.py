@@ -29,6 +29,12 @@ log = logging.getLogger(__name__)
 LOW_WATER = 2
 #: the most entries one page read asks the store for
 PAGE_LIMIT = 4096
+#: default byte budget of a queue's window (Broker ``window_bytes``): body bytes of the ready
+#: entries it keeps in memory; past it entries stay in the store only (defect 7)
+WINDOW_BYTES = 64 << 20
+#: a page read while the body sizes of the stored backlog are unknown (after a restart) asks
+#: for at most this many entries; later pages are sized by the largest body seen
+FIRST_PAGE = 64
 #: why paging waits: the last read reached the committed end (any commit of this queue may show
 #: more), or an uncommitted batch holds the page (only that batch's commit helps)
 WAIT_COMMIT = 1
@@ -62,7 +68,7 @@ class QueueBacklog:
     __slots__ = (
         "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_skip", "_pend",
         "_page_cap", "_page_gone", "_page_wait", "_tail", "_tail_sorted", "_may_expire",
-        "_npend")
+        "_nbytes", "_body_max", "_tail_bytes")
 
     broker: QueueHost
     name: str
@@ -91,7 +97,6 @@ class QueueBacklog:
         # is committed (never before: a put whose commit fails is never delivered), and the
         # last field counts its puts that went to the stored backlog instead.
         self._pend: dict[int, list[Any]] = _NO_MAP
-        self._npend = 0                       # entries awaiting their batch's commit
         self._page_cap: tuple[int, int] | None = None   # holds of batches settled mid-read
         self._page_gone: list[list[EntryKey]] = _NO_LIST   # their deletes of this queue
         self._page_wait = 0                   # 0, WAIT_COMMIT or WAIT_HOLD (see _maybe_page)
@@ -101,6 +106,9 @@ class QueueBacklog:
         self._tail: deque[Entry] = _NO_LIST
         self._tail_sorted = True              # _tail is in ready order
         self._may_expire = False              # some entry with expires_at was added
+        self._nbytes = 0                      # body bytes of the window's ready entries
+        self._body_max = 0                    # largest body seen going to the stored backlog
+        self._tail_bytes = 0                  # body bytes of the remembered tail
 
     def _backlog_clear(self) -> None:
         """Forget the stored backlog (the queue was emptied)."""
@@ -124,6 +132,19 @@ class QueueBacklog:
     def _effective_window(self) -> int:
         """The window size in effect (mqhub.core.window)."""
         raise NotImplementedError
+
+    def _byte_budget(self) -> int:
+        """The window's byte budget in effect (mqhub.core.window)."""
+        raise NotImplementedError
+
+    def _evict(self) -> None:
+        """Drop the window's tail back to the stored backlog (mqhub.core.window)."""
+        raise NotImplementedError
+
+    def _shrink(self) -> None:
+        """Evict when a page or the tail brought the window over its byte budget."""
+        if self.durable and self._nready > 1 and self._nbytes > self._byte_budget():
+            self._evict()
 
     def _committed(self, puts: list[tuple[list[Entry], bool]]) -> None:
         """The batch holding ``puts`` (each a list of entries in id order and its uniform flag)
@@ -174,7 +195,8 @@ class QueueBacklog:
         the whole backlog, it moves into the window without a read (:meth:`_swallow_tail`).
         """
         if (self._paging or not self._stored_only or self.deleted
-                or self._nready > self._effective_window() // LOW_WATER):
+                or self._nready > self._effective_window() // LOW_WATER
+                or self._nbytes > self._byte_budget() // LOW_WATER):
             return
         if len(self._tail) == self._stored_only:
             self._swallow_tail()
@@ -192,6 +214,11 @@ class QueueBacklog:
         self._page_cap = None
         self._page_gone = _NO_LIST
         limit = min(PAGE_LIMIT, self._effective_window() - self._nready)
+        # bodies count too: ask for what fits the byte budget by the largest body seen (the
+        # store reads by count; a page is evicted back down to the budget if it was bigger)
+        big = self._body_max
+        limit = min(limit, FIRST_PAGE if not big else
+                    (self._byte_budget() - self._nbytes) // big)
         d = self.broker.store.read_entries(self.name, h, max(1, limit))
         d.addCallbacks(self._paged, self._page_failed,
                        callbackArgs=(self.incarnation, self._put_gen, max(1, limit)))
@@ -201,10 +228,11 @@ class QueueBacklog:
         backlog, keeping at most a window of them (the oldest are forgotten, not lost)."""
         tail = self._tail
         size = self._effective_window()
-        if tail is _NO_LIST or tail.maxlen != size:
-            tail = self._tail = deque(tail, maxlen=size)
+        if tail is _NO_LIST:
+            tail = self._tail = deque()
         if not tail:
             self._tail_sorted = True
+            self._tail_bytes = 0
         if self._tail_sorted:
             first = entries[0]
             if tail:
@@ -214,6 +242,13 @@ class QueueBacklog:
             if not uniform and any(e[1] != first[1] for e in entries):
                 self._tail_sorted = False
         tail.extend(entries)
+        nbytes = sum([len(e[7]) for e in entries])
+        if nbytes > self._body_max * len(entries):
+            self._body_max = max([len(e[7]) for e in entries])
+        self._tail_bytes += nbytes
+        budget = self._byte_budget()
+        while tail and (len(tail) > size or self._tail_bytes > budget):
+            self._tail_bytes -= len(tail.popleft()[7])
 
     def _swallow_tail(self) -> None:
         """The whole stored backlog is the remembered tail: move as much of it as fits into the
@@ -222,13 +257,20 @@ class QueueBacklog:
         if not self._tail_sorted:
             tail.sort(key=ready_key)
         room = max(1, self._effective_window() - self._nready)
+        left = self._byte_budget() - self._nbytes
+        for i, e in enumerate(tail[:room]):
+            left -= len(e[7])
+            if left < 0:
+                room = max(1, i)
+                break
         if len(tail) > room:
             take = tail[:room]
             rest = tail[room:]
             last = take[-1]
             self._horizon = (last[1], last[0])
             self._stored_only = len(rest)
-            self._tail = deque(rest, maxlen=self._effective_window())
+            self._tail = deque(rest)
+            self._tail_bytes = sum([len(e[7]) for e in rest])
         else:
             take = tail
             self._horizon = None
@@ -239,6 +281,7 @@ class QueueBacklog:
         if not self._may_expire and any(e[4] for e in take):
             self._may_expire = True
         self._insert_many(take)
+        self._shrink()
         self.dispatch()
 
     def _trim_tail(self) -> None:
@@ -252,12 +295,13 @@ class QueueBacklog:
         hk = (-h[0], h[1])
         if self._tail_sorted:
             while tail and (-tail[0][1], tail[0][0]) <= hk:
-                tail.popleft()
+                self._tail_bytes -= len(tail.popleft()[7])
         else:
             keep = [e for e in tail if (-e[1], e[0]) > hk]
             if len(keep) != len(tail):
                 tail.clear()
                 tail.extend(keep)
+                self._tail_bytes = sum([len(e[7]) for e in keep])
 
     def _cap(self) -> tuple[int, int] | None:
         """The lowest ready-order key an uncommitted batch of this queue may have left stored-only."""
@@ -381,8 +425,13 @@ class QueueBacklog:
                 rec[4] = [(entries, uniform)]
             else:
                 rec[4].append((entries, uniform))
-            self._npend += len(entries)
         rec[5] += stored_only
+
+    def _awaiting(self) -> int:
+        """Puts of this queue's uncommitted batches that wait to enter the window."""
+        if not self._pend:
+            return 0
+        return sum([len(p[0]) for rec in self._pend.values() if rec[4] for p in rec[4]])
 
     def _awaiting_past_horizon(self) -> None:
         """The horizon moved back (eviction): awaiting puts that now sort after it belong to
@@ -402,7 +451,6 @@ class QueueBacklog:
                     rec[3] = low
                 rec[5] += len(past)
                 self._stored_only += len(past)
-                self._npend -= len(past)
                 self._put_gen += 1
                 if len(past) < len(entries):
                     ids = {e[0] for e in past}
@@ -412,12 +460,11 @@ class QueueBacklog:
     def _settle_puts(self, rec: list[Any], ok: bool) -> None:
         """The batch of ``rec`` settled: admit its awaiting puts, or forget its puts if it failed."""
         waiting: list[tuple[list[Entry], bool]] | None = rec[4]
-        n = sum(len(p[0]) for p in waiting) if waiting else 0
-        self._npend -= n
         if ok:
             if waiting and not self.deleted:
                 self._committed(waiting)
             return
+        n = sum(len(p[0]) for p in waiting) if waiting else 0
         log.warning("%s: %d message(s) refused by the store are not kept", self.name,
                     n + rec[5])
         if rec[5]:
@@ -429,6 +476,7 @@ class QueueBacklog:
                 keep = [e for e in self._tail if e[0] not in gone]
                 self._tail.clear()
                 self._tail.extend(keep)
+                self._tail_bytes = sum([len(e[7]) for e in keep])
             if not self._stored_only:
                 self._horizon = None
                 self._tail = _NO_LIST
@@ -495,6 +543,10 @@ class QueueBacklog:
         self.broker.ids.observe(max(e[0] for e in entries))
         if not self._may_expire and any(e[4] for e in fresh):
             self._may_expire = True
+        if fresh:
+            big = max([len(e[7]) for e in fresh])
+            if big > self._body_max:
+                self._body_max = big
         self._insert_many(fresh)
         self._stored_only = max(0, self._stored_only - len(fresh))
         if self._tail:
@@ -509,6 +561,7 @@ class QueueBacklog:
             # the page held only in-flight entries: continue on the next turn, not recursively
             self.broker.clock.callLater(0, self._maybe_page)
             return
+        self._shrink()
         self.dispatch()
 
     def _wait_or_retry(self, why: int, settled_meanwhile: bool) -> None:

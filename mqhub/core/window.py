@@ -40,11 +40,11 @@ class QueueWindow(QueueBacklog):
         for d in self._ready.values():
             d.clear()
         self._nready = 0
+        self._nbytes = 0
         self._volatile = _NO_IDS
         for rec in self._pend.values():
             rec[4] = None
             rec[5] = 0
-        self._npend = 0
         self._backlog_clear()
 
     @property
@@ -56,7 +56,7 @@ class QueueWindow(QueueBacklog):
     def awaiting_commit(self) -> int:
         """Stored puts waiting for their batch's commit before they enter the window (counted
         in :attr:`depth`, not yet deliverable)."""
-        return self._npend
+        return self._awaiting()
 
     @property
     def may_expire(self) -> bool:
@@ -128,6 +128,7 @@ class QueueWindow(QueueBacklog):
     def _enter(self, entries: list[Entry], uniform: bool) -> None:
         """Add ``entries`` (in id order) to the ready deques."""
         if entries:
+            self._nbytes += sum([len(e[7]) for e in entries])
             p = entries[0][1]
             d = self._deque(p)
             last = d[-1][0] if d else -1
@@ -136,6 +137,7 @@ class QueueWindow(QueueBacklog):
                 d.extend(entries)
                 self._nready += len(entries)
             else:
+                self._nbytes -= sum([len(e[7]) for e in entries])   # counted again there
                 self._insert_many(entries)
 
     def _deque(self, priority: int) -> deque[Entry]:
@@ -160,6 +162,7 @@ class QueueWindow(QueueBacklog):
             ids = [e[0] for e in d]
             d.insert(bisect_left(ids, mid), entry)
         self._nready += 1
+        self._nbytes += len(entry[7])
 
     def _insert_many(self, entries: list[Entry]) -> None:
         """Insert entries at their places: one merge per priority, not one search per entry."""
@@ -168,6 +171,7 @@ class QueueWindow(QueueBacklog):
                 self._insert(e)
             return
         by_prio: dict[int, list[Entry]] = {}
+        self._nbytes += sum([len(e[7]) for e in entries])
         for e in entries:
             by_prio.setdefault(e[1], []).append(e)
         for p, group in by_prio.items():
@@ -205,30 +209,51 @@ class QueueWindow(QueueBacklog):
         """Window size; a bounded queue keeps its whole content in memory."""
         return max(self.window, self.max_size) if self.max_size else self.window
 
+    def _byte_budget(self) -> int:
+        """Body bytes the window may hold (the broker's ``window_bytes``); a bounded queue
+        keeps its whole content in memory."""
+        return self.broker.window_bytes if not self.max_size else 1 << 62
+
+    def over_window(self) -> bool:
+        """True when the window holds more entries, or more body bytes, than it may."""
+        return self._nready > self._effective_window() or (
+            self._nready > 1 and self._nbytes > self._byte_budget())
+
+    @property
+    def window_bytes_held(self) -> int:
+        """Body bytes of the ready entries in the window."""
+        return self._nbytes
+
     def _evict(self) -> None:
         """Drop the tail of the window to the stored backlog, keeping the window a prefix.
 
         Entries that are not in the store (``persist=False``) are never evicted.
         """
         excess = self._nready - self._effective_window()
+        over = self._nbytes - self._byte_budget()
         volatile = self._volatile
         low: Entry | None = None
         for p in sorted(self._prios):
             d = self._ready[p]
             kept: list[Entry] = []
-            while d and excess > 0:
+            while d and (excess > 0 or (over > 0 and self._nready > 1)):
                 e = d.pop()
                 if e[0] in volatile:
                     kept.append(e)
                     continue
                 excess -= 1
+                size = len(e[7])
+                over -= size
+                self._nbytes -= size
+                if size > self._body_max:
+                    self._body_max = size
                 self._nready -= 1
                 self._stored_only += 1
                 self._put_gen += 1
                 low = e
             if kept:
                 d.extend(reversed(kept))
-            if excess <= 0:
+            if excess <= 0 and (over <= 0 or self._nready <= 1):
                 break
         if low is not None:
             # the horizon moves back: what was dropped can be read again (the last one dropped
@@ -246,7 +271,7 @@ class QueueWindow(QueueBacklog):
                     break
             if self._horizon is not None:
                 break
-        if self._npend:
+        if self._pend:
             self._awaiting_past_horizon()
 
     def _pop_ready(self, n: int) -> list[Entry]:
@@ -266,6 +291,7 @@ class QueueWindow(QueueBacklog):
             if len(out) >= n:
                 break
         self._nready -= len(out)
+        self._nbytes -= sum([len(e[7]) for e in out])
         if self._volatile and out:
             self._volatile.difference_update([e[0] for e in out])
         return out
@@ -280,4 +306,5 @@ class QueueWindow(QueueBacklog):
             if len(out) >= n:
                 break
         self._nready -= len(out)
+        self._nbytes -= sum([len(e[7]) for e in out])
         return out
