@@ -302,7 +302,10 @@ class EmqpRouter:
         except MqhubError as exc:
             log.error("eMQP: {n} jobs for queue {q} refused: {e}", n=len(bodies), q=qname, e=exc)
             return
-        d.addErrback(lambda f: log.failure("eMQP: storing jobs failed", f))
+        # a durable queue dispatches jobs once they are stored: pump again then (the core has
+        # put them in the queue's window before this callback runs)
+        d.addCallbacks(lambda _: self._pump(qname),
+                       lambda f: log.failure("eMQP: storing jobs failed", f))
         self._pump(qname)
 
     def _inform_scheduler(self, cmd: F.Command, now: float) -> None:
