@@ -199,7 +199,8 @@ class QueueBacklog:
                 or self._nbytes > self._byte_budget() // LOW_WATER):
             return
         if len(self._tail) == self._stored_only:
-            self._swallow_tail()
+            if self._page_wait != WAIT_HOLD:
+                self._swallow_tail()
             return
         if self._page_wait:
             return
@@ -252,11 +253,22 @@ class QueueBacklog:
 
     def _swallow_tail(self) -> None:
         """The whole stored backlog is the remembered tail: move as much of it as fits into the
-        window without reading it back (the rest stays the tail, and the backlog)."""
+        window without reading it back (the rest stays the tail, and the backlog). Entries an
+        uncommitted batch may hold (from the lowest hold on) stay: a put enters the window only
+        once it is stored; their commit wakes paging again (WAIT_HOLD)."""
         tail = list(self._tail)
         if not self._tail_sorted:
             tail.sort(key=ready_key)
         room = max(1, self._effective_window() - self._nready)
+        cap = self._cap() if self._pend else None
+        if cap is not None:
+            ok = 0
+            while ok < len(tail) and ready_key(tail[ok]) < cap:
+                ok += 1
+            if not ok:
+                self._page_wait = WAIT_HOLD
+                return
+            room = min(room, ok)
         left = self._byte_budget() - self._nbytes
         for i, e in enumerate(tail[:room]):
             left -= len(e[7])
@@ -413,49 +425,6 @@ class QueueBacklog:
                 and self._stored_only:
             self._page_wait = 0
             self._maybe_page()
-
-    def _await_commit(self, batch: WriteBatch, entries: list[Entry], stored_only: int,
-                      uniform: bool) -> None:
-        """``entries`` (puts of the uncommitted ``batch``, marked on this queue, in id order)
-        wait for its commit before they enter the window; ``stored_only`` more of its puts went
-        to the stored backlog."""
-        rec = self._pend[id(batch)]
-        if entries:
-            if rec[4] is None:
-                rec[4] = [(entries, uniform)]
-            else:
-                rec[4].append((entries, uniform))
-        rec[5] += stored_only
-
-    def _awaiting(self) -> int:
-        """Puts of this queue's uncommitted batches that wait to enter the window."""
-        if not self._pend:
-            return 0
-        return sum([len(p[0]) for rec in self._pend.values() if rec[4] for p in rec[4]])
-
-    def _awaiting_past_horizon(self) -> None:
-        """The horizon moved back (eviction): awaiting puts that now sort after it belong to
-        the stored backlog, held back from paging until their batch is committed."""
-        for rec in self._pend.values():
-            puts = rec[4]
-            if not puts:
-                continue
-            kept = []
-            for entries, uniform in puts:
-                past = [e for e in entries if self._after_horizon(e)]
-                if not past:
-                    kept.append((entries, uniform))
-                    continue
-                low = min(ready_key(e) for e in past)
-                if rec[3] is None or low < rec[3]:
-                    rec[3] = low
-                rec[5] += len(past)
-                self._stored_only += len(past)
-                self._put_gen += 1
-                if len(past) < len(entries):
-                    ids = {e[0] for e in past}
-                    kept.append(([e for e in entries if e[0] not in ids], uniform))
-            rec[4] = kept or None
 
     def _settle_puts(self, rec: list[Any], ok: bool) -> None:
         """The batch of ``rec`` settled: admit its awaiting puts, or forget its puts if it failed."""

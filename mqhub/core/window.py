@@ -13,7 +13,7 @@ import heapq
 from bisect import bisect_left
 from collections import deque
 
-from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP, WAIT_COMMIT, QueueBacklog
+from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP, WAIT_COMMIT, QueueBacklog, ready_key
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry
 
@@ -139,6 +139,49 @@ class QueueWindow(QueueBacklog):
             else:
                 self._nbytes -= sum([len(e[7]) for e in entries])   # counted again there
                 self._insert_many(entries)
+
+    def _await_commit(self, batch: WriteBatch, entries: list[Entry], stored_only: int,
+                      uniform: bool) -> None:
+        """``entries`` (puts of the uncommitted ``batch``, marked on this queue, in id order)
+        wait for its commit before they enter the window; ``stored_only`` more of its puts went
+        to the stored backlog."""
+        rec = self._pend[id(batch)]
+        if entries:
+            if rec[4] is None:
+                rec[4] = [(entries, uniform)]
+            else:
+                rec[4].append((entries, uniform))
+        rec[5] += stored_only
+
+    def _awaiting(self) -> int:
+        """Puts of this queue's uncommitted batches that wait to enter the window."""
+        if not self._pend:
+            return 0
+        return sum([len(p[0]) for rec in self._pend.values() if rec[4] for p in rec[4]])
+
+    def _awaiting_past_horizon(self) -> None:
+        """The horizon moved back (eviction): awaiting puts that now sort after it belong to
+        the stored backlog, held back from paging until their batch is committed."""
+        for rec in self._pend.values():
+            puts = rec[4]
+            if not puts:
+                continue
+            kept = []
+            for entries, uniform in puts:
+                past = [e for e in entries if self._after_horizon(e)]
+                if not past:
+                    kept.append((entries, uniform))
+                    continue
+                low = min(ready_key(e) for e in past)
+                if rec[3] is None or low < rec[3]:
+                    rec[3] = low
+                rec[5] += len(past)
+                self._stored_only += len(past)
+                self._put_gen += 1
+                if len(past) < len(entries):
+                    ids = {e[0] for e in past}
+                    kept.append(([e for e in entries if e[0] not in ids], uniform))
+            rec[4] = kept or None
 
     def _deque(self, priority: int) -> deque[Entry]:
         """The ready deque of ``priority`` (created on demand)."""

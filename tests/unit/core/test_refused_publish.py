@@ -193,3 +193,28 @@ def test_parked_puts_awaiting_their_commit_are_moved_once_stored() -> None:
     settle(hub, turns=4)
     assert target.bodies == [b"p0", b"p1"]
     assert broker.parked_depth("t") == 0
+
+
+def test_remembered_tail_is_not_swallowed_before_its_commit() -> None:
+    """Puts past the horizon are remembered as the backlog's tail; when the tail is the whole
+    backlog it moves into the window without a read, but never before its batch is committed."""
+    hub, store = refusing_hub(window=4)
+    broker = hub.broker
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    q = broker.queue("q")
+    assert q is not None
+    target = CollectingTarget()
+    c = q.attach(target, ready=1)
+    for i in range(6):    # c0 in flight, c1..c4 in the window, c5 the remembered tail
+        broker.publish_batch("a", [b"c%d" % i])
+        settle(hub)
+    store.refuse_puts = True
+    d = broker.publish_batch("a", [b"r0", b"r1"])   # past the horizon: the tail is c5 r0 r1
+    for _ in range(8):   # the consumer drains the window while the refused batch is uncommitted
+        q.ack(c, [e[0] for e in target.entries if q.owner_of(e[0]) is c])
+    settle(hub)
+    assert failed(d)
+    store.refuse_puts = False
+    got = consume_all(hub, "q", target)
+    assert got == [b"c%d" % i for i in range(6)]
