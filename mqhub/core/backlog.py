@@ -11,6 +11,7 @@ tail of the backlog. :class:`QueueBacklog` is the base of the queue's class chai
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections import deque
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,7 @@ class QueueBacklog:
     __slots__ = (
         "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_skip", "_pend",
         "_page_cap", "_page_gone", "_page_wait", "_tail", "_tail_sorted", "_may_expire",
-        "_nbytes", "_body_max", "_tail_bytes")
+        "_nbytes", "_body_max")
 
     broker: QueueHost
     name: str
@@ -107,8 +108,7 @@ class QueueBacklog:
         self._tail_sorted = True              # _tail is in ready order
         self._may_expire = False              # some entry with expires_at was added
         self._nbytes = 0                      # body bytes of the window's ready entries
-        self._body_max = 0                    # largest body seen going to the stored backlog
-        self._tail_bytes = 0                  # body bytes of the remembered tail
+        self._body_max = 0                    # largest body seen in the current stored backlog
 
     def _backlog_clear(self) -> None:
         """Forget the stored backlog (the queue was emptied)."""
@@ -226,14 +226,17 @@ class QueueBacklog:
 
     def _keep_tail(self, entries: list[Entry], uniform: bool) -> None:
         """Remember ``entries`` (just made stored-only, in id order) as the newest part of the
-        backlog, keeping at most a window of them (the oldest are forgotten, not lost)."""
+        backlog, keeping at most a window of them, and no more than the byte budget holds at the
+        largest body seen (the oldest are forgotten, not lost)."""
+        big = max([len(e[7]) for e in entries])
+        if big > self._body_max:
+            self._body_max = big
         tail = self._tail
-        size = self._effective_window()
-        if tail is _NO_LIST:
-            tail = self._tail = deque()
+        size = max(1, min(self._effective_window(), self._byte_budget() // (self._body_max or 1)))
+        if tail is _NO_LIST or tail.maxlen != size:
+            tail = self._tail = deque(tail, maxlen=size)
         if not tail:
             self._tail_sorted = True
-            self._tail_bytes = 0
         if self._tail_sorted:
             first = entries[0]
             if tail:
@@ -243,13 +246,6 @@ class QueueBacklog:
             if not uniform and any(e[1] != first[1] for e in entries):
                 self._tail_sorted = False
         tail.extend(entries)
-        nbytes = sum([len(e[7]) for e in entries])
-        if nbytes > self._body_max * len(entries):
-            self._body_max = max([len(e[7]) for e in entries])
-        self._tail_bytes += nbytes
-        budget = self._byte_budget()
-        while tail and (len(tail) > size or self._tail_bytes > budget):
-            self._tail_bytes -= len(tail.popleft()[7])
 
     def _swallow_tail(self) -> None:
         """The whole stored backlog is the remembered tail: move as much of it as fits into the
@@ -262,31 +258,24 @@ class QueueBacklog:
         room = max(1, self._effective_window() - self._nready)
         cap = self._cap() if self._pend else None
         if cap is not None:
-            ok = 0
-            while ok < len(tail) and ready_key(tail[ok]) < cap:
-                ok += 1
+            ok = bisect_left(tail, cap, key=ready_key)
             if not ok:
                 self._page_wait = WAIT_HOLD
                 return
             room = min(room, ok)
-        left = self._byte_budget() - self._nbytes
-        for i, e in enumerate(tail[:room]):
-            left -= len(e[7])
-            if left < 0:
-                room = max(1, i)
-                break
+        room = min(room, max(1, (self._byte_budget() - self._nbytes) // (self._body_max or 1)))
         if len(tail) > room:
             take = tail[:room]
             rest = tail[room:]
             last = take[-1]
             self._horizon = (last[1], last[0])
             self._stored_only = len(rest)
-            self._tail = deque(rest)
-            self._tail_bytes = sum([len(e[7]) for e in rest])
+            self._tail = deque(rest, maxlen=self._tail.maxlen)
         else:
             take = tail
             self._horizon = None
             self._stored_only = 0
+            self._body_max = 0
             self._tail = _NO_LIST
         self._tail_sorted = True
         self._page_wait = 0
@@ -307,13 +296,12 @@ class QueueBacklog:
         hk = (-h[0], h[1])
         if self._tail_sorted:
             while tail and (-tail[0][1], tail[0][0]) <= hk:
-                self._tail_bytes -= len(tail.popleft()[7])
+                tail.popleft()
         else:
             keep = [e for e in tail if (-e[1], e[0]) > hk]
             if len(keep) != len(tail):
                 tail.clear()
                 tail.extend(keep)
-                self._tail_bytes = sum([len(e[7]) for e in keep])
 
     def _cap(self) -> tuple[int, int] | None:
         """The lowest ready-order key an uncommitted batch of this queue may have left stored-only."""
@@ -445,7 +433,6 @@ class QueueBacklog:
                 keep = [e for e in self._tail if e[0] not in gone]
                 self._tail.clear()
                 self._tail.extend(keep)
-                self._tail_bytes = sum([len(e[7]) for e in keep])
             if not self._stored_only:
                 self._horizon = None
                 self._tail = _NO_LIST
@@ -522,6 +509,7 @@ class QueueBacklog:
             self._trim_tail()
         if not self._stored_only:
             self._horizon = None
+            self._body_max = 0       # the next backlog sizes its pages afresh
             self._tail = _NO_LIST
         elif cut or (short and self._unsettled):
             # everything readable was read: the next read waits for a commit that shows more
