@@ -141,6 +141,10 @@ class QueueBacklog:
         """Drop the window's tail back to the stored backlog (mqhub.core.window)."""
         raise NotImplementedError
 
+    def _enter(self, entries: list[Entry], uniform: bool) -> None:
+        """Add entries in id order to the window (mqhub.core.window)."""
+        raise NotImplementedError
+
     def _shrink(self) -> None:
         """Evict when a page or the tail brought the window over its byte budget."""
         if self.durable and self._nready > 1 and self._nbytes > self._byte_budget():
@@ -279,9 +283,12 @@ class QueueBacklog:
             self._tail = _NO_LIST
         self._tail_sorted = True
         self._page_wait = 0
-        if not self._may_expire and any(e[4] for e in take):
+        if not self._may_expire and any([e[4] for e in take]):
             self._may_expire = True
-        self._insert_many(take)
+        if take[0][1] == take[-1][1]:
+            self._enter(take, True)    # in ready order, one priority: appended when it can be
+        else:
+            self._insert_many(take)
         self._shrink()
         self.dispatch()
 
