@@ -584,9 +584,9 @@ class EmqpRouter:
             queue.dispatch()  # spend credit granted earlier if its entries are here now
             if consumer.credit > 0:
                 return  # still waiting for entries paged in from the store
-        while queue.depth > 0:
+        while queue.depth - queue.awaiting_commit > 0:   # (jobs being stored come later)
             plan: list[Worker] = []
-            want = queue.depth
+            want = queue.depth - queue.awaiting_commit
             while len(plan) < want:
                 worker = self._pick(qname)
                 if worker is None:
