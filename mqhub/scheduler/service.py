@@ -30,7 +30,7 @@ from mqhub.store.batch import WriteBatch
 log = logging.getLogger(__name__)
 
 Row = tuple[float, bytes, bytes]
-Handler = Callable[[list[Row], WriteBatch, float], Callable[[], None] | None]
+Handler = Callable[[list[Row], WriteBatch, float], Callable[[Any], None] | None]
 Sweep = Callable[[float, int], bool]
 INF = float("inf")
 RETRY_UNHANDLED = 60.0
@@ -305,7 +305,7 @@ class SchedulerService(Service):
                 b.put_due(now + RETRY_UNHANDLED, key, row[2])
                 continue
             groups.setdefault(handler, []).append(row)
-        after: list[Callable[[], None]] = []
+        after: list[Callable[[Any], None]] = []
         for handler, handled in groups.items():
             try:
                 done = handler(handled, b, now)
