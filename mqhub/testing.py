@@ -18,13 +18,48 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.core.broker import Broker
+from mqhub.errors import StoreError
 from mqhub.hub import Hub
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.scheduler.service import SchedulerService
+from mqhub.store.batch import WriteBatch
 from mqhub.store.memory import MemoryStore
 
 #: Where a memory hub's clock starts (2026-01-01T00:00:00Z), so ids and cron look realistic.
 START_TIME = 1767225600.0
+
+
+class RefusingStore(MemoryStore):
+    """A MemoryStore that, while :attr:`refuse_puts` is set, fails every commit that stores
+    messages (as a full disk does: the whole batch fails with a StoreError, on the clock's next
+    turn when it has a clock); other commits (acks, settings) still succeed."""
+
+    def __init__(self, clock: Any = None, durability: str = "none") -> None:
+        """As MemoryStore; starts accepting everything."""
+        super().__init__(clock, durability)
+        self.clock = clock
+        #: set to refuse commits that store messages
+        self.refuse_puts = False
+        #: batches refused so far
+        self.refused = 0
+        #: when set, refuse only this many more batches, then accept again
+        self.refuse_left: int | None = None
+
+    def commit(self, batch: WriteBatch) -> Deferred[None]:
+        """Fail ``batch`` when it holds puts and puts are refused; else commit it."""
+        if not (self.refuse_puts and batch.puts):
+            return super().commit(batch)
+        self.refused += 1
+        if self.refuse_left is not None:
+            self.refuse_left -= 1
+            self.refuse_puts = self.refuse_left > 0
+        d: Deferred[None] = Deferred()
+        failure = Failure(StoreError("no space left on device (RefusingStore)"))
+        if self.clock is None:
+            d.errback(failure)
+        else:
+            self.clock.callLater(0, d.errback, failure)
+        return d
 
 
 def property_examples(default: int) -> int:

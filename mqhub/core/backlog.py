@@ -11,6 +11,7 @@ tail of the backlog. :class:`QueueBacklog` is the base of the queue's class chai
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections import deque
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,12 @@ log = logging.getLogger(__name__)
 LOW_WATER = 2
 #: the most entries one page read asks the store for
 PAGE_LIMIT = 4096
+#: default byte budget of a queue's window (Broker ``window_bytes``): body bytes of the ready
+#: entries it keeps in memory; past it entries stay in the store only (defect 7)
+WINDOW_BYTES = 64 << 20
+#: a page read while the body sizes of the stored backlog are unknown (after a restart) asks
+#: for at most this many entries; later pages are sized by the largest body seen
+FIRST_PAGE = 64
 #: why paging waits: the last read reached the committed end (any commit of this queue may show
 #: more), or an uncommitted batch holds the page (only that batch's commit helps)
 WAIT_COMMIT = 1
@@ -61,7 +68,8 @@ class QueueBacklog:
 
     __slots__ = (
         "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_skip", "_pend",
-        "_page_cap", "_page_gone", "_page_wait", "_tail", "_tail_sorted", "_may_expire")
+        "_page_cap", "_page_gone", "_page_wait", "_tail", "_tail_sorted", "_may_expire",
+        "_nbytes", "_body_max")
 
     broker: QueueHost
     name: str
@@ -82,10 +90,13 @@ class QueueBacklog:
         self._unsettled = 0                   # marks of this queue on uncommitted batches
         self._put_gen = 0                     # bumps whenever stored-only entries are added
         self._skip: set[int] = _NO_IDS        # ids removed while a page was being read
-        # id(batch) -> [marks, batch, hold, put hold]: this queue's uncommitted batches; a hold is
-        # the lowest ready-order key (-priority, msg_id) the batch may have left in the store
-        # only, or None; a put hold is the lowest such key among the batch's own puts (seeing
-        # that entry in a page proves the batch applied). See _maybe_page.
+        # id(batch) -> [marks, batch, hold, put hold, awaiting, stored-only puts]: this queue's
+        # uncommitted batches; a hold is the lowest ready-order key (-priority, msg_id) the batch
+        # may have left in the store only, or None; a put hold is the lowest such key among the
+        # batch's own puts (seeing that entry in a page proves the batch applied), see
+        # _maybe_page; *awaiting* is the list of the batch's puts that enter the window once it
+        # is committed (never before: a put whose commit fails is never delivered), and the
+        # last field counts its puts that went to the stored backlog instead.
         self._pend: dict[int, list[Any]] = _NO_MAP
         self._page_cap: tuple[int, int] | None = None   # holds of batches settled mid-read
         self._page_gone: list[list[EntryKey]] = _NO_LIST   # their deletes of this queue
@@ -96,6 +107,8 @@ class QueueBacklog:
         self._tail: deque[Entry] = _NO_LIST
         self._tail_sorted = True              # _tail is in ready order
         self._may_expire = False              # some entry with expires_at was added
+        self._nbytes = 0                      # body bytes of the window's ready entries
+        self._body_max = 0                    # largest body seen in the current stored backlog
 
     def _backlog_clear(self) -> None:
         """Forget the stored backlog (the queue was emptied)."""
@@ -120,6 +133,28 @@ class QueueBacklog:
         """The window size in effect (mqhub.core.window)."""
         raise NotImplementedError
 
+    def _byte_budget(self) -> int:
+        """The window's byte budget in effect (mqhub.core.window)."""
+        raise NotImplementedError
+
+    def _evict(self) -> None:
+        """Drop the window's tail back to the stored backlog (mqhub.core.window)."""
+        raise NotImplementedError
+
+    def _enter(self, entries: list[Entry], uniform: bool) -> None:
+        """Add entries in id order to the window (mqhub.core.window)."""
+        raise NotImplementedError
+
+    def _shrink(self) -> None:
+        """Evict when a page or the tail brought the window over its byte budget."""
+        if self.durable and self._nready > 1 and self._nbytes > self._byte_budget():
+            self._evict()
+
+    def _committed(self, puts: list[tuple[list[Entry], bool]]) -> None:
+        """The batch holding ``puts`` (each a list of entries in id order and its uniform flag)
+        was committed: they enter the window (mqhub.core.queue)."""
+        raise NotImplementedError
+
     def maybe_page(self) -> None:
         """Read the next page of the stored backlog if the window is at its low-water mark."""
         self._maybe_page()
@@ -130,9 +165,9 @@ class QueueBacklog:
 
     # -- settle callbacks (mqhub.core.commits.BatchWatcher) ------------------------------------
 
-    def batch_settled(self, batch: WriteBatch) -> None:
-        """A batch this queue marked was committed (or failed)."""
-        self._settle(batch)
+    def batch_settled(self, batch: WriteBatch, ok: bool = True) -> None:
+        """A batch this queue marked was committed (``ok``) or failed."""
+        self._settle(batch, ok)
 
     def batch_merged(self, batch: WriteBatch, into: WriteBatch) -> None:
         """A batch this queue marked was merged into ``into``."""
@@ -164,10 +199,12 @@ class QueueBacklog:
         the whole backlog, it moves into the window without a read (:meth:`_swallow_tail`).
         """
         if (self._paging or not self._stored_only or self.deleted
-                or self._nready > self._effective_window() // LOW_WATER):
+                or self._nready > self._effective_window() // LOW_WATER
+                or self._nbytes > self._byte_budget() // LOW_WATER):
             return
         if len(self._tail) == self._stored_only:
-            self._swallow_tail()
+            if self._page_wait != WAIT_HOLD:
+                self._swallow_tail()
             return
         if self._page_wait:
             return
@@ -182,15 +219,24 @@ class QueueBacklog:
         self._page_cap = None
         self._page_gone = _NO_LIST
         limit = min(PAGE_LIMIT, self._effective_window() - self._nready)
+        # bodies count too: ask for what fits the byte budget by the largest body seen (the
+        # store reads by count; a page is evicted back down to the budget if it was bigger)
+        big = self._body_max
+        limit = min(limit, FIRST_PAGE if not big else
+                    (self._byte_budget() - self._nbytes) // big)
         d = self.broker.store.read_entries(self.name, h, max(1, limit))
         d.addCallbacks(self._paged, self._page_failed,
                        callbackArgs=(self.incarnation, self._put_gen, max(1, limit)))
 
     def _keep_tail(self, entries: list[Entry], uniform: bool) -> None:
         """Remember ``entries`` (just made stored-only, in id order) as the newest part of the
-        backlog, keeping at most a window of them (the oldest are forgotten, not lost)."""
+        backlog, keeping at most a window of them, and no more than the byte budget holds at the
+        largest body seen (the oldest are forgotten, not lost)."""
+        big = max([len(e[7]) for e in entries])
+        if big > self._body_max:
+            self._body_max = big
         tail = self._tail
-        size = self._effective_window()
+        size = max(1, min(self._effective_window(), self._byte_budget() // (self._body_max or 1)))
         if tail is _NO_LIST or tail.maxlen != size:
             tail = self._tail = deque(tail, maxlen=size)
         if not tail:
@@ -207,28 +253,43 @@ class QueueBacklog:
 
     def _swallow_tail(self) -> None:
         """The whole stored backlog is the remembered tail: move as much of it as fits into the
-        window without reading it back (the rest stays the tail, and the backlog)."""
+        window without reading it back (the rest stays the tail, and the backlog). Entries an
+        uncommitted batch may hold (from the lowest hold on) stay: a put enters the window only
+        once it is stored; their commit wakes paging again (WAIT_HOLD)."""
         tail = list(self._tail)
         if not self._tail_sorted:
             tail.sort(key=ready_key)
         room = max(1, self._effective_window() - self._nready)
+        cap = self._cap() if self._pend else None
+        if cap is not None:
+            ok = bisect_left(tail, cap, key=ready_key)
+            if not ok:
+                self._page_wait = WAIT_HOLD
+                return
+            room = min(room, ok)
+        room = min(room, max(1, (self._byte_budget() - self._nbytes) // (self._body_max or 1)))
         if len(tail) > room:
             take = tail[:room]
             rest = tail[room:]
             last = take[-1]
             self._horizon = (last[1], last[0])
             self._stored_only = len(rest)
-            self._tail = deque(rest, maxlen=self._effective_window())
+            self._tail = deque(rest, maxlen=self._tail.maxlen)
         else:
             take = tail
             self._horizon = None
             self._stored_only = 0
+            self._body_max = 0
             self._tail = _NO_LIST
         self._tail_sorted = True
         self._page_wait = 0
-        if not self._may_expire and any(e[4] for e in take):
+        if not self._may_expire and any([e[4] for e in take]):
             self._may_expire = True
-        self._insert_many(take)
+        if take[0][1] == take[-1][1]:
+            self._enter(take, True)    # in ready order, one priority: appended when it can be
+        else:
+            self._insert_many(take)
+        self._shrink()
         self.dispatch()
 
     def _trim_tail(self) -> None:
@@ -297,7 +358,7 @@ class QueueBacklog:
             pend = self._pend = {}
         rec = pend.get(id(batch))
         if rec is None:
-            pend[id(batch)] = [1, batch, None, None]
+            pend[id(batch)] = [1, batch, None, None, None, 0]
         else:
             rec[0] += 1
         self.broker.commits.watch(batch, self)
@@ -311,7 +372,7 @@ class QueueBacklog:
         low = min((k for k in (rec[2], rec[3]) if k is not None), default=None)
         other = self._pend.get(id(into))
         if other is None:
-            self._pend[id(into)] = [rec[0], into, low, None]
+            self._pend[id(into)] = [rec[0], into, low, None, None, 0]
         else:
             other[0] += rec[0]
             if low is not None and (other[2] is None or low < other[2]):
@@ -323,11 +384,13 @@ class QueueBacklog:
             self._mark(batch)
         return self.broker.commits.commit(batch)
 
-    def _settle(self, batch: WriteBatch | None = None) -> None:
-        """One mark of this queue on ``batch`` was committed (or failed).
+    def _settle(self, batch: WriteBatch | None = None, ok: bool = True) -> None:
+        """One mark of this queue on ``batch`` was committed (``ok``) or failed.
 
         O(1) unless paging waits for exactly this: a commit of this queue after a read that
-        reached the committed end, or the commit of a batch holding the page.
+        reached the committed end, or the commit of a batch holding the page. Once every mark
+        of a batch settled, its puts that await the commit enter the window (or, when it
+        failed, are dropped: a publish refused to its publisher is never delivered).
         """
         self._unsettled -= 1
         rec = self._pend.get(id(batch)) if batch is not None else None
@@ -339,6 +402,8 @@ class QueueBacklog:
         if rec[0] > 0:
             return
         del self._pend[id(batch)]
+        if rec[4] is not None or rec[5]:
+            self._settle_puts(rec, ok)
         wait = self._page_wait
         if self._paging:
             # the read in progress may have started before this commit: it still counts
@@ -355,6 +420,29 @@ class QueueBacklog:
                 and self._stored_only:
             self._page_wait = 0
             self._maybe_page()
+
+    def _settle_puts(self, rec: list[Any], ok: bool) -> None:
+        """The batch of ``rec`` settled: admit its awaiting puts, or forget its puts if it failed."""
+        waiting: list[tuple[list[Entry], bool]] | None = rec[4]
+        if ok:
+            if waiting and not self.deleted:
+                self._committed(waiting)
+            return
+        n = sum(len(p[0]) for p in waiting) if waiting else 0
+        log.warning("%s: %d message(s) refused by the store are not kept", self.name,
+                    n + rec[5])
+        if rec[5]:
+            # stored-only puts that never reached the store: uncount them, forget their tail
+            self._stored_only = max(0, self._stored_only - rec[5])
+            self._put_gen += 1
+            if self._tail:
+                gone = {e[0] for e in rec[1].puts.get(self.name, ())}
+                keep = [e for e in self._tail if e[0] not in gone]
+                self._tail.clear()
+                self._tail.extend(keep)
+            if not self._stored_only:
+                self._horizon = None
+                self._tail = _NO_LIST
 
     def _paged(self, entries: list[Entry], incarnation: int, gen: int, asked: int) -> None:
         """Append a page read from the store to the window.
@@ -418,12 +506,17 @@ class QueueBacklog:
         self.broker.ids.observe(max(e[0] for e in entries))
         if not self._may_expire and any(e[4] for e in fresh):
             self._may_expire = True
+        if fresh:
+            big = max([len(e[7]) for e in fresh])
+            if big > self._body_max:
+                self._body_max = big
         self._insert_many(fresh)
         self._stored_only = max(0, self._stored_only - len(fresh))
         if self._tail:
             self._trim_tail()
         if not self._stored_only:
             self._horizon = None
+            self._body_max = 0       # the next backlog sizes its pages afresh
             self._tail = _NO_LIST
         elif cut or (short and self._unsettled):
             # everything readable was read: the next read waits for a commit that shows more
@@ -432,6 +525,7 @@ class QueueBacklog:
             # the page held only in-flight entries: continue on the next turn, not recursively
             self.broker.clock.callLater(0, self._maybe_page)
             return
+        self._shrink()
         self.dispatch()
 
     def _wait_or_retry(self, why: int, settled_meanwhile: bool) -> None:

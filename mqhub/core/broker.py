@@ -18,6 +18,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
 
 from mqhub.core.address import pattern_matches, validate_address, validate_pattern
+from mqhub.core.backlog import WINDOW_BYTES
 from mqhub.core.commits import Commits
 from mqhub.core.counters import Counters
 from mqhub.core.deadletter import DeadLetter, all_dead_letters, dlq_name, from_dead
@@ -60,15 +61,16 @@ class Broker(BrokerDelays):
     """
 
     def __init__(self, store: Any, clock: Any, *, scheduler: Any = None,
-                 window: int = 10_000) -> None:
+                 window: int = 10_000, window_bytes: int = WINDOW_BYTES) -> None:
         """:param store: an opened IMessageStore. :param clock: IReactorTime.
         :param scheduler: the SchedulerService for durable delays and TTL sweeps (optional).
-        :param window: ready entries a durable queue keeps in memory.
+        :param window: ready entries a durable queue keeps in memory; :param window_bytes: and
+        the most body bytes they may hold (the rest stays in the store, paged in as it drains).
         """
         self.store = store
         self.clock = clock
         self.scheduler = scheduler
-        self.window = window
+        self.window, self.window_bytes = window, window_bytes
         self.ids = IdGenerator(clock)
         self.counters = Counters()  # admin/metrics totals, batch granularity (core/counters.py)
         self.journal: Any = NULL_RECORDER  # the flow journal's recorder (set by the hub)
@@ -519,6 +521,8 @@ class Broker(BrokerDelays):
         route = self.router.route(address)
         if route.park is not None or not route.queues:
             return succeed(None)
+        if q.awaiting_commit:   # parked puts enter the window once stored: move them then
+            return self.commits.barrier().addBoth(lambda _: self._drain_park(address))
         dests = route.queues
         now = self.clock.seconds()
         entries = q.pop_ready(q.in_memory)

@@ -5,7 +5,7 @@ bindings), the *open* batch a publish fills while its entries are delivered (com
 inside that delivery join it or follow it, never precede it), the batches a scheduler handler
 fills, the barriers waiting for all of them, and the settle callbacks that tell a queue its batch
 reached the store. Nothing here knows what a queue is: a watcher is any object with
-``batch_settled(batch)`` and ``batch_merged(batch, into)`` (see :class:`BatchWatcher`).
+``batch_settled(batch, ok)`` and ``batch_merged(batch, into)`` (see :class:`BatchWatcher`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ __all__ = ["BatchWatcher", "Commits"]
 class BatchWatcher(Protocol):
     """What :meth:`Commits.watch` calls back (a durable queue tracking its uncommitted batches)."""
 
-    def batch_settled(self, batch: WriteBatch) -> None:
-        """``batch`` was committed (or failed)."""
+    def batch_settled(self, batch: WriteBatch, ok: bool) -> None:
+        """``batch`` was committed (``ok``) or its commit failed (``ok`` False)."""
 
     def batch_merged(self, batch: WriteBatch, into: WriteBatch) -> None:
         """``batch`` was merged into ``into`` (it settles with ``into`` now)."""
@@ -78,13 +78,15 @@ class Commits:
     # -- settle callbacks ----------------------------------------------------------------------
 
     def watch(self, batch: WriteBatch, watcher: BatchWatcher) -> None:
-        """Call ``watcher.batch_settled(batch)`` once ``batch`` is committed (once per call)."""
+        """Call ``watcher.batch_settled(batch, ok)`` once ``batch`` is committed or failed (once
+        per call)."""
         self._watchers.setdefault(id(batch), []).append(watcher)
 
     def _settle(self, result: Any, batch: WriteBatch) -> Any:
         """``batch`` was committed (or failed): tell its watchers."""
+        ok = not isinstance(result, Failure)
         for w in self._watchers.pop(id(batch), ()):
-            w.batch_settled(batch)
+            w.batch_settled(batch, ok)
         return result
 
     # -- commits -------------------------------------------------------------------------------
@@ -237,8 +239,9 @@ class Commits:
     def close_due_window(self, batch: WriteBatch, prev: WriteBatch | None) -> Any:
         """A scheduler handler filled ``batch``, which the scheduler commits after it returns.
 
-        Returns the after-commit hook (or None): it fires the merged commits and settles the
-        watchers. Held batches are committed on the next turn, after the scheduler's commit.
+        Returns the after-commit hook (or None), which the scheduler calls with the commit's
+        result (None, or the Failure): it fires the merged commits and settles the watchers.
+        Held batches are committed on the next turn, after the scheduler's commit.
         """
         self.open = prev
         if prev is not None:
@@ -249,9 +252,9 @@ class Commits:
         if not joined and id(batch) not in self._watchers:
             return None
 
-        def committed() -> None:
-            self._settle(None, batch)
-            _fire_joined(None, joined)
+        def committed(result: Any = None) -> None:
+            self._settle(result, batch)
+            _fire_joined(result, joined)
         return committed
 
     # -- barriers ------------------------------------------------------------------------------

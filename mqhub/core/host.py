@@ -23,6 +23,7 @@ class QueueHost(Protocol):
     clock: Any
     ids: IdGenerator
     window: int
+    window_bytes: int
     commits: Commits
     counters: Counters
     journal: Any  # mqhub.store.journal_recorder (flow journal, batch-level calls)

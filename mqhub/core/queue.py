@@ -122,7 +122,7 @@ class Queue(QueueFanout):
             setattr(self, key, value)
         self.broker.persist_settings(self)
         if "window" in settings and self.durable:
-            if self._nready > self._effective_window():
+            if self.over_window():
                 self._evict()
             else:
                 self._maybe_page()
@@ -134,7 +134,7 @@ class Queue(QueueFanout):
     @property
     def depth(self) -> int:
         """Ready messages (in memory plus stored backlog), not counting in flight or deferred."""
-        return self._nready + self._stored_only
+        return self._nready + self._stored_only + self._awaiting()
 
     def stats(self) -> dict[str, Any]:
         """Counters in the shape the admin surfaces and NSQ /stats use."""
@@ -165,7 +165,20 @@ class Queue(QueueFanout):
         self._admit(entries, batch, self.durable and persist, uniform)
         if self.max_size and self.depth > self.max_size:
             self._overflow(self.depth - self.max_size, batch, now)
-        if self.durable and self._nready > self._effective_window():
+        if self.durable and self.over_window():
+            self._evict()
+        self.dispatch()
+
+    def _committed(self, puts: list[tuple[list[Entry], bool]]) -> None:
+        """The batch holding ``puts`` was committed: they enter the window, the overflow policy
+        and the window size apply to them, and they are dispatched."""
+        for entries, uniform in puts:
+            self._enter(entries, uniform)
+        if self.max_size and self.depth > self.max_size:
+            b = WriteBatch()
+            self._overflow(self.depth - self.max_size, b, self.broker.clock.seconds())
+            self._write(b)
+        if self.over_window():
             self._evict()
         self.dispatch()
 
@@ -263,6 +276,7 @@ class Queue(QueueFanout):
                 d.extend(keep)
         if expired:
             self._nready -= len(expired)
+            self._nbytes -= sum([len(e[7]) for e in expired])
             self._expire(expired, now)
         return scanned
 
@@ -302,6 +316,7 @@ class Queue(QueueFanout):
         if not removed:
             return ids
         self._nready -= len(removed)
+        self._nbytes -= sum([len(e[7]) for e in removed])
         gone = {e[0] for e in removed}
         stored = [e for e in removed if e[0] not in self._volatile]
         if self._volatile:

@@ -13,7 +13,7 @@ import heapq
 from bisect import bisect_left
 from collections import deque
 
-from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP, WAIT_COMMIT, QueueBacklog
+from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP, WAIT_COMMIT, QueueBacklog, ready_key
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry
 
@@ -40,13 +40,23 @@ class QueueWindow(QueueBacklog):
         for d in self._ready.values():
             d.clear()
         self._nready = 0
+        self._nbytes = 0
         self._volatile = _NO_IDS
+        for rec in self._pend.values():
+            rec[4] = None
+            rec[5] = 0
         self._backlog_clear()
 
     @property
     def in_memory(self) -> int:
         """Ready entries in the window (the rest of :attr:`depth` is the stored backlog)."""
         return self._nready
+
+    @property
+    def awaiting_commit(self) -> int:
+        """Stored puts waiting for their batch's commit before they enter the window (counted
+        in :attr:`depth`, not yet deliverable)."""
+        return self._awaiting()
 
     @property
     def may_expire(self) -> bool:
@@ -69,8 +79,11 @@ class QueueWindow(QueueBacklog):
         backlog; their store writes (when ``stored``) go into ``batch``.
 
         ``uniform`` promises every entry has the same priority and expiry (a publish batch).
+        Stored entries put through an uncommitted ``batch`` enter the window only once it is
+        committed (:meth:`_await_commit`): none is delivered before its put is stored.
         """
         n = len(entries)
+        awaiting = stored and batch is not None
         if stored and batch is not None:
             batch.put_entries(self.name, entries)
             self._mark(batch)
@@ -92,6 +105,12 @@ class QueueWindow(QueueBacklog):
                                 [e for e in entries if self._after_horizon(e)], uniform)
             self._stored_only += n - len(keep)
             self._put_gen += 1
+            if awaiting and batch is not None:
+                self._await_commit(batch, keep, n - len(keep), uniform)
+                if not self._may_expire and (entries[0][4] if uniform
+                                             else any(e[4] for e in entries)):
+                    self._may_expire = True
+                return
             entries = keep
         elif not stored and self.durable:
             if self._volatile is _NO_IDS:
@@ -101,6 +120,15 @@ class QueueWindow(QueueBacklog):
             if not self._may_expire and (entries[0][4] if uniform
                                          else any(e[4] for e in entries)):
                 self._may_expire = True
+            if awaiting and batch is not None:
+                self._await_commit(batch, entries, 0, uniform)
+                return
+            self._enter(entries, uniform)
+
+    def _enter(self, entries: list[Entry], uniform: bool) -> None:
+        """Add ``entries`` (in id order) to the ready deques."""
+        if entries:
+            self._nbytes += sum([len(e[7]) for e in entries])
             p = entries[0][1]
             d = self._deque(p)
             last = d[-1][0] if d else -1
@@ -109,7 +137,51 @@ class QueueWindow(QueueBacklog):
                 d.extend(entries)
                 self._nready += len(entries)
             else:
+                self._nbytes -= sum([len(e[7]) for e in entries])   # counted again there
                 self._insert_many(entries)
+
+    def _await_commit(self, batch: WriteBatch, entries: list[Entry], stored_only: int,
+                      uniform: bool) -> None:
+        """``entries`` (puts of the uncommitted ``batch``, marked on this queue, in id order)
+        wait for its commit before they enter the window; ``stored_only`` more of its puts went
+        to the stored backlog."""
+        rec = self._pend[id(batch)]
+        if entries:
+            if rec[4] is None:
+                rec[4] = [(entries, uniform)]
+            else:
+                rec[4].append((entries, uniform))
+        rec[5] += stored_only
+
+    def _awaiting(self) -> int:
+        """Puts of this queue's uncommitted batches that wait to enter the window."""
+        if not self._pend:
+            return 0
+        return sum([len(p[0]) for rec in self._pend.values() if rec[4] for p in rec[4]])
+
+    def _awaiting_past_horizon(self) -> None:
+        """The horizon moved back (eviction): awaiting puts that now sort after it belong to
+        the stored backlog, held back from paging until their batch is committed."""
+        for rec in self._pend.values():
+            puts = rec[4]
+            if not puts:
+                continue
+            kept = []
+            for entries, uniform in puts:
+                past = [e for e in entries if self._after_horizon(e)]
+                if not past:
+                    kept.append((entries, uniform))
+                    continue
+                low = min(ready_key(e) for e in past)
+                if rec[3] is None or low < rec[3]:
+                    rec[3] = low
+                rec[5] += len(past)
+                self._stored_only += len(past)
+                self._put_gen += 1
+                if len(past) < len(entries):
+                    ids = {e[0] for e in past}
+                    kept.append(([e for e in entries if e[0] not in ids], uniform))
+            rec[4] = kept or None
 
     def _deque(self, priority: int) -> deque[Entry]:
         """The ready deque of ``priority`` (created on demand)."""
@@ -133,6 +205,7 @@ class QueueWindow(QueueBacklog):
             ids = [e[0] for e in d]
             d.insert(bisect_left(ids, mid), entry)
         self._nready += 1
+        self._nbytes += len(entry[7])
 
     def _insert_many(self, entries: list[Entry]) -> None:
         """Insert entries at their places: one merge per priority, not one search per entry."""
@@ -141,6 +214,7 @@ class QueueWindow(QueueBacklog):
                 self._insert(e)
             return
         by_prio: dict[int, list[Entry]] = {}
+        self._nbytes += sum([len(e[7]) for e in entries])
         for e in entries:
             by_prio.setdefault(e[1], []).append(e)
         for p, group in by_prio.items():
@@ -178,30 +252,51 @@ class QueueWindow(QueueBacklog):
         """Window size; a bounded queue keeps its whole content in memory."""
         return max(self.window, self.max_size) if self.max_size else self.window
 
+    def _byte_budget(self) -> int:
+        """Body bytes the window may hold (the broker's ``window_bytes``); a bounded queue
+        keeps its whole content in memory."""
+        return self.broker.window_bytes if not self.max_size else 1 << 62
+
+    def over_window(self) -> bool:
+        """True when the window holds more entries, or more body bytes, than it may."""
+        return self._nready > self._effective_window() or (
+            self._nready > 1 and self._nbytes > self._byte_budget())
+
+    @property
+    def window_bytes_held(self) -> int:
+        """Body bytes of the ready entries in the window."""
+        return self._nbytes
+
     def _evict(self) -> None:
         """Drop the tail of the window to the stored backlog, keeping the window a prefix.
 
         Entries that are not in the store (``persist=False``) are never evicted.
         """
         excess = self._nready - self._effective_window()
+        over = self._nbytes - self._byte_budget()
         volatile = self._volatile
         low: Entry | None = None
         for p in sorted(self._prios):
             d = self._ready[p]
             kept: list[Entry] = []
-            while d and excess > 0:
+            while d and (excess > 0 or (over > 0 and self._nready > 1)):
                 e = d.pop()
                 if e[0] in volatile:
                     kept.append(e)
                     continue
                 excess -= 1
+                size = len(e[7])
+                over -= size
+                self._nbytes -= size
+                if size > self._body_max:
+                    self._body_max = size
                 self._nready -= 1
                 self._stored_only += 1
                 self._put_gen += 1
                 low = e
             if kept:
                 d.extend(reversed(kept))
-            if excess <= 0:
+            if excess <= 0 and (over <= 0 or self._nready <= 1):
                 break
         if low is not None:
             # the horizon moves back: what was dropped can be read again (the last one dropped
@@ -210,13 +305,17 @@ class QueueWindow(QueueBacklog):
                 self._page_wait = 0
             if self._pend:
                 self._hold_all((-low[1], low[0]))
+        self._horizon = None
         for p in sorted(self._prios):
             d = self._ready[p]
             for e in reversed(d):
                 if e[0] not in volatile:
                     self._horizon = (p, e[0])
-                    return
-        self._horizon = None
+                    break
+            if self._horizon is not None:
+                break
+        if self._pend:
+            self._awaiting_past_horizon()
 
     def _pop_ready(self, n: int) -> list[Entry]:
         """Remove and return up to ``n`` ready entries in ready order."""
@@ -235,6 +334,7 @@ class QueueWindow(QueueBacklog):
             if len(out) >= n:
                 break
         self._nready -= len(out)
+        self._nbytes -= sum([len(e[7]) for e in out])
         if self._volatile and out:
             self._volatile.difference_update([e[0] for e in out])
         return out
@@ -249,4 +349,5 @@ class QueueWindow(QueueBacklog):
             if len(out) >= n:
                 break
         self._nready -= len(out)
+        self._nbytes -= sum([len(e[7]) for e in out])
         return out

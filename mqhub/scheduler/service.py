@@ -30,7 +30,7 @@ from mqhub.store.batch import WriteBatch
 log = logging.getLogger(__name__)
 
 Row = tuple[float, bytes, bytes]
-Handler = Callable[[list[Row], WriteBatch, float], Callable[[], None] | None]
+Handler = Callable[[list[Row], WriteBatch, float], Callable[[Any], None] | None]
 Sweep = Callable[[float, int], bool]
 INF = float("inf")
 RETRY_UNHANDLED = 60.0
@@ -72,7 +72,8 @@ class SchedulerService(Service):
     def register(self, prefix: bytes, handler: Handler) -> None:
         """Route due rows whose key starts with ``prefix`` to ``handler(rows, batch, now)``.
 
-        A handler may return a callable; it is called once ``batch`` has been committed.
+        A handler may return a callable; it is called once ``batch`` has been committed, with the
+        commit's result (None, or the Failure when the commit failed).
         """
         self._handlers = [(p, h) for p, h in self._handlers if p != prefix]
         self._handlers.append((prefix, handler))
@@ -304,7 +305,7 @@ class SchedulerService(Service):
                 b.put_due(now + RETRY_UNHANDLED, key, row[2])
                 continue
             groups.setdefault(handler, []).append(row)
-        after: list[Callable[[], None]] = []
+        after: list[Callable[[Any], None]] = []
         for handler, handled in groups.items():
             try:
                 done = handler(handled, b, now)
@@ -325,7 +326,7 @@ class SchedulerService(Service):
         def committed(result: Any) -> bool:
             for func in after:
                 try:
-                    func()
+                    func(result)
                 except Exception:
                     log.exception("after-commit hook %r failed", func)
             if isinstance(result, Failure):

@@ -69,12 +69,18 @@ def test_ack_of_a_later_turn_waits_for_its_own_commit() -> None:
     clock.advance(0)
     rig.request(b"client", b"m2", b"q", b"guarantee")
     clock.advance(0)
-    assert rig.jobs_to(b"w1") == [b"m1", b"m2"]
+    assert rig.jobs_to(b"w1") == []  # a job is dispatched once it is stored
     assert acks(rig) == []
     store.release(first)  # m1's job is durable, m2's is not
-    assert acks(rig) == [b"m1"]
+    clock.advance(0)
+    assert rig.jobs_to(b"w1") == [b"m1"]
+    assert b"m2" not in acks(rig)  # (m1's ack, sealed in this turn, waits for m2's commit too)
     for i in range(first + 1, len(store.held)):
         store.release(i)
+    clock.advance(0)
+    for i in range(first + 1, len(store.held)):
+        store.release(i)
+    assert rig.jobs_to(b"w1") == [b"m1", b"m2"]
     assert acks(rig) == [b"m1", b"m2"]
 
 
@@ -85,11 +91,14 @@ def test_acks_of_one_turn_wait_for_every_commit_of_that_turn() -> None:
     rig.router.frontend_received([[b"client", b"", V, b"REQUEST", b"ma", b"a", b"guarantee", job()],
                                   [b"client", b"", V, b"REQUEST", b"mb", b"b", b"guarantee", job()]])
     clock.advance(0)
-    assert sorted(rig.jobs_to(b"w1")) == [b"ma", b"mb"]
+    assert rig.jobs_to(b"w1") == []  # dispatched once stored
     store.release(first)
     assert acks(rig) == []  # the second queue's job is not durable yet
     for i in range(first + 1, len(store.held)):
         store.release(i)
+    clock.advance(0)
+    store.release_all()
+    assert sorted(rig.jobs_to(b"w1")) == [b"ma", b"mb"]
     assert sorted(acks(rig)) == [b"ma", b"mb"]
 
 

@@ -90,7 +90,7 @@ def fill_read_and_recover(disk: Path, make_broker: Callable[..., BrokerProcess])
     deadline = time.monotonic() + 20
     while (stats := channel_stats(broker, "disk", "c"))["depth"] or stats["in_flight_count"]:
         assert time.monotonic() < deadline, f"FINs not taken on the full disk: {stats}"
-        late = [f for f in consumer.read(0.1) if isinstance(f, wire.Message)]  # see defect 6
+        late = [f for f in consumer.read(0.1) if isinstance(f, wire.Message)]
         consumer.send(b"".join(wire.encode_fin(m.msg_id) for m in late))
         got += late
     consumer.close()
@@ -120,10 +120,9 @@ def test_full_disk_refuses_keeps_reading_and_recovers(
     assert all(body.startswith((b"http|", b"0")) for body in delivered)  # nothing invented
 
 
-@pytest.mark.xfail(strict=True, reason="open defect: a publish whose store commit failed "
-                   "(E_PUB_FAILED) is still delivered from the core's memory; see docs/guarantees.md")
 def test_refused_messages_are_not_delivered(
         small_disk: Path, make_broker: Callable[..., BrokerProcess]) -> None:
-    """A message answered E_PUB_FAILED must not reach consumers (the publisher will retry it)."""
+    """A message answered E_PUB_FAILED never reaches consumers (the publisher will retry it):
+    durable queues deliver a put only after its commit (docs/guarantees.md, defect 6)."""
     oks, delivered = fill_read_and_recover(small_disk, make_broker)
     assert delivered == oks

@@ -24,7 +24,7 @@ import zmq
 from mqhub.protocols.nats import codec as nats
 from mqhub.protocols.nsq import codec as wire
 from tests.interop.broker import HOST, BrokerProcess, wait_until
-from tests.interop.nsq_client import NsqSocket, ok
+from tests.interop.nsq_client import NsqSocket, channel_stats, ok
 from tests.reliability.targets.emqp import Worker, job
 from tests.reliability.targets.natsock import NatsSocket
 
@@ -174,6 +174,39 @@ def test_emqp_worker_that_never_answers(broker: BrokerProcess) -> None:
     flood_stays_bounded(lambda: _ignore_again(step), broker, bystander)
     client.close(linger=0)
     worker.close()
+
+
+def test_big_bodies_to_a_stalled_consumer(broker: BrokerProcess) -> None:
+    """NSQ PUBs of 1 MiB bodies (nsqd's largest) to a channel whose consumer took one and never
+    FINs: 600 MiB in all, far more than RSS_BOUND_MIB; each PUB waits for its OK, so nothing
+    piles up in front of the queue and what is measured is the queue's own memory.
+
+    Regression (defect 7): a queue's window was bounded by entry count only (10,000), so every
+    waiting message stayed in memory (4 MiB eMQP jobs took the broker to 2.1 GiB in 7 s); now
+    the window and the remembered backlog tail keep at most ``window_bytes`` (64 MiB) of bodies
+    each and the rest stays in the store only.
+    """
+    bystander = Bystander(broker)
+    ok(broker, "/topic/create?topic=big")
+    ok(broker, "/channel/create?topic=big&channel=c")
+    port = broker.port("nsq", "tcp")
+    stalled = NsqSocket(port)
+    stalled.send(wire.encode_sub("big", "c") + wire.encode_rdy(1))
+    producer = NsqSocket(port)
+    body = b"b" * (1 << 20)
+    peak = 0.0
+    for i in range(600):
+        producer.send(wire.encode_pub("big", b"%06d" % i + body[6:]))
+        producer.read_until(lambda fs: wire.Response(b"OK") in fs, "the PUB's OK")
+        if i % 10 == 0:
+            peak = max(peak, rss_mib(broker))
+    peak = max(peak, rss_mib(broker))
+    stats = channel_stats(broker, "big", "c")
+    assert (stats["depth"], stats["in_flight_count"]) == (599, 1), stats
+    assert peak < RSS_BOUND_MIB, f"broker RSS {peak:.0f} MiB after 600 bodies of 1 MiB"
+    bystander.check()
+    producer.close()
+    stalled.close()
 
 
 def _ignore_again(step: Callable[[], None]) -> None:

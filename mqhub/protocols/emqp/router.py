@@ -218,7 +218,10 @@ class EmqpRouter:
         except MqhubError as exc:
             log.error("eMQP: {n} jobs for queue {q} refused: {e}", n=len(bodies), q=qname, e=exc)
             return
-        d.addErrback(lambda f: log.failure("eMQP: storing jobs failed", f))
+        # a durable queue dispatches jobs once they are stored: pump again then (the core has
+        # put them in the queue's window before this callback runs)
+        d.addCallbacks(lambda _: self.pump(qname),
+                       lambda f: log.failure("eMQP: storing jobs failed", f))
         self.pump(qname)
 
     def _inform_scheduler(self, cmd: F.Command, now: float) -> None:
@@ -464,9 +467,9 @@ class EmqpRouter:
             queue.dispatch()  # spend credit granted earlier if its entries are here now
             if consumer.credit > 0:
                 return  # still waiting for entries paged in from the store
-        while queue.depth > 0:
+        while queue.depth - queue.awaiting_commit > 0:   # (jobs being stored come later)
             plan: list[Worker] = []
-            want = queue.depth
+            want = queue.depth - queue.awaiting_commit
             while len(plan) < want:
                 worker = self.routes.pick(qname, self.workers)
                 if worker is None:

@@ -87,9 +87,9 @@ def test_deliveries_never_pause_while_a_producer_commits_continuously() -> None:
 
 
 def test_paging_reaches_the_end_with_one_batch_uncommitted() -> None:
-    """One priority, fresh ids: the committed backlog is read from the store and the uncommitted
-    batch after it (the remembered tail of the backlog) follows from memory, all before that
-    batch commits, in order; nothing is delivered twice once it does."""
+    """One priority, fresh ids: the committed backlog is read from the store; the uncommitted
+    batch after it (the remembered tail of the backlog) follows once it commits (never before:
+    a put is delivered only once stored), in order; nothing is delivered twice."""
     hub, q, store = _pipelined_hub(window=8)
     hub.broker.publish_batch("a", [b"%d" % i for i in range(20)])
     store.step()
@@ -100,7 +100,7 @@ def test_paging_reaches_the_end_with_one_batch_uncommitted() -> None:
     for _ in range(10):
         _ack_all(q, c)
     expected = [b"%d" % i for i in range(20)] + [b"late-%d" % i for i in range(5)]
-    assert t.bodies == expected
+    assert t.bodies == expected[:20]
     assert store.incoming or store.staged
     for _ in range(5):
         store.step()

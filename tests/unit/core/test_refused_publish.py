@@ -1,0 +1,224 @@
+"""A publish whose store commit fails (a full disk) is never delivered, and nothing it put stays.
+
+Durable queues deliver a put only once its batch is committed: before the fix the entries of a
+batch sat in the queue's window and were delivered from memory while their commit was still
+running, so a commit that then failed (E_PUB_FAILED to the publisher, who retries) had already
+been delivered (docs/guarantees.md, defect 6).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mqhub.errors import StoreError
+from mqhub.hub import Hub
+from mqhub.testing import (
+    CollectingTarget,
+    RefusingStore,
+    memory_hub,
+    result_of,
+    settle,
+    start_clock,
+)
+
+
+def refusing_hub(**broker_kw: object) -> tuple[Hub, RefusingStore]:
+    """A memory hub whose store commits once per clock turn and can refuse puts."""
+    clock = start_clock()
+    store = RefusingStore(clock)
+    store.open()
+    hub = memory_hub(clock, store=store, **broker_kw)
+    return hub, store
+
+
+def failed(d: object) -> bool:
+    """True when Deferred ``d`` fired with a StoreError (and swallow it)."""
+    box: list[object] = []
+    d.addBoth(box.append)  # type: ignore[attr-defined]
+    return bool(box) and getattr(box[0], "check", lambda *_: False)(StoreError) is not None
+
+
+def consume_all(hub: Hub, queue: str, target: CollectingTarget) -> list[bytes]:
+    """Attach ``target`` to ``queue``, ack everything it gets until the queue is empty."""
+    q = hub.broker.queue(queue)
+    assert q is not None
+    c = q.attach(target, ready=100)
+    for _ in range(50):
+        settle(hub)
+        ids = [e[0] for e in target.entries if c.queue.owner_of(e[0]) is c]
+        if ids:
+            q.ack(c, ids)
+        if not q.depth and not q.in_flight:
+            break
+    return target.bodies
+
+
+def test_refused_publish_is_never_delivered() -> None:
+    """A consumer waiting on the queue gets nothing of a refused publish; the retry once."""
+    hub, store = refusing_hub()
+    broker = hub.broker
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    target = CollectingTarget()
+    q = broker.queue("q")
+    assert q is not None
+    c = q.attach(target, ready=100)
+    broker.publish_batch("a", [b"ok-1"])
+    settle(hub)
+    assert target.bodies == [b"ok-1"]
+    store.refuse_puts = True
+    d = broker.publish_batch("a", [b"refused-1", b"refused-2"])
+    assert target.bodies == [b"ok-1"]          # not before the commit
+    assert q.depth == 2                           # counted while it is being stored
+    settle(hub)
+    assert failed(d)
+    assert target.bodies == [b"ok-1"]          # nor after it failed
+    assert q.depth == 0 and q.in_flight == 1
+    store.refuse_puts = False
+    d = broker.publish_batch("a", [b"refused-1", b"refused-2"])   # the publisher's retry
+    settle(hub)
+    assert result_of(d) is None
+    assert target.bodies == [b"ok-1", b"refused-1", b"refused-2"]
+    q.ack(c, target.ids())
+    settle(hub)
+    assert q.depth == 0 and q.in_flight == 0
+
+
+def test_committed_publish_is_delivered_after_its_commit() -> None:
+    """Deliveries of a durable queue follow the commit (not the publish call), in order."""
+    hub, _ = refusing_hub()
+    broker = hub.broker
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    target = CollectingTarget()
+    broker.queue("q").attach(target, ready=100)  # type: ignore[union-attr]
+    d = broker.publish_batch("a", [b"1", b"2"])
+    broker.publish_batch("a", [b"3"])
+    assert target.bodies == [] and not d.called
+    settle(hub)
+    assert d.called and target.bodies == [b"1", b"2", b"3"]
+
+
+def test_memory_queue_and_volatile_puts_still_deliver_at_once() -> None:
+    """Nothing to store, nothing to wait for: memory queues and persist=False deliver inline."""
+    hub, _ = refusing_hub()
+    broker = hub.broker
+    broker.declare_queue("m", tier="memory")
+    broker.declare_queue("d")
+    broker.bind_queue("a", "m")
+    broker.bind_queue("a", "d")
+    tm, td = CollectingTarget(), CollectingTarget()
+    broker.queue("m").attach(tm, ready=10)  # type: ignore[union-attr]
+    broker.queue("d").attach(td, ready=10)  # type: ignore[union-attr]
+    broker.publish_batch("a", [b"x"], persist=False)
+    assert tm.bodies == [b"x"] and td.bodies == [b"x"]
+
+
+@pytest.mark.parametrize("window", [2, 100])
+def test_refused_puts_beyond_the_window_are_forgotten(window: int) -> None:
+    """With a stored backlog (window 2) the refused puts go past the horizon: they are uncounted
+    and never paged in; every committed message is consumed exactly once, in order."""
+    hub, store = refusing_hub(window=window)
+    broker = hub.broker
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    for i in range(5):
+        broker.publish_batch("a", [b"c%d" % i])
+    settle(hub)
+    store.refuse_puts = True
+    d = broker.publish_batch("a", [b"r0", b"r1", b"r2"])
+    settle(hub)
+    assert failed(d)
+    store.refuse_puts = False
+    broker.publish_batch("a", [b"c5"])
+    settle(hub)
+    q = broker.queue("q")
+    assert q is not None and q.depth == 6
+    got = consume_all(hub, "q", CollectingTarget())
+    assert got == [b"c0", b"c1", b"c2", b"c3", b"c4", b"c5"]
+
+
+def test_eviction_while_puts_await_their_commit() -> None:
+    """The window shrinks while a batch is being stored: its puts past the new horizon go to the
+    stored backlog (held from paging until committed); each message arrives once, in order."""
+    hub, _ = refusing_hub(window=10)
+    broker = hub.broker
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    broker.publish_batch("a", [b"%d" % i for i in range(4)])
+    settle(hub)
+    broker.publish_batch("a", [b"%d" % i for i in range(4, 8)])
+    q = broker.queue("q")
+    assert q is not None
+    q.configure(window=2)                          # evicts while 4..7 await their commit
+    assert q.depth == 8
+    settle(hub)
+    assert q.depth == 8
+    got = consume_all(hub, "q", CollectingTarget())
+    assert got == [b"%d" % i for i in range(8)]
+
+
+def test_refused_due_slice_is_not_delivered() -> None:
+    """A delayed publish coming due while the disk refuses its slice is not delivered from
+    memory; the scheduler fires the slice again and it is delivered once."""
+    hub, store = refusing_hub()
+    broker = hub.broker
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    target = CollectingTarget()
+    q = broker.queue("q")
+    assert q is not None
+    q.attach(target, ready=10)
+    broker.publish_batch("a", [b"later"], deliver_at=hub.clock.seconds() + 1)
+    settle(hub)
+    store.refuse_puts, store.refuse_left = True, 1
+    for _ in range(30):
+        hub.clock.advance(0.1)
+        assert len(target.bodies) <= 1     # never the refused slice and then its retry
+    assert store.refused == 1
+    assert target.bodies == [b"later"]
+    assert q.in_flight == 1 and q.depth == 0
+
+
+def test_parked_puts_awaiting_their_commit_are_moved_once_stored() -> None:
+    """A channel created in the turn that published to its parked topic (NSQ PUB then SUB in one
+    read): the parked puts still await their commit; the drain waits for it, loses nothing."""
+    hub, _ = refusing_hub()
+    broker = hub.broker
+    broker.park("t")
+    broker.publish_batch("t", [b"p0", b"p1"])
+    broker.declare_queue("c")
+    broker.bind_queue("t", "c")
+    broker.unpark("t")
+    target = CollectingTarget()
+    q = broker.queue("c")
+    assert q is not None
+    q.attach(target, ready=10)
+    settle(hub, turns=4)
+    assert target.bodies == [b"p0", b"p1"]
+    assert broker.parked_depth("t") == 0
+
+
+def test_remembered_tail_is_not_swallowed_before_its_commit() -> None:
+    """Puts past the horizon are remembered as the backlog's tail; when the tail is the whole
+    backlog it moves into the window without a read, but never before its batch is committed."""
+    hub, store = refusing_hub(window=4)
+    broker = hub.broker
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    q = broker.queue("q")
+    assert q is not None
+    target = CollectingTarget()
+    c = q.attach(target, ready=1)
+    for i in range(6):    # c0 in flight, c1..c4 in the window, c5 the remembered tail
+        broker.publish_batch("a", [b"c%d" % i])
+        settle(hub)
+    store.refuse_puts = True
+    d = broker.publish_batch("a", [b"r0", b"r1"])   # past the horizon: the tail is c5 r0 r1
+    for _ in range(8):   # the consumer drains the window while the refused batch is uncommitted
+        q.ack(c, [e[0] for e in target.entries if q.owner_of(e[0]) is c])
+    settle(hub)
+    assert failed(d)
+    store.refuse_puts = False
+    got = consume_all(hub, "q", target)
+    assert got == [b"c%d" % i for i in range(6)]
