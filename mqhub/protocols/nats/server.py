@@ -41,6 +41,7 @@ from mqhub.protocols.nats.codec import (
     NatsParser,
     ProtocolError,
 )
+from mqhub.protocols.nats.output import direct_socket, remainder, send_chunks
 from mqhub.protocols.nats.sublist import Sublist, subject_matches
 
 log = Logger()
@@ -431,6 +432,10 @@ class NatsConnection(Protocol):
         self.pings_out = 0
         self.paused = False
         self.paused_bytes = 0
+        #: the socket written directly while Twisted holds nothing of ours (None: plain writes)
+        self.sock: Any = None
+        #: output waiting while Twisted still holds an earlier remainder (direct writes only)
+        self.held: list[bytes] = []
         self._pinger: LoopingCall | None = None
         self._auth_timer: Any = None
         self._deadline: Any = None
@@ -452,8 +457,10 @@ class NatsConnection(Protocol):
             self.transport.registerProducer(self, True)
         except Exception:  # pragma: no cover - transports without producer support
             pass
-        self.transport.write(codec.encode_info(srv.info(self)))
         s = srv.settings
+        if s.tls_context is None:
+            self.sock = direct_socket(self.transport)
+        self.write_out(codec.encode_info(srv.info(self)))
         if s.tls_context is not None:
             self.transport.startTLS(s.tls_context)
         if s.ping_interval > 0:
@@ -478,6 +485,7 @@ class NatsConnection(Protocol):
         for sub in subs.values():
             srv.remove_sub(sub)
         self.out.clear()
+        self.held.clear()
         self._cancel_deadline()
         srv.uncongest(self)
         if self in srv.stalled:
@@ -491,10 +499,13 @@ class NatsConnection(Protocol):
         self.fast = False
         if text is not None:
             self.out.append(codec.encode_err(text))
-        data = b"".join(self.out)
+        data = b"".join(self.held + self.out)
         self.out.clear()
+        self.held.clear()
         if data:
             self.transport.write(data)
+        # a registered producer would keep a draining transport open (Twisted's rule)
+        self.transport.unregisterProducer()
         self.transport.loseConnection()
 
     # producer (slow-consumer accounting) ------------------------------------------------------
@@ -504,10 +515,13 @@ class NatsConnection(Protocol):
         self.paused = True
 
     def resumeProducing(self) -> None:
-        """The transport drained: publishers stalled for this connection may go on."""
+        """The transport drained: send what was held, let stalled publishers go on."""
         self.paused = False
         self.paused_bytes = 0
         self._cancel_deadline()
+        if self.held and not self.closing:
+            held, self.held = self.held, []
+            self._send_direct(held)
         self.server.uncongest(self)
 
     def _cancel_deadline(self) -> None:
@@ -533,7 +547,32 @@ class NatsConnection(Protocol):
             if self.paused_bytes > self.server.settings.max_pending:
                 self.slow_consumer("max_pending exceeded")
                 return
-        self.transport.write(data)
+            if self.sock is not None:
+                self.held.append(data)
+                return
+        if self.sock is not None:
+            self._send_direct([data])
+        else:
+            self.transport.write(data)
+
+    def _send_direct(self, chunks: list[bytes]) -> None:
+        """Send ``chunks`` on the socket now; hand what it does not take to Twisted, paused.
+
+        Only called while Twisted holds none of this connection's output, so order is kept.
+        Whatever the socket refuses goes to ``transport.write`` and the connection counts as
+        paused (``transport.producerPaused``, a public attribute of Twisted's consumer, makes
+        the transport call :meth:`resumeProducing` once it has written everything); output
+        arriving meanwhile is held here and sent, without joining, by resumeProducing.
+        """
+        sent = send_chunks(self.sock, chunks)
+        if sent is None:      # a socket error: Twisted's write path reports it
+            data = b"".join(chunks)
+        else:
+            data = remainder(chunks, sent)
+        if data:
+            self.transport.write(data)
+            self.transport.producerPaused = True
+            self.paused = True
 
     def _deadline_passed(self) -> None:
         """Backed up for a whole write deadline: a slow consumer (nats-server's WriteDeadline)."""
@@ -561,7 +600,7 @@ class NatsConnection(Protocol):
             self.close("Stale Connection")
             return
         self.pings_out += 1
-        self.transport.write(codec.PING)
+        self.write_out(codec.PING)
 
     def _auth_expired(self) -> None:
         """No CONNECT within the auth timeout."""
