@@ -22,21 +22,51 @@ PUB control line is parsed once and cached, which is what makes the hot path che
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from mqhub.protocols.nats.encoders import (  # noqa: F401  (re-exported: codec.encode_msg...)
+    OK,
+    PING,
+    PONG,
+    encode_connect,
+    encode_err,
+    encode_hmsg,
+    encode_hpub,
+    encode_info,
+    encode_msg,
+    encode_pub,
+    encode_sub,
+    encode_unsub,
+    hmsg_prefix,
+    msg_prefix,
+)
+from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.ProtocolError...)
+    DEFAULT_MAX_PAYLOAD,
+    E_BAD_ARGS,
+    E_BAD_CONNECT,
+    E_INVALID_SUBJECT,
+    E_MAX_CONTROL,
+    E_MAX_PAYLOAD,
+    E_UNKNOWN_OP,
+    MAX_CONTROL_LINE,
+    ProtocolError,
+    build_headers,
+    json_object,
+    parse_headers,
+    valid_publish_subject,
+    valid_subject,
+)
 
 __all__ = [
     "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",
     "parse_headers", "build_headers", "valid_subject", "valid_publish_subject",
+    "encode_info", "encode_connect", "encode_err", "msg_prefix", "hmsg_prefix", "encode_msg",
+    "encode_hmsg", "encode_pub", "encode_hpub", "encode_sub", "encode_unsub", "PING", "PONG",
+    "OK",
 ]
 
 #: Returned by :meth:`NatsParser.next_event` when a complete event is not yet buffered.
 NEED_DATA = object()
-
-#: nats-server's real limit for one control line (its docs' 1024 is stale).
-MAX_CONTROL_LINE = 4096
-#: Default maximum payload (announced in INFO as ``max_payload``).
-DEFAULT_MAX_PAYLOAD = 1024 * 1024
 
 OP_PUB = 1
 OP_HPUB = 2
@@ -52,122 +82,8 @@ OP_MSG = 11
 OP_HMSG = 12
 OP_ERROR = 13
 
-# ProtocolError codes. The server maps each to the wire in one place (server.py).
-E_UNKNOWN_OP = "unknown_op"          # -ERR 'Unknown Protocol Operation', close
-E_MAX_CONTROL = "max_control_line"   # -ERR 'maximum control line exceeded', close
-E_MAX_PAYLOAD = "max_payload"        # -ERR 'Maximum Payload Violation', close
-E_BAD_ARGS = "bad_args"              # close without -ERR (as nats-server does)
-E_BAD_CONNECT = "bad_connect"        # close without -ERR
-E_INVALID_SUBJECT = "invalid_subject"  # -ERR 'Invalid Subject', stays open
-
 _CACHE_LIMIT = 16384
 _CRLF = b"\r\n"
-
-
-
-def _json_object(raw: bytes, code: str, verb: str) -> dict[str, Any]:
-    """Parse the JSON object argument of CONNECT or INFO (empty means ``{}``).
-
-    :raises ProtocolError: with ``code`` when it is not valid JSON or not an object.
-    """
-    raw = raw.strip()
-    try:
-        value = json.loads(raw) if raw else {}
-    except ValueError as exc:
-        raise ProtocolError(code, f"invalid {verb} JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ProtocolError(code, f"{verb} JSON must be an object")
-    return value
-
-class ProtocolError(Exception):
-    """A violation of the NATS protocol found by the codec.
-
-    :ivar code: one of the ``E_*`` codes (no wire text; the server maps it).
-    :ivar message: human-readable detail.
-    :ivar fatal: whether the connection must be closed.
-    """
-
-    def __init__(self, code: str, message: str, fatal: bool = True) -> None:
-        """Record the code, the detail and whether the connection ends."""
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.fatal = fatal
-
-    def __repr__(self) -> str:
-        """Show code, message and fatality."""
-        return f"ProtocolError({self.code!r}, {self.message!r}, fatal={self.fatal})"
-
-
-_WS = frozenset(" \t\r\n\f\v")
-
-
-def valid_subject(subject: str) -> bool:
-    """True when ``subject`` is a valid SUB subject: non-empty tokens, ``>`` only last."""
-    if not subject:
-        return False
-    tokens = subject.split(".")
-    last = len(tokens) - 1
-    for i, tok in enumerate(tokens):
-        if not tok:
-            return False
-        if tok == ">" and i != last:
-            return False
-    return not any(c in _WS for c in subject)
-
-
-def valid_publish_subject(subject: str) -> bool:
-    """True when ``subject`` is a valid PUB subject: a valid subject without wildcard tokens."""
-    if not valid_subject(subject):
-        return False
-    for tok in subject.split("."):
-        if tok == "*" or tok == ">":
-            return False
-    return True
-
-
-def parse_headers(block: bytes) -> tuple[int | None, str, list[tuple[str, str]]]:
-    """Parse a ``NATS/1.0`` header block into ``(status, description, [(name, value), ...])``.
-
-    :raises ProtocolError: (fatal, bad_args) when the block does not start with ``NATS/1.0``.
-    """
-    text = block.decode("utf-8", "replace")
-    lines = text.split("\r\n")
-    first = lines[0]
-    if not first.startswith("NATS/1.0"):
-        raise ProtocolError(E_BAD_ARGS, "header block must start with NATS/1.0")
-    status: int | None = None
-    description = ""
-    rest = first[8:].strip()
-    if rest:
-        code, _, description = rest.partition(" ")
-        if code.isdigit():
-            status = int(code)
-        description = description.strip()
-    items: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            continue
-        items.append((name.strip(), value.strip()))
-    return status, description, items
-
-
-def build_headers(items: Any = (), status: int | None = None, description: str = "") -> bytes:
-    """Build a header block from ``(name, value)`` pairs or a dict, with an optional status line."""
-    if isinstance(items, dict):
-        items = items.items()
-    first = "NATS/1.0"
-    if status is not None:
-        first += f" {status}"
-        if description:
-            first += f" {description}"
-    parts = [first]
-    for name, value in items:
-        parts.append(f"{name}: {value}")
-    return ("\r\n".join(parts) + "\r\n\r\n").encode("utf-8")
 
 
 def _int(field: bytes) -> int:
@@ -506,7 +422,7 @@ class NatsParser:
                     raise ProtocolError(E_BAD_ARGS, "UNSUB needs sid [max]")
                 return nxt
             if op == b"CONNECT":
-                out.append((OP_CONNECT, _json_object(line.lstrip()[7:], E_BAD_CONNECT, "CONNECT")))
+                out.append((OP_CONNECT, json_object(line.lstrip()[7:], E_BAD_CONNECT, "CONNECT")))
                 return nxt
         else:
             if op == b"MSG":
@@ -514,7 +430,7 @@ class NatsParser:
             if op == b"HMSG":
                 return self._hmsg(buf, pos, nxt, args, out)
             if op == b"INFO":
-                out.append((OP_INFO, _json_object(line.lstrip()[4:], E_BAD_ARGS, "INFO")))
+                out.append((OP_INFO, json_object(line.lstrip()[4:], E_BAD_ARGS, "INFO")))
                 return nxt
         if op == b"PING" and not args:
             out.append((OP_PING,))
@@ -682,85 +598,3 @@ def _routable(raw: bytes, stop: tuple[dict[bytes, tuple], dict[bytes, tuple]]) -
     sp = raw.rfind(b" ")
     hr = stop[1].get(raw[:sp])
     return hr is not None and hr[1] is None
-
-
-# encoders --------------------------------------------------------------------------------
-
-def encode_info(info: dict[str, Any]) -> bytes:
-    """Render ``INFO {json} \\r\\n`` (nats-server's spacing)."""
-    return b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b" \r\n"
-
-
-def encode_connect(options: dict[str, Any]) -> bytes:
-    """Render a client ``CONNECT {json}\\r\\n``."""
-    return b"CONNECT " + json.dumps(options, separators=(",", ":")).encode() + b"\r\n"
-
-
-def encode_err(text: str) -> bytes:
-    """Render ``-ERR '<text>'\\r\\n`` (clients require the quotes)."""
-    return b"-ERR '" + text.encode("utf-8", "replace") + b"'\r\n"
-
-
-def msg_prefix(subject: str, sid: str, reply: str | None, size: int) -> bytes:
-    """Render the control line of a MSG (everything before the payload)."""
-    if reply:
-        return f"MSG {subject} {sid} {reply} {size}\r\n".encode("utf-8", "surrogateescape")
-    return f"MSG {subject} {sid} {size}\r\n".encode("utf-8", "surrogateescape")
-
-
-def hmsg_prefix(subject: str, sid: str, reply: str | None, hsize: int, total: int) -> bytes:
-    """Render the control line of an HMSG (everything before the header block)."""
-    if reply:
-        line = f"HMSG {subject} {sid} {reply} {hsize} {total}\r\n"
-    else:
-        line = f"HMSG {subject} {sid} {hsize} {total}\r\n"
-    return line.encode("utf-8", "surrogateescape")
-
-
-def encode_msg(subject: str, sid: str, reply: str | None, payload: bytes) -> bytes:
-    """Render a whole MSG."""
-    return msg_prefix(subject, sid, reply, len(payload)) + payload + _CRLF
-
-
-def encode_hmsg(subject: str, sid: str, reply: str | None, headers: bytes,
-                payload: bytes) -> bytes:
-    """Render a whole HMSG from a header block and a payload."""
-    return (hmsg_prefix(subject, sid, reply, len(headers), len(headers) + len(payload))
-            + headers + payload + _CRLF)
-
-
-def encode_pub(subject: str, payload: bytes, reply: str | None = None) -> bytes:
-    """Render a client PUB."""
-    if reply:
-        return f"PUB {subject} {reply} {len(payload)}\r\n".encode() + payload + _CRLF
-    return f"PUB {subject} {len(payload)}\r\n".encode() + payload + _CRLF
-
-
-def encode_hpub(subject: str, headers: bytes, payload: bytes,
-                reply: str | None = None) -> bytes:
-    """Render a client HPUB."""
-    total = len(headers) + len(payload)
-    if reply:
-        line = f"HPUB {subject} {reply} {len(headers)} {total}\r\n"
-    else:
-        line = f"HPUB {subject} {len(headers)} {total}\r\n"
-    return line.encode() + headers + payload + _CRLF
-
-
-def encode_sub(subject: str, sid: str, queue: str | None = None) -> bytes:
-    """Render a client SUB."""
-    if queue:
-        return f"SUB {subject} {queue} {sid}\r\n".encode()
-    return f"SUB {subject} {sid}\r\n".encode()
-
-
-def encode_unsub(sid: str, max_msgs: int | None = None) -> bytes:
-    """Render a client UNSUB."""
-    if max_msgs is None:
-        return f"UNSUB {sid}\r\n".encode()
-    return f"UNSUB {sid} {max_msgs}\r\n".encode()
-
-
-PING = b"PING\r\n"
-PONG = b"PONG\r\n"
-OK = b"+OK\r\n"
