@@ -261,8 +261,10 @@ class NatsParser:
         a route qualifies when ``special`` is None. Each target is ``(owner, out, prefix)``:
         the message is appended to the ``out`` list as prefix and one slice ``payload + CRLF``,
         and ``owner`` is appended to ``dirty`` when its ``out`` was empty. A run of at least
-        ``_RUN_MIN`` frames (each up to ``_RUN_MAX_FRAME`` bytes) repeating one line exactly is
-        appended as one block per target: the run with every header replaced by the prefix.
+        ``_RUN_MIN`` frames repeating one line exactly is found with C-level strided compares:
+        frames up to ``_RUN_MAX_FRAME`` bytes are appended as one block per target (the run
+        with every header replaced by the prefix), larger ones as prefix/slice pairs built
+        without a Python step per frame.
         Stops (returning how many PUBs it delivered) at the first line that needs anything
         else; :meth:`slow_run` takes it from there. The only state it touches is the buffer
         offset.
@@ -287,7 +289,7 @@ class NatsParser:
         dappend = dirty.append
         count = 0
         extra = 0    # MSG copies beyond one per PUB (the one-target case costs nothing)
-        run_max = _RUN_MAX_FRAME  # frames up to this size try the run path; 0 once one failed
+        run_max = max_payload + 4096   # frames up to this size try a run; 0 once one failed
         while True:
             i = find(b"\n", pos)
             if i < 0:
@@ -333,17 +335,34 @@ class NatsParser:
                     and buf[pos + step * (_RUN_MIN - 1):i + 1 + step * (_RUN_MIN - 1)] \
                     == buf[pos:i + 1]:
                 k = _run_length(buf, pos, i + 1 - pos, step)
-                head = buf[pos:i + 1]
-                seg = buf[pos:pos + k * step]
-                # the header ends in its only LF, so its copies cannot overlap: k of them means
-                # no payload holds one and the replace swaps exactly the k headers
-                if k >= _RUN_MIN and seg.count(head) == k:
+                if k >= _RUN_MIN:
+                    hlen = i + 1 - pos
+                    end = pos + k * step
+                    if step <= _RUN_MAX_FRAME:
+                        head = buf[pos:i + 1]
+                        seg = buf[pos:end]
+                        # the header ends in its only LF, so its copies cannot overlap: k of
+                        # them means no payload holds one and the replace swaps the k headers
+                        if seg.count(head) == k:
+                            for owner, out, prefix in targets:
+                                if not out:
+                                    dappend(owner)
+                                out.append(seg.replace(head, prefix))
+                            extra += (len(targets) - 1) * k
+                            pos = end
+                            count += k
+                            continue
+                    # larger frames (copying is their cost; a replace would scan them twice):
+                    # the k payload+CRLF slices in one comprehension, shared by every target
+                    pieces = [buf[at:at + step - hlen] for at in range(pos + hlen, end, step)]
                     for owner, out, prefix in targets:
                         if not out:
                             dappend(owner)
-                        out.append(seg.replace(head, prefix))
+                        pairs = [prefix] * (2 * k)
+                        pairs[1::2] = pieces
+                        out.extend(pairs)
                     extra += (len(targets) - 1) * k
-                    pos += k * step
+                    pos = end
                     count += k
                     continue
                 run_max = 0     # a failed attempt: no more this call (bounds the work)
@@ -564,8 +583,8 @@ class NatsParser:
 
 #: consecutive identical PUB frames worth the run path of :meth:`NatsParser.route_pubs`
 _RUN_MIN = 8
-#: frames above this size take the per-message path: their cost is copying, which the run
-#: path does not save (measured: 1 KiB frames were 10 % slower through it)
+#: frames above this size are not run through ``bytes.replace`` (it scans them twice; measured
+#: 10 % slower at 1 KiB) but appended as prefix/payload-slice pairs built by one comprehension
 _RUN_MAX_FRAME = 512
 
 

@@ -44,6 +44,8 @@ def _msgs(client: Client) -> list[tuple[str, str | None, bytes]]:
        st.lists(st.integers(1, 9000), min_size=1, max_size=12), st.booleans(),
        st.integers(0, 5))
 @example([(0, 10, False)] * 30 + [(1, 600, False)] * 10 + [(0, 10, True)] * 9, [7, 4096], True, 3)
+@example([(2, 700, False)] * 12 + [(2, 1500, True)] * 9 + [(0, 5, False)], [3000], True, 1)
+@example([(2, 2000, False)] * 20, [5, 9000, 17], True, 0)
 def test_mixed_traffic_reaches_every_kind_of_subscriber_in_order(
         spec: list[tuple[int, int, bool]], cuts: list[int], warm: bool, limit: int) -> None:
     """Mixed subjects, sizes and replies, read in arbitrary pieces, reach an exact, a wildcard,
