@@ -56,6 +56,7 @@ from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.Pr
     valid_publish_subject,
     valid_subject,
 )
+from mqhub.protocols.nats.runs import RUN_MAX_FRAME, RUN_MIN, run_length
 
 __all__ = [
     "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",
@@ -261,8 +262,8 @@ class NatsParser:
         a route qualifies when ``special`` is None. Each target is ``(owner, out, prefix)``:
         the message is appended to the ``out`` list as prefix and one slice ``payload + CRLF``,
         and ``owner`` is appended to ``dirty`` when its ``out`` was empty. A run of at least
-        ``_RUN_MIN`` frames repeating one line exactly is found with C-level strided compares:
-        frames up to ``_RUN_MAX_FRAME`` bytes are appended as one block per target (the run
+        ``RUN_MIN`` frames repeating one line exactly is found with C-level strided compares:
+        frames up to ``RUN_MAX_FRAME`` bytes are appended as one block per target (the run
         with every header replaced by the prefix), larger ones as prefix/slice pairs built
         without a Python step per frame.
         Stops (returning how many PUBs it delivered) at the first line that needs anything
@@ -330,15 +331,15 @@ class NatsParser:
                 break
             targets = r[0]
             step = stop + 2 - pos
-            if step <= run_max and n - pos >= step * _RUN_MIN \
+            if step <= run_max and n - pos >= step * RUN_MIN \
                     and buf[stop + 2:stop + 3 + i - pos] == buf[pos:i + 1] \
-                    and buf[pos + step * (_RUN_MIN - 1):i + 1 + step * (_RUN_MIN - 1)] \
+                    and buf[pos + step * (RUN_MIN - 1):i + 1 + step * (RUN_MIN - 1)] \
                     == buf[pos:i + 1]:
-                k = _run_length(buf, pos, i + 1 - pos, step)
-                if k >= _RUN_MIN:
+                k = run_length(buf, pos, i + 1 - pos, step)
+                if k >= RUN_MIN:
                     hlen = i + 1 - pos
                     end = pos + k * step
-                    if step <= _RUN_MAX_FRAME:
+                    if step <= RUN_MAX_FRAME:
                         head = buf[pos:i + 1]
                         seg = buf[pos:end]
                         # the header ends in its only LF, so its copies cannot overlap: k of
@@ -579,32 +580,6 @@ class NatsParser:
         out.append((OP_HMSG, _text(subject), _text(sid), reply, buf[nxt:nxt + hsize],
                     buf[nxt + hsize:stop]))
         return stop + 2
-
-
-#: consecutive identical PUB frames worth the run path of :meth:`NatsParser.route_pubs`
-_RUN_MIN = 8
-#: frames above this size are not run through ``bytes.replace`` (it scans them twice; measured
-#: 10 % slower at 1 KiB) but appended as prefix/payload-slice pairs built by one comprehension
-_RUN_MAX_FRAME = 512
-
-
-def _run_length(buf: bytes, pos: int, hlen: int, step: int) -> int:
-    """How many frames of ``step`` bytes from ``pos`` repeat the first one's header and CRLF.
-
-    The first frame is ``header (hlen bytes, ending in LF) + payload + CRLF``; each header
-    byte and both CRLF bytes are checked column-wise with strided slices (C-level work, no
-    bytecode per frame).
-    """
-    k = (len(buf) - pos) // step
-    for o in (*range(hlen), step - 2, step - 1):
-        col = buf[pos + o:pos + k * step:step]
-        c = buf[pos + o:pos + o + 1]
-        lead = len(col) - len(col.lstrip(c))
-        if lead < k:
-            k = lead
-            if k < _RUN_MIN:
-                return k
-    return k
 
 
 def _routable(raw: bytes, stop: tuple[dict[bytes, tuple], dict[bytes, tuple]]) -> bool:
