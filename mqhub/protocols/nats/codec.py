@@ -271,7 +271,8 @@ class NatsParser:
         offset.
 
         ``head_routes`` optionally maps a line's head (``PUB subject [reply]``, everything
-        before the last space) to ``(heads, special)`` with targets ``(owner, out, head)``:
+        before the last space) to ``(heads, special, one)`` with targets ``(owner, out, head)``
+        (``one`` is the only target when there is exactly one, else None):
         a line seen for the first time on a known subject is then delivered as ``head`` and
         one slice ``size CRLF payload CRLF`` of the buffer, without being parsed.
 
@@ -315,12 +316,20 @@ class NatsParser:
                     break
                 # "size\r\n" + payload + "\r\n" in one slice, shared by every target
                 tail = buf[pos + sp + 1:stop + 2]
-                for owner, out, head in hr[0]:
+                one = hr[2]
+                if one is not None:         # one receiver: no loop (the common case)
+                    owner, out, head = one
                     if not out:
                         dappend(owner)
                     out.append(head)
                     out.append(tail)
-                extra += len(hr[0]) - 1
+                else:
+                    for owner, out, head in hr[0]:
+                        if not out:
+                            dappend(owner)
+                        out.append(head)
+                        out.append(tail)
+                    extra += len(hr[0]) - 1
                 pos = stop + 2
                 count += 1
                 continue

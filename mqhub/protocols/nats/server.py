@@ -152,7 +152,7 @@ class NatsServer(Factory):
             hroutes = self.head_routes
             if len(hroutes) >= ROUTE_CACHE_LIMIT:
                 hroutes.clear()
-            hroutes[line[:sp]] = (heads, None)
+            hroutes[line[:sp]] = (heads, None, heads[0] if len(heads) == 1 else None)
         tail = b"%d\r\n" % size
         if special is None and not heads and reply:
             special = NO_ONE      # a request nobody receives: the slow path sends the 503
