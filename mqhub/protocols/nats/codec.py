@@ -53,6 +53,8 @@ from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.Pr
     build_headers,
     json_object,
     parse_headers,
+    size_field,
+    text_field,
     valid_publish_subject,
     valid_subject,
 )
@@ -85,18 +87,6 @@ OP_ERROR = 13
 
 _CACHE_LIMIT = 16384
 _CRLF = b"\r\n"
-
-
-def _int(field: bytes) -> int:
-    """Parse a non-negative decimal size field or raise a bad-args ProtocolError."""
-    if not field.isdigit():
-        raise ProtocolError(E_BAD_ARGS, f"invalid size {field!r}")
-    return int(field)
-
-
-def _text(field: bytes) -> str:
-    """Decode a subject/sid/queue field (bytes that are not UTF-8 survive via surrogates)."""
-    return field.decode("utf-8", "surrogateescape")
 
 
 Event = tuple
@@ -292,32 +282,34 @@ class NatsParser:
         count = 0
         extra = 0    # MSG copies beyond one per PUB (the one-target case costs nothing)
         run_max = max_payload + 4096   # frames up to this size try a run; 0 once one failed
+        rfind = buf.rfind
+        head_first = False
         while True:
             i = find(b"\n", pos)
             if i < 0:
                 break
-            raw = buf[pos:i]
-            r = get(raw)
-            if r is None:
-                if hget is None or buf[i - 1] != 13:
-                    break
-                sp = raw.rfind(b" ")
-                size_f = raw[sp + 1:-1]
-                if not size_f.isdigit():
-                    break
-                hr = hget(raw[:sp])
+            # after a head-route hit try that first: mixed traffic skips a line-cache miss
+            if head_first or (r := get(buf[pos:i])) is None:
+                hr = None
+                if hget is not None and buf[i - 1] == 13:
+                    sp = rfind(b" ", pos, i)
+                    size_f = buf[sp + 1:i - 1]
+                    if sp > pos and size_f.isdigit():
+                        hr = hget(buf[pos:sp])
                 if hr is None or hr[1] is not None:
+                    if head_first:          # not a head-route line: its own line route
+                        head_first = False
+                        continue
                     break
                 size = int(size_f)
-                if size > max_payload:
-                    break
                 stop = i + 1 + size
-                if stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
+                if size > max_payload or stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
                     break
+                head_first = True
                 # "size\r\n" + payload + "\r\n" in one slice, shared by every target
-                tail = buf[pos + sp + 1:stop + 2]
+                tail = buf[sp + 1:stop + 2]
                 one = hr[2]
-                if one is not None:         # one receiver: no loop (the common case)
+                if one is not None:         # one receiver: no loop
                     owner, out, head = one
                     if not out:
                         dappend(owner)
@@ -351,8 +343,8 @@ class NatsParser:
                     if step <= RUN_MAX_FRAME:
                         head = buf[pos:i + 1]
                         seg = buf[pos:end]
-                        # the header ends in its only LF, so its copies cannot overlap: k of
-                        # them means no payload holds one and the replace swaps the k headers
+                        # a header's only LF ends it, so copies cannot overlap: k of them
+                        # means no payload holds one (the replace swaps exactly k headers)
                         if seg.count(head) == k:
                             for owner, out, prefix in targets:
                                 if not out:
@@ -362,8 +354,7 @@ class NatsParser:
                             pos = end
                             count += k
                             continue
-                    # larger frames (copying is their cost; a replace would scan them twice):
-                    # the k payload+CRLF slices in one comprehension, shared by every target
+                    # larger frames: k payload+CRLF slices in one comprehension, shared
                     pieces = [buf[at:at + step - hlen] for at in range(pos + hlen, end, step)]
                     for owner, out, prefix in targets:
                         if not out:
@@ -431,22 +422,22 @@ class NatsParser:
                 if len(args) == 2:
                     subject, queue, sid = args[0], None, args[1]
                 elif len(args) == 3:
-                    subject, queue, sid = args[0], _text(args[1]), args[2]
+                    subject, queue, sid = args[0], text_field(args[1]), args[2]
                 else:
                     raise ProtocolError(E_BAD_ARGS, "SUB needs subject [queue] sid")
-                subj = _text(subject)
+                subj = text_field(subject)
                 if not valid_subject(subj):
                     out.append((OP_ERROR, ProtocolError(E_INVALID_SUBJECT, "Invalid Subject",
                                                         fatal=False)))
                 else:
-                    out.append((OP_SUB, subj, queue, _text(sid)))
+                    out.append((OP_SUB, subj, queue, text_field(sid)))
                 return nxt
             if op == b"UNSUB":
                 if len(args) == 1:
-                    out.append((OP_UNSUB, _text(args[0]), None))
+                    out.append((OP_UNSUB, text_field(args[0]), None))
                 elif len(args) == 2:
                     mx = int(args[1]) if args[1].isdigit() else None
-                    out.append((OP_UNSUB, _text(args[0]), mx))
+                    out.append((OP_UNSUB, text_field(args[0]), mx))
                 else:
                     raise ProtocolError(E_BAD_ARGS, "UNSUB needs sid [max]")
                 return nxt
@@ -484,11 +475,11 @@ class NatsParser:
         if len(args) == 2:
             subject, reply, size_f = args[0], None, args[1]
         elif len(args) == 3:
-            subject, reply, size_f = args[0], _text(args[1]), args[2]
+            subject, reply, size_f = args[0], text_field(args[1]), args[2]
         else:
             raise ProtocolError(E_BAD_ARGS, "PUB needs subject [reply] size")
-        size = _int(size_f)
-        sr = (_text(subject), reply)
+        size = size_field(size_f)
+        sr = (text_field(subject), reply)
         sp = line.rfind(b" ")
         if line[sp + 1:] == size_f:
             heads = self._head_cache
@@ -521,15 +512,15 @@ class NatsParser:
             if len(args) == 3:
                 subject, reply, hs, ts = args[0], None, args[1], args[2]
             elif len(args) == 4:
-                subject, reply, hs, ts = args[0], _text(args[1]), args[2], args[3]
+                subject, reply, hs, ts = args[0], text_field(args[1]), args[2], args[3]
             else:
                 raise ProtocolError(E_BAD_ARGS, "HPUB needs subject [reply] hdr_size total_size")
-            hsize, total = _int(hs), _int(ts)
+            hsize, total = size_field(hs), size_field(ts)
             if hsize > total:
                 raise ProtocolError(E_BAD_ARGS, "header size larger than total size")
             if total > self.max_payload:
                 raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
-            hit = (line, _text(subject), reply, hsize, total)
+            hit = (line, text_field(subject), reply, hsize, total)
             if len(self._hpub_cache) >= _CACHE_LIMIT:
                 self._hpub_cache.clear()
             self._hpub_cache[line] = hit
@@ -548,13 +539,13 @@ class NatsParser:
         if len(args) == 3:
             subject, sid, reply, size_f = args[0], args[1], None, args[2]
         elif len(args) == 4:
-            subject, sid, reply, size_f = args[0], args[1], _text(args[2]), args[3]
+            subject, sid, reply, size_f = args[0], args[1], text_field(args[2]), args[3]
         else:
             raise ProtocolError(E_BAD_ARGS, "MSG needs subject sid [reply] size")
-        stop = self._payload_end(buf, pos, nxt, _int(size_f))
+        stop = self._payload_end(buf, pos, nxt, size_field(size_f))
         if stop < 0:
             return -1
-        out.append((OP_MSG, _text(subject), _text(sid), reply, buf[nxt:stop]))
+        out.append((OP_MSG, text_field(subject), text_field(sid), reply, buf[nxt:stop]))
         return stop + 2
 
     def _payload_end(self, buf: bytes, pos: int, nxt: int, size: int) -> int:
@@ -577,16 +568,16 @@ class NatsParser:
         if len(args) == 4:
             subject, sid, reply, hs, ts = args[0], args[1], None, args[2], args[3]
         elif len(args) == 5:
-            subject, sid, reply, hs, ts = args[0], args[1], _text(args[2]), args[3], args[4]
+            subject, sid, reply, hs, ts = args[0], args[1], text_field(args[2]), args[3], args[4]
         else:
             raise ProtocolError(E_BAD_ARGS, "HMSG needs subject sid [reply] hdr_size total_size")
-        hsize, total = _int(hs), _int(ts)
+        hsize, total = size_field(hs), size_field(ts)
         if hsize > total:
             raise ProtocolError(E_BAD_ARGS, "header size larger than total size")
         stop = self._payload_end(buf, pos, nxt, total)
         if stop < 0:
             return -1
-        out.append((OP_HMSG, _text(subject), _text(sid), reply, buf[nxt:nxt + hsize],
+        out.append((OP_HMSG, text_field(subject), text_field(sid), reply, buf[nxt:nxt + hsize],
                     buf[nxt + hsize:stop]))
         return stop + 2
 

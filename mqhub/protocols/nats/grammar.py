@@ -12,7 +12,8 @@ from typing import Any
 __all__ = [
     "ProtocolError", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD", "E_UNKNOWN_OP", "E_MAX_CONTROL",
     "E_MAX_PAYLOAD", "E_BAD_ARGS", "E_BAD_CONNECT", "E_INVALID_SUBJECT", "json_object",
-    "valid_subject", "valid_publish_subject", "parse_headers", "build_headers",
+    "valid_subject", "valid_publish_subject", "parse_headers", "build_headers", "size_field",
+    "text_field",
 ]
 
 #: nats-server's real limit for one control line (its docs' 1024 is stale).
@@ -133,3 +134,14 @@ def build_headers(items: Any = (), status: int | None = None, description: str =
         parts.append(f"{name}: {value}")
     return ("\r\n".join(parts) + "\r\n\r\n").encode("utf-8")
 
+
+def size_field(field: bytes) -> int:
+    """Parse a non-negative decimal size field or raise a bad-args ProtocolError."""
+    if not field.isdigit():
+        raise ProtocolError(E_BAD_ARGS, f"invalid size {field!r}")
+    return int(field)
+
+
+def text_field(field: bytes) -> str:
+    """Decode a subject/sid/queue field (bytes that are not UTF-8 survive via surrogates)."""
+    return field.decode("utf-8", "surrogateescape")
