@@ -24,22 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mqhub.protocols.nats.encoders import (  # noqa: F401  (re-exported: codec.encode_msg...)
-    OK,
-    PING,
-    PONG,
-    encode_connect,
-    encode_err,
-    encode_hmsg,
-    encode_hpub,
-    encode_info,
-    encode_msg,
-    encode_pub,
-    encode_sub,
-    encode_unsub,
-    hmsg_prefix,
-    msg_prefix,
-)
+# re-exported so codec.encode_msg, codec.PONG... keep working (encoders.py defines __all__)
+from mqhub.protocols.nats import encoders
+from mqhub.protocols.nats.encoders import *  # noqa: F403
 from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.ProtocolError...)
     DEFAULT_MAX_PAYLOAD,
     E_BAD_ARGS,
@@ -58,15 +45,13 @@ from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.Pr
     valid_publish_subject,
     valid_subject,
 )
-from mqhub.protocols.nats.runs import RUN_MAX_FRAME, RUN_MIN, run_length
+from mqhub.protocols.nats.reads import frame_completion
+from mqhub.protocols.nats.runs import RUN_MAX_FRAME, RUN_MIN, routable, run_length
 
 __all__ = [
     "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",
     "parse_headers", "build_headers", "valid_subject", "valid_publish_subject",
-    "encode_info", "encode_connect", "encode_err", "msg_prefix", "hmsg_prefix", "encode_msg",
-    "encode_hmsg", "encode_pub", "encode_hpub", "encode_sub", "encode_unsub", "PING", "PONG",
-    "OK",
-]
+] + encoders.__all__
 
 #: Returned by :meth:`NatsParser.next_event` when a complete event is not yet buffered.
 NEED_DATA = object()
@@ -111,6 +96,8 @@ class NatsParser:
         self._chunks: list[bytes] = []   # waiting for a large payload: raw chunks after _buf
         self._chunked = 0                # total bytes in _chunks
         self._need = 0                   # bytes needed past _pos before parsing is worthwhile
+        self._next: bytes | None = None  # a read that continues after _buf (see reads.py)
+        self._next_pos = 0
         self.last_sent = 0               # MSG copies the last route_pubs call wrote
         self._pub_cache: dict[bytes, tuple] = {}
         self._hpub_cache: dict[bytes, tuple] = {}
@@ -124,6 +111,8 @@ class NatsParser:
         """Append ``data`` (any split of the stream) to the buffer."""
         if not data:
             return
+        if self._next is not None:
+            self._advance()
         if self._need:
             self._chunks.append(data)
             self._chunked += len(data)
@@ -138,13 +127,32 @@ class NatsParser:
         if self._pos >= len(self._buf):
             self._buf = data
         else:
-            self._buf = self._buf[self._pos:] + data
+            left = self._buf[self._pos:]
+            k = frame_completion(left, data)
+            if k > 0:       # parse left + the frame's rest, then data itself from k on
+                self._buf = left + data[:k]
+                self._next = data
+                self._next_pos = k
+            else:
+                self._buf = left + data
         self._pos = 0
+
+    def _advance(self) -> None:
+        """Go on in the pending next read: free when the buffer is used up, else one join."""
+        nxt, self._next = self._next, None
+        assert nxt is not None
+        if self._pos >= len(self._buf):
+            self._buf = nxt
+            self._pos = self._next_pos
+        else:
+            self._buf = self._buf[self._pos:] + nxt[self._next_pos:]
+            self._pos = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet turned into events."""
-        return len(self._buf) - self._pos + self._chunked
+        nxt = len(self._next) - self._next_pos if self._next is not None else 0
+        return len(self._buf) - self._pos + self._chunked + nxt
 
     # output ------------------------------------------------------------------------------
 
@@ -183,11 +191,15 @@ class NatsParser:
         out: list[Event] = []
         try:
             self._parse(out, fast_routes)
+            while self._next is not None:
+                self._advance()
+                self._parse(out, fast_routes)
         except ProtocolError as err:
             err.fatal = True
             self._dead = err
             self._buf = b""
             self._pos = 0
+            self._next = None
             out.append((OP_ERROR, err))
         return out
 
@@ -215,7 +227,7 @@ class NatsParser:
                         raise ProtocolError(E_MAX_CONTROL, "maximum control line exceeded")
                     break
                 raw = buf[pos:i]
-                if fast_routes is not None and out and _routable(raw, fast_routes):
+                if fast_routes is not None and out and routable(raw, fast_routes):
                     break
                 hit = pub_cache.get(raw)
                 if hit is not None:
@@ -248,26 +260,27 @@ class NatsParser:
                    head_routes: dict[bytes, tuple] | None = None) -> int:
         """Fast path: deliver consecutive PUBs whose raw control line has a simple route.
 
-        ``routes`` maps a raw PUB line (as in ``hit[0]``) to ``(targets, special, size)``;
-        a route qualifies when ``special`` is None. Each target is ``(owner, out, prefix)``:
-        the message is appended to the ``out`` list as prefix and one slice ``payload + CRLF``,
-        and ``owner`` is appended to ``dirty`` when its ``out`` was empty. A run of at least
-        ``RUN_MIN`` frames repeating one line exactly is found with C-level strided compares:
-        frames up to ``RUN_MAX_FRAME`` bytes are appended as one block per target (the run
-        with every header replaced by the prefix), larger ones as prefix/slice pairs built
-        without a Python step per frame.
-        Stops (returning how many PUBs it delivered) at the first line that needs anything
-        else; :meth:`slow_run` takes it from there. The only state it touches is the buffer
-        offset.
-
-        ``head_routes`` optionally maps a line's head (``PUB subject [reply]``, everything
-        before the last space) to ``(heads, special, one)`` with targets ``(owner, out, head)``
-        (``one`` is the only target when there is exactly one, else None):
-        a line seen for the first time on a known subject is then delivered as ``head`` and
-        one slice ``size CRLF payload CRLF`` of the buffer, without being parsed.
-
-        After the call ``last_sent`` holds how many MSG copies it wrote (the admin counters).
+        ``routes`` maps a raw PUB line (``hit[0]``) to ``(targets, special, size)``, usable when
+        ``special`` is None; a target ``(owner, out, prefix)`` gets prefix and one slice
+        ``payload + CRLF`` appended to ``out`` (``owner`` goes to ``dirty`` when ``out`` was
+        empty). Runs of one repeated line go per run (see ``runs.py``). ``head_routes`` maps
+        a line's head (``PUB subject [reply]``) to ``(heads, special, one)`` (``one``: the
+        only target, or None), so a new size on a known subject is delivered as ``head`` and
+        one slice ``size CRLF payload CRLF`` without parsing. Stops at the first line that
+        needs anything else (:meth:`slow_run` takes it); touches only the buffer offset.
+        Returns the PUBs delivered; ``last_sent`` then holds the MSG copies written.
         """
+        count = self._route(routes, dirty, head_routes)
+        if self._next is not None and self._pos >= len(self._buf):
+            sent = self.last_sent
+            self._advance()         # the next read, without copying it
+            count += self._route(routes, dirty, head_routes)
+            self.last_sent += sent
+        return count
+
+    def _route(self, routes: dict[bytes, tuple], dirty: list[Any],
+               head_routes: dict[bytes, tuple] | None) -> int:
+        """The loop of :meth:`route_pubs` over the current buffer."""
         if self._need or self._dead is not None:
             self.last_sent = 0
             return 0
@@ -580,15 +593,3 @@ class NatsParser:
         out.append((OP_HMSG, text_field(subject), text_field(sid), reply, buf[nxt:nxt + hsize],
                     buf[nxt + hsize:stop]))
         return stop + 2
-
-
-def _routable(raw: bytes, stop: tuple[dict[bytes, tuple], dict[bytes, tuple]]) -> bool:
-    """True when :meth:`NatsParser.route_pubs` has a simple route for the raw line ``raw``."""
-    r = stop[0].get(raw)
-    if r is not None:
-        return r[1] is None
-    if not stop[1] or not raw.endswith(b"\r"):
-        return False
-    sp = raw.rfind(b" ")
-    hr = stop[1].get(raw[:sp])
-    return hr is not None and hr[1] is None

@@ -2,12 +2,12 @@
 
 A publisher streaming one subject at one size sends the same control line over and over; the
 codec's fused path (``NatsParser.route_pubs``) delivers such a run in one step per receiver.
-Sans-IO, no Twisted.
+``routable`` tells which lines that fused path can take at all. Sans-IO, no Twisted.
 """
 
 from __future__ import annotations
 
-__all__ = ["RUN_MIN", "RUN_MAX_FRAME", "run_length"]
+__all__ = ["RUN_MIN", "RUN_MAX_FRAME", "run_length", "routable"]
 
 #: consecutive identical PUB frames worth the run path of ``NatsParser.route_pubs``
 RUN_MIN = 8
@@ -33,3 +33,15 @@ def run_length(buf: bytes, pos: int, hlen: int, step: int) -> int:
             if k < RUN_MIN:
                 return k
     return k
+
+
+def routable(raw: bytes, stop: tuple[dict[bytes, tuple], dict[bytes, tuple]]) -> bool:
+    """True when ``NatsParser.route_pubs`` has a simple route for the raw line ``raw``."""
+    r = stop[0].get(raw)
+    if r is not None:
+        return r[1] is None
+    if not stop[1] or not raw.endswith(b"\r"):
+        return False
+    sp = raw.rfind(b" ")
+    hr = stop[1].get(raw[:sp])
+    return hr is not None and hr[1] is None

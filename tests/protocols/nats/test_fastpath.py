@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import NEED_DATA, OP_MSG, NatsParser
 from mqhub.protocols.nats.output import remainder, send_chunks
+from mqhub.protocols.nats.reads import frame_completion
 from mqhub.testing import take_output
 from tests.protocols.nats.helpers import Client, make_server
 
@@ -205,3 +206,46 @@ def test_send_chunks_and_remainder() -> None:
     _drain(a)
     assert send_chunks(a, [b"q" * 10]) is None or True       # a closed peer: no exception
     a.close()
+
+
+# frames split across reads ------------------------------------------------------------------
+
+def test_frame_completion_finds_where_a_split_frame_ends() -> None:
+    """The bytes of the next read that complete the leftover frame, or -1 to join whole."""
+    data = b"yz\r\nPUB a 1\r\nq\r\n"
+    assert frame_completion(b"PUB a 3\r\nx", data) == 4              # payload split
+    assert frame_completion(b"PUB a ", b"3\r\nxyz\r\nPING\r\n") == 8  # line split
+    assert frame_completion(b"pub a r 2\r\n", b"ab\r\nPING\r\n") == 4  # reply, lower case
+    assert frame_completion(b"HPUB a 12 14\r\nNATS", b"/1.0\r\n\r\nhi\r\nX") == 12
+    assert frame_completion(b"MSG a 1 2\r\n", b"ab\r\n+OK\r\n") == 4
+    assert frame_completion(b"HMSG a 1 2 3\r\n", b"ab\r\n\r\nPONG\r\n") == 5
+    assert frame_completion(b"SUB a ", b"1\r\nPING\r\n") == 3
+    assert frame_completion(b"PUB a 3\r\nx", b"yz\r\n") == -1          # nothing would remain
+    assert frame_completion(b"PUB a x\r\n", data) == -1               # bad size: join whole
+    assert frame_completion(b"PUB a 100000\r\n", b"x" * 200_000) == -1  # too far
+    assert frame_completion(b"PUB a", b"b" * 70_000) == -1            # no line end near
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(SUBJECTS) - 1), st.integers(0, 3000),
+                          st.booleans()), min_size=1, max_size=30),
+       st.lists(st.integers(1, 5000), min_size=1, max_size=20))
+def test_client_parser_reads_split_anywhere(spec: list[tuple[int, int, bool]],
+                                            cuts: list[int]) -> None:
+    """MSG/HMSG streams split at any points parse to the same events as one read."""
+    msgs = _frames(spec)
+    stream = b"".join(
+        codec.encode_hmsg(s, "9", r, codec.build_headers({"k": "v"}), p) if r
+        else codec.encode_msg(s, "9", None, p) for s, r, p in msgs) + codec.PING
+    whole = NatsParser(server=False, max_payload=1 << 20)
+    whole.receive_data(stream)
+    expected = whole.events()
+    split = NatsParser(server=False, max_payload=1 << 20)
+    got: list[tuple] = []
+    at = 0
+    for cut in cuts + [len(stream)]:
+        split.receive_data(stream[at:at + cut])
+        at += cut
+        got += split.events()
+    assert got == expected and split.buffered == 0
+    assert len(expected) == len(msgs) + 1
