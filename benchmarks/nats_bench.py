@@ -6,7 +6,8 @@ exact number of MSG bytes it must receive, each in its own process. A rate is me
 by the time from the publisher's first byte to the subscriber's last byte.
 
 Runs: 16 B (1 M msgs) and 1 KiB (300 k) payloads on one subject; a mixed run (200 k msgs over
-100 subjects, sizes 10–2,000 B, random order); and on mqhub an mq9 INBOX run (200 k msgs of
+64 subjects, sizes 10–2,000 B, random order, one wildcard subscriber on ``bench.>``, as issue 11
+defines it); and on mqhub an mq9 INBOX run (200 k msgs of
 64 B, durable, fsync per group commit) into a mailbox with a live subscriber. Both servers run
 side by side and the runs alternate between them (median of ``--rounds``, default 3), so load
 from elsewhere on the machine hits both alike. Output: ``<figure> <value> <unit>`` lines,
@@ -155,8 +156,12 @@ def frames_fixed(subject: str, size: int, n: int) -> tuple[list[bytes], int]:
     return chunks, msg_len * n
 
 
+#: subjects of the mixed figure (issue 11: 64 subjects, sizes 10–2,000 B, one wildcard subscriber)
+MIXED_SUBJECTS = 64
+
+
 def frames_mixed(n: int, seed: int = 7) -> tuple[list[bytes], int]:
-    """PUB chunks for ``n`` messages over 100 subjects with sizes 10–2,000 B, random order."""
+    """PUB chunks for ``n`` messages over 64 subjects with sizes 10–2,000 B, random order."""
     rnd = random.Random(seed)
     chunks: list[bytes] = []
     cur: list[bytes] = []
@@ -164,7 +169,7 @@ def frames_mixed(n: int, seed: int = 7) -> tuple[list[bytes], int]:
     expected = 0
     body = b"y" * 2000
     for _ in range(n):
-        subject = f"bench.s{rnd.randrange(100)}"
+        subject = f"bench.s{rnd.randrange(MIXED_SUBJECTS)}"
         size = rnd.randint(10, 2000)
         frame = f"PUB {subject} {size}\r\n".encode() + body[:size] + b"\r\n"
         cur.append(frame)
@@ -346,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             r = statistics.median(ref)
             print(f"{figure}_nats_server {r:.0f} msg/s")
             print(f"{figure}_ratio {m / r:.2f} x")
+            if base_rates:
+                print(f"{figure}_base_ratio {statistics.median(base_rates) / r:.2f} x")
     return 0
 
 

@@ -22,21 +22,39 @@ PUB control line is parsed once and cached, which is what makes the hot path che
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+# re-exported so codec.encode_msg, codec.PONG... keep working (encoders.py defines __all__)
+from mqhub.protocols.nats import encoders
+from mqhub.protocols.nats.encoders import *  # noqa: F403
+from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.ProtocolError...)
+    DEFAULT_MAX_PAYLOAD,
+    E_BAD_ARGS,
+    E_BAD_CONNECT,
+    E_INVALID_SUBJECT,
+    E_MAX_CONTROL,
+    E_MAX_PAYLOAD,
+    E_UNKNOWN_OP,
+    MAX_CONTROL_LINE,
+    ProtocolError,
+    build_headers,
+    json_object,
+    parse_headers,
+    size_field,
+    text_field,
+    valid_publish_subject,
+    valid_subject,
+)
+from mqhub.protocols.nats.reads import frame_completion
+from mqhub.protocols.nats.runs import RUN_MAX_FRAME, RUN_MIN, routable, run_length
 
 __all__ = [
     "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",
     "parse_headers", "build_headers", "valid_subject", "valid_publish_subject",
-]
+] + encoders.__all__
 
 #: Returned by :meth:`NatsParser.next_event` when a complete event is not yet buffered.
 NEED_DATA = object()
-
-#: nats-server's real limit for one control line (its docs' 1024 is stale).
-MAX_CONTROL_LINE = 4096
-#: Default maximum payload (announced in INFO as ``max_payload``).
-DEFAULT_MAX_PAYLOAD = 1024 * 1024
 
 OP_PUB = 1
 OP_HPUB = 2
@@ -52,134 +70,8 @@ OP_MSG = 11
 OP_HMSG = 12
 OP_ERROR = 13
 
-# ProtocolError codes. The server maps each to the wire in one place (server.py).
-E_UNKNOWN_OP = "unknown_op"          # -ERR 'Unknown Protocol Operation', close
-E_MAX_CONTROL = "max_control_line"   # -ERR 'maximum control line exceeded', close
-E_MAX_PAYLOAD = "max_payload"        # -ERR 'Maximum Payload Violation', close
-E_BAD_ARGS = "bad_args"              # close without -ERR (as nats-server does)
-E_BAD_CONNECT = "bad_connect"        # close without -ERR
-E_INVALID_SUBJECT = "invalid_subject"  # -ERR 'Invalid Subject', stays open
-
 _CACHE_LIMIT = 16384
 _CRLF = b"\r\n"
-
-
-
-def _json_object(raw: bytes, code: str, verb: str) -> dict[str, Any]:
-    """Parse the JSON object argument of CONNECT or INFO (empty means ``{}``).
-
-    :raises ProtocolError: with ``code`` when it is not valid JSON or not an object.
-    """
-    raw = raw.strip()
-    try:
-        value = json.loads(raw) if raw else {}
-    except ValueError as exc:
-        raise ProtocolError(code, f"invalid {verb} JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ProtocolError(code, f"{verb} JSON must be an object")
-    return value
-
-class ProtocolError(Exception):
-    """A violation of the NATS protocol found by the codec.
-
-    :ivar code: one of the ``E_*`` codes (no wire text; the server maps it).
-    :ivar message: human-readable detail.
-    :ivar fatal: whether the connection must be closed.
-    """
-
-    def __init__(self, code: str, message: str, fatal: bool = True) -> None:
-        """Record the code, the detail and whether the connection ends."""
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.fatal = fatal
-
-    def __repr__(self) -> str:
-        """Show code, message and fatality."""
-        return f"ProtocolError({self.code!r}, {self.message!r}, fatal={self.fatal})"
-
-
-_WS = frozenset(" \t\r\n\f\v")
-
-
-def valid_subject(subject: str) -> bool:
-    """True when ``subject`` is a valid SUB subject: non-empty tokens, ``>`` only last."""
-    if not subject:
-        return False
-    tokens = subject.split(".")
-    last = len(tokens) - 1
-    for i, tok in enumerate(tokens):
-        if not tok:
-            return False
-        if tok == ">" and i != last:
-            return False
-    return not any(c in _WS for c in subject)
-
-
-def valid_publish_subject(subject: str) -> bool:
-    """True when ``subject`` is a valid PUB subject: a valid subject without wildcard tokens."""
-    if not valid_subject(subject):
-        return False
-    for tok in subject.split("."):
-        if tok == "*" or tok == ">":
-            return False
-    return True
-
-
-def parse_headers(block: bytes) -> tuple[int | None, str, list[tuple[str, str]]]:
-    """Parse a ``NATS/1.0`` header block into ``(status, description, [(name, value), ...])``.
-
-    :raises ProtocolError: (fatal, bad_args) when the block does not start with ``NATS/1.0``.
-    """
-    text = block.decode("utf-8", "replace")
-    lines = text.split("\r\n")
-    first = lines[0]
-    if not first.startswith("NATS/1.0"):
-        raise ProtocolError(E_BAD_ARGS, "header block must start with NATS/1.0")
-    status: int | None = None
-    description = ""
-    rest = first[8:].strip()
-    if rest:
-        code, _, description = rest.partition(" ")
-        if code.isdigit():
-            status = int(code)
-        description = description.strip()
-    items: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            continue
-        items.append((name.strip(), value.strip()))
-    return status, description, items
-
-
-def build_headers(items: Any = (), status: int | None = None, description: str = "") -> bytes:
-    """Build a header block from ``(name, value)`` pairs or a dict, with an optional status line."""
-    if isinstance(items, dict):
-        items = items.items()
-    first = "NATS/1.0"
-    if status is not None:
-        first += f" {status}"
-        if description:
-            first += f" {description}"
-    parts = [first]
-    for name, value in items:
-        parts.append(f"{name}: {value}")
-    return ("\r\n".join(parts) + "\r\n\r\n").encode("utf-8")
-
-
-def _int(field: bytes) -> int:
-    """Parse a non-negative decimal size field or raise a bad-args ProtocolError."""
-    if not field.isdigit():
-        raise ProtocolError(E_BAD_ARGS, f"invalid size {field!r}")
-    return int(field)
-
-
-def _text(field: bytes) -> str:
-    """Decode a subject/sid/queue field (bytes that are not UTF-8 survive via surrogates)."""
-    return field.decode("utf-8", "surrogateescape")
 
 
 Event = tuple
@@ -204,6 +96,8 @@ class NatsParser:
         self._chunks: list[bytes] = []   # waiting for a large payload: raw chunks after _buf
         self._chunked = 0                # total bytes in _chunks
         self._need = 0                   # bytes needed past _pos before parsing is worthwhile
+        self._next: bytes | None = None  # a read that continues after _buf (see reads.py)
+        self._next_pos = 0
         self.last_sent = 0               # MSG copies the last route_pubs call wrote
         self._pub_cache: dict[bytes, tuple] = {}
         self._hpub_cache: dict[bytes, tuple] = {}
@@ -217,6 +111,8 @@ class NatsParser:
         """Append ``data`` (any split of the stream) to the buffer."""
         if not data:
             return
+        if self._next is not None:
+            self._advance()
         if self._need:
             self._chunks.append(data)
             self._chunked += len(data)
@@ -231,13 +127,32 @@ class NatsParser:
         if self._pos >= len(self._buf):
             self._buf = data
         else:
-            self._buf = self._buf[self._pos:] + data
+            left = self._buf[self._pos:]
+            k = frame_completion(left, data)
+            if k > 0:       # parse left + the frame's rest, then data itself from k on
+                self._buf = left + data[:k]
+                self._next = data
+                self._next_pos = k
+            else:
+                self._buf = left + data
         self._pos = 0
+
+    def _advance(self) -> None:
+        """Go on in the pending next read: free when the buffer is used up, else one join."""
+        nxt, self._next = self._next, None
+        assert nxt is not None
+        if self._pos >= len(self._buf):
+            self._buf = nxt
+            self._pos = self._next_pos
+        else:
+            self._buf = self._buf[self._pos:] + nxt[self._next_pos:]
+            self._pos = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet turned into events."""
-        return len(self._buf) - self._pos + self._chunked
+        nxt = len(self._next) - self._next_pos if self._next is not None else 0
+        return len(self._buf) - self._pos + self._chunked + nxt
 
     # output ------------------------------------------------------------------------------
 
@@ -276,11 +191,15 @@ class NatsParser:
         out: list[Event] = []
         try:
             self._parse(out, fast_routes)
+            while self._next is not None:
+                self._advance()
+                self._parse(out, fast_routes)
         except ProtocolError as err:
             err.fatal = True
             self._dead = err
             self._buf = b""
             self._pos = 0
+            self._next = None
             out.append((OP_ERROR, err))
         return out
 
@@ -308,7 +227,7 @@ class NatsParser:
                         raise ProtocolError(E_MAX_CONTROL, "maximum control line exceeded")
                     break
                 raw = buf[pos:i]
-                if fast_routes is not None and out and _routable(raw, fast_routes):
+                if fast_routes is not None and out and routable(raw, fast_routes):
                     break
                 hit = pub_cache.get(raw)
                 if hit is not None:
@@ -341,23 +260,27 @@ class NatsParser:
                    head_routes: dict[bytes, tuple] | None = None) -> int:
         """Fast path: deliver consecutive PUBs whose raw control line has a simple route.
 
-        ``routes`` maps a raw PUB line (as in ``hit[0]``) to ``(targets, special, size)``;
-        a route qualifies when ``special`` is None. Each target is ``(owner, out, prefix)``:
-        the message is appended to the ``out`` list as prefix and one slice ``payload + CRLF``,
-        and ``owner`` is appended to ``dirty`` when its ``out`` was empty. A run of at least
-        ``_RUN_MIN`` frames (each up to ``_RUN_MAX_FRAME`` bytes) repeating one line exactly is
-        appended as one block per target: the run with every header replaced by the prefix.
-        Stops (returning how many PUBs it delivered) at the first line that needs anything
-        else; :meth:`slow_run` takes it from there. The only state it touches is the buffer
-        offset.
-
-        ``head_routes`` optionally maps a line's head (``PUB subject [reply]``, everything
-        before the last space) to ``(heads, special)`` with targets ``(owner, out, head)``:
-        a line seen for the first time on a known subject is then delivered as ``head`` and
-        one slice ``size CRLF payload CRLF`` of the buffer, without being parsed.
-
-        After the call ``last_sent`` holds how many MSG copies it wrote (the admin counters).
+        ``routes`` maps a raw PUB line (``hit[0]``) to ``(targets, special, size)``, usable when
+        ``special`` is None; a target ``(owner, out, prefix)`` gets prefix and one slice
+        ``payload + CRLF`` appended to ``out`` (``owner`` goes to ``dirty`` when ``out`` was
+        empty). Runs of one repeated line go per run (see ``runs.py``). ``head_routes`` maps
+        a line's head (``PUB subject [reply]``) to ``(heads, special, one)`` (``one``: the
+        only target, or None), so a new size on a known subject is delivered as ``head`` and
+        one slice ``size CRLF payload CRLF`` without parsing. Stops at the first line that
+        needs anything else (:meth:`slow_run` takes it); touches only the buffer offset.
+        Returns the PUBs delivered; ``last_sent`` then holds the MSG copies written.
         """
+        count = self._route(routes, dirty, head_routes)
+        if self._next is not None and self._pos >= len(self._buf):
+            sent = self.last_sent
+            self._advance()         # the next read, without copying it
+            count += self._route(routes, dirty, head_routes)
+            self.last_sent += sent
+        return count
+
+    def _route(self, routes: dict[bytes, tuple], dirty: list[Any],
+               head_routes: dict[bytes, tuple] | None) -> int:
+        """The loop of :meth:`route_pubs` over the current buffer."""
         if self._need or self._dead is not None:
             self.last_sent = 0
             return 0
@@ -371,37 +294,47 @@ class NatsParser:
         dappend = dirty.append
         count = 0
         extra = 0    # MSG copies beyond one per PUB (the one-target case costs nothing)
-        run_max = _RUN_MAX_FRAME  # frames up to this size try the run path; 0 once one failed
+        run_max = max_payload + 4096   # frames up to this size try a run; 0 once one failed
+        rfind = buf.rfind
+        head_first = False
         while True:
             i = find(b"\n", pos)
             if i < 0:
                 break
-            raw = buf[pos:i]
-            r = get(raw)
-            if r is None:
-                if hget is None or buf[i - 1] != 13:
-                    break
-                sp = raw.rfind(b" ")
-                size_f = raw[sp + 1:-1]
-                if not size_f.isdigit():
-                    break
-                hr = hget(raw[:sp])
+            # after a head-route hit try that first: mixed traffic skips a line-cache miss
+            if head_first or (r := get(buf[pos:i])) is None:
+                hr = None
+                if hget is not None and buf[i - 1] == 13:
+                    sp = rfind(b" ", pos, i)
+                    size_f = buf[sp + 1:i - 1]
+                    if sp > pos and size_f.isdigit():
+                        hr = hget(buf[pos:sp])
                 if hr is None or hr[1] is not None:
+                    if head_first:          # not a head-route line: its own line route
+                        head_first = False
+                        continue
                     break
                 size = int(size_f)
-                if size > max_payload:
-                    break
                 stop = i + 1 + size
-                if stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
+                if size > max_payload or stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
                     break
+                head_first = True
                 # "size\r\n" + payload + "\r\n" in one slice, shared by every target
-                tail = buf[pos + sp + 1:stop + 2]
-                for owner, out, head in hr[0]:
+                tail = buf[sp + 1:stop + 2]
+                one = hr[2]
+                if one is not None:         # one receiver: no loop
+                    owner, out, head = one
                     if not out:
                         dappend(owner)
                     out.append(head)
                     out.append(tail)
-                extra += len(hr[0]) - 1
+                else:
+                    for owner, out, head in hr[0]:
+                        if not out:
+                            dappend(owner)
+                        out.append(head)
+                        out.append(tail)
+                    extra += len(hr[0]) - 1
                 pos = stop + 2
                 count += 1
                 continue
@@ -412,22 +345,38 @@ class NatsParser:
                 break
             targets = r[0]
             step = stop + 2 - pos
-            if step <= run_max and n - pos >= step * _RUN_MIN \
+            if step <= run_max and n - pos >= step * RUN_MIN \
                     and buf[stop + 2:stop + 3 + i - pos] == buf[pos:i + 1] \
-                    and buf[pos + step * (_RUN_MIN - 1):i + 1 + step * (_RUN_MIN - 1)] \
+                    and buf[pos + step * (RUN_MIN - 1):i + 1 + step * (RUN_MIN - 1)] \
                     == buf[pos:i + 1]:
-                k = _run_length(buf, pos, i + 1 - pos, step)
-                head = buf[pos:i + 1]
-                seg = buf[pos:pos + k * step]
-                # the header ends in its only LF, so its copies cannot overlap: k of them means
-                # no payload holds one and the replace swaps exactly the k headers
-                if k >= _RUN_MIN and seg.count(head) == k:
+                k = run_length(buf, pos, i + 1 - pos, step)
+                if k >= RUN_MIN:
+                    hlen = i + 1 - pos
+                    end = pos + k * step
+                    if step <= RUN_MAX_FRAME:
+                        head = buf[pos:i + 1]
+                        seg = buf[pos:end]
+                        # a header's only LF ends it, so copies cannot overlap: k of them
+                        # means no payload holds one (the replace swaps exactly k headers)
+                        if seg.count(head) == k:
+                            for owner, out, prefix in targets:
+                                if not out:
+                                    dappend(owner)
+                                out.append(seg.replace(head, prefix))
+                            extra += (len(targets) - 1) * k
+                            pos = end
+                            count += k
+                            continue
+                    # larger frames: k payload+CRLF slices in one comprehension, shared
+                    pieces = [buf[at:at + step - hlen] for at in range(pos + hlen, end, step)]
                     for owner, out, prefix in targets:
                         if not out:
                             dappend(owner)
-                        out.append(seg.replace(head, prefix))
+                        pairs = [prefix] * (2 * k)
+                        pairs[1::2] = pieces
+                        out.extend(pairs)
                     extra += (len(targets) - 1) * k
-                    pos += k * step
+                    pos = end
                     count += k
                     continue
                 run_max = 0     # a failed attempt: no more this call (bounds the work)
@@ -486,27 +435,27 @@ class NatsParser:
                 if len(args) == 2:
                     subject, queue, sid = args[0], None, args[1]
                 elif len(args) == 3:
-                    subject, queue, sid = args[0], _text(args[1]), args[2]
+                    subject, queue, sid = args[0], text_field(args[1]), args[2]
                 else:
                     raise ProtocolError(E_BAD_ARGS, "SUB needs subject [queue] sid")
-                subj = _text(subject)
+                subj = text_field(subject)
                 if not valid_subject(subj):
                     out.append((OP_ERROR, ProtocolError(E_INVALID_SUBJECT, "Invalid Subject",
                                                         fatal=False)))
                 else:
-                    out.append((OP_SUB, subj, queue, _text(sid)))
+                    out.append((OP_SUB, subj, queue, text_field(sid)))
                 return nxt
             if op == b"UNSUB":
                 if len(args) == 1:
-                    out.append((OP_UNSUB, _text(args[0]), None))
+                    out.append((OP_UNSUB, text_field(args[0]), None))
                 elif len(args) == 2:
                     mx = int(args[1]) if args[1].isdigit() else None
-                    out.append((OP_UNSUB, _text(args[0]), mx))
+                    out.append((OP_UNSUB, text_field(args[0]), mx))
                 else:
                     raise ProtocolError(E_BAD_ARGS, "UNSUB needs sid [max]")
                 return nxt
             if op == b"CONNECT":
-                out.append((OP_CONNECT, _json_object(line.lstrip()[7:], E_BAD_CONNECT, "CONNECT")))
+                out.append((OP_CONNECT, json_object(line.lstrip()[7:], E_BAD_CONNECT, "CONNECT")))
                 return nxt
         else:
             if op == b"MSG":
@@ -514,7 +463,7 @@ class NatsParser:
             if op == b"HMSG":
                 return self._hmsg(buf, pos, nxt, args, out)
             if op == b"INFO":
-                out.append((OP_INFO, _json_object(line.lstrip()[4:], E_BAD_ARGS, "INFO")))
+                out.append((OP_INFO, json_object(line.lstrip()[4:], E_BAD_ARGS, "INFO")))
                 return nxt
         if op == b"PING" and not args:
             out.append((OP_PING,))
@@ -539,11 +488,11 @@ class NatsParser:
         if len(args) == 2:
             subject, reply, size_f = args[0], None, args[1]
         elif len(args) == 3:
-            subject, reply, size_f = args[0], _text(args[1]), args[2]
+            subject, reply, size_f = args[0], text_field(args[1]), args[2]
         else:
             raise ProtocolError(E_BAD_ARGS, "PUB needs subject [reply] size")
-        size = _int(size_f)
-        sr = (_text(subject), reply)
+        size = size_field(size_f)
+        sr = (text_field(subject), reply)
         sp = line.rfind(b" ")
         if line[sp + 1:] == size_f:
             heads = self._head_cache
@@ -576,15 +525,15 @@ class NatsParser:
             if len(args) == 3:
                 subject, reply, hs, ts = args[0], None, args[1], args[2]
             elif len(args) == 4:
-                subject, reply, hs, ts = args[0], _text(args[1]), args[2], args[3]
+                subject, reply, hs, ts = args[0], text_field(args[1]), args[2], args[3]
             else:
                 raise ProtocolError(E_BAD_ARGS, "HPUB needs subject [reply] hdr_size total_size")
-            hsize, total = _int(hs), _int(ts)
+            hsize, total = size_field(hs), size_field(ts)
             if hsize > total:
                 raise ProtocolError(E_BAD_ARGS, "header size larger than total size")
             if total > self.max_payload:
                 raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
-            hit = (line, _text(subject), reply, hsize, total)
+            hit = (line, text_field(subject), reply, hsize, total)
             if len(self._hpub_cache) >= _CACHE_LIMIT:
                 self._hpub_cache.clear()
             self._hpub_cache[line] = hit
@@ -603,13 +552,13 @@ class NatsParser:
         if len(args) == 3:
             subject, sid, reply, size_f = args[0], args[1], None, args[2]
         elif len(args) == 4:
-            subject, sid, reply, size_f = args[0], args[1], _text(args[2]), args[3]
+            subject, sid, reply, size_f = args[0], args[1], text_field(args[2]), args[3]
         else:
             raise ProtocolError(E_BAD_ARGS, "MSG needs subject sid [reply] size")
-        stop = self._payload_end(buf, pos, nxt, _int(size_f))
+        stop = self._payload_end(buf, pos, nxt, size_field(size_f))
         if stop < 0:
             return -1
-        out.append((OP_MSG, _text(subject), _text(sid), reply, buf[nxt:stop]))
+        out.append((OP_MSG, text_field(subject), text_field(sid), reply, buf[nxt:stop]))
         return stop + 2
 
     def _payload_end(self, buf: bytes, pos: int, nxt: int, size: int) -> int:
@@ -632,135 +581,15 @@ class NatsParser:
         if len(args) == 4:
             subject, sid, reply, hs, ts = args[0], args[1], None, args[2], args[3]
         elif len(args) == 5:
-            subject, sid, reply, hs, ts = args[0], args[1], _text(args[2]), args[3], args[4]
+            subject, sid, reply, hs, ts = args[0], args[1], text_field(args[2]), args[3], args[4]
         else:
             raise ProtocolError(E_BAD_ARGS, "HMSG needs subject sid [reply] hdr_size total_size")
-        hsize, total = _int(hs), _int(ts)
+        hsize, total = size_field(hs), size_field(ts)
         if hsize > total:
             raise ProtocolError(E_BAD_ARGS, "header size larger than total size")
         stop = self._payload_end(buf, pos, nxt, total)
         if stop < 0:
             return -1
-        out.append((OP_HMSG, _text(subject), _text(sid), reply, buf[nxt:nxt + hsize],
+        out.append((OP_HMSG, text_field(subject), text_field(sid), reply, buf[nxt:nxt + hsize],
                     buf[nxt + hsize:stop]))
         return stop + 2
-
-
-#: consecutive identical PUB frames worth the run path of :meth:`NatsParser.route_pubs`
-_RUN_MIN = 8
-#: frames above this size take the per-message path: their cost is copying, which the run
-#: path does not save (measured: 1 KiB frames were 10 % slower through it)
-_RUN_MAX_FRAME = 512
-
-
-def _run_length(buf: bytes, pos: int, hlen: int, step: int) -> int:
-    """How many frames of ``step`` bytes from ``pos`` repeat the first one's header and CRLF.
-
-    The first frame is ``header (hlen bytes, ending in LF) + payload + CRLF``; each header
-    byte and both CRLF bytes are checked column-wise with strided slices (C-level work, no
-    bytecode per frame).
-    """
-    k = (len(buf) - pos) // step
-    for o in (*range(hlen), step - 2, step - 1):
-        col = buf[pos + o:pos + k * step:step]
-        c = buf[pos + o:pos + o + 1]
-        lead = len(col) - len(col.lstrip(c))
-        if lead < k:
-            k = lead
-            if k < _RUN_MIN:
-                return k
-    return k
-
-
-def _routable(raw: bytes, stop: tuple[dict[bytes, tuple], dict[bytes, tuple]]) -> bool:
-    """True when :meth:`NatsParser.route_pubs` has a simple route for the raw line ``raw``."""
-    r = stop[0].get(raw)
-    if r is not None:
-        return r[1] is None
-    if not stop[1] or not raw.endswith(b"\r"):
-        return False
-    sp = raw.rfind(b" ")
-    hr = stop[1].get(raw[:sp])
-    return hr is not None and hr[1] is None
-
-
-# encoders --------------------------------------------------------------------------------
-
-def encode_info(info: dict[str, Any]) -> bytes:
-    """Render ``INFO {json} \\r\\n`` (nats-server's spacing)."""
-    return b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b" \r\n"
-
-
-def encode_connect(options: dict[str, Any]) -> bytes:
-    """Render a client ``CONNECT {json}\\r\\n``."""
-    return b"CONNECT " + json.dumps(options, separators=(",", ":")).encode() + b"\r\n"
-
-
-def encode_err(text: str) -> bytes:
-    """Render ``-ERR '<text>'\\r\\n`` (clients require the quotes)."""
-    return b"-ERR '" + text.encode("utf-8", "replace") + b"'\r\n"
-
-
-def msg_prefix(subject: str, sid: str, reply: str | None, size: int) -> bytes:
-    """Render the control line of a MSG (everything before the payload)."""
-    if reply:
-        return f"MSG {subject} {sid} {reply} {size}\r\n".encode("utf-8", "surrogateescape")
-    return f"MSG {subject} {sid} {size}\r\n".encode("utf-8", "surrogateescape")
-
-
-def hmsg_prefix(subject: str, sid: str, reply: str | None, hsize: int, total: int) -> bytes:
-    """Render the control line of an HMSG (everything before the header block)."""
-    if reply:
-        line = f"HMSG {subject} {sid} {reply} {hsize} {total}\r\n"
-    else:
-        line = f"HMSG {subject} {sid} {hsize} {total}\r\n"
-    return line.encode("utf-8", "surrogateescape")
-
-
-def encode_msg(subject: str, sid: str, reply: str | None, payload: bytes) -> bytes:
-    """Render a whole MSG."""
-    return msg_prefix(subject, sid, reply, len(payload)) + payload + _CRLF
-
-
-def encode_hmsg(subject: str, sid: str, reply: str | None, headers: bytes,
-                payload: bytes) -> bytes:
-    """Render a whole HMSG from a header block and a payload."""
-    return (hmsg_prefix(subject, sid, reply, len(headers), len(headers) + len(payload))
-            + headers + payload + _CRLF)
-
-
-def encode_pub(subject: str, payload: bytes, reply: str | None = None) -> bytes:
-    """Render a client PUB."""
-    if reply:
-        return f"PUB {subject} {reply} {len(payload)}\r\n".encode() + payload + _CRLF
-    return f"PUB {subject} {len(payload)}\r\n".encode() + payload + _CRLF
-
-
-def encode_hpub(subject: str, headers: bytes, payload: bytes,
-                reply: str | None = None) -> bytes:
-    """Render a client HPUB."""
-    total = len(headers) + len(payload)
-    if reply:
-        line = f"HPUB {subject} {reply} {len(headers)} {total}\r\n"
-    else:
-        line = f"HPUB {subject} {len(headers)} {total}\r\n"
-    return line.encode() + headers + payload + _CRLF
-
-
-def encode_sub(subject: str, sid: str, queue: str | None = None) -> bytes:
-    """Render a client SUB."""
-    if queue:
-        return f"SUB {subject} {queue} {sid}\r\n".encode()
-    return f"SUB {subject} {sid}\r\n".encode()
-
-
-def encode_unsub(sid: str, max_msgs: int | None = None) -> bytes:
-    """Render a client UNSUB."""
-    if max_msgs is None:
-        return f"UNSUB {sid}\r\n".encode()
-    return f"UNSUB {sid} {max_msgs}\r\n".encode()
-
-
-PING = b"PING\r\n"
-PONG = b"PONG\r\n"
-OK = b"+OK\r\n"

@@ -1,0 +1,484 @@
+"""One NATS client connection: parse each read, route PUBs, write each touched connection once.
+
+The Twisted side of :class:`mqhub.protocols.nats.server.NatsServer`: CONNECT and auth, the
+per-connection rules (verbose, pedantic, echo, headers, no_responders), the fused fast loop over
+the codec's ``route_pubs``, and the output path: each read's output is written straight to the
+socket while Twisted holds none of it (:mod:`mqhub.protocols.nats.output`), with the
+slow-consumer accounting of nats-server (max_pending, write deadline).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from mqhub.listener import set_read_size
+from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.codec import (
+    OP_CONNECT,
+    OP_ERR,
+    OP_ERROR,
+    OP_HPUB,
+    OP_OK,
+    OP_PING,
+    OP_PONG,
+    OP_PUB,
+    OP_SUB,
+    OP_UNSUB,
+    NatsParser,
+    ProtocolError,
+)
+from mqhub.protocols.nats.output import direct_socket, remainder, send_chunks
+from mqhub.protocols.nats.settings import (
+    BROADCAST_PREFIX,
+    CRLF,
+    MQ9_PREFIX,
+    READ_SIZE,
+    WIRE_ERRORS,
+)
+from mqhub.protocols.nats.subscription import Subscription
+
+if TYPE_CHECKING:
+    from mqhub.protocols.nats.server import NatsServer
+
+__all__ = ["NatsConnection"]
+
+log = Logger()
+
+
+@implementer(IPushProducer)
+class NatsConnection(Protocol):
+    """One client connection."""
+
+    transport: Any
+
+    def __init__(self, server: NatsServer, cid: int) -> None:
+        """Connection state before INFO is sent."""
+        self.server = server
+        self.cid = cid
+        s = server.settings
+        self.parser = NatsParser(server=True, max_payload=s.max_payload,
+                                 max_control_line=s.max_control_line)
+        self.out: list[bytes] = []
+        self.subs: dict[str, Subscription] = {}
+        self.connected = False       # transport open
+        self.authed = not s.auth_required
+        self.got_connect = False
+        self.verbose = True
+        self.pedantic = True
+        self.echo = True
+        self.headers = False
+        self.no_resp = False
+        self.fast = False
+        self.name = ""
+        self.lang = ""
+        self.version = ""
+        self.peer_host = ""
+        self.pings_out = 0
+        self.paused = False
+        self.paused_bytes = 0
+        #: the socket written directly while Twisted holds nothing of ours (None: plain writes)
+        self.sock: Any = None
+        #: output waiting while Twisted still holds an earlier remainder (direct writes only)
+        self.held: list[bytes] = []
+        self._pinger: LoopingCall | None = None
+        self._auth_timer: Any = None
+        self._deadline: Any = None
+        self.closing = False
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Send INFO, start the pinger and (with auth) the auth timeout."""
+        self.connected = True
+        srv = self.server
+        srv.connections[self.cid] = self
+        srv.stats["connections"] += 1
+        peer = self.transport.getPeer()
+        self.peer_host = getattr(peer, "host", "") or ""
+        # bigger reads = bigger groups per store commit for mq9, fewer turns for core
+        set_read_size(self.transport, READ_SIZE)
+        try:
+            self.transport.registerProducer(self, True)
+        except Exception:  # pragma: no cover - transports without producer support
+            pass
+        s = srv.settings
+        if s.tls_context is None:
+            self.sock = direct_socket(self.transport)
+        self.write_out(codec.encode_info(srv.info(self)))
+        if s.tls_context is not None:
+            self.transport.startTLS(s.tls_context)
+        if s.ping_interval > 0:
+            self._pinger = LoopingCall(self._ping)
+            self._pinger.clock = srv.clock
+            self._pinger.start(s.ping_interval, now=False)
+        if not self.authed and s.auth_timeout > 0:
+            self._auth_timer = srv.clock.callLater(s.auth_timeout, self._auth_expired)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        """Drop every subscription and timer."""
+        if not self.connected:
+            return
+        self.connected = False
+        srv = self.server
+        srv.connections.pop(self.cid, None)
+        if self._pinger is not None and self._pinger.running:
+            self._pinger.stop()
+        if self._auth_timer is not None and self._auth_timer.active():
+            self._auth_timer.cancel()
+        subs, self.subs = self.subs, {}
+        for sub in subs.values():
+            srv.remove_sub(sub)
+        self.out.clear()
+        self.held.clear()
+        self._cancel_deadline()
+        srv.uncongest(self)
+        if self in srv.stalled:
+            srv.stalled.remove(self)
+
+    def close(self, text: str | None) -> None:
+        """Send ``-ERR 'text'`` (unless None) with pending output, then close."""
+        if self.closing or not self.connected:
+            return
+        self.closing = True
+        self.fast = False
+        if text is not None:
+            self.out.append(codec.encode_err(text))
+        data = b"".join(self.held + self.out)
+        self.out.clear()
+        self.held.clear()
+        if data:
+            self.transport.write(data)
+        # a registered producer would keep a draining transport open (Twisted's rule)
+        self.transport.unregisterProducer()
+        self.transport.loseConnection()
+
+    # producer (slow-consumer accounting) ------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        """The transport's buffer is full: start counting what piles up."""
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        """The transport drained: send what was held, let stalled publishers go on."""
+        self.paused = False
+        self.paused_bytes = 0
+        self._cancel_deadline()
+        if self.held and not self.closing:
+            held, self.held = self.held, []
+            self._send_direct(held)
+        self.server.uncongest(self)
+
+    def _cancel_deadline(self) -> None:
+        """Forget a pending write-deadline check."""
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def stopProducing(self) -> None:
+        """The transport is going away."""
+        self.paused = False
+
+    def write_out(self, data: bytes) -> None:
+        """Write delivery output, closing the connection when it is a slow consumer."""
+        if self.closing:
+            return
+        if self.paused:
+            self.paused_bytes += len(data)
+            if self.paused_bytes > self.server.stall_bytes and self not in self.server.congested:
+                self.server.congested.add(self)
+                self._deadline = self.server.clock.callLater(
+                    self.server.settings.write_deadline, self._deadline_passed)
+            if self.paused_bytes > self.server.settings.max_pending:
+                self.slow_consumer("max_pending exceeded")
+                return
+            if self.sock is not None:
+                self.held.append(data)
+                return
+        if self.sock is not None:
+            self._send_direct([data])
+        else:
+            self.transport.write(data)
+
+    def _send_direct(self, chunks: list[bytes]) -> None:
+        """Send ``chunks`` on the socket now; hand what it does not take to Twisted, paused.
+
+        Only called while Twisted holds none of this connection's output, so order is kept.
+        Whatever the socket refuses goes to ``transport.write`` and the connection counts as
+        paused (``transport.producerPaused``, a public attribute of Twisted's consumer, makes
+        the transport call :meth:`resumeProducing` once it has written everything); output
+        arriving meanwhile is held here and sent, without joining, by resumeProducing.
+        """
+        sent = send_chunks(self.sock, chunks)
+        if sent is None:      # a socket error: Twisted's write path reports it
+            data = b"".join(chunks)
+        else:
+            data = remainder(chunks, sent)
+        if data:
+            self.transport.write(data)
+            self.transport.producerPaused = True
+            self.paused = True
+
+    def _deadline_passed(self) -> None:
+        """Backed up for a whole write deadline: a slow consumer (nats-server's WriteDeadline)."""
+        self._deadline = None
+        if self.connected and self.paused and self in self.server.congested:
+            self.slow_consumer("write deadline exceeded")
+
+    def slow_consumer(self, why: str) -> None:
+        """Close this subscriber without -ERR, as nats-server does, and free stalled publishers."""
+        self.server.stats["slow_consumers"] += 1
+        log.warn("nats: slow consumer cid={cid} closed: {why}", cid=self.cid, why=why)
+        self.closing = True
+        abort = getattr(self.transport, "abortConnection", None)
+        if abort is not None:
+            abort()
+        else:
+            self.transport.loseConnection()
+        self.connectionLost(None)
+
+    # timers ------------------------------------------------------------------------------
+
+    def _ping(self) -> None:
+        """Send a keepalive PING, or close a connection that stopped answering."""
+        if self.pings_out >= self.server.settings.ping_max:
+            self.close("Stale Connection")
+            return
+        self.pings_out += 1
+        self.write_out(codec.PING)
+
+    def _auth_expired(self) -> None:
+        """No CONNECT within the auth timeout."""
+        if not self.authed:
+            self.close("Authentication Timeout")
+
+    # input -------------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Parse everything of this read, route it, then write every touched connection once."""
+        if self.closing:
+            return
+        srv = self.server
+        bridge = srv.bridge
+        if bridge is not None and bridge.epoch != srv.core_epoch:
+            srv.core_epoch = bridge.epoch
+            srv.changed()
+        parser = self.parser
+        parser.receive_data(data)
+        srv.fed_congested = False
+        before = srv.stats["in_msgs"]
+        try:
+            if self.fast:
+                self._fast_loop(parser)
+            else:
+                self._general(parser.events(), 0)
+        finally:
+            srv.end_turn()
+            if srv.journal is not None and srv.stats["in_msgs"] != before:
+                srv.journal.traffic("*", "nats-core", srv.stats["in_msgs"] - before, len(data))
+        if srv.fed_congested:
+            # this read fed a backed-up subscriber: stop reading this publisher for a while
+            srv.fed_congested = False
+            if self.connected and self not in srv.congested:
+                srv.stall(self)
+
+    def _fast_loop(self, parser: NatsParser) -> None:
+        """Alternate the codec's fused PUB fast path with one-event steps for everything else."""
+        srv = self.server
+        routes = srv.routes
+        dirty = srv.dirty
+        stats = srv.stats
+        head_routes = srv.head_routes
+        while self.fast:
+            stats["in_msgs"] += parser.route_pubs(routes, dirty, head_routes)
+            stats["out_msgs"] += parser.last_sent
+            events = parser.slow_run(routes, head_routes)
+            if not events:
+                return
+            for i, ev in enumerate(events):
+                if not self.fast:
+                    self._general(events, i)
+                    break
+                if ev[0] == OP_PUB:
+                    self._fast_pub(ev)
+                else:
+                    self._general([ev], 0)
+        if not self.closing:
+            self._general(parser.events(), 0)
+
+    def _fast_pub(self, ev: tuple) -> None:
+        """One PUB the fused path could not take (route miss, queue groups, mq9, foreign...)."""
+        srv = self.server
+        hit = ev[1]
+        route = srv.routes.get(hit[0])
+        if route is None:
+            route = srv.resolve(hit)
+        payload = ev[2]
+        dirty = srv.dirty
+        for conn, out, prefix in route[0]:
+            if not out:
+                dirty.append(conn)
+            out.append(prefix)
+            out.append(payload)
+            out.append(CRLF)
+        special = route[1]
+        if special is not None:
+            got = srv.deliver_special(self, hit[1], hit[2], None, payload, special)
+            if not got and not route[0] and hit[2] and self.no_resp:
+                srv.no_responders(self, hit[1], hit[2])
+        srv.stats["in_msgs"] += 1
+        srv.stats["out_msgs"] += len(route[0])
+
+    def _general(self, events: list[tuple], start: int) -> None:
+        """Process events one by one with every per-connection rule applied."""
+        for i in range(start, len(events)):
+            if self.closing:
+                return
+            ev = events[i]
+            op = ev[0]
+            if op == OP_ERROR:
+                err: ProtocolError = ev[1]
+                if err.fatal:
+                    self.close(WIRE_ERRORS.get(err.code, "Unknown Protocol Operation"))
+                    return
+                self.out_ctl(codec.encode_err(WIRE_ERRORS.get(err.code) or err.message))
+                continue
+            if not self.authed and op != OP_CONNECT and op != OP_PING:
+                self.close("Authorization Violation")
+                return
+            if op == OP_PUB:
+                hit = ev[1]
+                if not self._publish(hit[1], hit[2], None, ev[2], hit):
+                    continue
+            elif op == OP_HPUB:
+                if not self.headers:
+                    self.close("Unknown Protocol Operation")
+                    return
+                hit = ev[1]
+                if not self._publish(hit[1], hit[2], ev[2], ev[3], None):
+                    continue
+            elif op == OP_SUB:
+                self._sub(ev[1], ev[2], ev[3])
+            elif op == OP_UNSUB:
+                self._unsub(ev[1], ev[2])
+            elif op == OP_PING:
+                mq9 = self.server.mq9
+                if mq9 is None or not mq9.barrier(self):
+                    self.out_ctl(codec.PONG)
+                continue
+            elif op == OP_PONG:
+                self.pings_out = 0
+                continue
+            elif op == OP_CONNECT:
+                if not self._connect(ev[1]):
+                    return
+            elif op == OP_OK or op == OP_ERR:
+                continue
+            if self.verbose and not self.closing:
+                self.out_ctl(codec.OK)
+
+    def out_ctl(self, data: bytes) -> None:
+        """Queue a control line for this connection (written at the end of the read)."""
+        out = self.out
+        if not out:
+            self.server.dirty.append(self)
+        out.append(data)
+
+    def _update_fast(self) -> None:
+        """Choose the fast loop when no per-connection rule applies to publishes."""
+        self.fast = (self.authed and self.got_connect and not self.verbose and not self.pedantic
+                     and self.echo and not self.closing)
+
+    def _connect(self, opts: dict[str, Any]) -> bool:
+        """Apply CONNECT options and check credentials; return False when closed."""
+        s = self.server.settings
+        proto = opts.get("protocol", 0)
+        if not isinstance(proto, int) or proto < 0 or proto > 1:
+            self.close("invalid client protocol")
+            return False
+        self.verbose = bool(opts.get("verbose", True))
+        self.pedantic = bool(opts.get("pedantic", True))
+        self.echo = bool(opts.get("echo", True))
+        self.headers = bool(opts.get("headers", False))
+        self.no_resp = bool(opts.get("no_responders", False))
+        if self.no_resp and not self.headers:
+            self.close("no responders requires headers support")
+            return False
+        self.name = str(opts.get("name", ""))
+        self.lang = str(opts.get("lang", ""))
+        self.version = str(opts.get("version", ""))
+        if s.auth_required and not self.authed:
+            if s.token:
+                ok = secrets.compare_digest(str(opts.get("auth_token", "")), s.token)
+            else:
+                ok = (secrets.compare_digest(str(opts.get("user", "")), s.user or "")
+                      and secrets.compare_digest(str(opts.get("pass", "")), s.password or ""))
+            if not ok:
+                self.close("Authorization Violation")
+                return False
+            self.authed = True
+            if self._auth_timer is not None and self._auth_timer.active():
+                self._auth_timer.cancel()
+        self.got_connect = True
+        self._update_fast()
+        return True
+
+    def _publish(self, subject: str, reply: str | None, hdr: bytes | None, payload: bytes,
+                 hit: tuple | None) -> bool:
+        """Route one PUB/HPUB with per-connection rules; False when refused with an -ERR."""
+        srv = self.server
+        if self.pedantic and not codec.valid_publish_subject(subject):
+            self.out_ctl(codec.encode_err("Invalid Publish Subject"))
+            return False
+        srv.stats["in_msgs"] += 1
+        if hit is not None and self.echo:
+            route = srv.routes.get(hit[0]) or srv.resolve(hit)
+            targets, special = route[0], route[1]
+            dirty = srv.dirty
+            for conn, out, prefix in targets:
+                if not out:
+                    dirty.append(conn)
+                out.append(prefix)
+                out.append(payload)
+                out.append(CRLF)
+            got = len(targets)
+            srv.stats["out_msgs"] += got
+            if special is not None:
+                got += srv.deliver_special(self, subject, reply, None, payload, special)
+        elif srv.mq9 is not None and subject.startswith(MQ9_PREFIX) and (
+                srv.mq9.claims(subject) or (hdr is not None and srv.mq9.persist_requested(hdr))):
+            got = srv.mq9.publish(self, subject, reply, hdr, payload)
+        else:
+            got = srv.publish(self, subject, reply, hdr, payload)
+        if not got and reply and self.no_resp:
+            srv.no_responders(self, subject, reply)
+        return True
+
+    def _sub(self, subject: str, queue: str | None, sid: str) -> None:
+        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server)."""
+        if sid in self.subs:
+            return
+        pattern = subject
+        if subject.startswith(BROADCAST_PREFIX) and (subject.endswith(".#")):
+            pattern = subject[:-1] + ">"
+        sub = Subscription(self, pattern, queue, sid, subject)
+        self.subs[sid] = sub
+        self.server.add_sub(sub)
+
+    def _unsub(self, sid: str, max_msgs: int | None) -> None:
+        """Remove a subscription now, or after ``max_msgs`` total deliveries."""
+        sub = self.subs.get(sid)
+        if sub is None:
+            return
+        if max_msgs is not None and sub.delivered < max_msgs:
+            sub.max = max_msgs
+            self.server.changed()
+            return
+        del self.subs[sid]
+        self.server.remove_sub(sub)

@@ -1,0 +1,56 @@
+"""NATS server settings (nats-server's defaults) and the constants the server modules share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mqhub.protocols.nats import codec
+
+__all__ = ["NatsSettings", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
+           "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK"]
+
+CRLF = b"\r\n"
+SERVER_VERSION = "2.10.0"
+NO_RESPONDERS_BLOCK = b"NATS/1.0 503\r\n\r\n"
+
+#: ProtocolError code -> -ERR text, or None for a silent close
+WIRE_ERRORS: dict[str, str | None] = {
+    codec.E_UNKNOWN_OP: "Unknown Protocol Operation",
+    codec.E_MAX_CONTROL: "maximum control line exceeded",
+    codec.E_MAX_PAYLOAD: "Maximum Payload Violation",
+    codec.E_BAD_ARGS: None,
+    codec.E_BAD_CONNECT: None,
+    codec.E_INVALID_SUBJECT: "Invalid Subject",
+}
+
+MQ9_PREFIX = "$mq9.AI."
+BROADCAST_PREFIX = "$mq9.AI.BROADCAST."
+#: bytes read per turn: bigger reads = bigger mq9 groups per store commit, fewer turns for core
+READ_SIZE = 256 * 1024
+
+
+class NatsSettings:
+    """Server settings (from plugin options), with nats-server's defaults."""
+
+    def __init__(self, **kw: Any) -> None:
+        """Accept keyword overrides of the defaults below."""
+        self.max_payload: int = int(kw.get("max_payload", codec.DEFAULT_MAX_PAYLOAD))
+        self.max_control_line: int = int(kw.get("max_control_line", codec.MAX_CONTROL_LINE))
+        self.max_pending: int = int(kw.get("max_pending", 64 * 1024 * 1024))
+        self.stall_bytes: int = int(kw.get("stall_bytes", 8 * 1024 * 1024))
+        self.write_deadline: float = float(kw.get("write_deadline", 10.0))
+        self.ping_interval: float = float(kw.get("ping_interval", 120.0))
+        self.ping_max: int = int(kw.get("ping_max", 2))
+        self.auth_timeout: float = float(kw.get("auth_timeout", 2.0))
+        self.token: str | None = kw.get("token") or None
+        self.user: str | None = kw.get("user") or None
+        self.password: str | None = kw.get("password") or kw.get("pass") or None
+        self.tls_context: Any = kw.get("tls_context")
+        self.server_name: str = kw.get("server_name") or "mqhub"
+        self.host: str = kw.get("host", "127.0.0.1")
+        self.port: int = int(kw.get("port", 4222))
+
+    @property
+    def auth_required(self) -> bool:
+        """True when a token or a user/password is configured."""
+        return bool(self.token or self.user)
