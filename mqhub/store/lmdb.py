@@ -44,7 +44,7 @@ from zope.interface import implementer
 
 from mqhub.errors import StoreClosed, StoreError
 from mqhub.interfaces import IMessageStore
-from mqhub.store import codec
+from mqhub.store import codec, migrate_v2, ready_groups
 from mqhub.store.batch import WriteBatch
 from mqhub.store.codec import (
     ENTRY_KEY,
@@ -120,6 +120,49 @@ def _append_tail(txn: Any, db: Any, rows: list[tuple[bytes, bytes]]
     return landed, rows[:i] + missing
 
 
+_HEAD = itemgetter(slice(8, 13))
+_ID8 = itemgetter(slice(0, 8))
+_HEAD_STRUCT = struct.Struct(">IB")
+
+
+def head_unpack(head: bytes) -> tuple[int, int]:
+    """Return ``(qid, priority byte)`` of the 5-byte tail ``qid | 9-priority`` of an entries key."""
+    qid, pbyte = _HEAD_STRUCT.unpack(head)
+    return qid, pbyte
+
+
+def _note_new(t: _Txn, keys: list[bytes]) -> None:
+    """Note new ``entries`` keys (ascending) for :meth:`LmdbStore._flush_ready`."""
+    heads = set(map(_HEAD, keys))
+    new = t.ready_new
+    if len(heads) == 1:
+        h = heads.pop()
+        raw = new.get(h)
+        if raw is None:
+            new[h] = raw = []
+        raw.extend(map(_ID8, keys))
+        return
+    for k in keys:
+        h = k[8:13]
+        raw = new.get(h)
+        if raw is None:
+            new[h] = raw = []
+        raw.append(k[:8])
+
+
+def _ids_by_head(keys: list[bytes]) -> dict[bytes, list[int]]:
+    """Group ``entries`` keys by ``qid | 9-priority``: ``{head: ascending unique msg_ids}``."""
+    heads = set(map(_HEAD, keys))
+    if len(heads) == 1:
+        groups = {heads.pop(): list(map(_ID8, keys))}
+    else:
+        groups = {}
+        for k in keys:
+            groups.setdefault(k[8:13], []).append(k[:8])
+    return {h: sorted(set(struct.unpack(f">{len(raw)}Q", b"".join(raw))))
+            for h, raw in groups.items()}
+
+
 class _MapFull(Exception):
     """Internal: the LMDB map is full; grow it and retry the group."""
 
@@ -128,7 +171,7 @@ class _Txn:
     """Changes one write transaction makes to the in-memory mirrors, applied after commit."""
 
     __slots__ = ("txn", "qids", "counts", "seg_delta", "seg_end", "next_qid", "plain",
-                 "plain_q")
+                 "plain_q", "ready_new")
 
     def __init__(self, txn: Any, next_qid: int) -> None:
         """Start tracking changes of ``txn``."""
@@ -141,6 +184,8 @@ class _Txn:
         #: plain ``entries`` rows gathered for one batch, and ``{qid bytes: queue}`` they go to
         self.plain: list[tuple[bytes, bytes]] = []
         self.plain_q: dict[bytes, str] = {}
+        #: new entries whose ``ready`` groups are still to be written: ``{qid|pbyte: [id8]}``
+        self.ready_new: dict[bytes, list[bytes]] = {}
 
 
 @implementer(IMessageStore)
@@ -209,6 +254,8 @@ class LmdbStore:
         self.map_grows = 0
         self.recovered_truncated_bytes = 0
         self.recovered_dropped_entries = 0
+        #: what opening converted from an older store format (empty when nothing was)
+        self.migrated: dict[str, int] = {}
         self.last_commit_seconds = 0.0
         #: called with each group commit's duration in seconds (admin /metrics histogram)
         self.on_commit: Any = None
@@ -267,13 +314,15 @@ class LmdbStore:
                 self._dbs[db_name] = self._env.open_db(db_name, txn=txn)
             sysdb = self._dbs[b"sys"]
             fmt = txn.get(b"format", db=sysdb)
+            version = codec.FORMAT_VERSION if fmt is None else U32.unpack(fmt)[0]
             if fmt is None:
                 txn.put(b"format", U32.pack(codec.FORMAT_VERSION), db=sysdb)
-            elif U32.unpack(fmt)[0] != codec.FORMAT_VERSION:
+            elif version != codec.FORMAT_VERSION and version not in codec.MIGRATES_FROM:
                 raise StoreError(
-                    f"store {self.path!r} has format {U32.unpack(fmt)[0]}; this version reads only "
-                    f"format {codec.FORMAT_VERSION} (export it with the version that wrote it and "
-                    f"import it here)")
+                    f"store {self.path!r} has format {version}; this version reads format "
+                    f"{codec.FORMAT_VERSION} and converts format "
+                    f"{', '.join(map(str, codec.MIGRATES_FROM))} (export it with the version "
+                    f"that wrote it and import it here)")
             nq = txn.get(b"next_qid", db=sysdb)
             self._next_qid = U32.unpack(nq)[0] if nq else 1
             for k, v in txn.cursor(db=self._dbs[b"queues"]):
@@ -285,6 +334,8 @@ class LmdbStore:
                 live, end = SEG_ROW.unpack(v)
                 self._seg_live[U32.unpack(k)[0]] = live
                 self._seg_end[U32.unpack(k)[0]] = end
+        if version != codec.FORMAT_VERSION:
+            self.migrated = migrate_v2.migrate(self._env, self._dbs)
         self._recover_segments()
         self._lock_fd = os.open(os.path.join(self.path, codec.SEGMENT_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
         self._open = True
@@ -693,13 +744,13 @@ class LmdbStore:
         """Apply one batch's operations in WriteBatch's documented order."""
         txn = t.txn
         entries = self._dbs[b"entries"]
-        order = self._dbs[b"order"]
         for queue in batch.purges:
             self._purge(t, queue)
         archive = batch.archive
         for queue, items in batch.puts.items():
             self._put(t, queue, items, queue in archive)
         self._flush_plain(t)
+        self._flush_ready(t)
         for queue, updates in batch.attempts.items():
             qid = self._qid(t, queue, False)
             if qid is None:
@@ -713,21 +764,20 @@ class LmdbStore:
             qid = self._qid(t, queue, False)
             if qid is None:
                 continue
-            removed = 0
             pack = ENTRY_KEY.pack
             pop = txn.cursor(db=entries).pop
-            pop_order = txn.cursor(db=order).pop
-            opack = ORDER_KEY.pack
+            gone: list[bytes] = []
             for priority, msg_id in keys:
                 k = pack(msg_id, qid, 9 - priority)
                 v = pop(k)
                 if v is not None:
-                    removed += 1
-                    pop_order(opack(qid, 9 - priority, msg_id))
+                    gone.append(k)
                     if v[0]:
                         self._release(t, k, v)
-            if removed:
-                t.counts[queue] = self._count(t, queue) - removed
+            if gone:
+                t.counts[queue] = self._count(t, queue) - len(gone)
+                for head, ids in _ids_by_head(gone).items():
+                    ready_groups.remove_ids(txn, self._dbs[b"ready"], qid, head[4], ids)
         due, due_keys = self._dbs[b"due"], self._dbs[b"due_keys"]
         for when, key, payload in batch.due_puts:
             old = txn.get(key, db=due_keys)
@@ -831,28 +881,40 @@ class LmdbStore:
         appended, rest = _append_tail(txn, entries, rows)
         new: dict[bytes, int] = {}
         if appended:
+            keys = list(map(_KEY0, appended))
             if len(names) == 1:
                 new[next(iter(names))] = len(appended)
             else:
-                for k, _ in appended:
+                for k in keys:
                     q = k[8:12]
                     new[q] = new.get(q, 0) + 1
+            _note_new(t, keys)
         replace = txn.replace
+        fresh: list[bytes] = []
         for k, v in rest:
             old = replace(k, v, db=entries)
             if old is None:
                 q = k[8:12]
                 new[q] = new.get(q, 0) + 1
+                fresh.append(k)
             elif old[0]:
                 self._release(t, k, old)
-        order = self._dbs[b"order"]
-        orows = sorted([(k[8:] + k[:8], b"") for k, _ in rows])
-        _, orest = _append_tail(txn, order, orows)
-        if orest:
-            txn.cursor(db=order).putmulti(orest)
+        if fresh:
+            _note_new(t, fresh)
         for q, n in new.items():
             queue = names[q]
             t.counts[queue] = self._count(t, queue) + n
+
+    def _flush_ready(self, t: _Txn) -> None:
+        """Write the ``ready`` groups of the new entries noted so far in ``t``."""
+        if not t.ready_new:
+            return
+        heads, t.ready_new = t.ready_new, {}
+        ready = self._dbs[b"ready"]
+        for head, raw in heads.items():
+            ids = sorted(set(struct.unpack(f">{len(raw)}Q", b"".join(raw))))
+            qid, pbyte = head_unpack(head)
+            ready_groups.add_ids(t.txn, ready, qid, pbyte, ids)
 
     def _put_special(self, t: _Txn, k: bytes, e: Entry, archive: bool) -> int:
         """Store one entry with an expiry and/or a segment body; return 1 if it is new."""
@@ -871,11 +933,12 @@ class LmdbStore:
         old = txn.replace(k, v, db=entries)
         if old is not None and old[0]:
             self._release(t, k, old)
-        ok = k[8:] + k[:8]
-        txn.put(ok, b"", db=self._dbs[b"order"])
         if e_at:
-            txn.put(codec.time_key(e_at) + ok, b"", db=self._dbs[b"expiry"])
-        return 1 if old is None else 0
+            txn.put(codec.time_key(e_at) + k[8:] + k[:8], b"", db=self._dbs[b"expiry"])
+        if old is not None:
+            return 0
+        _note_new(t, [k])
+        return 1
 
     def _ref_body(self, t: _Txn, msg_id: int, body: bytes) -> None:
         """Add a reference to ``msg_id``'s segment body, appending the body the first time."""
@@ -928,21 +991,21 @@ class LmdbStore:
         qid = self._qid(t, queue, False)
         if qid is None:
             return
-        prefix = U32.pack(qid)
+        self._flush_ready(t)
         txn = t.txn
         entries = self._dbs[b"entries"]
-        cur = txn.cursor(db=self._dbs[b"order"])
+        ready = self._dbs[b"ready"]
         removed = 0
-        if cur.set_range(prefix):
-            while cur.key()[:4] == prefix:
-                k = codec.to_entry_key(bytes(cur.key()))
+        pack = ENTRY_KEY.pack
+        for gkey, pbyte, ids in list(ready_groups.iter_queue_groups(txn, ready, qid)):
+            for msg_id in ids:
+                k = pack(msg_id, qid, pbyte)
                 v = txn.pop(k, db=entries)
                 if v is not None:
                     if v[0]:
                         self._release(t, k, v)
                     removed += 1
-                if not cur.delete():
-                    break
+            txn.delete(gkey, db=ready)
         if removed:
             t.counts[queue] = self._count(t, queue) - removed
 
@@ -987,43 +1050,41 @@ class LmdbStore:
         return self._guarded(self._read_entries, qid, after, limit)
 
     def _read_entries(self, qid: int, after: EntryKey | None, limit: int) -> list[Entry]:
-        """Synchronous body of :meth:`read_entries`: walk ``order``, fetch rows with getmulti."""
-        prefix = U32.pack(qid)
+        """Synchronous body of :meth:`read_entries`: walk the ``ready`` groups, fetch their
+        rows with ``getmulti`` (which leaves out ids whose entry is gone)."""
         out: list[Entry] = []
         append = out.append
         unpack_key = ENTRY_KEY.unpack
         unpack_head = VALUE_HEAD.unpack_from
+        pack_key = ENTRY_KEY.pack
         decode_meta = codec.decode_meta
         messages = self._dbs[b"messages"]
         h = HEAD_SIZE
-        with self._env.begin(db=self._dbs[b"order"]) as txn:
-            cur = txn.cursor()
-            if after is None:
-                found = cur.set_range(prefix)
-            else:
-                k0 = codec.order_key(qid, after[0], after[1])
-                found = cur.set_range(k0)
-                if found and cur.key() == k0:
-                    found = cur.next()
-            if not found:
-                return out
+        start = None if after is None else (9 - after[0], after[1])
+        with self._env.begin() as txn:
+            getmulti = txn.cursor(db=self._dbs[b"entries"]).getmulti
             keys: list[bytes] = []
-            for k in cur.iternext(values=False):
-                if k[:4] != prefix:
+            groups = ready_groups.iter_ready(txn, self._dbs[b"ready"], qid, start)
+            while len(out) < limit:
+                group = next(groups, None)
+                if group is not None:
+                    pbyte, ids = group
+                    keys += [pack_key(i, qid, pbyte) for i in ids]
+                    if len(keys) < limit - len(out):
+                        continue
+                if not keys:
                     break
-                keys.append(k[5:] + k[:5])
-                if len(keys) >= limit:
-                    break
-            rows = txn.cursor(db=self._dbs[b"entries"]).getmulti(keys)
-            for k, v in rows:
-                mid, _, pb = unpack_key(k)
-                flags, att, d_at, e_at, ml = unpack_head(v)
-                address, headers, origin = decode_meta(v[h:h + ml])
-                if flags & FLAG_SEGMENT:
-                    body = codec.segment_body(txn, messages, self._segments, mid)
-                else:
-                    body = v[h + ml:]
-                append((mid, 9 - pb, att, d_at, e_at, address, headers, body, origin))
+                for k, v in getmulti(keys):
+                    mid, _, pb = unpack_key(k)
+                    flags, att, d_at, e_at, ml = unpack_head(v)
+                    address, headers, origin = decode_meta(v[h:h + ml])
+                    if flags & FLAG_SEGMENT:
+                        body = codec.segment_body(txn, messages, self._segments, mid)
+                    else:
+                        body = v[h + ml:]
+                    append((mid, 9 - pb, att, d_at, e_at, address, headers, body, origin))
+                keys = []
+        del out[limit:]
         return out
 
     def count_entries(self, queue: str) -> Deferred[int]:
