@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mqhub.store import codec, ready_groups
@@ -28,10 +29,12 @@ CHUNK = 20_000
 
 
 def migrate(env: Any, dbs: dict[bytes, Any], chunk: int = CHUNK,
-            stop_after: int | None = None) -> dict[str, int]:
+            stop_after: int | None = None,
+            progress: Callable[[dict[str, int]], None] | None = None) -> dict[str, int]:
     """Convert the format-2 store open in ``env`` (``dbs``: format 3's databases) to format 3.
 
     :param stop_after: tests only: return after this many transactions, as a kill would.
+    :param progress: called with the running counts after each committed transaction.
     :returns: counts of what was converted (``rows``, ``groups``, ``dropped``, ``transactions``).
     """
     started = time.monotonic()
@@ -46,6 +49,8 @@ def migrate(env: Any, dbs: dict[bytes, Any], chunk: int = CHUNK,
                 txn.drop(order, delete=True)
                 txn.put(b"format", codec.U32.pack(codec.FORMAT_VERSION), db=dbs[b"sys"])
         done["transactions"] += 1
+        if progress is not None:
+            progress(done)
         if finished:
             break
         if stop_after is not None and done["transactions"] >= stop_after:
