@@ -90,6 +90,15 @@ def resolve_store_dir(data_dir: str) -> str:
 
 def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str) -> dict[str, Any]:
     """Copy the index and segments and count everything inside one read transaction."""
+    with env.begin() as txn:
+        fmt = txn.get(b"format", db=env.open_db(b"sys", txn=txn, create=False))
+        version = codec.U32.unpack(fmt)[0] if fmt is not None else None
+    if version != codec.FORMAT_VERSION:
+        # format 2 (not yet opened by this version, or its conversion not finished): a copy
+        # could hold a half-converted ready order, so only a converted store is copied
+        raise StoreError(f"the store in {data_dir!r} has format {version}; open it once with "
+                         f"this version (which converts it to format {codec.FORMAT_VERSION}) "
+                         f"or snapshot it with the version that wrote it")
     dbs = {name: env.open_db(name, create=False) for name in codec.DB_NAMES}
     with env.begin() as txn:
         env.copy(out_index, compact=True, txn=txn)

@@ -104,7 +104,7 @@ class SnapshotReader:
             cur = txn.cursor(db=self._dbs[codec.V2_ORDER_DB])
             if cur.set_range(prefix):
                 for ok in cur.iternext(values=False):
-                    if not ok.startswith(prefix):
+                    if not bytes(ok).startswith(prefix):
                         break
                     yield codec.to_entry_key(bytes(ok))
             return
@@ -112,10 +112,10 @@ class SnapshotReader:
         if not cur.set_range(prefix):
             return
         for gk, value in cur:
-            if not gk.startswith(prefix):
+            if not bytes(gk).startswith(prefix):
                 break
             qid, pbyte = codec.U32.unpack_from(gk)[0], gk[4]
-            for msg_id in ready_groups.group_ids(value):
+            for msg_id in ready_groups.group_ids(bytes(value)):
                 yield codec.ENTRY_KEY.pack(msg_id, qid, pbyte)
 
     def address_counts(self) -> dict[str, int]:

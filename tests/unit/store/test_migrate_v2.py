@@ -113,3 +113,31 @@ def test_kill_during_conversion_leaves_a_store_that_converts_on_the_next_open(
     assert stored_format(path) == (2, True)
     assert fixture.deliveries(path, expected["closed_at"]) == expected["deliveries"]
     assert stored_format(path) == (3, False)
+
+
+def test_snapshots_of_format_2_are_read_and_unconverted_stores_are_not_copied(
+        tmp_path: Any, expected: dict[str, Any]) -> None:
+    """A format-2 snapshot (made by the old version) is read through its ``order`` rows; a
+    format-2 store is not snapshotted until converted; after conversion the snapshot of the
+    store lists the same entries in the same order."""
+    from mqhub.errors import StoreError
+    from mqhub.store.snapshot import MANIFEST, take_snapshot
+    from mqhub.store.snapshot_reader import SnapshotReader
+    old_snap = copy_fixture(tmp_path)
+    with open(os.path.join(old_snap, MANIFEST), "w") as f:
+        json.dump({"store_format": 2}, f)
+    with SnapshotReader(old_snap) as snap:
+        before = [(q, e[0], e[1], e[7]) for q, e in snap.iter_entries()]
+        assert len(before) == sum(snap.queue_counts().values()) > 200
+    store_dir = copy_fixture(tmp_path / "s")
+    with pytest.raises(StoreError, match="format 2"):
+        take_snapshot(store_dir, str(tmp_path / "refused"))
+    from mqhub.store.lmdb import LmdbStore
+    from mqhub.testing import result_of, start_clock
+    store = LmdbStore(store_dir, clock=start_clock())
+    store.open()
+    result_of(store.close())
+    take_snapshot(store_dir, str(tmp_path / "snap3"))
+    with SnapshotReader(str(tmp_path / "snap3")) as snap:
+        assert snap.verify() == []
+        assert [(q, e[0], e[1], e[7]) for q, e in snap.iter_entries()] == before
