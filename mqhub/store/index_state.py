@@ -30,8 +30,8 @@ class TxnChanges:
         #: plain ``entries`` rows gathered for one batch, and ``{qid bytes: queue}`` they go to
         self.plain: list[tuple[bytes, bytes]] = []
         self.plain_q: dict[bytes, str] = {}
-        #: new entries whose ``ready`` groups are still to be written: ``{qid|pbyte: [id8]}``
-        self.ready_new: dict[bytes, list[bytes]] = {}
+        #: new entries whose ``ready`` groups are still to be written: ``{qid|pbyte: [msg_id]}``
+        self.ready_new: dict[bytes, list[int]] = {}
 
 
 class IndexState:

@@ -79,8 +79,6 @@ def append_tail(txn: Any, db: Any, rows: list[tuple[bytes, bytes]]
     return landed, rows[:i] + missing
 
 
-_HEAD = itemgetter(slice(8, 13))
-_ID8 = itemgetter(slice(0, 8))
 _HEAD_STRUCT = struct.Struct(">IB")
 
 
@@ -90,36 +88,40 @@ def head_unpack(head: bytes) -> tuple[int, int]:
     return qid, pbyte
 
 
+def ids_by_head(keys: list[bytes]) -> dict[bytes, list[int]]:
+    """Group 13-byte ``entries`` keys by ``qid | 9-priority``: ``{head: msg_ids in key order}``.
+
+    One ``struct.unpack`` reads every id, and strided byte counts tell whether all keys share
+    one head (the usual case: one queue, one priority), so no per-key slice is built then.
+    """
+    n = len(keys)
+    joined = b"".join(keys)
+    ids = list(struct.unpack(">" + "Q5x" * n, joined))
+    first = joined[8:13]
+    if all(joined[i::13].count(first[i - 8]) == n for i in range(8, 13)):
+        return {first: ids}
+    groups: dict[bytes, list[int]] = {}
+    for k, msg_id in zip(keys, ids, strict=True):
+        groups.setdefault(k[8:13], []).append(msg_id)
+    return groups
+
+
+def ascending_unique(ids: list[int]) -> list[int]:
+    """Return ``ids`` sorted without repeats (as they are, when they already are)."""
+    if all(map(lt, ids, ids[1:])):
+        return ids
+    return sorted(set(ids))
+
+
 def _note_new(t: TxnChanges, keys: list[bytes]) -> None:
-    """Note new ``entries`` keys (ascending) for :meth:`RowWriter._flush_ready`."""
-    heads = set(map(_HEAD, keys))
+    """Note new ``entries`` keys for :meth:`RowWriter._flush_ready`."""
     new = t.ready_new
-    if len(heads) == 1:
-        h = heads.pop()
-        raw = new.get(h)
-        if raw is None:
-            new[h] = raw = []
-        raw.extend(map(_ID8, keys))
-        return
-    for k in keys:
-        h = k[8:13]
-        raw = new.get(h)
-        if raw is None:
-            new[h] = raw = []
-        raw.append(k[:8])
-
-
-def _ids_by_head(keys: list[bytes]) -> dict[bytes, list[int]]:
-    """Group ``entries`` keys by ``qid | 9-priority``: ``{head: ascending unique msg_ids}``."""
-    heads = set(map(_HEAD, keys))
-    if len(heads) == 1:
-        groups = {heads.pop(): list(map(_ID8, keys))}
-    else:
-        groups = {}
-        for k in keys:
-            groups.setdefault(k[8:13], []).append(k[:8])
-    return {h: sorted(set(struct.unpack(f">{len(raw)}Q", b"".join(raw))))
-            for h, raw in groups.items()}
+    for head, ids in ids_by_head(keys).items():
+        got = new.get(head)
+        if got is None:
+            new[head] = ids
+        else:
+            got += ids
 
 
 class RowWriter:
@@ -189,8 +191,9 @@ class RowWriter:
                         self._release(t, k, v)
             if gone:
                 t.counts[queue] = self._count(t, queue) - len(gone)
-                for head, ids in _ids_by_head(gone).items():
-                    ready_groups.remove_ids(txn, self._dbs[b"ready"], qid, head[4], ids)
+                for head, ids in ids_by_head(gone).items():
+                    ready_groups.remove_ids(txn, self._dbs[b"ready"], qid, head[4],
+                                            ascending_unique(ids))
         due, due_keys = self._dbs[b"due"], self._dbs[b"due_keys"]
         for when, key, payload in batch.due_puts:
             old = txn.get(key, db=due_keys)
@@ -324,10 +327,9 @@ class RowWriter:
             return
         heads, t.ready_new = t.ready_new, {}
         ready = self._dbs[b"ready"]
-        for head, raw in heads.items():
-            ids = sorted(set(struct.unpack(f">{len(raw)}Q", b"".join(raw))))
+        for head, ids in heads.items():
             qid, pbyte = head_unpack(head)
-            ready_groups.add_ids(t.txn, ready, qid, pbyte, ids)
+            ready_groups.add_ids(t.txn, ready, qid, pbyte, ascending_unique(ids))
 
     def _put_special(self, t: TxnChanges, k: bytes, e: Entry, archive: bool) -> int:
         """Store one entry with an expiry and/or a segment body; return 1 if it is new."""
