@@ -30,7 +30,8 @@ Sub-databases (names are the LMDB database names):
 ``meta``     utf-8 key -> value.
 ``queues``   utf-8 queue name -> ``qid:u32 | count:u64``.
 ``segments`` ``seg:u32`` -> ``live:u64 | end:u64`` (references into it; committed length).
-``sys``      ``b"format"``, ``b"next_qid"``.
+``sys``      ``b"format"``, ``b"next_qid"``, and ``b"converting"`` while a format-2 store is
+             being converted (:mod:`mqhub.store.migrate_v2`).
 
 Entry value: ``flags:u8 | attempts:u32 | deliver_at:f64 | expires_at:f64 | metalen:u16``,
 then the *meta* blob (``alen:u16 | olen:u8 | address | origin | headers-json``) and the body

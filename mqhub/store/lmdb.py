@@ -264,6 +264,8 @@ class LmdbStore:
                     f"{codec.FORMAT_VERSION} and converts format "
                     f"{', '.join(map(str, codec.MIGRATES_FROM))} (export it with the version "
                     f"that wrote it and import it here)")
+            if migrate_v2.converting(txn, sysdb):
+                version = codec.MIGRATES_FROM[0]  # a conversion a crash interrupted: resume it
             nq = txn.get(b"next_qid", db=sysdb)
             state.next_qid = U32.unpack(nq)[0] if nq else 1
             for k, v in txn.cursor(db=self._dbs[b"queues"]):

@@ -6,10 +6,11 @@ Format 2 and 3 share every sub-database except the ready order: format 2 kept on
 most CHUNK rows; each one writes the groups of the rows it read (ids whose ``entries`` row is
 missing are left out) and deletes those rows, so a transaction is the unit of progress.
 
-Crash safety: the store keeps saying format 2 until the transaction that deletes the last
-``order`` row, drops that database and writes format 3. A kill in between leaves ``ready``
-groups for a prefix of the order and ``order`` rows for the rest; the next open resumes with
-the rest. Groups written by a later transaction start above the ids of earlier ones of the same
+Crash safety: the first transaction writes format 3 and the marker ``sys/converting`` (so the
+previous version, which would see only the ``order`` rows not yet converted, refuses the store
+instead of serving part of it); the transaction that deletes the last ``order`` row also drops
+that database and the marker. A kill in between leaves ``ready`` groups for a prefix of the
+order and ``order`` rows for the rest; the next open sees the marker and resumes with the rest. Groups written by a later transaction start above the ids of earlier ones of the same
 (queue, priority), because ``order`` is walked in key order, so groups never overlap.
 """
 
@@ -26,6 +27,13 @@ log = logging.getLogger("mqhub.store.migrate")
 
 #: ``order`` rows converted per transaction (bounds the size of each write transaction)
 CHUNK = 20_000
+#: ``sys`` key present while a conversion is under way (value: the format converted from)
+CONVERTING = b"converting"
+
+
+def converting(txn: Any, sysdb: Any) -> bool:
+    """Whether a conversion was started and not finished in this store (``sys`` database)."""
+    return txn.get(CONVERTING, db=sysdb) is not None
 
 
 def migrate(env: Any, dbs: dict[bytes, Any], chunk: int = CHUNK,
@@ -41,13 +49,15 @@ def migrate(env: Any, dbs: dict[bytes, Any], chunk: int = CHUNK,
     done = {"rows": 0, "groups": 0, "dropped": 0, "transactions": 0}
     with env.begin(write=True) as txn:
         order = env.open_db(codec.V2_ORDER_DB, txn=txn)
+        txn.put(b"format", codec.U32.pack(codec.FORMAT_VERSION), db=dbs[b"sys"])
+        txn.put(CONVERTING, codec.U32.pack(2), db=dbs[b"sys"])
     log.info("store index has format 2: converting its ready order to format 3 in place")
     while True:
         with env.begin(write=True) as txn:
             finished = _convert_chunk(txn, dbs, order, chunk, done)
             if finished:
                 txn.drop(order, delete=True)
-                txn.put(b"format", codec.U32.pack(codec.FORMAT_VERSION), db=dbs[b"sys"])
+                txn.delete(CONVERTING, db=dbs[b"sys"])
         done["transactions"] += 1
         if progress is not None:
             progress(done)

@@ -24,7 +24,7 @@ from typing import Any
 import lmdb
 
 from mqhub.errors import StoreError
-from mqhub.store import codec
+from mqhub.store import codec, migrate_v2
 from mqhub.store.journal import JOURNAL_DIR, JOURNAL_LOCK, journal_files, read_end
 from mqhub.store.segments import segment_name
 
@@ -91,8 +91,11 @@ def resolve_store_dir(data_dir: str) -> str:
 def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str) -> dict[str, Any]:
     """Copy the index and segments and count everything inside one read transaction."""
     with env.begin() as txn:
-        fmt = txn.get(b"format", db=env.open_db(b"sys", txn=txn, create=False))
+        sysdb = env.open_db(b"sys", txn=txn, create=False)
+        fmt = txn.get(b"format", db=sysdb)
         version = codec.U32.unpack(fmt)[0] if fmt is not None else None
+        if migrate_v2.converting(txn, sysdb):
+            version = codec.MIGRATES_FROM[0]
     if version != codec.FORMAT_VERSION:
         # format 2 (not yet opened by this version, or its conversion not finished): a copy
         # could hold a half-converted ready order, so only a converted store is copied

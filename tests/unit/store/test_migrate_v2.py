@@ -41,16 +41,23 @@ def copy_fixture(tmp_path: Any) -> str:
     return path
 
 
-def stored_format(path: str) -> tuple[int, bool]:
-    """Return ``(format, whether the format-2 order database still exists)``."""
+def stored_format(path: str) -> str:
+    """Return ``"format 2"``, ``"converting"`` (format 3 written, the marker and the ``order``
+    database still there) or ``"format 3"``; fail on anything else."""
     env = lmdb.open(os.path.join(path, "index"), max_dbs=codec.MAX_DBS, readonly=True, lock=False)
     try:
         with env.begin() as txn:
-            fmt = codec.U32.unpack(txn.get(b"format", db=env.open_db(b"sys", txn=txn)))[0]
+            sysdb = env.open_db(b"sys", txn=txn)
+            fmt = codec.U32.unpack(txn.get(b"format", db=sysdb))[0]
             names = {bytes(k) for k in txn.cursor().iternext(values=False)}
-        return fmt, codec.V2_ORDER_DB in names
+            marker = migrate_v2.converting(txn, sysdb)
     finally:
         env.close()
+    state = (fmt, marker, codec.V2_ORDER_DB in names)
+    known = {(2, False, True): "format 2", (3, True, True): "converting",
+             (3, False, False): "format 3"}
+    assert state in known, state
+    return known[state]
 
 
 def test_format_2_store_opens_and_delivers_what_the_old_code_did(
@@ -58,18 +65,19 @@ def test_format_2_store_opens_and_delivers_what_the_old_code_did(
     """Every queue delivers the old code's messages (priorities, attempts, headers-bearing,
     segment and expiring bodies, delayed ones when due, short-TTL ones never) in its order."""
     path = copy_fixture(tmp_path)
-    assert stored_format(path) == (2, True)
+    assert stored_format(path) == "format 2"
     caplog.set_level("INFO", logger="mqhub.store.migrate")
     got = fixture.deliveries(path, expected["closed_at"])
     assert got == expected["deliveries"]
     assert sum(len(p["now"]) + len(p["later"]) for p in got.values()) == 232
-    assert stored_format(path) == (3, False)
+    assert stored_format(path) == "format 3"
     assert "converted to format 3" in caplog.text
 
 
 def test_partial_conversion_resumes(tmp_path: Any, expected: dict[str, Any]) -> None:
-    """Stopped after 3 transactions of 40 rows, the store still says format 2 and the next
-    open converts the rest: deliveries equal the old code's."""
+    """Stopped after 3 transactions of 40 rows, the store is marked as converting (format 3,
+    so the previous version refuses it rather than serve the unconverted part only) and the
+    next open converts the rest: deliveries equal the old code's."""
     path = copy_fixture(tmp_path)
     env = lmdb.open(os.path.join(path, "index"), max_dbs=codec.MAX_DBS)
     with env.begin(write=True) as txn:
@@ -77,9 +85,13 @@ def test_partial_conversion_resumes(tmp_path: Any, expected: dict[str, Any]) -> 
     done = migrate_v2.migrate(env, dbs, chunk=40, stop_after=3)
     env.close()
     assert done["transactions"] == 3 and done["rows"] == 120
-    assert stored_format(path) == (2, True)
+    assert stored_format(path) == "converting"
+    from mqhub.errors import StoreError
+    from mqhub.store.snapshot import take_snapshot
+    with pytest.raises(StoreError, match="format 2"):
+        take_snapshot(path, str(tmp_path / "refused"))
     assert fixture.deliveries(path, expected["closed_at"]) == expected["deliveries"]
-    assert stored_format(path) == (3, False)
+    assert stored_format(path) == "format 3"
 
 
 CHILD = """
@@ -110,9 +122,9 @@ def test_kill_during_conversion_leaves_a_store_that_converts_on_the_next_open(
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(10)
-    assert stored_format(path) == (2, True)
+    assert stored_format(path) == "converting"
     assert fixture.deliveries(path, expected["closed_at"]) == expected["deliveries"]
-    assert stored_format(path) == (3, False)
+    assert stored_format(path) == "format 3"
 
 
 def test_snapshots_of_format_2_are_read_and_unconverted_stores_are_not_copied(
