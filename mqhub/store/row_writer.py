@@ -278,7 +278,8 @@ class RowWriter:
                 for e in items]
 
     def _flush_plain(self, t: TxnChanges) -> None:
-        """Write the gathered plain rows (inline bodies, no expiry) and their ``order`` rows.
+        """Write the gathered plain rows (inline bodies, no expiry); note the new ones for
+        their ``ready`` groups (:meth:`_flush_ready`).
 
         The rows are sorted by key; those above the table's last key (new messages: hub ids
         are time-ordered) go in with MDB_APPEND, which fills leaf pages; the rest (re-puts,
