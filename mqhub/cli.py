@@ -96,13 +96,14 @@ def snapshot(data_dir: Path, out_dir: Path, progress: bool | None) -> None:
 def export(snapdir: Path, out_dir: Path) -> None:
     """Export a snapshot's journal and stored messages as Parquet, partitioned by day."""
     try:
-        from mqhub.analytics.export import export_snapshot
+        from mqhub.analytics.export import SNAPSHOT, export_snapshot, source_kind
     except ImportError as exc:
         raise click.ClickException("mqhub export needs: pip install 'mqhub[export]'") from exc
     from mqhub.cli_progress import progress_bar
+    from mqhub.errors import StoreError
     from mqhub.store.snapshot import MANIFEST
 
-    if not (snapdir / MANIFEST).exists():
+    if source_kind(str(snapdir)) != SNAPSHOT:
         raise click.ClickException(f"{snapdir} is not a snapshot (no {MANIFEST})")
     progress, task = progress_bar("export", 1)
     with progress:
@@ -111,7 +112,7 @@ def export(snapdir: Path, out_dir: Path) -> None:
 
         try:
             result = export_snapshot(str(snapdir), str(out_dir), step)
-        except (FileExistsError, OSError, ValueError) as exc:
+        except (FileExistsError, OSError, ValueError, StoreError) as exc:
             raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps(result))
 

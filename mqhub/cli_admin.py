@@ -87,7 +87,8 @@ def stats_tables(s: dict[str, Any]) -> list[Table]:
 @url_option
 @json_option
 @click.option("--watch", type=float, default=None, metavar="SECONDS",
-              help="Refresh every SECONDS until interrupted.")
+              help="Refresh every SECONDS until interrupted (Ctrl-C); with --json, one JSON "
+                   "line per refresh.")
 def stats(url: str, as_json: bool, watch: float | None) -> None:
     """Uptime, per-protocol connections/published/delivered/acked and rates, store figures."""
     console = Console()
@@ -99,17 +100,35 @@ def stats(url: str, as_json: bool, watch: float | None) -> None:
             for table in stats_tables(data):
                 console.print(table)
         return
+    try:
+        watch_stats(url, as_json, max(0.2, watch), console)
+    except KeyboardInterrupt:
+        pass
+
+
+def watch_stats(url: str, as_json: bool, every: float, console: Console) -> None:
+    """Show /api/stats every ``every`` seconds until interrupted.
+
+    A terminal gets the tables redrawn in place; a pipe or file gets each refresh appended
+    (the tables, or one compact JSON document per line with ``as_json``), flushed at once.
+    """
+    if as_json or not console.is_terminal:
+        while True:
+            data = call(url, "/api/stats")
+            if as_json:
+                click.echo(json.dumps(data, default=str, separators=(",", ":")))
+            else:
+                for table in stats_tables(data):
+                    console.print(table)
+            console.file.flush()
+            time.sleep(every)
     from rich.console import Group
     from rich.live import Live
 
     with Live(console=console, auto_refresh=False) as live:
-        try:
-            while True:
-                data = call(url, "/api/stats")
-                live.update(Group(*stats_tables(data)), refresh=True)
-                time.sleep(max(0.2, watch))
-        except KeyboardInterrupt:
-            pass
+        while True:
+            live.update(Group(*stats_tables(call(url, "/api/stats"))), refresh=True)
+            time.sleep(every)
 
 
 @click.command()

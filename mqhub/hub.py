@@ -27,7 +27,7 @@ from twisted.python.failure import Failure
 
 from mqhub.core.broker import Broker
 from mqhub.scheduler.service import SchedulerService
-from mqhub.store.journal import Journal
+from mqhub.store.journal import DEFAULT_RETENTION_BYTES, DEFAULT_RETENTION_SECONDS, Journal
 from mqhub.store.journal_recorder import JournalRecorder
 from mqhub.store.lmdb import DEFAULT_MAP_SIZE, LmdbStore
 from mqhub.store.memory import MemoryStore
@@ -64,7 +64,7 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
 
     Reads ``data-dir`` (None: a memory hub), ``durability`` (sync | batch | none) and
     ``journal`` (on | off; the flow journal needs a data directory), ``journal-days`` and
-    ``journal-max-bytes`` (its retention).
+    ``journal-max-bytes`` (its retention; unset: the defaults of :mod:`mqhub.store.journal`).
     ``store-map-size`` (initial LMDB map in MiB; None: the store's default) and
     ``store-reserve`` (MiB held back for acks on a full disk; 0 or None: none).
     The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
@@ -86,10 +86,12 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     journal = None
     if data_dir is not None and (options.get("journal") or "on") != "off":
         broker.journal = JournalRecorder(clock)
+        days = options.get("journal-days")
+        max_bytes = options.get("journal-max-bytes")
         journal = Journal(
             store.path, broker.journal,
-            retention_seconds=float(options.get("journal-days") or 7) * 86400.0,
-            retention_bytes=int(options.get("journal-max-bytes") or (1 << 30)))
+            retention_seconds=float(days) * 86400.0 if days else DEFAULT_RETENTION_SECONDS,
+            retention_bytes=int(max_bytes) if max_bytes else DEFAULT_RETENTION_BYTES)
     return Hub(
         clock=clock,
         store=store,

@@ -13,8 +13,12 @@ from collections.abc import Callable, Iterator
 from operator import attrgetter
 from typing import Any
 
+from twisted.logger import Logger
+
 from mqhub.core.ids import format_id, parse_id
 from mqhub.listener import ListenerService
+
+log = Logger(namespace="mqhub.introspect")
 
 #: Sort keys accepted by :meth:`Inspector.queue_page` (prefix ``-`` for descending).
 QUEUE_SORTS: dict[str, Callable[[Any], Any]] = {
@@ -62,6 +66,51 @@ class RateTracker:
             rate = max(0.0, (total - before) / (now - then))
             self._seen[key] = (now, total, rate)
         return rate
+
+
+class CommitObservers:
+    """Several observers of a store's group commits behind its one ``on_commit`` hook.
+
+    Each observer is called with the commit's duration in seconds; one that raises is logged
+    and the others (and the store) carry on.
+    """
+
+    def __init__(self) -> None:
+        """No observers yet."""
+        self.observers: list[Callable[[float], None]] = []
+
+    def __call__(self, seconds: float) -> None:
+        """Hand one commit's duration to every observer."""
+        for observe in list(self.observers):
+            try:
+                observe(seconds)
+            except Exception:  # noqa: BLE001 - an observer must never fail a commit
+                log.failure("a store commit observer failed")
+
+
+def add_commit_observer(store: Any, observer: Callable[[float], None]) -> bool:
+    """Call ``observer(seconds)`` after each of ``store``'s group commits, beside any others.
+
+    The store's ``on_commit`` becomes a :class:`CommitObservers` (keeping a hook set before).
+    Returns False when the store reports no commits (it has no ``on_commit``).
+    """
+    if not hasattr(store, "on_commit"):
+        return False
+    hook = store.on_commit
+    if not isinstance(hook, CommitObservers):
+        fan = CommitObservers()
+        if hook is not None:
+            fan.observers.append(hook)
+        store.on_commit = hook = fan
+    hook.observers.append(observer)
+    return True
+
+
+def remove_commit_observer(store: Any, observer: Callable[[float], None]) -> None:
+    """Stop calling ``observer`` after ``store``'s commits (nothing when it was not added)."""
+    hook = getattr(store, "on_commit", None)
+    if isinstance(hook, CommitObservers) and observer in hook.observers:
+        hook.observers.remove(observer)
 
 
 def walk_listeners(service: Any, top: str | None = None) -> Iterator[tuple[str, ListenerService]]:
@@ -125,7 +174,8 @@ class Inspector:
         return [c.name for c in self.root if c.name not in self.skip]
 
     def connections(self) -> list[dict[str, Any]]:
-        """Every open client connection: protocol, listener, peer, since, counters."""
+        """Every open client connection: protocol, listener, peer, since, counters; then the
+        peers protocol services track themselves (:meth:`peer_connections`)."""
         out = []
         for protocol, ls in self.listeners():
             for conn in ls.connections:
@@ -141,14 +191,26 @@ class Inspector:
                     if isinstance(value, (int, float, str)) and not isinstance(value, bool):
                         row[attr] = value
                 out.append(row)
-        return out
+        return out + self.peer_connections()
 
     def connection_counts(self) -> dict[str, int]:
         """Open connections per protocol (every protocol service listed, even with none)."""
         counts = dict.fromkeys(self.protocols(), 0)
         for protocol, ls in self.listeners():
             counts[protocol] = counts.get(protocol, 0) + len(ls.connections)
+        for row in self.peer_connections():
+            counts[row["protocol"]] = counts.get(row["protocol"], 0) + 1
         return counts
+
+    def peer_connections(self) -> list[dict[str, Any]]:
+        """Connections a protocol service tracks itself through a ``peers()`` method (eMQP:
+        the ZeroMQ identities its router knows), each row with its ``protocol``."""
+        out: list[dict[str, Any]] = []
+        for child in list(self.root) if self.root is not None else []:
+            peers = getattr(child, "peers", None)
+            if child.name not in self.skip and callable(peers):
+                out.extend({"protocol": child.name, **row} for row in peers())
+        return out
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, details): the store is open and every protocol listener is listening."""
@@ -371,20 +433,9 @@ class Inspector:
 
     def emqp_workers(self, limit: int = 100) -> list[dict[str, Any]]:
         """eMQP jobmanagers connected to the backend: queues, free slots, jobs in flight."""
-        rows: list[dict[str, Any]] = []
-        for child in list(self.root) if self.root is not None else []:
-            workers = getattr(getattr(child, "router", None), "workers", None)
-            if not isinstance(workers, dict):
-                continue
-            for worker in list(workers.values())[:limit]:
-                peer = worker.peer
-                rows.append({
-                    "protocol": child.name,
-                    "peer": peer.decode("utf-8", "replace") if peer.isascii() else peer.hex(),
-                    "queues": [name for _, name in worker.queues], "slots": worker.slots,
-                    "in_flight": len(worker.inflight), "last_seen": worker.last_seen,
-                })
-        return rows
+        keys = ("protocol", "peer", "queues", "slots", "in_flight", "last_seen")
+        workers = [row for row in self.peer_connections() if row.get("kind") == "worker"]
+        return [{k: row[k] for k in keys} for row in workers[:limit]]
 
     # dead letters ---------------------------------------------------------------------------
 
@@ -422,4 +473,5 @@ class Inspector:
         return out
 
 
-__all__ = ["Inspector", "RateTracker", "walk_listeners", "QUEUE_SORTS", "SAFE_SETTINGS"]
+__all__ = ["Inspector", "RateTracker", "CommitObservers", "add_commit_observer",
+           "remove_commit_observer", "walk_listeners", "QUEUE_SORTS", "SAFE_SETTINGS"]

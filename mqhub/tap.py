@@ -19,6 +19,7 @@ from mqhub.errors import PluginError
 from mqhub.hub import HubService, build_hub
 from mqhub.logs import forward_stdlib_logging
 from mqhub.plugins.builtin import BUILTIN
+from mqhub.store.journal import DEFAULT_RETENTION_BYTES, DEFAULT_RETENTION_SECONDS
 
 log = Logger(namespace="mqhub.tap")
 
@@ -72,8 +73,10 @@ Examples:
         ["manhole-keys", None, None,
          "OpenSSH authorized_keys file of the keys that may log in to the manhole."],
         ["journal", None, "on", "Flow journal for analytics (docs/analytics.md): on or off."],
-        ["journal-days", None, "7", "Delete closed journal files older than this many days."],
-        ["journal-max-bytes", None, str(1 << 30), "Keep at most this many bytes of journal."],
+        ["journal-days", None, f"{DEFAULT_RETENTION_SECONDS / 86400.0:g}",
+         "Delete closed journal files older than this many days."],
+        ["journal-max-bytes", None, str(DEFAULT_RETENTION_BYTES),
+         "Keep at most this many bytes of journal."],
         ["store-map-size", None, None,
          "Initial LMDB map size in MiB (default 256); the map doubles whenever it fills."],
         ["store-reserve", None, "16",

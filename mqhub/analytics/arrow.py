@@ -160,12 +160,23 @@ def _emit(strings: _Strings, runs: dict[str, list[Any]], rows: dict[str, list[An
         yield "counters", pa.RecordBatch.from_arrays(cols, schema=arrow_schema("counters"))
 
 
-def snapshot_journal_files(snapdir: str) -> list[tuple[str, int]]:
-    """Return ``(absolute path, length)`` of a snapshot's journal files (from its manifest)."""
+def read_manifest(snapdir: str) -> dict[str, Any]:
+    """Return a snapshot's manifest (read it once and pass it to :func:`snapshot_journal_files`)."""
     import json
 
     with open(os.path.join(snapdir, MANIFEST)) as f:
-        manifest = json.load(f)
+        manifest: dict[str, Any] = json.load(f)
+    return manifest
+
+
+def snapshot_journal_files(snapdir: str,
+                           manifest: dict[str, Any] | None = None) -> list[tuple[str, int]]:
+    """Return ``(absolute path, length)`` of a snapshot's journal files (from its manifest).
+
+    :param manifest: the snapshot's manifest when the caller has it already (else it is read).
+    """
+    if manifest is None:
+        manifest = read_manifest(snapdir)
     journal = manifest.get("journal") or {}
     base = os.path.join(os.path.abspath(snapdir), "journal")
     return [(os.path.join(base, f["name"]), int(f["length"])) for f in journal.get("files", [])]
@@ -174,7 +185,10 @@ def snapshot_journal_files(snapdir: str) -> list[tuple[str, int]]:
 def table_batches(snapdir: str, table: str, part: Any = None) -> Iterator[Any]:
     """Yield the RecordBatches of ``table`` for one partition (a journal file) or all of them."""
     if table == "messages":
-        yield from message_batches(snapdir)
+        from mqhub.store.snapshot_reader import SnapshotReader
+
+        with SnapshotReader(snapdir) as snap:
+            yield from message_batches(snap)
         return
     files = snapshot_journal_files(snapdir) if part is None else [part]
     for path, length in files:
@@ -183,12 +197,12 @@ def table_batches(snapdir: str, table: str, part: Any = None) -> Iterator[Any]:
                 yield batch
 
 
-def message_batches(snapdir: str, max_rows: int = 65536) -> Iterator[Any]:
-    """Yield the ``messages`` table (the entries stored in the snapshot's index)."""
+def message_batches(snap: Any, max_rows: int = 65536) -> Iterator[Any]:
+    """Yield the ``messages`` table: the entries stored in the index of ``snap``, an open
+    :class:`mqhub.store.snapshot_reader.SnapshotReader`."""
     import pyarrow as pa
 
     from mqhub.core.ids import id_time
-    from mqhub.store.snapshot_reader import SnapshotReader
 
     schema = arrow_schema("messages")
     cols: list[list[Any]] = [[] for _ in schema]
@@ -200,14 +214,13 @@ def message_batches(snapdir: str, max_rows: int = 65536) -> Iterator[Any]:
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    with SnapshotReader(snapdir) as snap:
-        for queue, e in snap.iter_entries():
-            values = (e[0], queue, e[5], e[8] or None, e[1], e[2], len(e[7]),
-                      ts(id_time(e[0])), ts(e[3]), ts(e[4]))
-            for c, v in zip(cols, values, strict=True):
-                c.append(v)
-            if len(cols[0]) >= max_rows:
-                yield flush()
-                cols = [[] for _ in schema]
+    for queue, e in snap.iter_entries():
+        values = (e[0], queue, e[5], e[8] or None, e[1], e[2], len(e[7]),
+                  ts(id_time(e[0])), ts(e[3]), ts(e[4]))
+        for c, v in zip(cols, values, strict=True):
+            c.append(v)
+        if len(cols[0]) >= max_rows:
+            yield flush()
+            cols = [[] for _ in schema]
     if cols[0]:
         yield flush()

@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from mqhub.analytics.arrow import DDL, TABLES
-from mqhub.store.snapshot import MANIFEST
+from mqhub.analytics.export import SNAPSHOT, source_kind
 
 
 class JournalFile(InputPartition):
@@ -94,7 +94,7 @@ class MqhubDataSource(DataSource):
         if not path:
             raise ValueError("mqhub data source: load(SNAPDIR) or option('path', SNAPDIR)")
         snapdir = os.path.abspath(path)
-        if not os.path.exists(os.path.join(snapdir, MANIFEST)):
+        if source_kind(snapdir) != SNAPSHOT:
             raise ValueError(f"mqhub data source: {snapdir!r} is not a snapshot")
         return MqhubReader(schema, snapdir, self._table())
 

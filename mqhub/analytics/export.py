@@ -28,6 +28,22 @@ from mqhub.store.snapshot import MANIFEST
 
 EXPORT_MANIFEST = "export.json"
 _DAY_SOURCE = {"events": "ts", "counters": "second", "messages": "published"}
+#: What :func:`source_kind` calls a snapshot and an export directory.
+SNAPSHOT, EXPORT = "snapshot", "export"
+
+
+def source_kind(path: str) -> str | None:
+    """Whether ``path`` is a snapshot, an export, or neither (``SNAPSHOT``, ``EXPORT``, None).
+
+    A snapshot holds ``manifest.json``; an export holds ``export.json`` (written by
+    :func:`export_snapshot`) or at least an ``events/`` table (Parquet written by other tools).
+    """
+    if os.path.exists(os.path.join(path, MANIFEST)):
+        return SNAPSHOT
+    if (os.path.exists(os.path.join(path, EXPORT_MANIFEST))
+            or os.path.isdir(os.path.join(path, "events"))):
+        return EXPORT
+    return None
 
 
 def _with_day(batch: Any, table: str) -> Any:
@@ -82,29 +98,32 @@ def export_snapshot(snapdir: str, out: str,
     """Export ``snapdir`` to Parquet under ``out``; return the export manifest.
 
     :param progress: called as ``progress(step, done, total)`` after each journal file.
+    :raises StoreError: when ``snapdir`` is not a readable snapshot of this store format.
     """
+    from mqhub.store.snapshot_reader import SnapshotReader
+
     started = time.perf_counter()
     snapdir = os.path.abspath(snapdir)
-    with open(os.path.join(snapdir, MANIFEST)) as f:
-        manifest = json.load(f)
-    if os.path.exists(os.path.join(out, EXPORT_MANIFEST)):
-        raise FileExistsError(f"{out!r} already holds an export")
-    os.makedirs(out, exist_ok=True)
-    files = snapshot_journal_files(snapdir)
-    total = sum(n for _, n in files) + 1
-    done = 0
-    writers = _Writers(out)
-    for path, length in files:
-        for name, batch in journal_file_batches(path, length):
-            writers.add(name, batch)
-        writers.flush("events")
-        writers.flush("counters")
-        done += length
-        if progress is not None:
-            progress("journal", done, total)
-    for batch in message_batches(snapdir):
-        writers.add("messages", batch)
-    writers.flush("messages")
+    with SnapshotReader(snapdir) as snap:  # reads the manifest, once, and checks the format
+        manifest = snap.manifest
+        if os.path.exists(os.path.join(out, EXPORT_MANIFEST)):
+            raise FileExistsError(f"{out!r} already holds an export")
+        os.makedirs(out, exist_ok=True)
+        files = snapshot_journal_files(snapdir, manifest)
+        total = sum(n for _, n in files) + 1
+        done = 0
+        writers = _Writers(out)
+        for path, length in files:
+            for name, batch in journal_file_batches(path, length):
+                writers.add(name, batch)
+            writers.flush("events")
+            writers.flush("counters")
+            done += length
+            if progress is not None:
+                progress("journal", done, total)
+        for batch in message_batches(snap):
+            writers.add("messages", batch)
+        writers.flush("messages")
     if progress is not None:
         progress("messages", total, total)
     result = {

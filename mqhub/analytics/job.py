@@ -29,11 +29,12 @@ def load_tables(spark: Any, src: str) -> tuple[Any, Any, Any]:
     import os
 
     from mqhub.analytics.arrow import DDL
-    from mqhub.analytics.datasource import MqhubDataSource
-    from mqhub.store.snapshot import MANIFEST
+    from mqhub.analytics.export import SNAPSHOT, source_kind
 
     src = os.path.abspath(src)
-    if os.path.exists(os.path.join(src, MANIFEST)):
+    if source_kind(src) == SNAPSHOT:
+        from mqhub.analytics.datasource import MqhubDataSource
+
         spark.dataSource.register(MqhubDataSource)
         reader = spark.read.format("mqhub")
         return (reader.option("table", "events").load(src),

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mqhub.analytics.export import SNAPSHOT, export_snapshot, source_kind
 from mqhub.analytics.job import TABLE_NAMES, build_tables, load_tables, summary_rows
 from mqhub.store.journal_format import EVENT_NAMES
-from mqhub.store.snapshot import MANIFEST
 
 STAGES = ("java", "input", "spark", "load", *TABLE_NAMES, "summary", "report")
 READ_MODES = ("parquet", "datasource")
@@ -112,10 +112,10 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
     started = time.perf_counter()
     step = progress or (lambda stage: None)
     src = origin = os.path.abspath(src)
-    if not (os.path.exists(os.path.join(src, MANIFEST))
-            or os.path.isdir(os.path.join(src, "events"))):
+    kind = source_kind(src)
+    if kind is None:
         raise AnalyticsError(f"{src!r} is neither a snapshot (manifest.json) nor an export "
-                             "(events/)")
+                             "(export.json or events/)")
     if read not in READ_MODES:
         raise AnalyticsError(f"read must be one of {READ_MODES}")
     own = spark is None
@@ -135,9 +135,7 @@ def run_analytics(src: str, out: str, *, master: str = "local[2]", spark: Any = 
         starter = threading.Thread(target=boot, name="spark-session", daemon=True)
         starter.start()
     try:
-        if read == "parquet" and os.path.exists(os.path.join(src, MANIFEST)):
-            from mqhub.analytics.export import export_snapshot
-
+        if read == "parquet" and kind == SNAPSHOT:
             staged = os.path.join(os.path.abspath(out), STAGED_INPUT)
             shutil.rmtree(staged, ignore_errors=True)
             export_snapshot(src, staged)

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from twisted.web.resource import Resource
 
-from mqhub.introspect import Inspector
+from mqhub.introspect import Inspector, add_commit_observer
 
 #: Default number of queues exported one by one in ``mqhub_queue_depth``.
 DEFAULT_QUEUE_CAP = 500
@@ -85,15 +85,14 @@ class HubCollector:
 
 def build_registry(inspector: Inspector, queue_cap: int = DEFAULT_QUEUE_CAP) -> CollectorRegistry:
     """A registry (not the global one) with the hub's collector, the commit histogram and
-    the process metrics; the store reports each commit's duration to the histogram."""
+    the process metrics; the store reports each commit's duration to the histogram (as one
+    of its commit observers: :func:`mqhub.introspect.add_commit_observer`)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HubCollector(inspector, queue_cap))
     ProcessCollector(registry=registry)
     commit = Histogram("mqhub_store_commit_seconds", "Duration of store group commits.",
                        buckets=COMMIT_BUCKETS, registry=registry)
-    store = inspector.hub.store
-    if hasattr(store, "on_commit"):
-        store.on_commit = commit.observe
+    add_commit_observer(inspector.hub.store, commit.observe)
     return registry
 
 

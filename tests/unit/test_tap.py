@@ -228,3 +228,20 @@ def test_build_service_skips_refusing_plugins_and_keeps_the_rest(tmp_path: Path)
     assert root.hub.reactor is reactor
     assert root.hub.data_dir == str(tmp_path / "data")
     assert reactor.tcpServers == []  # nothing listens before the service starts
+
+
+def test_journal_retention_defaults_come_from_the_journal(tmp_path: Path) -> None:
+    """The tap's --journal-days/--journal-max-bytes defaults are the journal's own defaults."""
+    from twisted.internet.task import Clock
+
+    from mqhub.hub import build_hub
+    from mqhub.store.journal import DEFAULT_RETENTION_BYTES, DEFAULT_RETENTION_SECONDS
+
+    options = parse("--data-dir", str(tmp_path))
+    assert float(options["journal-days"]) * 86400.0 == DEFAULT_RETENTION_SECONDS
+    assert int(options["journal-max-bytes"]) == DEFAULT_RETENTION_BYTES
+    parsed = build_hub(dict(options), Clock()).journal
+    unset = build_hub({"data-dir": str(tmp_path / "b")}, Clock()).journal
+    for journal in (parsed, unset):
+        assert journal.retention_seconds == DEFAULT_RETENTION_SECONDS
+        assert journal.retention_bytes == DEFAULT_RETENTION_BYTES

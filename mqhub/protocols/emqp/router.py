@@ -13,8 +13,6 @@ weights rotate), so the core never delivers a job no worker can take.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.task import LoopingCall
@@ -25,106 +23,30 @@ from zope.interface import implementer
 from mqhub.errors import InvalidName, MqhubError
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.emqp import frames as F
-from mqhub.scheduler.spec import ScheduleSpec
-from mqhub.store.records import ATTEMPTS, BODY, HEADERS, MSG_ID, ORIGIN
-
-Frames = list[bytes]
-Send = Callable[[Frames], None]
-#: This read's jobs for one queue: bodies and their per-job headers.
-JobBatch = tuple[list[bytes], list[dict[str, str] | None]]
-
-JOB_PREFIX = "emqp.jobs."
-SCHEDULE_KEY_PREFIX = b"emqp/s/"
-DEFAULT_QUEUES: list[tuple[int, str]] = [(10, "default")]
-#: In-flight deadline handed to the core; the router itself decides about lost jobs.
-CONSUMER_TIMEOUT = 7 * 86400.0
-#: Attempts a ``guarantee`` job without ``retry-count`` gets after lost workers.
-GUARANTEE_ATTEMPTS = 4
-
-H_MSGID = "emqp-msgid"
-H_CLIENT = "emqp-client"
-H_HEADERS = "emqp-headers"
-H_REPLY = "emqp-reply"
-H_MAX = "mqhub-max-attempts"
+from mqhub.protocols.emqp.droplog import DropLog
+from mqhub.protocols.emqp.jobs import (
+    CONSUMER_TIMEOUT,
+    DEFAULT_QUEUES,
+    H_CLIENT,
+    H_HEADERS,
+    H_MAX,
+    H_MSGID,
+    H_REPLY,
+    JOB_PREFIX,
+    Frames,
+    JobBatch,
+    Send,
+    request_headers,
+    valid_job,
+    waiting_jobs,
+)
+from mqhub.protocols.emqp.peers import PeerTable, connection_rows
+from mqhub.protocols.emqp.pubsub import PubRelay
+from mqhub.protocols.emqp.schedules import SCHEDULE_KEY_PREFIX, ScheduleFront
+from mqhub.protocols.emqp.workers import Routes, Worker
+from mqhub.store.records import ATTEMPTS, BODY, HEADERS, MSG_ID
 
 log = Logger(namespace="mqhub.emqp")
-
-
-class Worker:
-    """A jobmanager connected to the backend (one ZeroMQ identity)."""
-
-    __slots__ = ("peer", "queues", "slots", "last_seen", "inflight", "leaving")
-
-    def __init__(self, peer: bytes, queues: list[tuple[int, str]], now: float) -> None:
-        """Register ``peer`` serving ``queues`` (``(weight, name)`` in INFORM order), no slots."""
-        self.peer = peer
-        self.queues = queues
-        self.slots = 0
-        self.last_seen = now
-        #: msgid sent to the worker -> (queue name, core msg id, client peer or b"",
-        #: wants reply, retryable, the client's msgid, last allowed attempt)
-        self.inflight: dict[bytes, tuple[str, int, bytes, bool, bool, bytes, bool]] = {}
-        self.leaving = False
-
-
-class DropLog:
-    """Rate-limited log of dropped messages: at most ``per_second`` lines, the rest counted."""
-
-    def __init__(self, clock: Any, per_second: int = 20) -> None:
-        """:param clock: IReactorTime for the one-second windows."""
-        self.clock = clock
-        self.per_second = per_second
-        self.window = -1
-        self.lines = 0
-        self.suppressed = 0
-        self.total = 0
-
-    def drop(self, socket: str, peer: bytes, reason: str) -> None:
-        """Count one dropped message and log it unless this second's budget is spent."""
-        self.total += 1
-        second = int(self.clock.seconds())
-        if second != self.window:
-            if self.suppressed:
-                log.warn("eMQP: {n} more dropped messages not logged", n=self.suppressed)
-            self.window, self.lines, self.suppressed = second, 0, 0
-        if self.lines < self.per_second:
-            self.lines += 1
-            log.warn("eMQP {socket}: dropped message from {peer}: {reason}", socket=socket,
-                     peer=F.peer_label(peer), reason=reason)
-        else:
-            self.suppressed += 1
-
-
-def _valid_job(body: bytes) -> bool:
-    """True when ``body`` is an eventmq job (a JSON list whose second item is an object)."""
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(value, list) and len(value) >= 2 and isinstance(value[1], dict)
-
-
-@implementer(IDeliveryTarget)
-class PubBridge:
-    """Live hub subscription that copies other protocols' messages to the PUB socket.
-
-    A message published on address ``a.b`` by NATS, NSQ, ... goes out as ``[b"a.b", body]``;
-    messages that came from eMQP PUBLISH are skipped (they were sent on PUB already).
-    """
-
-    protocol_name = "emqp"
-
-    def __init__(self, send_pub: Send) -> None:
-        """:param send_pub: sends ``[topic, message]`` on the PUB socket."""
-        self.send_pub = send_pub
-
-    def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
-        """Forward every foreign message of the batch as one PUB message each."""
-        topic = address.encode()
-        send = self.send_pub
-        for entry in messages:
-            if entry[ORIGIN] != "emqp":
-                send([topic, entry[BODY]])
 
 
 @implementer(IDeliveryTarget)
@@ -169,9 +91,12 @@ class EmqpRouter:
         self.ids = F.MsgIds()
         self.drops = DropLog(self.clock)
         self.workers: dict[bytes, Worker] = {}
+        #: emq-scheduler peers on the frontend -> last seen (most recent INFORM last)
         self.schedulers: dict[bytes, float] = {}
-        #: eMQP queue -> [[weight, worker peer], ...] sorted by weight, highest first
-        self.routes: dict[str, list[tuple[int, bytes]]] = {}
+        self.routes = Routes()
+        #: clients (and schedulers) seen on the frontend, publishers on pub-in
+        self.clients = PeerTable()
+        self.publishers = PeerTable()
         self.consumers: dict[str, Any] = {}
         #: jobs the core delivered when no slot was planned; sent on the next free slot
         self.held: dict[str, list[tuple]] = {}
@@ -182,12 +107,15 @@ class EmqpRouter:
         self._post: list[Frames] = []
         self._seal_call: Any = None
         self._heartbeat: LoopingCall | None = None
-        self.pub_bridge = tuple(pub_bridge)
-        self._bridge_bindings: list[Any] = []
         self.stats = {"requests": 0, "dispatched": 0, "replies": 0, "retries": 0,
                       "published": 0, "scheduled_runs": 0, "late_replies": 0}
+        self.pubsub = PubRelay(self.broker, send_pub, self.drops, max_body, self.stats,
+                               tuple(pub_bridge), self.publishers, self.clock)
+        self.schedules = ScheduleFront(self.scheduler, self.schedulers, send_frontend, self.ids,
+                                       self.stats, forward=forward_schedules, known=self.known,
+                                       enqueue=self.enqueue)
         if self.scheduler is not None and hasattr(self.scheduler, "register"):
-            self.scheduler.register(SCHEDULE_KEY_PREFIX, self._schedule_due)
+            self.scheduler.register(SCHEDULE_KEY_PREFIX, self.schedules.due)
 
     # lifecycle -------------------------------------------------------------------------------
 
@@ -196,10 +124,7 @@ class EmqpRouter:
         for queue in self.broker.queues():
             if queue.name.startswith(JOB_PREFIX):
                 self._consumer(queue.name[len(JOB_PREFIX):])
-        if self.send_pub is not None:
-            bridge = PubBridge(self.send_pub)
-            for pattern in self.pub_bridge:
-                self._bridge_bindings.append(self.broker.subscribe(pattern, bridge))
+        self.pubsub.start()
         self._heartbeat = LoopingCall(self._beat)
         self._heartbeat.clock = self.clock
         self._heartbeat.start(self.heartbeat_interval, now=False)
@@ -211,9 +136,7 @@ class EmqpRouter:
         if self._seal_call is not None and self._seal_call.active():
             self._seal_call.cancel()
         self._seal_call = None
-        for binding in self._bridge_bindings:
-            self.broker.unbind(binding)
-        self._bridge_bindings.clear()
+        self.pubsub.stop()
         for qname, consumer in list(self.consumers.items()):
             queue = self.broker.queue(JOB_PREFIX + qname)
             if queue is not None:
@@ -233,7 +156,7 @@ class EmqpRouter:
             self.consumers[qname] = consumer
         return consumer
 
-    def _known(self, qname: str) -> bool:
+    def known(self, qname: str) -> bool:
         """True when a worker has INFORMed ``qname`` or it holds recovered jobs."""
         return qname in self.routes or qname in self.consumers
 
@@ -246,6 +169,7 @@ class EmqpRouter:
         for frames in messages:
             try:
                 cmd = F.parse_routed(frames, self.max_body)
+                self.clients.seen(cmd.peer, now)
                 name = cmd.name
                 if name == b"REQUEST":
                     self._take_request(cmd, jobs)
@@ -254,7 +178,7 @@ class EmqpRouter:
                 elif name == b"INFORM":
                     self._inform_scheduler(cmd, now)
                 elif name == b"SCHEDULE" or name == b"UNSCHEDULE":
-                    self._schedule_command(cmd)
+                    self.schedules.command(cmd)
                 elif name == b"DISCONNECT" or name == b"KBYE":
                     self._frontend_bye(cmd)
                 else:
@@ -266,25 +190,17 @@ class EmqpRouter:
             except Exception:  # noqa: BLE001 - one message must never cost the rest of the read
                 log.failure("eMQP frontend: handling a message failed")
         for qname, (bodies, headers) in jobs.items():
-            self._enqueue(qname, bodies, headers)
+            self.enqueue(qname, bodies, headers)
 
     def _take_request(self, cmd: F.Command, jobs: dict[str, JobBatch]) -> None:
         """Validate one REQUEST and add it to this read's batch for its queue."""
         queue_raw, headers_raw, body = cmd.body
         qname = queue_raw.decode() or "default"
-        if not self._known(qname):
+        if not self.known(qname):
             qname = "default"
-        if not _valid_job(body):
+        if not valid_job(body):
             raise F.ProtocolError(F.E_BAD_VALUE, "REQUEST body is not an eventmq job")
-        h = F.parse_headers(headers_raw)
-        meta = {H_MSGID: cmd.msgid.decode(), H_CLIENT: cmd.peer.hex(),
-                H_HEADERS: headers_raw.decode()}
-        if h.reply_requested:
-            meta[H_REPLY] = "1"
-        if h.retry_count > 0:
-            meta[H_MAX] = str(h.retry_count + 1)
-        elif h.guarantee:
-            meta[H_MAX] = str(GUARANTEE_ATTEMPTS)
+        meta = request_headers(cmd, headers_raw)
         batch = jobs.get(qname)
         if batch is None:
             batch = jobs[qname] = ([], [])
@@ -292,7 +208,7 @@ class EmqpRouter:
         batch[1].append(meta)
         self.stats["requests"] += 1
 
-    def _enqueue(self, qname: str, bodies: list[bytes],
+    def enqueue(self, qname: str, bodies: list[bytes],
                  headers: list[dict[str, str] | None]) -> None:
         """Store one batch of jobs on eMQP queue ``qname`` and hand out what free slots allow."""
         try:
@@ -303,7 +219,7 @@ class EmqpRouter:
             log.error("eMQP: {n} jobs for queue {q} refused: {e}", n=len(bodies), q=qname, e=exc)
             return
         d.addErrback(lambda f: log.failure("eMQP: storing jobs failed", f))
-        self._pump(qname)
+        self.pump(qname)
 
     def _inform_scheduler(self, cmd: F.Command, now: float) -> None:
         """INFORM on the frontend: an emq-scheduler announcing itself; ACK it."""
@@ -316,6 +232,7 @@ class EmqpRouter:
     def _frontend_bye(self, cmd: F.Command) -> None:
         """DISCONNECT or KBYE from a frontend peer ends that peer only (never the broker)."""
         self.schedulers.pop(cmd.peer, None)
+        self.clients.forget(cmd.peer)
         if cmd.name == b"DISCONNECT":
             self.send_frontend(F.kbye(cmd.peer, self.ids.next()))
             log.info("eMQP: frontend peer {p} disconnected", p=F.peer_label(cmd.peer))
@@ -367,7 +284,7 @@ class EmqpRouter:
             if worker is not None:
                 touched.extend(name for _, name in worker.queues)
         for qname in dict.fromkeys(touched):
-            self._pump(qname)
+            self.pump(qname)
 
     def _inform_worker(self, cmd: F.Command, now: float) -> None:
         """INFORM from a jobmanager: (re)register it with no slots, ACK, and heartbeat it."""
@@ -385,10 +302,7 @@ class EmqpRouter:
             self._remove_worker(old)
         worker = Worker(cmd.peer, good, now)
         self.workers[cmd.peer] = worker
-        for weight, qname in good:
-            lst = self.routes.setdefault(qname, [])
-            lst.append((weight, cmd.peer))
-            lst.sort(key=lambda item: -item[0])
+        self.routes.add(worker)
         self.send_backend(F.ack(cmd.peer, self.ids.next(), cmd.msgid))
         # eventmq's jobmanager starts its processes on the broker's first HEARTBEAT
         self.send_backend(F.heartbeat(cmd.peer, self.ids.next(), now))
@@ -428,13 +342,7 @@ class EmqpRouter:
             return False
         result, req = cmd.body
         msgid = req.decode("utf-8", "replace")
-        found: list[tuple[Any, tuple]] = []
-        for consumer in self.consumers.values():
-            queue = consumer.queue
-            for entry in queue.peek(queue.depth):
-                meta = entry[HEADERS]
-                if meta is not None and meta.get(H_MSGID) == msgid:
-                    found.append((queue, entry))
+        found = waiting_jobs(self.consumers.values(), msgid)
         if len(found) != 1:
             return False
         queue, entry = found[0]
@@ -502,20 +410,13 @@ class EmqpRouter:
             self.send_backend(F.kbye(worker.peer, self.ids.next()))
         worker.leaving = True
         worker.slots = 0
-        self._unroute(worker)
+        self.routes.remove(worker)
         if not worker.inflight:
             self._remove_worker(worker)
 
-    def _unroute(self, worker: Worker) -> None:
-        """Remove ``worker`` from every queue's worker list."""
-        for _, qname in worker.queues:
-            lst = self.routes.get(qname)
-            if lst:
-                lst[:] = [item for item in lst if item[1] != worker.peer]
-
     def _remove_worker(self, worker: Worker) -> None:
         """Forget ``worker``; its unfinished jobs are retried when allowed, else finished."""
-        self._unroute(worker)
+        self.routes.remove(worker)
         if self.workers.get(worker.peer) is worker:
             del self.workers[worker.peer]
         acks: dict[str, list[int]] = {}
@@ -526,33 +427,15 @@ class EmqpRouter:
         worker.slots = 0
         self._settle(acks, retries)
         for qname in retries:
-            self._pump(qname)
+            self.pump(qname)
 
     # dispatch --------------------------------------------------------------------------------
-
-    def _pick(self, qname: str) -> Worker | None:
-        """eventmq's choice: highest weight with a free slot; equal weights rotate."""
-        lst = self.routes.get(qname)
-        if not lst:
-            return None
-        workers = self.workers
-        for i, (_, peer) in enumerate(lst):
-            worker = workers.get(peer)
-            if worker is not None and worker.slots > 0:
-                if len(lst) > 1:
-                    moved = lst[:i + 1]
-                    del lst[:i + 1]
-                    lst.extend(moved)
-                    lst.sort(key=lambda item: -item[0])
-                worker.slots -= 1
-                return worker
-        return None
 
     def _usable(self, worker: Worker) -> bool:
         """True while ``worker`` is registered and not leaving."""
         return self.workers.get(worker.peer) is worker and not worker.leaving
 
-    def _pump(self, qname: str) -> None:
+    def pump(self, qname: str) -> None:
         """Hand out queue ``qname``'s waiting jobs to free slots (re-entrant calls are queued)."""
         if self._pumping:
             self._repump.add(qname)
@@ -569,7 +452,7 @@ class EmqpRouter:
         """Send held jobs, then grant the queue's consumer credit for chosen free slots."""
         held = self.held.get(qname)
         while held:
-            worker = self._pick(qname)
+            worker = self.routes.pick(qname, self.workers)
             if worker is None:
                 return
             self._send_job(worker, qname, held.pop(0))
@@ -585,7 +468,7 @@ class EmqpRouter:
             plan: list[Worker] = []
             want = queue.depth
             while len(plan) < want:
-                worker = self._pick(qname)
+                worker = self.routes.pick(qname, self.workers)
                 if worker is None:
                     break
                 plan.append(worker)
@@ -607,7 +490,7 @@ class EmqpRouter:
         for entry in messages:
             worker = plan.pop(0) if plan else None
             if worker is None or not self._usable(worker):
-                worker = self._pick(qname)
+                worker = self.routes.pick(qname, self.workers)
             if worker is None:
                 self.held.setdefault(qname, []).append(entry)
             else:
@@ -626,7 +509,7 @@ class EmqpRouter:
         else:  # published by another protocol to emqp.jobs.<queue>
             msgid, headers, client, wants = self.ids.next(), b"", b"", False
             retryable = meta is not None and H_MAX in meta
-            if not _valid_job(body):
+            if not valid_job(body):
                 consumer = self.consumers[qname]
                 consumer.queue.reject(consumer, [entry[MSG_ID]], reason="rejected",
                                       error="not an eventmq job")
@@ -668,8 +551,15 @@ class EmqpRouter:
         for peer, seen in list(self.schedulers.items()):
             if seen < limit:
                 del self.schedulers[peer]
+                self.clients.forget(peer)
             else:
                 self._safe(self.send_frontend, F.heartbeat(peer, self.ids.next(), now))
+        self.clients.expire(now)
+        self.publishers.expire(now)
+
+    def peers(self) -> list[dict[str, Any]]:
+        """Every peer known on the ZeroMQ sockets, as connection rows (see :mod:`.peers`)."""
+        return connection_rows(self.workers, self.schedulers, self.clients, self.publishers)
 
     @staticmethod
     def _safe(send: Send, frames: Frames) -> None:
@@ -696,91 +586,11 @@ class EmqpRouter:
                 consumer = self.consumers.get(job[0])
                 if consumer is not None:
                     consumer.queue.requeue(consumer, [job[1]])
-                    self._pump(job[0])
+                    self.pump(job[0])
         self._remove_worker(worker)
-
-    # schedules -------------------------------------------------------------------------------
-
-    def _schedule_command(self, cmd: F.Command) -> None:
-        """SCHEDULE/UNSCHEDULE: install in (or cancel from) the hub's SchedulerService."""
-        unschedule = cmd.name == b"UNSCHEDULE"
-        spec = F.parse_schedule(cmd.body, unschedule)
-        if self.forward_schedules:
-            self._forward_schedule(cmd, unschedule)
-            return
-        key = SCHEDULE_KEY_PREFIX + spec.schedule_id.encode()
-        if unschedule:
-            self.scheduler.cancel(key).addErrback(
-                lambda f: log.failure("eMQP: UNSCHEDULE failed", f))
-            for peer in self.schedulers:  # old schedules an emq-scheduler may still hold
-                self.send_frontend(F.build(peer, cmd.name, cmd.msgid, *cmd.body))
-            return
-        h = F.parse_headers(spec.headers)
-        try:
-            if spec.interval > 0:
-                sched = ScheduleSpec(interval=float(spec.interval), nohaste=h.nohaste,
-                                     run_count=h.run_count)
-            else:
-                sched = ScheduleSpec(cron=spec.cron, nohaste=h.nohaste, run_count=h.run_count)
-        except ValueError as exc:
-            raise F.ProtocolError(F.E_BAD_VALUE, f"bad schedule: {exc}") from None
-        payload = json.dumps({"queue": spec.queue, "body": spec.body}).encode()
-        self.scheduler.schedule(sched, key, payload).addErrback(
-            lambda f: log.failure("eMQP: SCHEDULE failed", f))
-
-    def _forward_schedule(self, cmd: F.Command, unschedule: bool) -> None:
-        """The original's way: SCHEDULE to the newest scheduler peer, UNSCHEDULE to all."""
-        if not self.schedulers:
-            log.warn("eMQP: {c} with no scheduler connected, dropped", c=cmd.name.decode())
-            return
-        peers = list(self.schedulers) if unschedule else [list(self.schedulers)[-1]]
-        for peer in peers:
-            self.send_frontend(F.build(peer, cmd.name, cmd.msgid, *cmd.body))
-
-    def _schedule_due(self, rows: list[tuple[float, bytes, bytes]], batch: Any, now: float) -> None:
-        """SchedulerService handler: each due schedule run becomes one job on its queue."""
-        jobs: dict[str, JobBatch] = {}
-        for _when, _key, payload in rows:
-            try:
-                data = json.loads(payload)
-                qname = data["queue"] if self._known(data["queue"]) else "default"
-                body = data["body"].encode()
-            except (ValueError, KeyError, TypeError, AttributeError):
-                log.warn("eMQP: unreadable schedule payload skipped")
-                continue
-            batch_for = jobs.setdefault(qname, ([], []))
-            batch_for[0].append(body)
-            batch_for[1].append({H_MSGID: self.ids.next().decode(), H_HEADERS: ""})
-            self.stats["scheduled_runs"] += 1
-        for qname, (bodies, headers) in jobs.items():
-            self._enqueue(qname, bodies, headers)
 
     # pub/sub ---------------------------------------------------------------------------------
 
     def pubin_received(self, messages: list[Frames]) -> None:
-        """PUBLISH on the pub/sub ROUTER: out on PUB as ``[topic, message]`` and into the hub."""
-        topics: dict[bytes, list[bytes]] = {}
-        for frames in messages:
-            try:
-                cmd = F.parse_routed(frames, self.max_body)
-                if cmd.name != b"PUBLISH":
-                    raise F.ProtocolError(F.E_COMMAND, f"{cmd.name.decode()} on pub-in")
-                topic, message = cmd.body
-                if not topic:
-                    raise F.ProtocolError(F.E_BAD_VALUE, "empty topic")
-            except F.ProtocolError as exc:
-                self.drops.drop("pub-in", frames[0] if frames else b"", str(exc))
-                continue
-            if self.send_pub is not None:
-                self.send_pub([topic, message])
-            topics.setdefault(topic, []).append(message)
-            self.stats["published"] += 1
-        for topic, bodies in topics.items():
-            try:
-                d = self.broker.publish_batch(topic.decode(), bodies, origin="emqp")
-            except InvalidName:
-                continue  # not a hub address: PUB subscribers only
-            except MqhubError as exc:
-                log.warn("eMQP: publish to {t} refused by the hub: {e}", t=topic, e=exc)
-                continue
-            d.addErrback(lambda f: log.failure("eMQP: publish failed", f))
+        """PUBLISH on the pub/sub ROUTER: out on PUB and into the hub (see :class:`PubRelay`)."""
+        self.pubsub.received(messages)

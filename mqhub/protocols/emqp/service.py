@@ -211,6 +211,10 @@ class EmqpService(Service):
         self.router = EmqpRouter(hub, self._sender("frontend"), self._sender("backend"),
                                  self._sender("pub-out"), **settings)
 
+    def peers(self) -> list[dict[str, Any]]:
+        """The eMQP peers the router knows, as connection rows (admin ``/api/connections``)."""
+        return self.router.peers()
+
     def _sender(self, role: str) -> Callable[[list[bytes]], None]:
         """A send function for ``role`` that drops messages while the socket is closed."""
         def send(frames: list[bytes]) -> None:

@@ -6,17 +6,17 @@
   that address (see :mod:`mqhub.protocols.nats.mailbox`): urgent/normal durable with default
   TTLs 86400 s / 3600 s (the entry's expiry), notify memory-tier; a ``latest`` mailbox's queues
   are durable with ``max_size=1`` drop-oldest; the mailbox TTL is the queues' ``expires_at``.
-- A SUB on ``$mq9.AI.INBOX.{id}.*`` (or ``.>``, or one priority) attaches one core consumer per
-  priority queue (urgent first, so the backlog arrives urgent → normal → notify, FIFO within
-  each, then live); the consumer pushes to every subscriber (one member per queue group) and
-  acks what it pushed: delivered = read. QUERY takes from the queues (``Queue.take``).
+  Publishes: :mod:`mqhub.protocols.nats.mq9_inbox`.
+- SUBs on a mailbox and its pushes (delivered = read): :mod:`mqhub.protocols.nats.mq9_push`.
 - ``$mq9.AI.BROADCAST.{domain}.{event}`` is plain NATS (``#`` at the end of a SUB means ``>``);
   with header ``mq9-persist: true`` the message is also stored for its TTL and replayed to
-  late subscribers: once per queue group, or once per distinct SUB subject without a group.
+  late subscribers: :mod:`mqhub.protocols.nats.mq9_broadcast`.
 - Every mq9 error is a JSON ``{"error": "..."}`` reply on the request's reply subject.
 
-INBOX publishes of one read are handed to the core as one ``publish_batch`` per subject at the
-end of the read; replies and PONGs wait until every write before them is committed.
+This module assembles the layer (:class:`Mq9`) and holds the mailbox requests, recovery, the
+commit of each read with its after-commit operations (replies, pushes, PONGs), and the sweep.
+INBOX publishes of one read reach the core at the end of the read; replies and PONGs wait
+until every write before them is committed.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mqhub.core.ids import id_time
-from mqhub.errors import MqhubError
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.mailbox import (
     INBOX,
@@ -39,26 +38,30 @@ from mqhub.protocols.nats.mailbox import (
     PRIORITIES,
     PRIORITY_NAMES,
     QUEUE_PREFIX,
-    RESERVED_REPLY,
     Mailbox,
-    MailboxPusher,
     inbox_address,
     mailbox_queue,
     mailbox_queues,
     query_item,
-    rendered,
 )
-from mqhub.protocols.nats.sublist import subject_matches
+from mqhub.protocols.nats.mq9_broadcast import (
+    BCAST_QUEUE,
+    PersistedBroadcasts,
+)
+from mqhub.protocols.nats.mq9_common import (
+    MAILBOX,
+    OP_BROADCAST,
+    OP_PONG,
+    OP_PUSH,
+    OP_REPLY,
+    header_value,
+    headers_dict,
+    ttl_header,
+)
+from mqhub.protocols.nats.mq9_inbox import InboxWriter
+from mqhub.protocols.nats.mq9_push import MailboxPushes
 from mqhub.store.batch import WriteBatch
-from mqhub.store.records import (
-    ADDRESS,
-    BODY,
-    EXPIRES_AT,
-    HEADERS,
-    MSG_ID,
-    PRIORITY,
-    make_entry,
-)
+from mqhub.store.records import EXPIRES_AT, HEADERS, MSG_ID, PRIORITY
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.protocols.nats.server import NatsConnection, NatsServer, Subscription
@@ -67,64 +70,16 @@ __all__ = ["Mq9", "mailbox_queue", "mailbox_queues", "Mailbox"]
 
 log = Logger()
 
-MAILBOX = "$mq9.AI.MAILBOX."
-BROADCAST = "$mq9.AI.BROADCAST."
 DEFAULT_MAILBOX_TTL = 86400
-DEFAULT_BROADCAST_TTL = 3600.0
 QUERY_LIMIT = 1000
 #: live mailboxes by default: an empty one costs ~5.2 KB of RAM (three core queues, their
 #: bindings and records; docs/core-api.md "Memory"), so 250,000 stay near 1.2 GiB
 DEFAULT_MAX_MAILBOXES = 250_000
-PUSH_BATCH = 1 << 16
 
 META_MAILBOX = "mq9/mb/"
-META_BCAST_KEYS = "mq9/bk/"
-#: persisted broadcasts live under a store queue name the core's recovery leaves alone (``~``)
-BCAST_QUEUE = "~mq9/bc"
-OLD_BCAST_QUEUE = "mq9/bc"
-
-# kinds of the after-commit operations in ``Mq9._ops`` (first field of each op tuple)
-_OP_BROADCAST = 2   # (kind, publisher, entry, seen, reply, hdr): deliver a persisted broadcast
-_OP_REPLY = 3       # (kind, reply subject, JSON bytes): answer a MAILBOX request
-_OP_PONG = 4        # (kind, connection): a flush() barrier's PONG
-_OP_PUSH = 5        # (kind, pusher, consumer, entries): push stored mailbox messages
 
 
-def _headers_dict(hdr: bytes | None) -> dict[str, str] | None:
-    """A header block as a dict (last value wins), or None."""
-    if not hdr:
-        return None
-    try:
-        _, _, items = codec.parse_headers(hdr)
-    except codec.ProtocolError:
-        return None
-    return dict(items) if items else None
-
-
-def _header(headers: dict[str, str] | None, name: str) -> str | None:
-    """Case-insensitive header lookup."""
-    if not headers:
-        return None
-    low = name.lower()
-    for k, v in headers.items():
-        if k.lower() == low:
-            return v
-    return None
-
-
-def _ttl_header(headers: dict[str, str] | None) -> float:
-    """The ``mq9-ttl`` header as positive seconds, or 0."""
-    raw = _header(headers, "mq9-ttl")
-    if raw is None:
-        return 0.0
-    try:
-        ttl = float(raw)
-    except ValueError:
-        return 0.0
-    return ttl if ttl > 0 else 0.0
-
-
-class Mq9:
+class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
     """The mq9 layer of one NATS server.
 
     :param server: the :class:`NatsServer` (used to deliver and to find subscribers).
@@ -139,6 +94,9 @@ class Mq9:
                  sweep_interval: float = 1.0, max_unread: int = 1_000_000,
                  max_mailboxes: int = DEFAULT_MAX_MAILBOXES) -> None:
         """Start with no mailboxes; call :meth:`start` to recover from the store."""
+        InboxWriter.__init__(self)
+        MailboxPushes.__init__(self)
+        PersistedBroadcasts.__init__(self)
         self._own_broker = broker is None
         if broker is None:
             from mqhub.core.broker import Broker
@@ -152,36 +110,22 @@ class Mq9:
         self.max_unread = max_unread
         self.max_mailboxes = max_mailboxes
         self.mailboxes: dict[str, Mailbox] = {}
-        self.subs: dict[str, list[Subscription]] = {}
-        self.filters: dict[int, tuple[int, ...]] = {}
-        self.pushers: dict[tuple[str, int], Any] = {}
-        self._rr: dict[str, dict[str, int]] = {}
-        self.broadcasts: list[tuple[tuple, set[str]]] = []
-        self._batch = WriteBatch()
-        self._ops: list[tuple] = []
-        self._pubs: list[list[Any]] = []
-        self._now = 0.0
+        self.batch = WriteBatch()
+        self.ops: list[tuple] = []
         self._kick_call: Any = None
-        self._inflight = 0
-        self._pushing = 0
-        self._actions: list[tuple[Any, list[int] | None]] = []
+        self.inflight = 0
         self._due_heap: list[tuple[float, str]] = []
         self._sweeper: LoopingCall | None = None
-        self._inbox_cache: dict[str, Any] = {}
-        self._id_next = 0
-        self._id_end = 0
         self.stats = {"stored": 0, "pushed": 0, "expired": 0, "queried": 0, "refused": 0}
-
-    # lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> Any:
         """Recover mailboxes (their queues are the core's) and persisted broadcasts; sweep."""
         d: Any = self.broker.start() if self._own_broker else succeed(None)
         d.addCallback(lambda _: self.store.scan_meta(META_MAILBOX))
         d.addCallback(self._recover_mailboxes)
-        d.addCallback(self._migrate_broadcasts)
+        d.addCallback(self.migrate_broadcasts)
         d.addCallback(lambda _: self.store.read_entries(BCAST_QUEUE, None, 1 << 30))
-        d.addCallback(self._recover_broadcasts)
+        d.addCallback(self.recover_broadcasts)
         d.addCallback(self._start_sweep)
         return d
 
@@ -226,50 +170,9 @@ class Mq9:
         d.addCallback(move)
         return d
 
-    def _migrate_broadcasts(self, _: Any = None) -> Any:
-        """Move persisted broadcasts stored by older versions (queue ``mq9/bc``, which the core
-        recovers as one of its own queues) under :data:`BCAST_QUEUE`."""
-        if self.broker.queue(OLD_BCAST_QUEUE) is None:
-            return None
-        d = self.store.read_entries(OLD_BCAST_QUEUE, None, 1 << 30)
-
-        def move(entries: list[tuple]) -> Any:
-            """Write them under the new name, then drop the old queue."""
-            batch = WriteBatch()
-            if entries:
-                batch.put_entries(BCAST_QUEUE, entries)
-            d2 = self.store.commit(batch) if batch else succeed(None)
-            d2.addCallback(lambda _: self.broker.delete_queue(OLD_BCAST_QUEUE))
-            return d2
-        d.addCallback(move)
-        return d
-
-    def _recover_broadcasts(self, entries: list[tuple]) -> Any:
-        """Load persisted broadcasts and the consumers that already received each."""
-        for e in entries:
-            self._observe(e[MSG_ID])
-            self.broadcasts.append((e, set()))
-        if not entries:
-            return None
-        d = self.store.scan_meta(META_BCAST_KEYS)
-
-        def keys(rows: list[tuple[str, bytes]]) -> None:
-            """Attach the stored receiver sets to their broadcasts."""
-            by_id = {str(e[MSG_ID]): seen for e, seen in self.broadcasts}
-            for key, value in rows:
-                seen = by_id.get(key[len(META_BCAST_KEYS):])
-                if seen is not None:
-                    seen.update(json.loads(value))
-        d.addCallback(keys)
-        return d
-
-    def _observe(self, msg_id: int) -> None:
-        """Tell the id generator about a recovered id."""
-        self.ids.observe(msg_id)
-
     def _start_sweep(self, _: Any = None) -> None:
         """Run the TTL sweep every ``sweep_interval`` seconds (and commit recovery clean-ups)."""
-        if self._batch:
+        if self.batch:
             self.kick()
         if self.sweep_interval > 0 and self._sweeper is None:
             self._sweeper = LoopingCall(self.sweep)
@@ -284,14 +187,12 @@ class Mq9:
         if self._kick_call is not None and self._kick_call.active():
             self._kick_call.cancel()
         self._kick_call = None
-        self._flush_pubs()
-        self._settle()
+        self.flush_pubs()
+        self.settle()
         d = self._commit()
         if self._own_broker:
             d.addCallback(lambda _: self.broker.stop())
         return d
-
-    # what mq9 owns -----------------------------------------------------------------------
 
     def claims(self, subject: str) -> bool:
         """True for publishes mq9 handles itself: MAILBOX.* and INBOX.*."""
@@ -301,7 +202,7 @@ class Mq9:
         """True when a header block asks for ``mq9-persist: true``."""
         if b"mq9-persist" not in hdr.lower():
             return False
-        return (_header(_headers_dict(hdr), "mq9-persist") or "").strip().lower() == "true"
+        return (header_value(headers_dict(hdr), "mq9-persist") or "").strip().lower() == "true"
 
     def claims_subscription(self, sub: Subscription) -> bool:
         """True for ``$mq9.AI.INBOX.{literal id}.{urgent|normal|notify|*|>}`` subscriptions."""
@@ -313,394 +214,68 @@ class Mq9:
             return False
         return parts[1] in PRIORITIES or parts[1] in ("*", ">")
 
-    # subscriptions and pushes --------------------------------------------------------------
-
-    def subscribe(self, sub: Subscription) -> None:
-        """Attach a mailbox subscriber; the queues it covers push their backlog, urgent first."""
-        mail_id, last = sub.subject[len(INBOX):].split(".")
-        prios = ORDER if last in ("*", ">") else (PRIORITIES[last][0],)
-        self.filters[id(sub)] = prios
-        self.subs.setdefault(mail_id, []).append(sub)
-        self._flush_pubs()
-        box = self._live(mail_id)
-        if box is not None:
-            for prio in prios:
-                self._attach(box, prio)
-
-    def _attach(self, box: Mailbox, prio: int) -> None:
-        """Make sure a pushing consumer is attached to ``box``'s queue of ``prio``."""
-        key = (box.mail_id, prio)
-        if key in self.pushers:
-            return
-        q = box.queues.get(prio)
-        if q is None or q.deleted:
-            return
-        self.pushers[key] = None           # attaching: a push inside attach() sees the slot
-        consumer = q.attach(MailboxPusher(self, box.mail_id, prio), ready=PUSH_BATCH)
-        if self.pushers.get(key, 0) is None:
-            self.pushers[key] = consumer
-        self._settle()
-
-    def _forget(self, mail_id: str, prio: int, consumer: Any) -> None:
-        """Stop using ``consumer`` for new subscribers; it is detached by :meth:`_settle`."""
-        if self.pushers.get((mail_id, prio), 0) in (consumer, None):
-            self.pushers.pop((mail_id, prio), None)
-        self._actions.append((consumer, None))
-
-    def _settle(self) -> None:
-        """Apply the acks and detaches pushes asked for, after the push loop is done.
-
-        Acking from inside a push would re-enter the core's dispatch (and detaching would
-        hand entries back while the loop still walks them), so pushes only record what to do.
-        Pushes run after the commit that stored their entries, so the deletes of the acks are
-        always committed after the puts.
-        """
-        while self._actions:
-            actions, self._actions = self._actions, []
-            for consumer, ids in actions:
-                if not consumer.attached:
-                    continue
-                if ids is None:
-                    consumer.queue.detach(consumer, requeue=True)
-                else:
-                    consumer.queue.ack(consumer, ids)
-
-    def _receivers(self, mail_id: str, prio: int) -> list[Subscription]:
-        """The connected subscribers of ``mail_id`` covering ``prio``."""
-        filters = self.filters
-        return [s for s in self.subs.get(mail_id, ())
-                if prio in filters.get(id(s), ()) and s.conn.connected]
-
-    def unsubscribe(self, sub: Subscription) -> None:
-        """Detach a mailbox subscriber (and the consumers nobody else needs)."""
-        mail_id = sub.subject[len(INBOX):].split(".")[0]
-        lst = self.subs.get(mail_id)
-        if lst and sub in lst:
-            lst.remove(sub)
-            if not lst:
-                del self.subs[mail_id]
-                self._rr.pop(mail_id, None)
-        prios = self.filters.pop(id(sub), ())
-        if self._pushing:
-            return              # the running push re-checks its receivers when it ends
-        for prio in prios:
-            consumer = self.pushers.get((mail_id, prio))
-            if consumer is not None and not self._receivers(mail_id, prio):
-                self._forget(mail_id, prio, consumer)
-        self._settle()
-
-    def push(self, pusher: MailboxPusher, consumer: Any, entries: list[tuple]) -> None:
-        """A mailbox queue delivered ``entries`` to its consumer: push them once durable.
-
-        They wait (in flight on the consumer) behind every write before them, as any reply
-        does, so a message is pushed only after the commit that stored it.
-        """
-        self._ops.append((_OP_PUSH, pusher, consumer, entries))
-        self.kick()
-
-    def _push_now(self, pusher: MailboxPusher, consumer: Any, entries: list[tuple]) -> None:
-        """Push ``entries`` to the subscribers and record their acks (delivered = read).
-
-        With a message-limited SUB, what no subscriber can take any more goes back to the
-        queue (unread) and the consumer detaches.
-        """
-        if not consumer.attached:
-            return          # detached meanwhile: its in-flight entries are ready again
-        mail_id = pusher.mail_id
-        prio = pusher.priority
-        receivers = self._receivers(mail_id, prio)
-        if not receivers or self._live(mail_id) is None:
-            self._forget(mail_id, prio, consumer)
-            return
-        self._pushing += 1
-        try:
-            if any(s.max is not None for s in receivers):
-                taken = self._push_limited(mail_id, prio, entries)
-            else:
-                self._push_all(mail_id, receivers, entries)
-                taken = len(entries)
-        finally:
-            self._pushing -= 1
-        if taken:
-            self._actions.append((consumer, [e[MSG_ID] for e in entries[:taken]]))
-            self.stats["pushed"] += taken
-        if taken < len(entries) or not self._receivers(mail_id, prio):
-            self._forget(mail_id, prio, consumer)
-
-    def _push_all(self, mail_id: str, receivers: list[Subscription],
-                  entries: list[tuple]) -> None:
-        """Render every entry for every plain subscriber and one member of each group."""
-        srv = self.server
-        deliver = srv.deliver
-        dirty = srv.dirty
-        plain = [s for s in receivers if s.queue is None]
-        groups: dict[str, list[Any]] = {}
-        for s in receivers:
-            if s.queue is not None:
-                groups.setdefault(s.queue, []).append(s)
-        members = list(groups.values())
-        rr = self._rr.setdefault(mail_id, {}) if members else {}
-        fast = [(s.conn, s.conn.out, s.sid) for s in plain]
-        heads: dict[tuple[str, str], bytes] = {}
-        for e in entries:
-            headers = e[HEADERS]
-            body = e[BODY]
-            if not headers:
-                subject = e[ADDRESS]
-                for conn, out, sid in fast:
-                    head = heads.get((subject, sid))
-                    if head is None:
-                        head = heads[(subject, sid)] = f"MSG {subject} {sid} ".encode()
-                    if not out:
-                        dirty.append(conn)
-                    out.append(head + b"%d\r\n" % len(body))
-                    out.append(body)
-                    out.append(b"\r\n")
-                srv.stats["out_msgs"] += len(fast)
-                reply = hdr = None
-            else:
-                reply, hdr = rendered(headers)
-                for sub in plain:
-                    deliver(sub, e[ADDRESS], reply, hdr, body)
-            for grp in members:
-                rr[grp[0].queue] = k = rr.get(grp[0].queue, -1) + 1
-                deliver(grp[k % len(grp)], e[ADDRESS], reply, hdr, body)
-
-    def _push_limited(self, mail_id: str, prio: int, entries: list[tuple]) -> int:
-        """Push ``entries`` one at a time while a receiver is left; return how many were taken."""
-        deliver = self.server.deliver
-        rr = self._rr.setdefault(mail_id, {})
-        taken = 0
-        for e in entries:
-            live = [s for s in self._receivers(mail_id, prio)
-                    if s.max is None or s.delivered < s.max]
-            if not live:
-                break
-            taken += 1
-            reply, hdr = rendered(e[HEADERS])
-            groups: dict[str, list[Any]] = {}
-            for s in live:
-                if s.queue is None:
-                    deliver(s, e[ADDRESS], reply, hdr, e[BODY])
-                else:
-                    groups.setdefault(s.queue, []).append(s)
-            for name, grp in groups.items():
-                rr[name] = k = rr.get(name, -1) + 1
-                deliver(grp[k % len(grp)], e[ADDRESS], reply, hdr, e[BODY])
-        return taken
-
-    # broadcasts ---------------------------------------------------------------------------
-
-    def broadcast_subscribed(self, sub: Subscription) -> None:
-        """Replay persisted broadcasts to a new subscriber whose group/subject has not had them."""
-        if not self.broadcasts:
-            return
-        now = self.clock.seconds()
-        key = self._consumer_key(sub)
-        for entry, seen in self.broadcasts:
-            if key in seen or (entry[EXPIRES_AT] and entry[EXPIRES_AT] <= now):
-                continue
-            if not subject_matches(sub.subject, entry[ADDRESS]):
-                continue
-            seen.add(key)
-            hdrs = entry[HEADERS]
-            self.server.deliver(sub, entry[ADDRESS], None,
-                                codec.build_headers(hdrs) if hdrs else None, entry[BODY])
-            self._batch.put_meta(META_BCAST_KEYS + str(entry[MSG_ID]),
-                                 json.dumps(sorted(seen)).encode())
-        self.kick()
-
-    @staticmethod
-    def _consumer_key(sub: Subscription) -> str:
-        """Who counts as "already received" for a persisted broadcast."""
-        return "q:" + sub.queue if sub.queue is not None else "s:" + sub.wire_subject
-
-    # publishes ---------------------------------------------------------------------------
-
-    def publish(self, pub: NatsConnection | None, subject: str, reply: str | None,
-                hdr: bytes | None, payload: bytes) -> int:
-        """Handle one mq9 publish; returns 1 (mq9 always "responds", so no 503)."""
-        if subject.startswith(INBOX):
-            self._inbox(subject, reply, hdr, payload)
-        elif subject.startswith(MAILBOX):
-            self._mailbox_request(subject, reply, payload)
-        elif subject.startswith(BROADCAST):
-            return self._persisted_broadcast(pub, subject, reply, hdr, payload)
-        return 1
-
-    def _resolve_inbox(self, subject: str) -> Any:
-        """``(box, priority, default_ttl)`` for an INBOX subject, or an error text.
-
-        Cached per subject; the cache is cleared whenever a mailbox is created or removed.
-        """
-        parts = subject[len(INBOX):].split(".")
-        if len(parts) != 2 or parts[1] not in PRIORITIES:
-            return f"invalid mq9 inbox subject: {subject}"
-        box = self.mailboxes.get(parts[0])
-        if box is None:
-            return f"mailbox {parts[0]} does not exist"
-        prio, ttl, _ = PRIORITIES[parts[1]]
-        hit = (box, prio, ttl)
-        if len(self._inbox_cache) > 100000:
-            self._inbox_cache.clear()
-        self._inbox_cache[subject] = hit
-        return hit
-
-    def _new_id(self) -> int:
-        """Next message id, from a block reserved for this read."""
-        n = self._id_next
-        if n >= self._id_end:
-            n = self.ids.reserve(256)
-            self._id_end = n + 256
-        self._id_next = n + 1
-        return n
-
-    def _inbox(self, subject: str, reply: str | None, hdr: bytes | None,
-               payload: bytes) -> None:
-        """Accept one mailbox message; it goes to the core with the rest of the read."""
-        hit = self._inbox_cache.get(subject)
-        if hit is None:
-            hit = self._resolve_inbox(subject)
-            if hit.__class__ is str:
-                self._error(reply, hit)
-                return
-        box, prio, ttl = hit
-        now = self._now
-        if not now:     # one time per read, so a read's messages share their expiry (one batch)
-            now = self._now = self.clock.seconds()
-        box_exp = box.expires_at
-        if box_exp and box_exp <= now:
-            self._error(reply, f"mailbox {box.mail_id} does not exist")
-            return
-        if not box.pending or box.pending >= box.room:
-            # the room left is counted once per read (pending counts what this read added)
-            box.room = self.max_unread - box.count() + box.pending
-        if box.pending >= box.room:
-            self.stats["refused"] += 1
-            self._error(reply, f"mailbox {box.mail_id} is full")
-            return
-        headers = None
-        if hdr is not None or reply:
-            headers = _headers_dict(hdr) if hdr is not None else None
-            if reply:
-                headers = dict(headers or {})
-                headers[RESERVED_REPLY] = reply
-        # the priority's TTL is the queue's own ``ttl`` (cut by id time: no expiry index row in
-        # the store); only a shorter ``mq9-ttl`` needs the entry's expiry. The mailbox TTL is
-        # the queues' ``expires_at``: no message outlives its mailbox.
-        expires = 0.0
-        if headers is not None:
-            own = _ttl_header(headers)
-            if own and (not ttl or own < ttl):
-                expires = now + own
-        box.pending += 1
-        pubs = self._pubs
-        if pubs:
-            last = pubs[-1]
-            if last[3] == expires and last[2] == subject:
-                last[4].append(payload)
-                last[5].append(headers)
-                return
-        pubs.append([box, prio, subject, expires, [payload], [headers]])
-
-    def _flush_pubs(self) -> None:
-        """Hand the accepted INBOX messages to the core: one publish_batch per run of a subject."""
-        if not self._pubs:
-            return
-        pubs, self._pubs = self._pubs, []
-        self._now = 0.0
-        publish = self.broker.publish_batch
-        last: dict[str, int] = {}
-        for i, group in enumerate(pubs):
-            if group[0].kind == "latest":
-                last[group[0].mail_id] = i      # only a latest box's newest message matters
-        box: Mailbox
-        for i, (box, prio, subject, expires, bodies, headers) in enumerate(pubs):
-            box.pending = 0
-            if self.mailboxes.get(box.mail_id) is not box:
-                continue
-            if box.kind == "latest":
-                if last[box.mail_id] != i:
-                    continue
-                bodies, headers = bodies[-1:], headers[-1:]
-                for p, q in box.queues.items():
-                    if p != prio and q.depth and not q.deleted:
-                        q.take(q.depth)
-            try:
-                d = publish(subject, bodies, origin="nats", priority=prio, expires_at=expires,
-                            headers=headers if any(headers) else None)
-            except MqhubError as exc:
-                log.warn("mq9: core refused {subject}: {error}", subject=subject, error=exc)
-                continue
-            self.stats["stored"] += len(bodies)
-            if not d.called:
-                self._inflight += 1
-                d.addBoth(self._landed)
-            d.addErrback(lambda f: log.failure("mq9: store commit failed", f))
-        self._settle()
-
-    def _live(self, mail_id: str) -> Mailbox | None:
+    def live(self, mail_id: str) -> Mailbox | None:
         """The mailbox ``mail_id`` unless it is unknown or past its TTL (sweep pending)."""
         box = self.mailboxes.get(mail_id)
         if box is not None and box.expires_at and box.expires_at <= self.clock.seconds():
             return None
         return box
 
-    def _mailbox_request(self, subject: str, reply: str | None, payload: bytes) -> None:
+    def mailbox_request(self, subject: str, reply: str | None, payload: bytes) -> None:
         """MAILBOX.CREATE and MAILBOX.QUERY.{id}."""
         rest = subject[len(MAILBOX):]
         try:
             req = json.loads(payload) if payload.strip() else {}
         except ValueError as exc:
-            self._error(reply, f"invalid JSON request: {exc}")
+            self.error(reply, f"invalid JSON request: {exc}")
             return
         if not isinstance(req, dict):
-            self._error(reply, "request must be a JSON object")
+            self.error(reply, "request must be a JSON object")
             return
         if rest == "CREATE":
             self._create(reply, req)
         elif rest.startswith("QUERY.") and rest.count(".") == 1 and len(rest) > 6:
             self._query(rest[6:], req, reply)
         else:
-            self._error(reply, f"unknown mq9 request: {subject}")
+            self.error(reply, f"unknown mq9 request: {subject}")
 
     def _create(self, reply: str | None, req: dict[str, Any]) -> None:
         """Create a mailbox: its queues in the core, its record with this read's batch."""
         kind = req.get("type", "standard")
         if kind not in ("standard", "latest"):
-            self._error(reply, "type must be 'standard' or 'latest'")
+            self.error(reply, "type must be 'standard' or 'latest'")
             return
         ttl = req.get("ttl", DEFAULT_MAILBOX_TTL)
         if ttl is None:
             ttl = DEFAULT_MAILBOX_TTL
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0:
-            self._error(reply, "ttl must be a non-negative number of seconds")
+            self.error(reply, "ttl must be a non-negative number of seconds")
             return
         if len(self.mailboxes) >= self.max_mailboxes:
-            self._error(reply, "too many mailboxes")
+            self.error(reply, "too many mailboxes")
             return
         mail_id = "m" + secrets.token_hex(12)
         token = "tok-" + secrets.token_urlsafe(24)
         box = Mailbox(mail_id, token, kind, int(ttl), self.clock.seconds())
         box.declare(self.broker)
         self.mailboxes[mail_id] = box
-        self._inbox_cache.clear()
+        self.inbox_cache.clear()
         self._due(box.expires_at, mail_id)
-        self._batch.put_meta(META_MAILBOX + mail_id, box.record())
+        self.batch.put_meta(META_MAILBOX + mail_id, box.record())
         body = {"mail_id": mail_id, "token": token, "inbox": INBOX + mail_id, "type": kind,
                 "ttl": int(ttl)}
-        self._reply(reply, body)
+        self.answer(reply, body)
 
     def _query(self, mail_id: str, req: dict[str, Any], reply: str | None) -> None:
         """Answer QUERY: unread messages (up to ``limit``) taken from the queues, urgent first."""
-        self._flush_pubs()
-        box = self._live(mail_id)
+        self.flush_pubs()
+        box = self.live(mail_id)
         if box is None:
-            self._error(reply, f"mailbox {mail_id} does not exist")
+            self.error(reply, f"mailbox {mail_id} does not exist")
             return
         token = req.get("token")
         if not isinstance(token, str) or not secrets.compare_digest(token, box.token):
-            self._error(reply, "invalid token")
+            self.error(reply, "invalid token")
             return
         limit = req.get("limit", QUERY_LIMIT)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
@@ -712,41 +287,17 @@ class Mq9:
                 continue
             items.extend(query_item(e, prio) for e in q.take(limit - len(items)))
         self.stats["queried"] += len(items)
-        self._reply(reply, {"mail_id": mail_id, "unread": len(items) + box.count(),
+        self.answer(reply, {"mail_id": mail_id, "unread": len(items) + box.count(),
                             "messages": items})
 
-    def _persisted_broadcast(self, pub: NatsConnection | None, subject: str,
-                             reply: str | None, hdr: bytes | None, payload: bytes) -> int:
-        """Store a broadcast with ``mq9-persist: true``; it is delivered after the commit.
-
-        Past ``max_unread`` stored broadcasts it is delivered live only (not stored).
-        """
-        if len(self.broadcasts) >= self.max_unread:
-            self.stats["refused"] += 1
-            return self.server.publish(pub, subject, reply, hdr, payload) or 1
-        headers = _headers_dict(hdr)
-        now = self.clock.seconds()
-        ttl = _ttl_header(headers) or DEFAULT_BROADCAST_TTL
-        entry = make_entry(self._new_id(), payload, subject, expires_at=now + ttl, headers=headers,
-                           origin="nats")
-        self._batch.put_entries(BCAST_QUEUE, (entry,))
-        seen: set[str] = set()
-        self.broadcasts.append((entry, seen))
-        self._ops.append((_OP_BROADCAST, pub, entry, seen, reply, hdr))
-        return 1
-
-    # replies -----------------------------------------------------------------------------
-
-    def _reply(self, reply: str | None, body: dict[str, Any]) -> None:
+    def answer(self, reply: str | None, body: dict[str, Any]) -> None:
         """Send a JSON reply after this read's batch commits (nothing without a reply subject)."""
         if reply:
-            self._ops.append((_OP_REPLY, reply, json.dumps(body, separators=(",", ":")).encode()))
+            self.ops.append((OP_REPLY, reply, json.dumps(body, separators=(",", ":")).encode()))
 
-    def _error(self, reply: str | None, text: str) -> None:
+    def error(self, reply: str | None, text: str) -> None:
         """Reply ``{"error": text}``; never a -ERR."""
-        self._reply(reply, {"error": text})
-
-    # commit and replies --------------------------------------------------------------------
+        self.answer(reply, {"error": text})
 
     def kick(self) -> None:
         """Arrange a commit on the next turn for writes made outside a read."""
@@ -766,26 +317,24 @@ class Mq9:
         While a write is in flight, even a batch without writes goes through the store so the
         operations wait for it (the store commits in order).
         """
-        self._flush_pubs()
-        self._now = 0.0
-        self._id_next = self._id_end     # ids of the next read come from a fresh block
-        if not self._batch and not self._ops:
+        self.end_read()
+        if not self.batch and not self.ops:
             return
-        ops, self._ops = self._ops, []
-        batch, self._batch = self._batch, WriteBatch()
-        if batch or self._inflight:
-            self._inflight += 1
+        ops, self.ops = self.ops, []
+        batch, self.batch = self.batch, WriteBatch()
+        if batch or self.inflight:
+            self.inflight += 1
             d = self.store.commit(batch)
-            d.addBoth(self._landed)
+            d.addBoth(self.landed)
         else:
             d = succeed(None)
         if ops:
             d.addCallback(self._run_ops, ops)
             d.addErrback(self._failed, ops)
 
-    def _landed(self, result: Any) -> Any:
+    def landed(self, result: Any) -> Any:
         """One commit finished (successfully or not)."""
-        self._inflight -= 1
+        self.inflight -= 1
         return result
 
     def barrier(self, conn: NatsConnection) -> bool:
@@ -793,49 +342,49 @@ class Mq9:
 
         This makes a client's flush() (PING/PONG) a durability barrier for its mq9 publishes.
         """
-        if not (self._batch or self._ops or self._inflight or self._pubs):
+        if not (self.batch or self.ops or self.inflight or self.pending_publishes()):
             return False
-        self._ops.append((_OP_PONG, conn))
+        self.ops.append((OP_PONG, conn))
         return True
 
     def _commit(self) -> Any:
         """Hand the pending batch to the store now (used outside reads: stop)."""
-        batch, self._batch = self._batch, WriteBatch()
+        batch, self.batch = self.batch, WriteBatch()
         if not batch:
             return succeed(None)
-        self._inflight += 1
+        self.inflight += 1
         d = self.store.commit(batch)
-        d.addBoth(self._landed)
+        d.addBoth(self.landed)
         return d
 
     def _failed(self, failure: Any, ops: list[tuple]) -> None:
         """A commit failed: tell requesters; nothing in it was confirmed to anyone."""
         log.failure("mq9: store commit failed", failure)
         for op in ops:
-            if op[0] == 3:
+            if op[0] == OP_REPLY:
                 self._send(op[1], {"error": "store unavailable"})
-            elif op[0] == 4 and op[1].connected:
+            elif op[0] == OP_PONG and op[1].connected:
                 op[1].out_ctl(codec.PONG)
-            elif op[0] == 5:
-                self._forget(op[1].mail_id, op[1].priority, op[2])   # back to ready
-        self._settle()
+            elif op[0] == OP_PUSH:
+                self.forget(op[1].mail_id, op[1].priority, op[2])   # back to ready
+        self.settle()
         self.server.flush()
 
     def _run_ops(self, _: Any, ops: list[tuple]) -> None:
         """Apply committed operations in order, then write."""
         for op in ops:
             kind = op[0]
-            if kind == _OP_PUSH:
-                self._push_now(op[1], op[2], op[3])
-            elif kind == _OP_BROADCAST:
-                self._deliver_broadcast(op[1], op[2], op[3], op[4], op[5])
-            elif kind == _OP_PONG:
+            if kind == OP_PUSH:
+                self.push_now(op[1], op[2], op[3])
+            elif kind == OP_BROADCAST:
+                self.deliver_broadcast(op[1], op[2], op[3], op[4], op[5])
+            elif kind == OP_PONG:
                 if op[1].connected:
                     op[1].out_ctl(codec.PONG)
-            else:       # _OP_REPLY
+            else:       # OP_REPLY
                 self.server.publish(None, op[1], None, None, op[2])
-        self._settle()
-        if self._batch:
+        self.settle()
+        if self.batch:
             self.kick()     # broadcast receiver sets ride with the next commit
         if self.server.bridge is not None:
             self.server.bridge.flush()
@@ -846,31 +395,6 @@ class Mq9:
         if reply:
             self.server.publish(None, reply, None, None,
                                 json.dumps(body, separators=(",", ":")).encode())
-
-    def _deliver_broadcast(self, pub: NatsConnection | None, entry: tuple, seen: set[str],
-                           reply: str | None, hdr: bytes | None) -> None:
-        """Deliver a committed persisted broadcast and remember who got it."""
-        srv = self.server
-        subject = entry[ADDRESS]
-        plain, groups = srv.sublist.match(subject)
-        echo_off = pub is not None and not pub.echo
-        for sub in plain:
-            if echo_off and sub.conn is pub:
-                continue
-            srv.deliver(sub, subject, reply, hdr, entry[BODY])
-            seen.add(self._consumer_key(sub))
-        for name, members in groups.items():
-            live = [m for m in members if m.conn.connected and not (echo_off and m.conn is pub)]
-            if live:
-                srv.deliver(live[entry[MSG_ID] % len(live)], subject, reply, hdr, entry[BODY])
-                seen.add("q:" + name)
-        if srv.bridge is not None and srv.bridge.has_foreign(subject):
-            srv.bridge.publish(subject, reply, hdr, entry[BODY])
-        if seen:
-            self._batch.put_meta(META_BCAST_KEYS + str(entry[MSG_ID]),
-                                 json.dumps(sorted(seen)).encode())
-
-    # expiry ------------------------------------------------------------------------------
 
     def _due(self, when: float, mail_id: str) -> None:
         """Make the sweep look at ``mail_id`` at ``when`` (0 = never)."""
@@ -885,7 +409,7 @@ class Mq9:
         core's TTL sweep (run from here when the broker has no scheduler).
         """
         now = self.clock.seconds()
-        batch = self._batch
+        batch = self.batch
         heap = self._due_heap
         while heap and heap[0][0] <= now:
             _, mail_id = heapq.heappop(heap)
@@ -894,7 +418,7 @@ class Mq9:
                 continue
             self.stats["expired"] += box.count()
             del self.mailboxes[mail_id]
-            self._inbox_cache.clear()
+            self.inbox_cache.clear()
             for prio in ORDER:
                 self.pushers.pop((mail_id, prio), None)
             for name in mailbox_queues(mail_id):
@@ -903,22 +427,13 @@ class Mq9:
         if self.broker.scheduler is None:
             while self.broker.sweep_ttl(now, 10000):
                 pass
-        if self.broadcasts:
-            alive = []
-            for entry, seen in self.broadcasts:
-                if entry[EXPIRES_AT] and entry[EXPIRES_AT] <= now:
-                    batch.delete_entries(BCAST_QUEUE, [(entry[PRIORITY], entry[MSG_ID])])
-                    batch.delete_meta(META_BCAST_KEYS + str(entry[MSG_ID]))
-                else:
-                    alive.append((entry, seen))
-            self.broadcasts = alive
-        if batch:
+        self.expire_broadcasts(now)
+        if self.batch:
             self.end_turn()
-
 
 def _expiry(box: Mailbox, entry: tuple) -> float:
     """An old-layout message's expiry: its id's time plus its TTL rule, capped by the mailbox's."""
-    ttl = _ttl_header(entry[HEADERS]) or PRIORITIES[PRIORITY_NAMES.get(entry[PRIORITY],
+    ttl = ttl_header(entry[HEADERS]) or PRIORITIES[PRIORITY_NAMES.get(entry[PRIORITY],
                                                                        "normal")][1]
     expires = id_time(entry[MSG_ID]) + ttl if ttl else 0.0
     if box.expires_at and (not expires or box.expires_at < expires):

@@ -113,8 +113,9 @@ async function refreshOthers() {
     el("td", {}, a.queues.join(", ")),
     el("td", {}, Object.entries(a.subscribers).map(([p, n]) => `${p}: ${n}`).join(", ")))));
   fill("connections", conns.connections.map((c) => el("tr", {}, el("td", {}, c.protocol),
-    el("td", {}, c.peer), el("td", {}, c.since ? new Date(c.since * 1000).toLocaleTimeString() : ""),
-    el("td", {}, fmt(c.message_count ?? c.in_msgs ?? "")))));
+    el("td", {}, c.kind ? `${c.peer} (${c.kind})` : c.peer),
+    el("td", {}, c.since ? new Date(c.since * 1000).toLocaleTimeString() : ""),
+    el("td", {}, fmt(c.message_count ?? c.in_msgs ?? c.messages ?? "")))));
   fill("mailboxes", boxes.mailboxes.map((b) => el("tr", {}, el("td", {}, b.mail_id),
     el("td", {}, fmt(b.urgent ?? 0)), el("td", {}, fmt(b.normal ?? 0)), el("td", {}, fmt(b.notify ?? 0)),
     el("td", {}, fmt(b.consumers)),

@@ -221,7 +221,7 @@ def test_foreign_message_on_job_address_becomes_a_job():
     rig = Rig()
     rig.worker(b"w1", ready=2)
     result_of(rig.hub.broker.publish_batch("emqp.jobs.default", [job(5), b"junk"], origin="nsq"))
-    rig.router._pump("default")
+    rig.router.pump("default")
     [req] = rig.sent(rig.back, b"REQUEST", b"w1")
     assert req[7] == job(5)
     dead = result_of(rig.hub.broker.dead_letters("emqp.jobs.default"))
@@ -437,7 +437,7 @@ def test_a_failing_handler_costs_only_its_own_message(monkeypatch):
     def broken(cmd):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(rig.router, "_schedule_command", broken)
+    monkeypatch.setattr(rig.router.schedules, "command", broken)
     rig.router.frontend_received([
         [b"c", b"", V, b"SCHEDULE", b"s", b"default", b"", b"5", job(), b""],
         [b"c", b"", V, b"REQUEST", b"after", b"default", b"", job()],
@@ -561,3 +561,30 @@ def test_late_reply_matching_no_single_job_is_dropped():
     rig = Rig()
     rig.reply(b"ghost", b"nothing")
     assert rig.router.drops.total >= 1 and rig.router.stats["late_replies"] == 0
+
+
+def test_peers_lists_workers_clients_schedulers_publishers_and_forgets_them():
+    """router.peers(): kinds and sockets; DISCONNECT and silence remove clients; bounded."""
+    from mqhub.protocols.emqp.peers import PEER_IDLE, PeerTable
+
+    rig = Rig()
+    rig.worker(b"w1", ready=1)
+    rig.request(b"c1", b"m1")
+    rig.request(b"c1", b"m2")
+    rig.router.frontend_received([[b"s1", b"", V, b"INFORM", b"i", b"", b"scheduler"]])
+    rig.router.pubin_received([[b"p1", b"", V, b"PUBLISH", b"x", b"news", b"hi"],
+                               [b"p2", b"", V, b"NOPE", b"x"]])
+    rows = {r["peer"]: r for r in rig.router.peers()}
+    assert {p: (r["kind"], r["listener"]) for p, r in rows.items()} == {
+        "w1": ("worker", "emqp-backend"), "c1": ("client", "emqp-frontend"),
+        "s1": ("scheduler", "emqp-frontend"), "p1": ("publisher", "emqp-pub-in")}
+    assert rows["c1"]["messages"] == 2 and rows["w1"]["in_flight"] == 1
+    rig.router.frontend_received([[b"c1", b"", V, b"DISCONNECT", b"d"]])
+    assert "c1" not in {r["peer"] for r in rig.router.peers()}
+    rig.request(b"c2", b"m3")
+    rig.tick(PEER_IDLE + 5)  # w1 heartbeats; c2, p1 and s1 fall silent
+    assert {r["peer"] for r in rig.router.peers()} == {"w1"}
+    table = PeerTable(max_peers=3)
+    for i in range(5):
+        table.seen(b"%d" % i, float(i))
+    assert list(table.peers) == [b"2", b"3", b"4"]

@@ -144,26 +144,62 @@ def test_untrusted_bodies_only_ever_raise_value_error(body: object) -> None:
             pass
 
 
-def test_schedules_list_emqp_workers_of_the_router() -> None:
-    """An eMQP service's router workers appear in /api/schedules' ``workers``."""
-    from twisted.application.service import Service
-
-    from mqhub.protocols.emqp.router import Worker
+def test_emqp_peers_are_connections_and_workers_of_schedules() -> None:
+    """An eMQP service's router peers appear in connections (and counts); its workers in
+    /api/schedules' ``workers``."""
+    from mqhub.protocols.emqp.service import EmqpService
 
     hub, _ = filled_hub(1)
     root = MultiService()
-    emqp = Service()
-    emqp.setName("emqp")
+    emqp = EmqpService(hub, {}, {})  # not started: no sockets, the router is driven directly
     emqp.setServiceParent(root)
-    worker = Worker(b"jm-1", [(10, "default"), (0, "slow")], 5.0)
-    worker.slots = 3
+    v = b"eMQP/1.0"
+    emqp.router.backend_received([[b"jm-1", b"", v, b"INFORM", b"i", b'[[10, "default"], '
+                                   b'[0, "slow"]]', b"worker"],
+                                  [b"jm-1", b"", v, b"READY", b"r1"]])
+    emqp.router.frontend_received([[b"\x00\x01", b"", v, b"HEARTBEAT", b"h", b"0"]])
+    ins = Inspector(hub, root)
+    rows = ins.connections()
+    assert [(r["protocol"], r["kind"], r["peer"], r["listener"]) for r in rows] == [
+        ("emqp", "worker", "jm-1", "emqp-backend"), ("emqp", "client", "0x0001", "emqp-frontend")]
+    assert rows[0]["queues"] == ["default", "slow"] and rows[0]["slots"] == 1
+    assert ins.connection_counts() == {"emqp": 2}
+    assert ins.schedules()["workers"] == [{"protocol": "emqp", "peer": "jm-1",
+                                           "queues": ["default", "slow"], "slots": 1,
+                                           "in_flight": 0, "last_seen": rows[0]["last_seen"]}]
 
-    class Router:
-        """Stands in for EmqpRouter's public ``workers`` map."""
 
-        workers = {b"jm-1": worker}
+def test_several_commit_observers_share_the_store_hook(tmp_path) -> None:
+    """/metrics' histogram and other observers all see each LMDB group commit; a failing
+    observer neither stops the others nor fails the commit; removal stops the calls."""
+    from mqhub.hub import Hub
+    from mqhub.introspect import add_commit_observer, remove_commit_observer
+    from tests.unit.store.test_journal import Rig
 
-    emqp.router = Router()  # type: ignore[attr-defined]
-    workers = Inspector(hub, root).schedules()["workers"]
-    assert workers == [{"protocol": "emqp", "peer": "jm-1", "queues": ["default", "slow"],
-                        "slots": 3, "in_flight": 0, "last_seen": 5.0}]
+    rig = Rig(str(tmp_path / "s"))
+    seen: dict[str, list[float]] = {"first": [], "second": []}
+    rig.store.on_commit = seen["first"].append  # a hook set directly before is kept
+    hub = Hub(clock=rig.clock, store=rig.store, broker=rig.broker)
+    registry = build_registry(Inspector(hub))
+
+    def broken(seconds: float) -> None:
+        raise RuntimeError("observer bug")
+
+    assert add_commit_observer(rig.store, broken)
+    assert add_commit_observer(rig.store, seen["second"].append)
+    rig.broker.declare_queue("q")
+    rig.broker.bind_queue("a", "q")
+    for _ in range(3):
+        rig.broker.publish_batch("a", [b"m"], origin="nsq")
+        rig.settle()
+    assert rig.store.commits >= 3
+    assert len(seen["first"]) == len(seen["second"]) == rig.store.commits
+    count = registry.get_sample_value("mqhub_store_commit_seconds_count")
+    assert count == rig.store.commits
+    remove_commit_observer(rig.store, seen["second"].append)
+    before = len(seen["second"])
+    rig.broker.publish_batch("a", [b"m"], origin="nsq")
+    rig.settle()
+    assert len(seen["first"]) == rig.store.commits and len(seen["second"]) == before
+    rig.close()
+    assert not add_commit_observer(memory_hub().store, seen["first"].append)  # no commit hook

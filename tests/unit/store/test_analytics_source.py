@@ -1,17 +1,20 @@
 """The ``mqhub`` data source's reader, the Parquet export and the report, without a JVM:
-partitions per journal file, batches cast to Spark's exact schema, Twisted never imported."""
+partitions per journal file, batches cast to Spark's exact schema, Twisted never imported;
+snapshot-or-export detection (``source_kind``) and an export reading its manifest once."""
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 
-from mqhub.store.snapshot import take_snapshot
+from mqhub.store.snapshot import MANIFEST, take_snapshot
 from tests.unit.store.test_journal import Rig
 
 pytest.importorskip("pyspark")
@@ -115,3 +118,60 @@ def test_java_check_says_what_is_missing(tmp_path: Any) -> None:
         java_version(str(old))
     old.write_text('#!/bin/sh\necho \'openjdk version "17.0.15" 2025-04-15\' >&2\n')
     assert java_version(str(old)) == 17
+
+
+def test_export_reads_the_manifest_once(snap: str, tmp_path: Any,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """export_snapshot opens manifest.json once and still writes every table."""
+    from mqhub.analytics.export import export_snapshot
+
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def counting_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(file).endswith(MANIFEST):
+            opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    result = export_snapshot(snap, str(tmp_path / "exp"))
+    assert opened == [os.path.join(snap, MANIFEST)]
+    assert result["rows"]["events"] == 18 and result["rows"]["messages"] == 18
+
+
+def test_source_kind(snap: str, tmp_path: Any) -> None:
+    """manifest.json: a snapshot; export.json or events/: an export; else neither."""
+    from mqhub.analytics.export import EXPORT, SNAPSHOT, export_snapshot, source_kind
+
+    assert source_kind(snap) == SNAPSHOT
+    export_snapshot(snap, str(tmp_path / "exp"))
+    assert source_kind(str(tmp_path / "exp")) == EXPORT
+    (tmp_path / "foreign" / "events").mkdir(parents=True)
+    assert source_kind(str(tmp_path / "foreign")) == EXPORT
+    (tmp_path / "empty").mkdir()
+    assert source_kind(str(tmp_path / "empty")) is None
+
+
+def test_export_of_an_idle_snapshot_is_an_export(tmp_path: Any) -> None:
+    """A snapshot without traffic exports no events/ table; export.json still marks it."""
+    from mqhub.analytics.export import EXPORT, export_snapshot, source_kind
+
+    rig = Rig(str(tmp_path / "s"))
+    rig.close()
+    take_snapshot(str(tmp_path / "s"), str(tmp_path / "snap"))
+    result = export_snapshot(str(tmp_path / "snap"), str(tmp_path / "exp"))
+    assert result["rows"] == {"events": 0, "counters": 0, "messages": 0}
+    assert not (tmp_path / "exp" / "events").exists()
+    assert source_kind(str(tmp_path / "exp")) == EXPORT
+
+
+def test_runner_and_data_source_refuse_other_directories(tmp_path: Any) -> None:
+    """Neither a snapshot nor an export: the runner and the data source say so."""
+    from mqhub.analytics.runner import AnalyticsError, run_analytics
+
+    with pytest.raises(AnalyticsError, match="neither a snapshot"):
+        run_analytics(str(tmp_path), str(tmp_path / "out"), spark=object())
+    from mqhub.analytics.datasource import MqhubDataSource
+
+    with pytest.raises(ValueError, match="is not a snapshot"):
+        MqhubDataSource({"path": str(tmp_path), "table": "events"}).reader(None)
