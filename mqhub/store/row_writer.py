@@ -35,8 +35,6 @@ from mqhub.store.records import (
     ATTEMPTS,
     BODY,
     DELIVER_AT,
-    EXPIRES_AT,
-    HEADERS,
     MAX_PRIORITY,
     MIN_PRIORITY,
     MSG_ID,
@@ -263,14 +261,14 @@ class RowWriter:
         """
         first = items[0]
         shape = (first[ATTEMPTS], first[DELIVER_AT], first[ADDRESS], first[ORIGIN])
-        if (any(e[EXPIRES_AT] or e[HEADERS] is not None for e in items)
-                or max(map(len, [e[BODY] for e in items])) > self._threshold
-                or any((e[ATTEMPTS], e[DELIVER_AT], e[ADDRESS], e[ORIGIN]) != shape
-                       for e in items)):
-            return None
-        prios = [e[PRIORITY] for e in items]
-        if min(prios) < MIN_PRIORITY or max(prios) > MAX_PRIORITY:
-            raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
+        threshold = self._threshold
+        # one loop with tuple unpacking: about half the time of three generator passes
+        for _, prio, att, d_at, e_at, address, headers, body, origin in items:
+            if (e_at or headers is not None or len(body) > threshold
+                    or (att, d_at, address, origin) != shape):
+                return None
+            if not MIN_PRIORITY <= prio <= MAX_PRIORITY:
+                raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
         meta = codec.encode_meta(first[ADDRESS], None, first[ORIGIN])
         pre = VALUE_HEAD.pack(0, first[ATTEMPTS], first[DELIVER_AT], 0.0, len(meta)) + meta
         pack_key = ENTRY_KEY.pack
