@@ -4,7 +4,9 @@ Every figure is printed as ``<figure> <value> <unit>``. Appends arrive as WriteB
 ``--group`` messages (one batch per simulated read); each turn's batches are group-committed.
 Figures per body size (16 B, 1 KiB, 100 KiB) and durability mode (sync, batch, none), with the
 inline writer; the thread writer is measured for 1 KiB in every mode (pipelined: batches that
-arrive while the writer thread commits form the next group). A raw py-lmdb figure (prebuilt
+arrive while the writer thread commits form the next group). ``steady_*`` is the broker's
+steady state under NSQ load (each commit puts a batch and deletes an earlier one), with the
+CPU time per message, which is steadier than the rate on a loaded machine. A raw py-lmdb figure (prebuilt
 values, one putmulti per commit) is printed for scale, since fsync cost varies a lot between
 machines and with load. The open test builds a store of ``--scale`` 1 KiB messages, then
 times a fresh process opening it and reading its first page, and reports that process's RSS.
@@ -76,6 +78,33 @@ def bench_inline(path: str, mode: str, body: bytes, group: int, seconds: float,
     acks = n / (time.perf_counter() - start)
     store.close()
     return appends, reads, acks
+
+
+def bench_steady(path: str, mode: str, body: bytes, group: int, seconds: float,
+                 lag: int = 4) -> tuple[float, float]:
+    """The broker's steady state (NSQ PUB/MPUB with a consumer keeping up): each turn commits
+    one batch putting ``group`` new messages and deleting the ``group`` put ``lag`` turns
+    before (their FINs). Returns (messages/s, CPU µs per message put and deleted), inline
+    writer."""
+    clock = Clock()
+    store = LmdbStore(path, clock=clock, durability=mode, writer="inline", map_size=1 << 30)
+    store.open()
+    n = 0
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline:
+        b = make_batch("q", n, group, body)
+        old = n - lag * group
+        if old >= 0:
+            b.delete_entries("q", [(0, i) for i in range(old, old + group)])
+        store.commit(b)
+        n += group
+        clock.advance(0)
+    elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu0
+    store.close()
+    return n / elapsed, cpu / n * 1e6
 
 
 def _read_all(store: LmdbStore, n: int) -> float:
@@ -209,6 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 emit(f"append_{mode}_inline_{label}", appends, "msg/s")
                 emit(f"ack_{mode}_inline_{label}", acks, "msg/s")
                 emit(f"read_{mode}_{label}", reads, "msg/s")
+                if size <= 1024:
+                    path = os.path.join(root, f"steady-{mode}-{label}")
+                    rate, cpu = bench_steady(path, mode, body, args.group, args.seconds)
+                    shutil.rmtree(path)
+                    emit(f"steady_{mode}_inline_{label}", rate, "msg/s")
+                    emit(f"steady_{mode}_cpu_{label}", cpu, "us/msg")
                 if size == 1024:
                     path = os.path.join(root, f"thread-{mode}-{label}")
                     emit(f"append_{mode}_thread_{label}",

@@ -10,19 +10,28 @@ Sub-databases (names are the LMDB database names):
              MDB_APPEND: leaf pages fill up instead of being split in half (format 1 keyed this
              table by queue first, which left every page half full: 2 KiB of disk per 1 KiB
              message).
-``order``    ``qid:u32 | 9-priority:u8 | msg_id:u64`` -> empty: each queue's ready order
-             (priority descending, then msg_id ascending); the ``entries`` key is the same
-             13 bytes rotated (:func:`to_entry_key`, :func:`to_order_key`).
+``ready``    ``qid:u32 | 9-priority:u8 | first_msg_id:u64`` -> ``live:u32 | msg_id:u64 ...``: each
+             queue's ready order (priority descending, then msg_id ascending) as *groups*: one
+             row per (queue, priority, run of up to GROUP_MAX ids a commit added), holding the
+             ids in ascending order and how many of them still have an ``entries`` row.
+             Groups of one (queue, priority) never overlap: every id of a group lies between
+             its first id and the first id of the next group. Deleting an entry pops only its
+             ``entries`` row and lowers its group's ``live`` count once per group touched by the
+             batch; a group whose count reaches 0 is deleted. Readers skip ids whose entry is
+             gone (:mod:`mqhub.store.ready_groups`). Format 2 kept an empty ``order`` row
+             ``qid | 9-priority | msg_id`` per entry instead: two rows written and two deleted
+             per message (:mod:`mqhub.store.migrate_v2` converts such a store on open).
 ``messages`` ``msg_id:u64`` -> segment reference of a body kept in a segment file
              (``seg:u32 | offset:u64 | size:u32 | refs:u32``); one row per message, however
              many queues hold it.
 ``due``      ``when:f64 | key`` -> payload (scheduler rows; positive doubles sort as bytes).
 ``due_keys`` ``key`` -> ``when:f64`` (so a due row can be replaced by its key).
-``expiry``   ``expires_at:f64 | order key`` -> empty (TTL index).
+``expiry``   ``expires_at:f64 | qid:u32 | 9-priority:u8 | msg_id:u64`` -> empty (TTL index).
 ``meta``     utf-8 key -> value.
 ``queues``   utf-8 queue name -> ``qid:u32 | count:u64``.
 ``segments`` ``seg:u32`` -> ``live:u64 | end:u64`` (references into it; committed length).
-``sys``      ``b"format"``, ``b"next_qid"``.
+``sys``      ``b"format"``, ``b"next_qid"``, and ``b"converting"`` while a format-2 store is
+             being converted (:mod:`mqhub.store.migrate_v2`).
 
 Entry value: ``flags:u8 | attempts:u32 | deliver_at:f64 | expires_at:f64 | metalen:u16``,
 then the *meta* blob (``alen:u16 | olen:u8 | address | origin | headers-json``) and the body
@@ -39,22 +48,32 @@ from typing import Any
 
 from mqhub.errors import StoreError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: formats :class:`mqhub.store.lmdb.LmdbStore` converts on open (and snapshots it can read)
+MIGRATES_FROM = (2,)
 
 #: File (in the store directory) a snapshot holds shared while it copies segments; the live
 #: store deletes unreferenced segments only while it can take it exclusively.
 SEGMENT_LOCK = "segments.lock"
 
-DB_NAMES = (b"entries", b"order", b"messages", b"due", b"due_keys", b"expiry", b"meta", b"queues",
+DB_NAMES = (b"entries", b"ready", b"messages", b"due", b"due_keys", b"expiry", b"meta", b"queues",
             b"segments", b"sys")
-#: ``max_dbs`` for every ``lmdb.open`` of a store index (its sub-databases plus headroom)
+#: ``max_dbs`` for every ``lmdb.open`` of a store index (its sub-databases plus headroom, which
+#: also holds format 2's ``order`` database while it is migrated)
 MAX_DBS = len(DB_NAMES) + 2
+#: the sub-database format 2 kept its per-entry ready order in
+V2_ORDER_DB = b"order"
 
 FLAG_SEGMENT = 1
 FLAG_EXPIRES = 2
 
 ENTRY_KEY = struct.Struct(">QIB")
 ORDER_KEY = struct.Struct(">IBQ")
+#: a ``ready`` group key: same layout as ORDER_KEY (its msg_id is the group's first id)
+READY_KEY = ORDER_KEY
+#: most ids a commit puts in one ``ready`` group (the row then stays under LMDB's ~2 KiB
+#: inline value limit of a 4 KiB page, so it never needs overflow pages)
+GROUP_MAX = 240
 VALUE_HEAD = struct.Struct(">BIddH")
 HEAD_SIZE = VALUE_HEAD.size
 META_HEAD = struct.Struct(">HB")
@@ -134,17 +153,18 @@ def entry_key(qid: int, priority: int, msg_id: int) -> bytes:
 
 
 def order_key(qid: int, priority: int, msg_id: int) -> bytes:
-    """Return the ``order`` key of one entry (its place in the queue's ready order)."""
+    """Return ``qid | 9-priority | msg_id``: an entry's place in its queue's ready order (the
+    tail of its ``expiry`` key; the key of a ``ready`` group starting at ``msg_id``)."""
     return ORDER_KEY.pack(qid, 9 - priority, msg_id)
 
 
 def to_order_key(key: bytes) -> bytes:
-    """Return the ``order`` key of an ``entries`` key."""
+    """Return the :func:`order_key` of an ``entries`` key."""
     return key[8:] + key[:8]
 
 
 def to_entry_key(key: bytes) -> bytes:
-    """Return the ``entries`` key of an ``order`` key."""
+    """Return the ``entries`` key of an :func:`order_key`."""
     return key[5:] + key[:5]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import lmdb
 
 from mqhub.errors import StoreError
-from mqhub.store import codec
+from mqhub.store import codec, migrate_v2
 from mqhub.store.journal import JOURNAL_DIR, JOURNAL_LOCK, journal_files, read_end
 from mqhub.store.segments import segment_name
 
@@ -90,6 +90,18 @@ def resolve_store_dir(data_dir: str) -> str:
 
 def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str) -> dict[str, Any]:
     """Copy the index and segments and count everything inside one read transaction."""
+    with env.begin() as txn:
+        sysdb = env.open_db(b"sys", txn=txn, create=False)
+        fmt = txn.get(b"format", db=sysdb)
+        version = codec.U32.unpack(fmt)[0] if fmt is not None else None
+        if migrate_v2.converting(txn, sysdb):
+            version = codec.MIGRATES_FROM[0]
+    if version != codec.FORMAT_VERSION:
+        # format 2 (not yet opened by this version, or its conversion not finished): a copy
+        # could hold a half-converted ready order, so only a converted store is copied
+        raise StoreError(f"the store in {data_dir!r} has format {version}; open it once with "
+                         f"this version (which converts it to format {codec.FORMAT_VERSION}) "
+                         f"or snapshot it with the version that wrote it")
     dbs = {name: env.open_db(name, create=False) for name in codec.DB_NAMES}
     with env.begin() as txn:
         env.copy(out_index, compact=True, txn=txn)

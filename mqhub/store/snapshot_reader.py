@@ -17,7 +17,7 @@ from typing import Any
 import lmdb
 
 from mqhub.errors import StoreError
-from mqhub.store import codec
+from mqhub.store import codec, ready_groups
 from mqhub.store.segments import SegmentLog
 from mqhub.store.snapshot import MANIFEST
 
@@ -37,13 +37,18 @@ class SnapshotReader:
         except (OSError, ValueError) as e:
             raise StoreError(f"{path!r} is not a readable snapshot: {e}") from e
         fmt = self.manifest.get("store_format")
-        if fmt != codec.FORMAT_VERSION:
+        if fmt != codec.FORMAT_VERSION and fmt not in codec.MIGRATES_FROM:
             raise StoreError(f"snapshot {path!r} holds store format {fmt}; this version reads "
-                             f"only format {codec.FORMAT_VERSION}")
+                             f"formats {codec.FORMAT_VERSION} and "
+                             f"{', '.join(map(str, codec.MIGRATES_FROM))}")
+        #: the snapshot's store format (3, or 2 read through its ``order`` rows)
+        self.store_format: int = fmt
+        names = codec.DB_NAMES if fmt == codec.FORMAT_VERSION else tuple(
+            codec.V2_ORDER_DB if n == b"ready" else n for n in codec.DB_NAMES)
         try:
             self._env = lmdb.open(os.path.join(path, "index"), readonly=True, lock=False,
                                   max_dbs=codec.MAX_DBS, readahead=False)
-            self._dbs = {n: self._env.open_db(n, create=False) for n in codec.DB_NAMES}
+            self._dbs = {n: self._env.open_db(n, create=False) for n in names}
         except lmdb.Error as e:
             raise StoreError(f"cannot open snapshot index in {path!r}: {e}") from e
         self._segments = SegmentLog(os.path.join(path, "segments"), readonly=True)
@@ -82,21 +87,36 @@ class SnapshotReader:
                 return
             prefix = codec.U32.pack(ids[0])
         with self._env.begin() as txn:
-            cur = txn.cursor(db=self._dbs[b"order"])
-            if not cur.set_range(prefix):
-                return
-            for ok in cur.iternext(values=False):
-                if not ok.startswith(prefix):
-                    break
-                k = codec.to_entry_key(ok)
+            for k in self._ready_keys(txn, prefix):
                 v = txn.get(k, db=self._dbs[b"entries"])
                 if v is None:
                     continue
                 body = None
+                msg_id, qid, _ = codec.ENTRY_KEY.unpack(k)
                 if v[0] & codec.FLAG_SEGMENT:
-                    msg_id = codec.ENTRY_KEY.unpack(k)[0]
                     body = codec.segment_body(txn, self._dbs[b"messages"], self._segments, msg_id)
-                yield names.get(codec.U32.unpack_from(ok)[0], ""), codec.decode_entry(k, v, body)
+                yield names.get(qid, ""), codec.decode_entry(k, v, body)
+
+    def _ready_keys(self, txn: lmdb.Transaction, prefix: bytes) -> Iterator[bytes]:
+        """Yield the ``entries`` keys of queues whose qid starts with ``prefix``, in queue then
+        ready order (format 3: from the ``ready`` groups; format 2: from its ``order`` rows)."""
+        if self.store_format != codec.FORMAT_VERSION:
+            cur = txn.cursor(db=self._dbs[codec.V2_ORDER_DB])
+            if cur.set_range(prefix):
+                for ok in cur.iternext(values=False):
+                    if not bytes(ok).startswith(prefix):
+                        break
+                    yield codec.to_entry_key(bytes(ok))
+            return
+        cur = txn.cursor(db=self._dbs[b"ready"])
+        if not cur.set_range(prefix):
+            return
+        for gk, value in cur:
+            if not bytes(gk).startswith(prefix):
+                break
+            qid, pbyte = codec.U32.unpack_from(gk)[0], gk[4]
+            for msg_id in ready_groups.group_ids(bytes(value)):
+                yield codec.ENTRY_KEY.pack(msg_id, qid, pbyte)
 
     def address_counts(self) -> dict[str, int]:
         """Return ``{address: entry count}`` computed from the entries."""

@@ -228,13 +228,20 @@ class NsqProtocol(Protocol):
         pub_topic = ""
         pub_bodies: list[bytes] = []
         fins: list[int] = []
-        Pub, Fin = wire.Pub, wire.Fin
+        # a run of MPUBs to one topic becomes one core publish releasing one OK per MPUB
+        mpub_topic = ""
+        mpub_bodies: list[bytes] = []
+        mpubs = 0
+        Pub, Fin, Mpub = wire.Pub, wire.Fin, wire.Mpub
         handlers = self._handlers
         read_pubs, read_fins = codec.read_pubs, codec.read_fin_ids
         try:
             while True:
                 topic, bodies = read_pubs()
                 if bodies:
+                    if mpubs:
+                        flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
+                        self._publish("MPUB", mpub_topic, flush, 0, n)
                     if fins:
                         batch, fins = fins, []
                         self._finish(batch)
@@ -249,6 +256,9 @@ class NsqProtocol(Protocol):
                     continue
                 got = read_fins()
                 if got:
+                    if mpubs:
+                        flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
+                        self._publish("MPUB", mpub_topic, flush, 0, n)
                     if pub_bodies:
                         flush, pub_bodies = pub_bodies, []
                         self._publish("PUB", pub_topic, flush, 0, len(flush))
@@ -261,6 +271,26 @@ class NsqProtocol(Protocol):
                 if ev is NEED_DATA:
                     break
                 kind = type(ev)
+                if kind is Mpub:
+                    if fins:
+                        batch, fins = fins, []
+                        self._finish(batch)
+                    if pub_bodies:
+                        bodies, pub_bodies = pub_bodies, []
+                        self._publish("PUB", pub_topic, bodies, 0, len(bodies))
+                    if mpubs and ev.topic != mpub_topic:  # type: ignore[union-attr]
+                        flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
+                        self._publish("MPUB", mpub_topic, flush, 0, n)
+                    mpub_topic = ev.topic  # type: ignore[union-attr]
+                    if mpubs:
+                        mpub_bodies.extend(ev.bodies)  # type: ignore[union-attr]
+                    else:
+                        mpub_bodies = ev.bodies  # type: ignore[union-attr]
+                    mpubs += 1
+                    continue
+                if mpubs:
+                    flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
+                    self._publish("MPUB", mpub_topic, flush, 0, n)
                 if kind is Pub:
                     if fins:
                         batch, fins = fins, []
@@ -296,6 +326,9 @@ class NsqProtocol(Protocol):
                     self._respond(encode_error(exc.wire_text))
                 if self.closed or self._failing:
                     return
+            if mpubs:
+                flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
+                self._publish("MPUB", mpub_topic, flush, 0, n)
             if pub_bodies:
                 bodies, pub_bodies = pub_bodies, []
                 self._publish("PUB", pub_topic, bodies, 0, len(bodies))
@@ -304,6 +337,8 @@ class NsqProtocol(Protocol):
                 self._finish(batch)
         except ProtocolError as exc:
             try:
+                if mpubs:
+                    self._publish("MPUB", mpub_topic, mpub_bodies, 0, mpubs)
                 if pub_bodies:
                     self._publish("PUB", pub_topic, pub_bodies, 0, len(pub_bodies))
                 if fins:

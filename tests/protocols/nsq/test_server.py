@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,6 +33,39 @@ def test_pub_ok_only_after_commit_and_in_order() -> None:
     # 50 PUBs to one topic and one to another: two publish batches, one grouped store commit
     assert h.hub.store.commits - commits <= 2
     assert h.service.registry.topic_depth(h.service.registry.get_topic("orders")) == 50
+
+
+def test_mpub_runs_are_one_publish_with_one_ok_per_mpub_in_order() -> None:
+    """Consecutive MPUBs to one topic in one read become one core publish; every MPUB still
+    gets its own OK, after the commit, in order with other commands' responses; a topic
+    change, a PUB or a NOP ends the run."""
+    h = Harness()
+    p = h.client()
+    registry = h.service.registry
+    real_publish = registry.publish
+    calls: list[tuple[str, int]] = []
+
+    def counting(name: str, bodies: list[bytes], defer_ms: int = 0) -> Any:
+        calls.append((name, len(bodies)))
+        return real_publish(name, bodies, defer_ms)
+
+    registry.publish = counting  # type: ignore[method-assign]
+    run = b"".join(w.encode_mpub("t", [b"a%d-%d" % (i, j) for j in range(3)]) for i in range(4))
+    p.send(run)
+    assert p.frames() == []
+    h.settle()
+    assert p.frames() == [OK] * 4
+    assert calls == [("t", 12)]
+    p.send(run + w.encode_mpub("u", [b"u1"]) + w.encode_pub("t", b"p") + b"NOP\n"
+           + w.encode_mpub("t", [b"z1", b"z2"]) + w.encode_mpub("t", [b"z3"]))
+    h.settle()
+    assert p.frames() == [OK] * 8   # 4 + u + PUB + 2 (NOP has no response)
+    assert calls[1:] == [("t", 12), ("u", 1), ("t", 1), ("t", 3)]
+    c = h.consumer("t", "c", rdy=100)
+    h.settle()
+    got = [f.body for f in c.frames()]
+    assert got[:12] == [b"a%d-%d" % (i, j) for i in range(4) for j in range(3)]
+    assert got[24:] == [b"p", b"z1", b"z2", b"z3"] and len(got) == 28
 
 
 def test_topic_buffers_until_first_channel_then_fans_out() -> None:

@@ -1,4 +1,5 @@
-"""LmdbStore format 2: appends fill leaf pages, odd orders still land, old formats are refused."""
+"""LmdbStore format 3: appends fill leaf pages, odd orders still land, ready groups stay exact,
+format 1 is refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import lmdb
 import pytest
 
 from mqhub.errors import StoreError
-from mqhub.store import codec
+from mqhub.store import codec, ready_groups
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import make_entry
 from tests.unit.store.conftest import Harness, open_lmdb
@@ -38,6 +39,26 @@ def entries_pages(h: Harness) -> int:
     with env.begin() as txn:
         st = txn.stat(h.store._dbs[b"entries"])
     return int(st["leaf_pages"] + st["branch_pages"] + st["overflow_pages"])
+
+
+def ready_live(h: Harness) -> int:
+    """Check every ``ready`` group (ids ascending, no overlap within a queue and priority, live
+    count = ids whose entry exists, no empty group); return the total live count."""
+    total = 0
+    with h.store._env.begin() as txn:
+        entries = h.store._dbs[b"entries"]
+        last: dict[bytes, int] = {}
+        for k, v in txn.cursor(db=h.store._dbs[b"ready"]):
+            qid, pbyte, first = codec.READY_KEY.unpack(k)
+            ids = ready_groups.group_ids(v)
+            assert list(ids) == sorted(set(ids)) and ids[0] == first
+            assert last.get(bytes(k[:5]), -1) < first
+            last[bytes(k[:5])] = ids[-1]
+            live = sum(txn.get(codec.ENTRY_KEY.pack(i, qid, pbyte), db=entries) is not None
+                       for i in ids)
+            assert live == ready_groups.LIVE.unpack_from(v)[0] > 0
+            total += live
+    return total
 
 
 def test_in_order_appends_fill_pages(tmp_path: Any) -> None:
@@ -80,8 +101,8 @@ def test_out_of_order_and_repeated_puts_all_land(tmp_path: Any) -> None:
     h.result(h.store.commit(b))
     assert h.result(h.store.count_entries("q")) == 101
     with h.store._env.begin() as txn:
-        assert txn.stat(h.store._dbs[b"order"])["entries"] == 102
         assert txn.stat(h.store._dbs[b"entries"])["entries"] == 102
+    assert ready_live(h) == 102
     h.result(h.store.close())
 
 
@@ -108,7 +129,7 @@ def test_format_1_store_is_refused(tmp_path: Any) -> None:
     with env.begin(write=True) as txn:
         txn.put(b"format", codec.U32.pack(1), db=env.open_db(b"sys", txn=txn))
     env.close()
-    with pytest.raises(StoreError, match="format 1.*format 2"):
+    with pytest.raises(StoreError, match="format 1.*format 3"):
         open_store(path)
     # the refused open released its lock: a later open (after an upgrade) is not blocked by it
     with pytest.raises(StoreError, match="format 1"):
@@ -133,8 +154,8 @@ def test_batched_deletes_drop_every_row_and_reference(tmp_path: Any) -> None:
     left = sorted(e[0] for e in h.result(h.store.read_entries("q", None, 100)))
     assert left == list(range(2, 51, 2))
     assert h.result(h.store.count_entries("q")) == 25
+    assert ready_live(h) == 25
     with h.store._env.begin() as txn:
-        assert txn.stat(h.store._dbs[b"order"])["entries"] == 25
         assert txn.stat(h.store._dbs[b"expiry"])["entries"] == 5
         assert txn.stat(h.store._dbs[b"messages"])["entries"] == 5
     h.result(h.store.close())
