@@ -6,7 +6,7 @@ reader leaves behind is copied again (20 % of the server's CPU at 1 KiB in the p
 issue 11). While Twisted holds nothing of a connection's output, the server sends the one
 joined block of each read with one ``send``/``sendmsg`` here; only what the socket refuses
 goes through Twisted. These helpers are the socket side of that; the connection keeps the
-order (``mqhub.protocols.nats.server.NatsConnection._send_direct``).
+order (``mqhub.protocols.nats.connection.NatsConnection._send_direct``).
 """
 
 from __future__ import annotations
