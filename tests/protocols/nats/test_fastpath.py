@@ -175,6 +175,28 @@ def test_held_output_counts_toward_max_pending() -> None:
     b.close()
 
 
+def test_held_output_refused_again_on_resume_counts_toward_max_pending() -> None:
+    """Held output the socket refuses on resumeProducing goes to the transport and still counts:
+    a subscriber that stopped reading cannot have max_pending held twice over."""
+    srv = make_server(max_pending=200_000, stall_bytes=100_000)
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB h 1\r\n")
+    a, b = _pair(4096)
+    sub.proto.sock = a
+    pub.send(codec.encode_pub("h", b"x" * 50_000))
+    for _ in range(3):
+        pub.send(codec.encode_pub("h", b"y" * 60_000))
+    assert sub.proto.held and not sub.closed
+    take_output(sub.transport)         # Twisted wrote its remainder; the client reads nothing
+    sub.proto.resumeProducing()
+    assert sub.proto.paused and not sub.proto.held and sub.proto.paused_bytes > 150_000
+    assert not sub.closed
+    pub.send(codec.encode_pub("h", b"z" * 60_000))                # past max_pending
+    assert sub.closed and srv.stats["slow_consumers"] == 1
+    a.close()
+    b.close()
+
+
 def test_close_writes_held_output_before_the_error() -> None:
     """A close with held output writes it, then the -ERR, in order, and lets go of the producer."""
     srv = make_server()
