@@ -172,7 +172,8 @@ class NatsConnection(Protocol):
         self._cancel_deadline()
         if self.held and not self.closing:
             held, self.held = self.held, []
-            self._send_direct(held)
+            # what the socket refuses of it is backed up again and counts toward max_pending
+            self.paused_bytes = self._send_direct(held)
         self.server.uncongest(self)
 
     def _cancel_deadline(self) -> None:
@@ -206,7 +207,7 @@ class NatsConnection(Protocol):
         else:
             self.transport.write(data)
 
-    def _send_direct(self, chunks: list[bytes]) -> None:
+    def _send_direct(self, chunks: list[bytes]) -> int:
         """Send ``chunks`` on the socket now; hand what it does not take to Twisted, paused.
 
         Only called while Twisted holds none of this connection's output, so order is kept.
@@ -214,6 +215,7 @@ class NatsConnection(Protocol):
         paused (``transport.producerPaused``, a public attribute of Twisted's consumer, makes
         the transport call :meth:`resumeProducing` once it has written everything); output
         arriving meanwhile is held here and sent, without joining, by resumeProducing.
+        Returns the bytes handed to Twisted (0 when the socket took everything).
         """
         sent = send_chunks(self.sock, chunks)
         if sent is None:      # a socket error: Twisted's write path reports it
@@ -224,6 +226,7 @@ class NatsConnection(Protocol):
             self.transport.write(data)
             self.transport.producerPaused = True
             self.paused = True
+        return len(data)
 
     def _deadline_passed(self) -> None:
         """Backed up for a whole write deadline: a slow consumer (nats-server's WriteDeadline)."""

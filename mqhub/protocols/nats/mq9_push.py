@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mqhub.protocols.nats.encoders import msg_prefix
 from mqhub.protocols.nats.mailbox import (
     INBOX,
     ORDER,
@@ -228,6 +229,7 @@ class MailboxPushes:
                 deliver(grp[k % len(grp)], e[ADDRESS], reply, hdr, e[BODY])
         return taken
 
+
 def render_plain(entries: list[tuple], sid: str) -> bytes:
     """``MSG subject sid size\\r\\n body\\r\\n`` for each header-less entry, as one bytes."""
     lines: dict[tuple[str, int], bytes] = {}
@@ -238,8 +240,7 @@ def render_plain(entries: list[tuple], sid: str) -> bytes:
         key = (e[ADDRESS], len(body))
         line = lines.get(key)
         if line is None:
-            line = lines[key] = f"MSG {key[0]} {sid} {key[1]}\r\n".encode("utf-8",
-                                                                          "surrogateescape")
+            line = lines[key] = msg_prefix(key[0], sid, None, key[1])
         add(line)
         add(body)
         add(b"\r\n")

@@ -6,7 +6,7 @@ reader leaves behind is copied again (20 % of the server's CPU at 1 KiB in the p
 issue 11). While Twisted holds nothing of a connection's output, the server sends the one
 joined block of each read with one ``send``/``sendmsg`` here; only what the socket refuses
 goes through Twisted. These helpers are the socket side of that; the connection keeps the
-order (``mqhub.protocols.nats.server.NatsConnection._send_direct``).
+order (``mqhub.protocols.nats.connection.NatsConnection._send_direct``).
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ def direct_socket(transport: Any) -> socket.socket | None:
 def send_chunks(sock: socket.socket, chunks: list[bytes]) -> int | None:
     """Send as much of ``chunks`` as the socket takes now; bytes sent, or None on an error.
 
-    One ``send`` for one chunk, ``sendmsg`` (gather, no join) for several. A full socket
-    buffer is 0 bytes sent, not an error.
+    One ``send`` for one chunk, ``sendmsg`` (gather, no join) for several, at most
+    :data:`MAX_IOV` buffers per call. A full socket buffer is 0 bytes sent, not an error.
+    A full socket buffer or an error after an earlier part went out reports the bytes that
+    went out (the caller hands on only what follows them, never a byte twice); an error before
+    anything went out is None. (EINTR is retried by Python itself, PEP 475.)
     """
+    total = 0
     try:
         if len(chunks) == 1:
             return sock.send(chunks[0])
-        total = 0
         for i in range(0, len(chunks), MAX_IOV):
             part = chunks[i:i + MAX_IOV]
             n = sock.sendmsg(part)
@@ -45,11 +48,9 @@ def send_chunks(sock: socket.socket, chunks: list[bytes]) -> int | None:
                 break
         return total
     except BlockingIOError:
-        return 0
-    except InterruptedError:
-        return 0
+        return total
     except OSError:
-        return None
+        return total or None
 
 
 def remainder(chunks: list[bytes], sent: int) -> bytes:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import NEED_DATA, OP_MSG, NatsParser
-from mqhub.protocols.nats.output import remainder, send_chunks
+from mqhub.protocols.nats.output import MAX_IOV, remainder, send_chunks
 from mqhub.protocols.nats.reads import frame_completion
 from mqhub.testing import take_output
 from tests.protocols.nats.helpers import Client, make_server
@@ -174,6 +175,28 @@ def test_held_output_counts_toward_max_pending() -> None:
     b.close()
 
 
+def test_held_output_refused_again_on_resume_counts_toward_max_pending() -> None:
+    """Held output the socket refuses on resumeProducing goes to the transport and still counts:
+    a subscriber that stopped reading cannot have max_pending held twice over."""
+    srv = make_server(max_pending=200_000, stall_bytes=100_000)
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB h 1\r\n")
+    a, b = _pair(4096)
+    sub.proto.sock = a
+    pub.send(codec.encode_pub("h", b"x" * 50_000))
+    for _ in range(3):
+        pub.send(codec.encode_pub("h", b"y" * 60_000))
+    assert sub.proto.held and not sub.closed
+    take_output(sub.transport)         # Twisted wrote its remainder; the client reads nothing
+    sub.proto.resumeProducing()
+    assert sub.proto.paused and not sub.proto.held and sub.proto.paused_bytes > 150_000
+    assert not sub.closed
+    pub.send(codec.encode_pub("h", b"z" * 60_000))                # past max_pending
+    assert sub.closed and srv.stats["slow_consumers"] == 1
+    a.close()
+    b.close()
+
+
 def test_close_writes_held_output_before_the_error() -> None:
     """A close with held output writes it, then the -ERR, in order, and lets go of the producer."""
     srv = make_server()
@@ -204,8 +227,35 @@ def test_send_chunks_and_remainder() -> None:
     assert remainder([b"xyz"], 1) == b"yz" and remainder([b"ab", b"cd"], 4) == b""
     b.close()
     _drain(a)
-    assert send_chunks(a, [b"q" * 10]) is None or True       # a closed peer: no exception
+    assert send_chunks(a, [b"q" * 10]) is None                # a closed peer: an error, no raise
     a.close()
+
+
+class _FullAfter:
+    """A socket that takes the first ``sendmsg`` whole, then fails every call with ``error``."""
+
+    def __init__(self, error: OSError) -> None:
+        """No call made yet."""
+        self.error = error
+        self.calls = 0
+
+    def sendmsg(self, buffers: list[bytes]) -> int:
+        """The first call sends everything; the later ones raise."""
+        self.calls += 1
+        if self.calls > 1:
+            raise self.error
+        return sum(map(len, buffers))
+
+
+@pytest.mark.parametrize("error", [BlockingIOError(), BrokenPipeError()])
+def test_send_chunks_counts_parts_sent_before_a_refusal(error: OSError) -> None:
+    """More than MAX_IOV chunks: a part sent whole before the socket refuses (or fails) the next
+    counts as sent, so the remainder does not send those bytes a second time."""
+    chunks = [b"%05d" % i for i in range(MAX_IOV + 10)]
+    sock = _FullAfter(error)
+    sent = send_chunks(sock, chunks)  # type: ignore[arg-type]
+    assert sock.calls == 2 and sent == 5 * MAX_IOV
+    assert remainder(chunks, sent) == b"".join(chunks[MAX_IOV:])
 
 
 # frames split across reads ------------------------------------------------------------------
