@@ -133,8 +133,15 @@ class Queue(QueueFanout):
 
     @property
     def depth(self) -> int:
-        """Ready messages (in memory plus stored backlog), not counting in flight or deferred."""
+        """Ready messages (in memory plus stored backlog, and puts awaiting their commit), not
+        counting in flight or deferred."""
         return self._nready + self._stored_only + self._awaiting()
+
+    @property
+    def deliverable(self) -> int:
+        """Ready messages a consumer's credit can be spent on: :attr:`depth` without the puts
+        still awaiting their commit (they are delivered once stored)."""
+        return self._nready + self._stored_only
 
     def stats(self) -> dict[str, Any]:
         """Counters in the shape the admin surfaces and NSQ /stats use."""
