@@ -255,3 +255,25 @@ def test_due_puts_parked_while_their_slice_commits_are_moved_once_stored() -> No
     settle(hub, turns=4)
     assert target.bodies == [b"later"]
     assert broker.parked_depth("t") == 0
+
+
+def test_refused_publish_to_a_full_queue_costs_no_message() -> None:
+    """A bounded queue (drop-oldest overflow) applies its overflow once a put is stored: a
+    refused publish never pushes the oldest messages out; a stored one does."""
+    hub, store = refusing_hub()
+    broker = hub.broker
+    broker.declare_queue("q", max_size=2)
+    broker.bind_queue("a", "q")
+    broker.publish_batch("a", [b"a", b"b"])
+    settle(hub)
+    store.refuse_puts = True
+    d = broker.publish_batch("a", [b"c"])
+    settle(hub)
+    assert failed(d)
+    q = broker.queue("q")
+    assert q is not None and q.depth == 2
+    store.refuse_puts = False
+    broker.publish_batch("a", [b"c"])
+    settle(hub)
+    assert q.depth == 2 and q.dropped_count == 1
+    assert consume_all(hub, "q", CollectingTarget()) == [b"b", b"c"]
