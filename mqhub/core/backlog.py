@@ -111,11 +111,12 @@ class QueueBacklog:
         self._body_max = 0                    # largest body seen in the current stored backlog
 
     def _backlog_clear(self) -> None:
-        """Forget the stored backlog (the queue was emptied)."""
+        """Forget the stored backlog (the queue was emptied, or all of it was read or lost)."""
         self._stored_only = 0
         self._horizon = None
         self._page_wait = 0
         self._tail = _NO_LIST
+        self._body_max = 0            # the next backlog sizes its pages afresh
 
     # hooks of the subclasses
     def dispatch(self) -> None:
@@ -277,10 +278,7 @@ class QueueBacklog:
             self._tail = deque(rest, maxlen=self._tail.maxlen)
         else:
             take = tail
-            self._horizon = None
-            self._stored_only = 0
-            self._body_max = 0
-            self._tail = _NO_LIST
+            self._backlog_clear()
         self._tail_sorted = True
         self._page_wait = 0
         if not self._may_expire and any([e[4] for e in take]):
@@ -441,8 +439,7 @@ class QueueBacklog:
                 self._tail.clear()
                 self._tail.extend(keep)
             if not self._stored_only:
-                self._horizon = None
-                self._tail = _NO_LIST
+                self._backlog_clear()
 
     def _paged(self, entries: list[Entry], incarnation: int, gen: int, asked: int) -> None:
         """Append a page read from the store to the window.
@@ -474,9 +471,7 @@ class QueueBacklog:
         if not entries:
             if gen == self._put_gen and not self._unsettled:
                 # everything is committed and nothing follows the horizon: the count was stale
-                self._stored_only = 0
-                self._horizon = None
-                self._tail = _NO_LIST
+                self._backlog_clear()
             elif not self._unsettled:
                 self.broker.clock.callLater(0.05, self._maybe_page)
             else:
@@ -515,9 +510,7 @@ class QueueBacklog:
         if self._tail:
             self._trim_tail()
         if not self._stored_only:
-            self._horizon = None
-            self._body_max = 0       # the next backlog sizes its pages afresh
-            self._tail = _NO_LIST
+            self._backlog_clear()
         elif cut or (short and self._unsettled):
             # everything readable was read: the next read waits for a commit that shows more
             self._wait_or_retry(WAIT_HOLD if cut else WAIT_COMMIT, settled_meanwhile)

@@ -240,7 +240,8 @@ class Commits:
         """A scheduler handler filled ``batch``, which the scheduler commits after it returns.
 
         Returns the after-commit hook (or None), which the scheduler calls with the commit's
-        result (None, or the Failure): it fires the merged commits and settles the watchers.
+        result (None, or the Failure): it settles the watchers and fires the merged commits.
+        Until then the scheduler's commit counts as pending (a :meth:`barrier` waits for it).
         Held batches are committed on the next turn, after the scheduler's commit.
         """
         self.open = prev
@@ -251,6 +252,10 @@ class Commits:
             self.clock.callLater(0, self._commit_held)
         if not joined and id(batch) not in self._watchers:
             return None
+        stored: Deferred[None] = Deferred()
+        self._track(stored)
+        stored.addErrback(lambda _: None)    # the scheduler logs its commit's failure
+        joined.append(stored)
 
         def committed(result: Any = None) -> None:
             self._settle(result, batch)

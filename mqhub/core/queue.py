@@ -133,8 +133,15 @@ class Queue(QueueFanout):
 
     @property
     def depth(self) -> int:
-        """Ready messages (in memory plus stored backlog), not counting in flight or deferred."""
+        """Ready messages (in memory plus stored backlog, and puts awaiting their commit), not
+        counting in flight or deferred."""
         return self._nready + self._stored_only + self._awaiting()
+
+    @property
+    def deliverable(self) -> int:
+        """Ready messages a consumer's credit can be spent on: :attr:`depth` without the puts
+        still awaiting their commit (they are delivered once stored)."""
+        return self._nready + self._stored_only
 
     def stats(self) -> dict[str, Any]:
         """Counters in the shape the admin surfaces and NSQ /stats use."""
@@ -159,12 +166,14 @@ class Queue(QueueFanout):
         """Add ``entries`` (in id order) to the queue; store writes go into ``batch``.
 
         ``uniform`` promises every entry has the same priority and expiry (a publish batch).
-        Applies the overflow policy, keeps the window within its size and dispatches.
+        Applies the overflow policy, keeps the window within its size and dispatches. Puts
+        awaiting their commit count for the overflow once committed (:meth:`_committed`): a
+        refused batch never costs the queue its oldest messages.
         """
         self.message_count += len(entries)
         self._admit(entries, batch, self.durable and persist, uniform)
-        if self.max_size and self.depth > self.max_size:
-            self._overflow(self.depth - self.max_size, batch, now)
+        if self.max_size and self.deliverable > self.max_size:
+            self._overflow(self.deliverable - self.max_size, batch, now)
         if self.durable and self.over_window():
             self._evict()
         self.dispatch()
@@ -174,9 +183,9 @@ class Queue(QueueFanout):
         and the window size apply to them, and they are dispatched."""
         for entries, uniform in puts:
             self._enter(entries, uniform)
-        if self.max_size and self.depth > self.max_size:
+        if self.max_size and self.deliverable > self.max_size:
             b = WriteBatch()
-            self._overflow(self.depth - self.max_size, b, self.broker.clock.seconds())
+            self._overflow(self.deliverable - self.max_size, b, self.broker.clock.seconds())
             self._write(b)
         if self.over_window():
             self._evict()

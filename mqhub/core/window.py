@@ -128,7 +128,6 @@ class QueueWindow(QueueBacklog):
     def _enter(self, entries: list[Entry], uniform: bool) -> None:
         """Add ``entries`` (in id order) to the ready deques."""
         if entries:
-            self._nbytes += sum([len(e[7]) for e in entries])
             p = entries[0][1]
             d = self._deque(p)
             last = d[-1][0] if d else -1
@@ -136,8 +135,8 @@ class QueueWindow(QueueBacklog):
                     e[1] == p for e in entries)):
                 d.extend(entries)
                 self._nready += len(entries)
+                self._nbytes += sum([len(e[7]) for e in entries])
             else:
-                self._nbytes -= sum([len(e[7]) for e in entries])   # counted again there
                 self._insert_many(entries)
 
     def _await_commit(self, batch: WriteBatch, entries: list[Entry], stored_only: int,

@@ -467,9 +467,9 @@ class EmqpRouter:
             queue.dispatch()  # spend credit granted earlier if its entries are here now
             if consumer.credit > 0:
                 return  # still waiting for entries paged in from the store
-        while queue.depth - queue.awaiting_commit > 0:   # (jobs being stored come later)
+        while queue.deliverable > 0:   # (jobs being stored come later)
             plan: list[Worker] = []
-            want = queue.depth - queue.awaiting_commit
+            want = queue.deliverable
             while len(plan) < want:
                 worker = self.routes.pick(qname, self.workers)
                 if worker is None:

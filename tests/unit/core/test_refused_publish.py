@@ -9,9 +9,11 @@ been delivered (docs/guarantees.md, defect 6).
 from __future__ import annotations
 
 import pytest
+from twisted.internet.defer import Deferred
 
 from mqhub.errors import StoreError
 from mqhub.hub import Hub
+from mqhub.store.batch import WriteBatch
 from mqhub.testing import (
     CollectingTarget,
     RefusingStore,
@@ -222,3 +224,56 @@ def test_remembered_tail_is_not_swallowed_before_its_commit() -> None:
     store.refuse_puts = False
     got = consume_all(hub, "q", target)
     assert got == [b"c%d" % i for i in range(6)]
+
+
+def test_due_puts_parked_while_their_slice_commits_are_moved_once_stored() -> None:
+    """A delayed publish to a parked topic comes due, and a memory channel is bound while the
+    scheduler's slice (the parked puts) is still being stored: the drain waits for that commit
+    (a barrier covers the scheduler's commits too) and moves the message once it is stored."""
+    hub, store = refusing_hub()
+    broker = hub.broker
+    broker.park("t")
+    broker.publish_batch("t", [b"later"], deliver_at=hub.clock.seconds() + 1)
+    settle(hub)
+    broker.declare_queue("m", tier="memory")
+    held: list[tuple[WriteBatch, Deferred[None]]] = []
+    commit = store.commit
+
+    def hold(batch: WriteBatch) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        held.append((batch, d))
+        return d
+    store.commit = hold  # type: ignore[method-assign]
+    hub.clock.advance(1.5)                        # the slice runs; its commit is held
+    store.commit = commit  # type: ignore[method-assign]
+    assert held and broker.router.parking["t"].awaiting_commit == 1
+    broker.bind_queue("t", "m")
+    for batch, d in held:
+        commit(batch).chainDeferred(d)
+    target = CollectingTarget()
+    broker.queue("m").attach(target, ready=10)  # type: ignore[union-attr]
+    settle(hub, turns=4)
+    assert target.bodies == [b"later"]
+    assert broker.parked_depth("t") == 0
+
+
+def test_refused_publish_to_a_full_queue_costs_no_message() -> None:
+    """A bounded queue (drop-oldest overflow) applies its overflow once a put is stored: a
+    refused publish never pushes the oldest messages out; a stored one does."""
+    hub, store = refusing_hub()
+    broker = hub.broker
+    broker.declare_queue("q", max_size=2)
+    broker.bind_queue("a", "q")
+    broker.publish_batch("a", [b"a", b"b"])
+    settle(hub)
+    store.refuse_puts = True
+    d = broker.publish_batch("a", [b"c"])
+    settle(hub)
+    assert failed(d)
+    q = broker.queue("q")
+    assert q is not None and q.depth == 2
+    store.refuse_puts = False
+    broker.publish_batch("a", [b"c"])
+    settle(hub)
+    assert q.depth == 2 and q.dropped_count == 1
+    assert consume_all(hub, "q", CollectingTarget()) == [b"b", b"c"]
