@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mqhub.store import due_rows
@@ -22,6 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from mqhub.core.routing import Route, Router
 
 log = logging.getLogger(__name__)
+#: seconds before due rows whose handling failed are tried again
+DUE_RETRY = 1.0
 
 DUE_PREFIX = b"dq/"
 ADDRESS_DUE_PREFIX = b"da/"
@@ -184,10 +187,27 @@ class BrokerDelays:
                 log.error("dropping unreadable due row %r", key)
                 continue
             groups.setdefault((address, tuple(map(tuple, marks))), []).append(entry)
-        prev = self.commits.open_window(batch)
-        try:
+        def fill() -> None:
             for (address, marks), entries in groups.items():
                 self._route_due(address, entries, marks, batch, True, now)
+        return self._fill_due_batch(rows, batch, now, fill)
+
+    def _fill_due_batch(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
+                        now: float, fill: Callable[[], None]) -> Any:
+        """Run ``fill`` inside the scheduler's commit window; return the after-commit hook.
+
+        If ``fill`` fails half way, the error is logged and every row is put back for a retry
+        a second later (at least once: puts already made stay in the batch), and the hook is
+        still returned, so the puts already made are settled when the slice commits and no
+        barrier waits for a hook that would never run.
+        """
+        prev = self.commits.open_window(batch)
+        try:
+            fill()
+        except Exception:
+            log.exception("due rows failed; retrying them in %ss", DUE_RETRY)
+            for _, key, payload in rows:
+                batch.put_due(now + DUE_RETRY, key, payload)
         finally:
             hook = self.commits.close_due_window(batch, prev)
         return hook
@@ -247,16 +267,13 @@ class BrokerDelays:
             if q is None or q.deleted or inc != q.incarnation:
                 continue
             per_queue.setdefault(name, []).append(entry)
-        prev = self.commits.open_window(batch)
-        try:
+        def fill() -> None:
             for name, entries in per_queue.items():
                 q = self._queues.get(name) or self._hidden[name]
                 q.deferred = max(0, q.deferred - len(entries))
                 entries.sort(key=entry_order)
                 q.put(entries, batch, True, now)
-        finally:
-            hook = self.commits.close_due_window(batch, prev)
-        return hook
+        return self._fill_due_batch(rows, batch, now, fill)
 
     def _on_queue_expiry(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                          now: float) -> None:

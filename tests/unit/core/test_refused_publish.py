@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from twisted.internet.defer import Deferred
 
+from mqhub.core.queue import Queue
 from mqhub.errors import StoreError
 from mqhub.hub import Hub
 from mqhub.store.batch import WriteBatch
@@ -277,3 +278,38 @@ def test_refused_publish_to_a_full_queue_costs_no_message() -> None:
     settle(hub)
     assert q.depth == 2 and q.dropped_count == 1
     assert consume_all(hub, "q", CollectingTarget()) == [b"b", b"c"]
+
+
+def test_a_failing_due_handler_still_settles_its_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delayed publish to two queues comes due and putting into the second one raises (a
+    bug): the first queue's put still settles when the slice commits (no barrier waits for a
+    hook that never runs), and the rows are retried, so both queues get the message."""
+    hub, _store = refusing_hub()
+    broker = hub.broker
+    for name in ("a", "b"):
+        broker.declare_queue(name)
+        broker.bind_queue("t", name)
+    broker.publish_batch("t", [b"later"], deliver_at=hub.clock.seconds() + 1)
+    settle(hub)
+    real_put = Queue.put
+    calls: list[str] = []
+
+    def put_once_broken(self: Queue, *args: object, **kw: object) -> object:
+        if self.name == "b":
+            calls.append(self.name)
+            if len(calls) == 1:
+                raise RuntimeError("a bug in a put")
+        return real_put(self, *args, **kw)  # type: ignore[arg-type]
+    monkeypatch.setattr(Queue, "put", put_once_broken)
+    hub.clock.advance(1.5)
+    settle(hub, turns=4)
+    assert calls == ["b"]
+    qa = broker.queue("a")
+    assert qa is not None and qa.awaiting_commit == 0
+    barrier = broker.barrier()
+    settle(hub, turns=4)
+    assert result_of(barrier) is None
+    hub.clock.advance(1.5)                        # the retry a second later
+    settle(hub, turns=4)
+    assert consume_all(hub, "b", CollectingTarget()) == [b"later"]
+    assert set(consume_all(hub, "a", CollectingTarget())) == {b"later"}   # at least once
