@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 HOST = "127.0.0.1"
@@ -66,13 +66,17 @@ def twistd_command() -> list[str]:
 
 def start_mqhub(protocols: str, listens: Sequence[str], data_dir: str | os.PathLike[str],
                 durability: str, log_path: str | os.PathLike[str], wait_for: int,
-                extra: Sequence[str] = ()) -> subprocess.Popen:
-    """Start ``twistd -n mqhub`` and return once ``wait_for`` accepts connections.
+                extra: Sequence[str] = (), cwd: str | os.PathLike[str] | None = None,
+                env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """Start ``twistd -n mqhub`` and return once ``wait_for`` accepts connections (the child
+    is stopped when it does not).
 
     :param protocols: the ``--protocols`` value (``nsq``, ``nats``, ``emqp``...).
     :param listens: ``--listen`` values, e.g. ``nsq.tcp=tcp:4150:interface=127.0.0.1``.
     :param log_path: file receiving the server's stdout and stderr.
     :param extra: further twistd mqhub options.
+    :param cwd: the child's working directory (default: this source tree).
+    :param env: the child's environment (default: inherited), e.g. another tree's PYTHONPATH.
     """
     cmd = twistd_command() + ["-n", "--pidfile=", "mqhub", "--protocols", protocols,
                               "--data-dir", str(data_dir), "--durability", durability]
@@ -81,7 +85,9 @@ def start_mqhub(protocols: str, listens: Sequence[str], data_dir: str | os.PathL
     cmd += list(extra)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=str(SOURCE_ROOT))
+                                stdin=subprocess.DEVNULL,
+                                cwd=str(cwd if cwd is not None else SOURCE_ROOT),
+                                env=dict(env) if env is not None else None)
     try:
         wait_port(wait_for, proc)
     except RuntimeError:

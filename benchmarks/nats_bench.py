@@ -62,14 +62,9 @@ def start_mqhub_tree(tree: str, data_dir: str) -> tuple[subprocess.Popen, int]:
     """Start the mqhub of another source tree (``git archive REV | tar -x -C tree``) the same way
     as :func:`start_mqhub`: its ``mqhub`` package comes first on PYTHONPATH."""
     port = free_port()
-    cmd = _common.twistd_command() + [
-        "-n", "--pidfile=", "mqhub", "--protocols", "nats", "--data-dir", data_dir,
-        "--durability", "sync", "--listen", f"mq9.tcp=tcp:{port}:interface={HOST}"]
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-    with open(os.path.join(data_dir, "mqhub.log"), "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=tree, env=env)
-    wait_port(port, proc)
+    proc = _common.start_mqhub("nats", [f"mq9.tcp=tcp:{port}:interface={HOST}"], data_dir, "sync",
+                               os.path.join(data_dir, "mqhub.log"), port, cwd=tree,
+                               env=dict(os.environ, PYTHONPATH=os.path.abspath(tree)))
     return proc, port
 
 

@@ -47,6 +47,7 @@ from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.Pr
 )
 from mqhub.protocols.nats.reads import frame_completion
 from mqhub.protocols.nats.runs import RUN_MAX_FRAME, RUN_MIN, routable, run_length
+from mqhub.protocols.nats.sizes import SIZES, size_of
 
 __all__ = [
     "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",
@@ -290,6 +291,7 @@ class NatsParser:
         find = buf.find
         get = routes.get
         hget = head_routes.get if head_routes else None
+        sget = SIZES.get
         max_payload = self.max_payload
         dappend = dirty.append
         count = 0
@@ -304,17 +306,19 @@ class NatsParser:
             # after a head-route hit try that first: mixed traffic skips a line-cache miss
             if head_first or (r := get(buf[pos:i])) is None:
                 hr = None
-                if hget is not None and buf[i - 1] == 13:
+                if hget is not None:
                     sp = rfind(b" ", pos, i)
-                    size_f = buf[sp + 1:i - 1]
-                    if sp > pos and size_f.isdigit():
-                        hr = hget(buf[pos:sp])
+                    if sp > pos:
+                        size = sget(buf[sp + 1:i], -1)  # b"123\r": digits and CR at once
+                        if size < 0:
+                            size = size_of(buf[sp + 1:i])
+                        if size >= 0:
+                            hr = hget(buf[pos:sp])
                 if hr is None or hr[1] is not None:
                     if head_first:          # not a head-route line: its own line route
                         head_first = False
                         continue
                     break
-                size = int(size_f)
                 stop = i + 1 + size
                 if size > max_payload or stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
                     break

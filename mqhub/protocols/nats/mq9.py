@@ -116,7 +116,8 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
         self.inflight = 0
         self._due_heap: list[tuple[float, str]] = []
         self._sweeper: LoopingCall | None = None
-        self.stats = {"stored": 0, "pushed": 0, "expired": 0, "queried": 0, "refused": 0}
+        self.stats = {"stored": 0, "pushed": 0, "expired": 0, "queried": 0, "refused": 0,
+                      "no_mailbox": 0}
 
     def start(self) -> Any:
         """Recover mailboxes (their queues are the core's) and persisted broadcasts; sweep."""

@@ -135,6 +135,8 @@ class InboxWriter:
         if hit is None:
             hit = self._resolve_inbox(subject)
             if hit.__class__ is str:
+                if hit.startswith("mailbox "):
+                    self.stats["no_mailbox"] += 1
                 self.error(reply, hit)
                 return
         box, prio, ttl = hit
@@ -143,6 +145,7 @@ class InboxWriter:
             now = self._now = self.clock.seconds()
         box_exp = box.expires_at
         if box_exp and box_exp <= now:
+            self.stats["no_mailbox"] += 1
             self.error(reply, f"mailbox {box.mail_id} does not exist")
             return
         if not box.pending or box.pending >= box.room:
@@ -205,6 +208,7 @@ class InboxWriter:
             box, prio, subject, expires, bodies, headers = group
             box.pending = 0
             if mailboxes.get(box.mail_id) is not box:
+                self._gone(box, bodies, headers)
                 continue
             if box.kind == "latest":
                 if latest.get(box.mail_id) is not group:
@@ -226,6 +230,18 @@ class InboxWriter:
                 d.addBoth(self.landed)
             d.addErrback(_log_commit_failure)
         self.settle()
+
+    def _gone(self, box: Mailbox, bodies: list[bytes], headers: list[Any] | None) -> None:
+        """Accepted messages whose mailbox went away before the flush: counted in
+        ``stats["no_mailbox"]``, logged, and each one that carried a reply subject gets mq9's
+        ``mailbox … does not exist`` error (never dropped silently)."""
+        self.stats["no_mailbox"] += len(bodies)
+        log.warn("mq9: {n} message(s) for removed mailbox {mail_id} not stored",
+                 n=len(bodies), mail_id=box.mail_id)
+        for h in headers or ():
+            if h and h.get(RESERVED_REPLY):
+                self.error(h[RESERVED_REPLY], f"mailbox {box.mail_id} does not exist")
+
 
 def _group_rank(group: list[Any]) -> int:
     """Sort key of an INBOX group at flush time: urgent first."""

@@ -236,3 +236,37 @@ def _payload(item: dict[str, Any]) -> bytes:
     if item["encoding"] == "base64":
         return base64.b64decode(item["payload"])
     return str(item["payload"]).encode()
+
+
+def test_messages_accepted_for_a_mailbox_removed_before_the_flush_are_not_dropped_silently(
+) -> None:
+    """Publishes made outside a read (as the core bridge does) wait for the next flush; when
+    the sweep removes their mailbox first, every one of them (the first of the group and the
+    fast-path ones) is counted in ``no_mailbox`` and the one carrying a reply subject gets
+    mq9's ``does not exist`` error; nothing is stored."""
+    srv = make_mq9_server(sweep_interval="100")
+    c = Client(srv)
+    mid = create(c, ttl=10)["mail_id"]
+    c.send(b"SUB _INBOX.gone 7\r\n")
+    c.events()
+    subject = f"$mq9.AI.INBOX.{mid}.normal"
+    mq9 = srv.mq9
+    mq9.publish(None, subject, None, None, b"first")        # opens the subject's group
+    mq9.publish(None, subject, None, None, b"fast")         # the per-read fast path
+    mq9.publish(None, subject, "_INBOX.gone", None, b"asks")
+    assert mq9.pending_publishes()
+    srv.hub.clock.advance(100)                 # the sweep removes the mailbox, then flushes
+    assert mid not in mq9.mailboxes and not mq9.pending_publishes()
+    assert mq9.stats["no_mailbox"] == 3 and mq9.stats["stored"] == 0
+    srv.hub.clock.advance(0)
+    replies = [json.loads(p) for s, p in received(c.events()) if s == "_INBOX.gone"]
+    assert replies == [{"error": f"mailbox {mid} does not exist"}]
+    assert stored(srv, mid) == 0
+
+
+def test_a_publish_to_a_missing_mailbox_without_reply_is_counted() -> None:
+    """No reply subject means no error reply, but the refusal is counted."""
+    srv = make_mq9_server()
+    c = Client(srv)
+    c.send(codec.encode_pub("$mq9.AI.INBOX.mnope.urgent", b"x") * 2)
+    assert srv.mq9.stats["no_mailbox"] == 2
