@@ -12,7 +12,13 @@ first, FINs every message (FINs batched per read). Figures (``<figure> <value> <
 - ``<mode>_<size>_e2e``: messages consumed per second, from the producer's first byte to the
   consumer's last message.
 
+``--base-tree DIR`` (a source tree, e.g. ``git archive main | tar -x -C DIR``) runs each scenario
+against a fresh server of this tree and of ``DIR``, alternating which goes first, and prints
+``<figure>_e2e`` and ``<figure>_e2e_base`` with each run's server CPU per message (a same-run
+A/B; ``--rounds N`` repeats it).
+
     python benchmarks/nsq_bench.py [--duration 4] [--address 127.0.0.1:4150]
+    python benchmarks/nsq_bench.py --base-tree /tmp/main --rounds 3 --sizes 16
     mqhub bench nsq
 """
 
