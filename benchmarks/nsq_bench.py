@@ -12,7 +12,13 @@ first, FINs every message (FINs batched per read). Figures (``<figure> <value> <
 - ``<mode>_<size>_e2e``: messages consumed per second, from the producer's first byte to the
   consumer's last message.
 
+``--base-tree DIR`` (a source tree, e.g. ``git archive main | tar -x -C DIR``) runs each scenario
+against a fresh server of this tree and of ``DIR``, alternating which goes first, and prints
+``<figure>_e2e`` and ``<figure>_e2e_base`` with each run's server CPU per message (a same-run
+A/B; ``--rounds N`` repeats it).
+
     python benchmarks/nsq_bench.py [--duration 4] [--address 127.0.0.1:4150]
+    python benchmarks/nsq_bench.py --base-tree /tmp/main --rounds 3 --sizes 16
     mqhub bench nsq
 """
 
@@ -47,13 +53,30 @@ OK_FRAME = wire.OK_FRAME
 WINDOW = 8
 
 
-def start_mqhub(data_dir: str, durability: str, journal: str = "on") -> tuple[subprocess.Popen, int]:
-    """Start ``twistd -n mqhub --protocols nsq`` on free loopback ports (``--journal journal``)."""
+def start_mqhub(data_dir: str, durability: str, journal: str = "on",
+                tree: str = "") -> tuple[subprocess.Popen, int]:
+    """Start ``twistd -n mqhub --protocols nsq`` on free loopback ports (``--journal journal``).
+
+    :param tree: another source tree (``git archive REV | tar -x -C tree``) whose ``mqhub``
+        package runs instead of this one (same-run A/B, ``--base-tree``).
+    """
     tcp, http = free_port(), free_port()
-    proc = _common.start_mqhub(
-        "nsq", [f"nsq.tcp=tcp:{tcp}:interface={HOST}", f"nsq.http=tcp:{http}:interface={HOST}"],
-        data_dir, durability, os.path.join(data_dir, "..", "mqhub.log"), wait_for=tcp,
-        extra=["--journal", journal])
+    listens = [f"nsq.tcp=tcp:{tcp}:interface={HOST}", f"nsq.http=tcp:{http}:interface={HOST}"]
+    log_path = os.path.join(data_dir, "..", "mqhub.log")
+    if not tree:
+        proc = _common.start_mqhub("nsq", listens, data_dir, durability, log_path, wait_for=tcp,
+                                   extra=["--journal", journal])
+        return proc, tcp
+    cmd = _common.twistd_command() + [
+        "-n", "--pidfile=", "mqhub", "--protocols", "nsq", "--data-dir", data_dir,
+        "--durability", durability, "--journal", journal]
+    for listen in listens:
+        cmd += ["--listen", listen]
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    with open(log_path + ".base", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=tree, env=env)
+    _common.wait_port(tcp, proc)
     return proc, tcp
 
 
@@ -232,7 +255,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the broker's flow journal (measure both: docs/benchmarks.md)")
     parser.add_argument("--sizes", default="16,1024", help="comma-separated body sizes")
     parser.add_argument("--modes", default="pub,mpub", help="comma-separated: pub, mpub")
+    parser.add_argument("--base-tree", default="",
+                        help="also run the mqhub of this source tree, alternating with this "
+                             "one per scenario (figures suffixed _base): a same-run A/B")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the scenarios (A/B pairs)")
     args = parser.parse_args(argv)
+    if args.base_tree and args.address:
+        parser.error("--base-tree runs its own servers: no --address")
+    if args.base_tree:
+        return _ab(args)
     proc: subprocess.Popen | None = None
     tmp: str | None = None
     if args.address:
@@ -260,6 +291,34 @@ def main(argv: list[str] | None = None) -> int:
             _common.stop(proc)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def _ab(args: argparse.Namespace) -> int:
+    """Alternate this tree's server and ``--base-tree``'s, a fresh server per scenario."""
+    tmp = tempfile.mkdtemp(prefix="nsq-bench-ab-")
+    print(f"# nsq A/B: this tree vs {args.base_tree}, durability={args.durability}, "
+          f"{args.duration:g}s per scenario")
+    try:
+        run = 0
+        for _ in range(args.rounds):
+            for mode in args.modes.split(","):
+                for size in (int(s) for s in args.sizes.split(",")):
+                    tag = f"{mode}_{size}B" if size < 1024 else f"{mode}_{size // 1024}KiB"
+                    order = ("", args.base_tree) if run % 2 == 0 else (args.base_tree, "")
+                    run += 1
+                    for tree in order:
+                        data_dir = os.path.join(tmp, f"data{run}{'b' if tree else 'a'}")
+                        os.makedirs(data_dir)
+                        proc, port = start_mqhub(data_dir, args.durability, args.journal, tree)
+                        try:
+                            print(f"# {'base' if tree else 'this'}:", end=" ")
+                            _, e2e = run_scenario(HOST, port, mode, size, args.duration, proc.pid)
+                        finally:
+                            _common.stop(proc)
+                        print(f"{tag}_e2e{'_base' if tree else ''} {e2e:.0f} msg/s", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -717,12 +717,20 @@ def _entry(msg_id: int, attempts: int, body: bytes) -> tuple:
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, (1 << 63) - 1), st.integers(0, 65535),
                           st.binary(max_size=40)), min_size=1, max_size=30),
-       st.booleans())
-def test_render_messages_frames_each_entry(spec: list[tuple[int, int, bytes]], uniform: bool) -> None:
-    """Batch rendering (shared-head fast path or not) decodes to one exact frame per entry."""
-    if uniform:  # one millisecond, one size, one attempts value: the shared-head path
-        base = spec[0][0] & ~((1 << 22) - 1)
+       st.sampled_from(["any", "one_ms", "ms_runs", "ms_runs_unsorted"]),
+       st.lists(st.integers(0, 3), min_size=30, max_size=30))
+def test_render_messages_frames_each_entry(spec: list[tuple[int, int, bytes]], shape: str,
+                                           steps: list[int]) -> None:
+    """Batch rendering (shared-head paths or not) decodes to one exact frame per entry."""
+    base = spec[0][0] & ~((1 << 22) - 1) & ((1 << 62) - 1)
+    if shape == "one_ms":  # one millisecond, one size, one attempts value: one shared head
         spec = [(base + i, spec[0][1], b"%08d" % i) for i in range(len(spec))]
+    elif shape.startswith("ms_runs"):  # one size and attempts, ids over several milliseconds
+        ms = [sum(steps[:i + 1]) for i in range(len(spec))]
+        ids = [base + (m << 22) + i for i, m in enumerate(ms)]
+        if shape == "ms_runs_unsorted":
+            ids.reverse()
+        spec = [(m, spec[0][1], b"%08d" % i) for i, m in enumerate(ids)]
     entries = [_entry(m, a, b) for m, a, b in spec]
     dec = w.ClientCodec()
     dec.receive_data(render_messages(entries))
