@@ -15,6 +15,8 @@ Strategy:
   IDeliveryTarget) and written at once, one write per batch.
 - Heartbeats: one timer per connection on the injected clock; a client silent for two heartbeat
   intervals is closed without an error frame, as nsqd does.
+- Consumer commands (SUB, RDY, FIN, REQ, TOUCH, CLS, NOP) live in the
+  :class:`~mqhub.protocols.nsq.consumer.ConsumerCommands` mixin this protocol inherits.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.protocol import Factory, Protocol
@@ -30,7 +32,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mqhub.core.queue import NOT_OWNER
 from mqhub.errors import InvalidName, MqhubError, QueueFull
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.listener import peer_text, set_no_delay
@@ -44,6 +45,7 @@ from mqhub.protocols.nsq.codec import (
     encode_response,
 )
 from mqhub.protocols.nsq.config import NsqConfig
+from mqhub.protocols.nsq.consumer import STATE_INIT, ConsumerCommands
 from mqhub.protocols.nsq.identify import Identity, default_identity, negotiate
 from mqhub.protocols.nsq.render import render_messages
 from mqhub.protocols.nsq.topics import TopicRegistry
@@ -51,17 +53,11 @@ from mqhub.store.records import MSG_ID
 
 log = Logger(namespace="mqhub.nsq")
 
-STATE_INIT = "init"
-STATE_SUBSCRIBED = "subscribed"
-STATE_CLOSING = "closing"
-
 _OK = wire.OK_FRAME
 #: unconfirmed messages per connection above which reading pauses until commits catch up
 MAX_UNCONFIRMED = 50_000
 #: Most bytes one inflate step of a deflate connection produces (bounds a decompression bomb).
 INFLATE_STEP = 256 * 1024
-_NOT_IN_FLIGHT = b"ID not in flight"
-_NOT_OWNER = b"client does not own message"
 
 
 class _Slot:
@@ -76,7 +72,7 @@ class _Slot:
 
 
 @implementer(IDeliveryTarget)
-class NsqProtocol(Protocol):
+class NsqProtocol(ConsumerCommands, Protocol):
     """One NSQ client connection (producer, consumer or both)."""
 
     protocol_name = "nsq"
@@ -244,7 +240,7 @@ class NsqProtocol(Protocol):
                         self._publish("MPUB", mpub_topic, flush, 0, n)
                     if fins:
                         batch, fins = fins, []
-                        self._finish(batch)
+                        self.finish(batch)
                     if topic != pub_topic and pub_bodies:
                         flush, pub_bodies = pub_bodies, []
                         self._publish("PUB", pub_topic, flush, 0, len(flush))
@@ -274,7 +270,7 @@ class NsqProtocol(Protocol):
                 if kind is Mpub:
                     if fins:
                         batch, fins = fins, []
-                        self._finish(batch)
+                        self.finish(batch)
                     if pub_bodies:
                         bodies, pub_bodies = pub_bodies, []
                         self._publish("PUB", pub_topic, bodies, 0, len(bodies))
@@ -294,7 +290,7 @@ class NsqProtocol(Protocol):
                 if kind is Pub:
                     if fins:
                         batch, fins = fins, []
-                        self._finish(batch)
+                        self.finish(batch)
                     if ev.topic != pub_topic or not pub_bodies:  # type: ignore[union-attr]
                         if pub_bodies:
                             bodies, pub_bodies = pub_bodies, []
@@ -312,18 +308,18 @@ class NsqProtocol(Protocol):
                         continue
                     if fins:
                         batch, fins = fins, []
-                        self._finish(batch)
-                    self._finish([], [ev.msg_id])  # type: ignore[union-attr]
+                        self.finish(batch)
+                    self.finish([], [ev.msg_id])  # type: ignore[union-attr]
                     continue
                 if fins:
                     batch, fins = fins, []
-                    self._finish(batch)
+                    self.finish(batch)
                 try:
                     handlers[kind](ev)
                 except ProtocolError as exc:
                     if exc.fatal:
                         raise
-                    self._respond(encode_error(exc.wire_text))
+                    self.respond(encode_error(exc.wire_text))
                 if self.closed or self._failing:
                     return
             if mpubs:
@@ -334,7 +330,7 @@ class NsqProtocol(Protocol):
                 self._publish("PUB", pub_topic, bodies, 0, len(bodies))
             if fins:
                 batch, fins = fins, []
-                self._finish(batch)
+                self.finish(batch)
         except ProtocolError as exc:
             try:
                 if mpubs:
@@ -342,13 +338,13 @@ class NsqProtocol(Protocol):
                 if pub_bodies:
                     self._publish("PUB", pub_topic, pub_bodies, 0, len(pub_bodies))
                 if fins:
-                    self._finish(fins)
+                    self.finish(fins)
             except ProtocolError as later:
                 exc = exc if exc.fatal else later
             if exc.fatal:
                 self._fatal(exc)
             else:
-                self._respond(encode_error(exc.wire_text))
+                self.respond(encode_error(exc.wire_text))
         except Exception:
             log.failure("nsq: unexpected error handling a command from {peer}", peer=self._peer())
             self._fatal(ProtocolError("E_INVALID", "internal error"))
@@ -363,7 +359,7 @@ class NsqProtocol(Protocol):
             data = self._snappy_out.encode(data)
         self.transport.write(data)
 
-    def _respond(self, data: bytes, close: bool = False) -> None:
+    def respond(self, data: bytes, close: bool = False) -> None:
         """Queue a ready response behind any still-pending ones and flush."""
         self._slots.append(_Slot(data, close))
         self._flush()
@@ -391,7 +387,7 @@ class NsqProtocol(Protocol):
         log.debug("nsq: fatal {err} for {peer}", err=str(exc), peer=self._peer())
         self._failing = True
         self.transport.pauseProducing()
-        self._respond(encode_error(exc.wire_text), close=True)
+        self.respond(encode_error(exc.wire_text), close=True)
 
     def _peer(self) -> str:
         """host:port of the client, for logs and stats."""
@@ -487,22 +483,22 @@ class NsqProtocol(Protocol):
             raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY upgrade while responses are pending")
         self.identity = ident
         self._arm_heartbeat()
-        self._respond(encode_response(reply))
+        self.respond(encode_response(reply))
         if ident.tls_v1:
             try:
                 self.transport.startTLS(self.factory.tls_context())
             except Exception as exc:
                 raise ProtocolError("E_IDENTIFY_FAILED", f"IDENTIFY failed {exc}") from None
             self.tls = True
-            self._respond(_OK)
+            self.respond(_OK)
         if ident.snappy:
             self._snappy_out = snappy.SnappyEncoder()
             self._snappy_in = snappy.SnappyDecoder()
-            self._respond(_OK)
+            self.respond(_OK)
         if ident.deflate:
             self._deflate = zlib.compressobj(ident.deflate_level, zlib.DEFLATED, -15)
             self._inflate = zlib.decompressobj(-15)
-            self._respond(_OK)
+            self.respond(_OK)
 
     def on_auth(self, ev: wire.Auth) -> None:
         """AUTH against the secrets file."""
@@ -519,106 +515,8 @@ class NsqProtocol(Protocol):
         if not state.authorizations:
             raise ProtocolError("E_UNAUTHORIZED", "AUTH no authorizations found")
         self.auth = state
-        self._respond(encode_response(state.reply()))
+        self.respond(encode_response(state.reply()))
 
-    # consuming --------------------------------------------------------------------------------
-
-    def on_sub(self, ev: wire.Sub) -> None:
-        """SUB topic channel: attach to the channel's queue with RDY 0."""
-        if self.state != STATE_INIT:
-            raise ProtocolError("E_INVALID", "cannot SUB in current state")
-        if self.identity.heartbeat_interval <= 0:
-            raise ProtocolError("E_INVALID", "cannot SUB with heartbeats disabled")
-        if self.factory.secrets is not None:
-            if self.auth is None:
-                raise ProtocolError("E_AUTH_FIRST", "AUTH required before SUB")
-            if not self.auth.allows(ev.topic, ev.channel, "subscribe"):
-                raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for SUB on "{ev.topic}" "{ev.channel}"')
-        queue = self.registry.ensure_channel(ev.topic, ev.channel)
-        limit = self.config.max_channel_consumers
-        if limit and len(queue.consumers) >= limit:
-            raise ProtocolError(
-                "E_SUB_FAILED", f"SUB failed consumers for {ev.topic}:{ev.channel} exceeds limit of {limit}"
-            )
-        self.topic_name, self.channel_name = ev.topic, ev.channel
-        self.queue = queue
-        self.state = STATE_SUBSCRIBED
-        self._respond(_OK)
-        self.consumer = queue.attach(self, ready=0, timeout=self.identity.msg_timeout / 1000.0)
-
-    def on_rdy(self, ev: wire.Rdy) -> None:
-        """RDY n: how many messages may be in flight to this client."""
-        if self.state == STATE_CLOSING:
-            return
-        if self.state != STATE_SUBSCRIBED:
-            raise ProtocolError("E_INVALID", "cannot RDY in current state")
-        if ev.count < 0 or ev.count > self.config.max_rdy_count:
-            raise ProtocolError(
-                "E_INVALID", f"RDY count {ev.count} out of range 0-{self.config.max_rdy_count}"
-            )
-        self.ready_count = ev.count
-        self.consumer.set_ready(ev.count)
-
-    def _require_consumer(self, verb: str) -> None:
-        """FIN/REQ/TOUCH need a subscribed (or closing) connection."""
-        if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
-            raise ProtocolError("E_INVALID", f"cannot {verb} in current state")
-
-    def _finish(self, ids: list[int], bad: Sequence[bytes] = ()) -> None:
-        """FIN a run of parsed ids with one core call; E_FIN_FAILED (non-fatal) for unknown ones.
-
-        :param bad: raw ids that are not 16 hex digits (they fail after ``ids``).
-        """
-        self._require_consumer("FIN")
-        failed = self.queue.ack(self.consumer, ids) if ids else []
-        self.finish_count += len(ids) - len(failed)
-        if failed or bad:
-            errs = [(wire.render_id(i), why) for i, why in self._why(failed)]
-            errs += [(raw, _NOT_IN_FLIGHT) for raw in bad]
-            self._respond(b"".join(
-                encode_error(b"E_FIN_FAILED FIN %s failed %s" % err) for err in errs))
-
-    def _why(self, failed: list[int]) -> list[tuple[int, bytes]]:
-        """nsqd's reason text for each id an ack/requeue/touch refused (asked right after it)."""
-        if not failed:
-            return []
-        return [(mid, _NOT_OWNER if reason == NOT_OWNER else _NOT_IN_FLIGHT)
-                for mid, reason in self.queue.failure_reasons(self.consumer, failed)]
-
-    def _one_id(self, verb: str, raw_id: bytes, op: Callable[[list[int]], list[int]]) -> None:
-        """REQ or TOUCH of one raw id through ``op(ids)`` (a queue call returning refused ids).
-
-        :raises ProtocolError: nsqd's non-fatal ``E_<VERB>_FAILED`` with its reason text.
-        """
-        self._require_consumer(verb)
-        ids, _ = wire.parse_ids([raw_id])
-        failed = op(ids) if ids else []
-        if failed or not ids:
-            why = self._why(failed)[0][1] if failed else _NOT_IN_FLIGHT
-            raise ProtocolError(f"E_{verb}_FAILED",
-                                f"{verb} {raw_id.decode('latin-1')} failed {why.decode()}", fatal=False)
-
-    def on_req(self, ev: wire.Req) -> None:
-        """REQ id timeout_ms: back to the channel now (0) or after the delay (durable)."""
-        delay = ev.timeout_ms / 1000.0
-        self._one_id("REQ", ev.msg_id, lambda ids: self.queue.requeue(self.consumer, ids, delay=delay))
-        self.requeue_count += 1
-
-    def on_touch(self, ev: wire.Touch) -> None:
-        """TOUCH id: reset the in-flight deadline."""
-        self._one_id("TOUCH", ev.msg_id, lambda ids: self.queue.touch(self.consumer, ids))
-
-    def on_cls(self, ev: wire.Cls) -> None:
-        """CLS: stop sending messages; the client closes once it has FINed what it holds."""
-        if self.state != STATE_SUBSCRIBED:
-            raise ProtocolError("E_INVALID", "cannot CLS in current state")
-        self.state = STATE_CLOSING
-        self.ready_count = 0
-        self.consumer.set_ready(0)
-        self._respond(wire.CLOSE_WAIT_FRAME)
-
-    def on_nop(self, ev: wire.Nop) -> None:
-        """NOP: no response."""
 
 
 class NsqFactory(Factory):
