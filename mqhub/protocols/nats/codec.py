@@ -47,7 +47,7 @@ from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.Pr
 )
 from mqhub.protocols.nats.reads import frame_completion
 from mqhub.protocols.nats.runs import RUN_MAX_FRAME, RUN_MIN, routable, run_length
-from mqhub.protocols.nats.sizes import SIZES, size_of
+from mqhub.protocols.nats.heads import route_heads
 
 __all__ = [
     "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",
@@ -291,56 +291,24 @@ class NatsParser:
         find = buf.find
         get = routes.get
         hget = head_routes.get if head_routes else None
-        sget = SIZES.get
         max_payload = self.max_payload
         dappend = dirty.append
         count = 0
         extra = 0    # MSG copies beyond one per PUB (the one-target case costs nothing)
         run_max = max_payload + 4096   # frames up to this size try a run; 0 once one failed
-        rfind = buf.rfind
-        head_first = False
         while True:
             i = find(b"\n", pos)
             if i < 0:
                 break
-            # after a head-route hit try that first: mixed traffic skips a line-cache miss
-            if head_first or (r := get(buf[pos:i])) is None:
-                hr = None
-                if hget is not None:
-                    sp = rfind(b" ", pos, i)
-                    if sp > pos:
-                        size = sget(buf[sp + 1:i], -1)  # b"123\r": digits and CR at once
-                        if size < 0:
-                            size = size_of(buf[sp + 1:i])
-                        if size >= 0:
-                            hr = hget(buf[pos:sp])
-                if hr is None or hr[1] is not None:
-                    if head_first:          # not a head-route line: its own line route
-                        head_first = False
-                        continue
+            if (r := get(buf[pos:i])) is None:
+                if hget is None:
                     break
-                stop = i + 1 + size
-                if size > max_payload or stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
+                # mixed traffic: known subjects at new sizes, a stretch at a time
+                pos, k, more = route_heads(buf, pos, hget, dappend, max_payload)
+                if not k:
                     break
-                head_first = True
-                # "size\r\n" + payload + "\r\n" in one slice, shared by every target
-                tail = buf[sp + 1:stop + 2]
-                one = hr[2]
-                if one is not None:         # one receiver: no loop
-                    owner, out, head = one
-                    if not out:
-                        dappend(owner)
-                    out.append(head)
-                    out.append(tail)
-                else:
-                    for owner, out, head in hr[0]:
-                        if not out:
-                            dappend(owner)
-                        out.append(head)
-                        out.append(tail)
-                    extra += len(hr[0]) - 1
-                pos = stop + 2
-                count += 1
+                count += k
+                extra += more
                 continue
             if r[1] is not None:
                 break
