@@ -63,20 +63,13 @@ def start_mqhub(data_dir: str, durability: str, journal: str = "on",
     tcp, http = free_port(), free_port()
     listens = [f"nsq.tcp=tcp:{tcp}:interface={HOST}", f"nsq.http=tcp:{http}:interface={HOST}"]
     log_path = os.path.join(data_dir, "..", "mqhub.log")
-    if not tree:
+    if tree:
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        proc = _common.start_mqhub("nsq", listens, data_dir, durability, log_path + ".base",
+                                   wait_for=tcp, extra=["--journal", journal], cwd=tree, env=env)
+    else:
         proc = _common.start_mqhub("nsq", listens, data_dir, durability, log_path, wait_for=tcp,
                                    extra=["--journal", journal])
-        return proc, tcp
-    cmd = _common.twistd_command() + [
-        "-n", "--pidfile=", "mqhub", "--protocols", "nsq", "--data-dir", data_dir,
-        "--durability", durability, "--journal", journal]
-    for listen in listens:
-        cmd += ["--listen", listen]
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-    with open(log_path + ".base", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=tree, env=env)
-    _common.wait_port(tcp, proc)
     return proc, tcp
 
 

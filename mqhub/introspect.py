@@ -198,18 +198,23 @@ class Inspector:
         counts = dict.fromkeys(self.protocols(), 0)
         for protocol, ls in self.listeners():
             counts[protocol] = counts.get(protocol, 0) + len(ls.connections)
-        for row in self.peer_connections():
-            counts[row["protocol"]] = counts.get(row["protocol"], 0) + 1
+        for protocol, peers in self._peer_sources():
+            counts[protocol] = counts.get(protocol, 0) + len(peers())
         return counts
 
     def peer_connections(self) -> list[dict[str, Any]]:
         """Connections a protocol service tracks itself through a ``peers()`` method (eMQP:
         the ZeroMQ identities its router knows), each row with its ``protocol``."""
-        out: list[dict[str, Any]] = []
+        return [{"protocol": protocol, **row}
+                for protocol, peers in self._peer_sources() for row in peers()]
+
+    def _peer_sources(self) -> list[tuple[str, Callable[[], list[dict[str, Any]]]]]:
+        """(protocol, ``peers`` method) of each protocol service that tracks its own peers."""
+        out = []
         for child in list(self.root) if self.root is not None else []:
             peers = getattr(child, "peers", None)
             if child.name not in self.skip and callable(peers):
-                out.extend({"protocol": child.name, **row} for row in peers())
+                out.append((child.name, peers))
         return out
 
     def health(self) -> tuple[bool, dict[str, Any]]:

@@ -136,6 +136,15 @@ Examples:
             lines.append(f"  (plugin {file_name} failed to load: {error})")
         return "\n".join(lines) + "\n"
 
+    def _mib(self, key: str, minimum: int, too_small: str) -> None:
+        """Turn option ``key`` into a whole number of MiB, at least ``minimum``."""
+        try:
+            self[key] = int(self[key])
+        except ValueError:
+            raise usage.UsageError(f"--{key} expects a number of MiB") from None
+        if self[key] < minimum:
+            raise usage.UsageError(f"--{key} {too_small}")
+
     def postOptions(self) -> None:
         """Resolve protocol names and endpoints; reject unknown or duplicate names."""
         if self["log-format"] not in LOG_FORMATS:
@@ -151,18 +160,8 @@ Examples:
             raise usage.UsageError(
                 "--journal-days and --journal-max-bytes must be positive numbers") from exc
         if self["store-map-size"] is not None:
-            try:
-                self["store-map-size"] = int(self["store-map-size"])
-            except ValueError:
-                raise usage.UsageError("--store-map-size expects a number of MiB") from None
-            if self["store-map-size"] < 1:
-                raise usage.UsageError("--store-map-size must be at least 1 (MiB)")
-        try:
-            self["store-reserve"] = int(self["store-reserve"])
-        except ValueError:
-            raise usage.UsageError("--store-reserve expects a number of MiB") from None
-        if self["store-reserve"] < 0:
-            raise usage.UsageError("--store-reserve must not be negative")
+            self._mib("store-map-size", 1, "must be at least 1 (MiB)")
+        self._mib("store-reserve", 0, "must not be negative")
         found = self._discover()
         available = ", ".join(found.plugins) or "none"
         requested = [n.strip() for n in self["protocols"].split(",") if n.strip()]

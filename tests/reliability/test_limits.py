@@ -89,6 +89,11 @@ class Pusher:
         self.pending = self.pending[n:]
         self.sent += n
 
+    def step_and_drain(self) -> None:
+        """Push, then read what the broker answered, so only the broker's side can back up."""
+        self.step()
+        _drain_replies(self.sock)
+
 
 def full_speed(seconds: float, step: Callable[[], None], broker: BrokerProcess) -> float:
     """Call ``step`` in a loop for ``seconds``; return the broker's peak RSS seen (MiB)."""
@@ -139,12 +144,7 @@ def test_nsq_consumer_at_rdy_2500_that_never_reads(broker: BrokerProcess) -> Non
     producer = NsqSocket(broker.port("nsq", "tcp"))
     pusher = Pusher(producer.sock, wire.encode_mpub("flood", [b"y" * 1024] * 256))
 
-    def step() -> None:
-        """Push, and read the OKs so only the broker's side can back up."""
-        pusher.step()
-        _drain_replies(producer.sock)
-
-    flood_stays_bounded(step, broker, bystander, pusher)
+    flood_stays_bounded(pusher.step_and_drain, broker, bystander, pusher)
     stalled.close()
     producer.close()
 
@@ -349,12 +349,7 @@ def test_mqks_consumer_that_never_reads(mq_broker: BrokerProcess) -> None:
     pusher = Pusher(producer, b"".join(b"p%d publish flood.e %s\n" % (i, b"m" * 1024)
                                        for i in range(256)))
 
-    def step() -> None:
-        """Push, then read the producer's replies (there are none without --confirm)."""
-        pusher.step()
-        _drain_replies(producer)
-
-    flood_stays_bounded(step, mq_broker, bystander, pusher)
+    flood_stays_bounded(pusher.step_and_drain, mq_broker, bystander, pusher)
     stalled.close()
     producer.close()
 
@@ -381,11 +376,6 @@ def test_vibemq_subscriber_that_never_reads(mq_broker: BrokerProcess) -> None:
                      for i in range(256))
     pusher = Pusher(producer.sock, chunk)
 
-    def step() -> None:
-        """Push, then read the PublishAcks."""
-        pusher.step()
-        _drain_replies(producer.sock)
-
-    flood_stays_bounded(step, mq_broker, bystander, pusher)
+    flood_stays_bounded(pusher.step_and_drain, mq_broker, bystander, pusher)
     stalled.close()
     producer.close()
