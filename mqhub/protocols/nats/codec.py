@@ -45,9 +45,9 @@ from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.Pr
     valid_publish_subject,
     valid_subject,
 )
+from mqhub.protocols.nats.heads import route_heads
 from mqhub.protocols.nats.reads import frame_completion
 from mqhub.protocols.nats.runs import RUN_MAX_FRAME, RUN_MIN, routable, run_length
-from mqhub.protocols.nats.heads import route_heads
 
 __all__ = [
     "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",

@@ -309,20 +309,19 @@ class NatsConnection(Protocol):
                     self._general(events, i)
                     break
                 if ev[0] == OP_PUB:
-                    self._fast_pub(ev)
+                    self._fast_pub(ev[1], ev[2])
                 else:
                     self._general([ev], 0)
         if not self.closing:
             self._general(parser.events(), 0)
 
-    def _fast_pub(self, ev: tuple) -> None:
-        """One PUB the fused path could not take (route miss, queue groups, mq9, foreign...)."""
+    def _fast_pub(self, hit: tuple, payload: bytes) -> None:
+        """Route one PUB by its cached route (fast-loop misses: queue groups, mq9, foreign...;
+        and the general path when echo is on): plain targets, the special part, no-responders."""
         srv = self.server
-        hit = ev[1]
         route = srv.routes.get(hit[0])
         if route is None:
             route = srv.resolve(hit)
-        payload = ev[2]
         dirty = srv.dirty
         for conn, out, prefix in route[0]:
             if not out:
@@ -439,22 +438,11 @@ class NatsConnection(Protocol):
         if self.pedantic and not codec.valid_publish_subject(subject):
             self.out_ctl(codec.encode_err("Invalid Publish Subject"))
             return False
-        srv.stats["in_msgs"] += 1
         if hit is not None and self.echo:
-            route = srv.routes.get(hit[0]) or srv.resolve(hit)
-            targets, special = route[0], route[1]
-            dirty = srv.dirty
-            for conn, out, prefix in targets:
-                if not out:
-                    dirty.append(conn)
-                out.append(prefix)
-                out.append(payload)
-                out.append(CRLF)
-            got = len(targets)
-            srv.stats["out_msgs"] += got
-            if special is not None:
-                got += srv.deliver_special(self, subject, reply, None, payload, special)
-        elif srv.mq9 is not None and subject.startswith(MQ9_PREFIX) and (
+            self._fast_pub(hit, payload)
+            return True
+        srv.stats["in_msgs"] += 1
+        if srv.mq9 is not None and subject.startswith(MQ9_PREFIX) and (
                 srv.mq9.claims(subject) or (hdr is not None and srv.mq9.persist_requested(hdr))):
             got = srv.mq9.publish(self, subject, reply, hdr, payload)
         else:

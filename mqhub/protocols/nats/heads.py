@@ -9,8 +9,9 @@ with its CR, see ``sizes.py``; line head ``PUB subject [reply]``) and one slice
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import count
-from typing import Any, Callable
+from typing import Any
 
 from mqhub.protocols.nats.sizes import SIZES, size_of
 
@@ -33,7 +34,7 @@ def route_heads(buf: bytes, pos: int, hget: Callable[[bytes], Any],
     sget = SIZES.get
     extra = 0
     done = 0
-    for done in count():        # no per-frame counter arithmetic: the loop index is the count
+    for done in count():  # noqa: B007  (read after the loop: the loop index is the count)
         i = find(b"\n", pos)
         if i < 0:
             break

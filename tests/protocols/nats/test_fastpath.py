@@ -18,6 +18,7 @@ from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import NEED_DATA, OP_MSG, NatsParser
 from mqhub.protocols.nats.output import MAX_IOV, remainder, send_chunks
 from mqhub.protocols.nats.reads import frame_completion
+from mqhub.protocols.nats.server import NatsServer
 from mqhub.testing import take_output
 from tests.protocols.nats.helpers import Client, make_server
 
@@ -98,6 +99,17 @@ def _pair(sndbuf: int) -> tuple[socket.socket, socket.socket]:
     return a, b
 
 
+def _direct_subscriber(srv: NatsServer, subject: bytes) -> tuple[Client, Client,
+                                                             socket.socket, socket.socket]:
+    """A subscriber to ``subject`` written straight to a socket with a small send buffer (its
+    reading end is the fourth item), and a publisher."""
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB %s 1\r\n" % subject)
+    a, b = _pair(4096)
+    sub.proto.sock = a
+    return sub, pub, a, b
+
+
 def _drain(sock: socket.socket) -> bytes:
     """Everything readable on ``sock`` now."""
     got = []
@@ -159,10 +171,7 @@ def test_direct_output_keeps_order_through_partial_sends(
 def test_held_output_counts_toward_max_pending() -> None:
     """While the transport holds a remainder, held output counts for the slow-consumer rule."""
     srv = make_server(max_pending=200_000, stall_bytes=100_000)
-    sub, pub = Client(srv), Client(srv)
-    sub.send(b"SUB h 1\r\n")
-    a, b = _pair(4096)
-    sub.proto.sock = a
+    sub, pub, a, b = _direct_subscriber(srv, b"h")
     pub.send(codec.encode_pub("h", b"x" * 50_000))
     assert sub.proto.paused and take_output(sub.transport)      # the socket refused a part
     for _ in range(3):
@@ -179,10 +188,7 @@ def test_held_output_refused_again_on_resume_counts_toward_max_pending() -> None
     """Held output the socket refuses on resumeProducing goes to the transport and still counts:
     a subscriber that stopped reading cannot have max_pending held twice over."""
     srv = make_server(max_pending=200_000, stall_bytes=100_000)
-    sub, pub = Client(srv), Client(srv)
-    sub.send(b"SUB h 1\r\n")
-    a, b = _pair(4096)
-    sub.proto.sock = a
+    sub, pub, a, b = _direct_subscriber(srv, b"h")
     pub.send(codec.encode_pub("h", b"x" * 50_000))
     for _ in range(3):
         pub.send(codec.encode_pub("h", b"y" * 60_000))
@@ -200,10 +206,7 @@ def test_held_output_refused_again_on_resume_counts_toward_max_pending() -> None
 def test_close_writes_held_output_before_the_error() -> None:
     """A close with held output writes it, then the -ERR, in order, and lets go of the producer."""
     srv = make_server()
-    sub, pub = Client(srv), Client(srv)
-    sub.send(b"SUB c 1\r\n")
-    a, b = _pair(4096)
-    sub.proto.sock = a
+    sub, pub, a, b = _direct_subscriber(srv, b"c")
     pub.send(codec.encode_pub("c", b"1" * 30_000))
     pub.send(codec.encode_pub("c", b"2" * 10))
     assert sub.proto.held

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mqhub.protocols.nats.heads import route_heads
 
 
 def _routes(n_targets: int) -> tuple[dict[bytes, tuple], list[list[bytes]], list[object]]:
+    """A head table with a simple route ``PUB a`` to ``n_targets`` receivers and a special
+    one ``PUB q``; also the receivers' output lists and their owners."""
     outs: list[list[bytes]] = [[] for _ in range(n_targets)]
     owners = [object() for _ in range(n_targets)]
     heads = [(owners[k], outs[k], b"MSG a %d " % k) for k in range(n_targets)]
@@ -17,6 +20,7 @@ def _routes(n_targets: int) -> tuple[dict[bytes, tuple], list[list[bytes]], list
 
 
 def test_one_target_delivers_each_frame_and_marks_dirty_once() -> None:
+    """One receiver: every frame (an empty payload too) is delivered, its owner marked once."""
     table, outs, owners = _routes(1)
     buf = b"PUB a 3\r\nabc\r\nPUB a 0\r\n\r\nPUB a 2\r\nhi\r\n"
     dirty: list[object] = []
@@ -27,6 +31,7 @@ def test_one_target_delivers_each_frame_and_marks_dirty_once() -> None:
 
 
 def test_many_targets_share_the_tail_and_count_extra_copies() -> None:
+    """Several receivers each get every frame; copies beyond one per PUB count as extra."""
     table, outs, owners = _routes(3)
     buf = b"PUB a 2\r\nhi\r\nPUB a 1\r\nx\r\n"
     dirty: list[object] = []
@@ -37,6 +42,8 @@ def test_many_targets_share_the_tail_and_count_extra_copies() -> None:
 
 
 def test_stops_before_lines_it_cannot_take() -> None:
+    """Control lines, unknown or special heads, short, oversized or badly framed frames stop
+    the loop before them, after what it took."""
     table, outs, _ = _routes(1)
     first = b"PUB a 1\r\nx\r\n"
     for rest in (b"PING\r\n", b"PUB b 1\r\nx\r\n", b"PUB q 1\r\nx\r\n", b"PUB a 9\r\nshort",
@@ -51,6 +58,7 @@ def test_stops_before_lines_it_cannot_take() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 40)), max_size=20), st.integers(0, 600))
 def test_a_cut_anywhere_delivers_exactly_the_complete_frames(frames: list, cut: int) -> None:
+    """A buffer cut anywhere: exactly the complete frames up to the first unknown head."""
     table, outs, _ = _routes(1)
     buf = b"".join(b"PUB %s %d\r\n%s\r\n" % (b"a" if known else b"b", size, b"z" * size)
                    for known, size in frames)
