@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from tests.interop.broker import BrokerProcess
+from tests.interop.broker import BrokerProcess, wait_until
 
 
 def admin_url(broker: BrokerProcess) -> str:
@@ -46,13 +45,7 @@ def get(broker: BrokerProcess, path: str) -> Any:
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
     """Poll ``check()`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    return wait_until(check, what, timeout)
 
 
 def queue_row(broker: BrokerProcess, name: str) -> dict[str, Any] | None:

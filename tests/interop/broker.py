@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from mqhub.discovery import load_plugins
 from tests.plugins import isolated_plugin_path
@@ -41,10 +42,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """Poll ``cond`` until it holds; fail with ``what`` after ``timeout`` seconds."""
+def wait_until(cond: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    """Poll ``cond`` until it returns something truthy and return that; fail with ``what``
+    after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while not cond():
+    while True:
+        result = cond()
+        if result:
+            return result
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
