@@ -44,7 +44,7 @@ def render_messages(messages: list[tuple]) -> bytes:
             if all(map(lt, ids, ids[1:])):
                 return b"".join([_run(pack(size, 2, (_EPOCH_MS + ms) * 1_000_000, att),
                                       hexes[i:j], bodies[i:j])
-                                 for ms, i, j in _ms_runs(ids, lo, hi)])
+                                 for ms, i, j in _ms_runs(ids, hi)])
     if lo == hi:
         ts = (_EPOCH_MS + lo) * 1_000_000
         return b"".join([pack(len(b) + 30, 2, ts, e[ATTEMPTS]) + h + b
@@ -59,10 +59,10 @@ def _run(head: bytes, hexes: tuple[bytes, ...] | list[bytes], bodies: list[bytes
     return b"".join(chain.from_iterable(zip(repeat(head), hexes, bodies)))
 
 
-def _ms_runs(ids: list[int], lo: int, hi: int) -> list[tuple[int, int, int]]:
+def _ms_runs(ids: list[int], hi: int) -> list[tuple[int, int, int]]:
     """``(millisecond, start, end)`` of each run of strictly ascending ``ids`` that share a
-    publish millisecond (``lo``..``hi`` are the first and last): one bisect per run, so the
-    cost is per millisecond, not per message."""
+    publish millisecond (``hi`` is the last one): one bisect per run, so the cost is per
+    millisecond, not per message."""
     runs: list[tuple[int, int, int]] = []
     start = 0
     n = len(ids)

@@ -21,6 +21,7 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 OPERATIONS = ("Publish", "Subscribe", "CreateQueue", "DeleteQueue", "PurgeQueue",
@@ -64,8 +65,13 @@ def normalize_operation(op: Any) -> str:
 
 def glob_matches(pattern: str, queue: str) -> bool:
     """Case-insensitive ACL glob: ``*`` matches anything, dots included."""
-    regex = "".join(".*" if ch == "*" else re.escape(ch) for ch in pattern.lower())
-    return re.fullmatch(regex, queue.lower()) is not None
+    return _glob_regex(pattern).fullmatch(queue.lower()) is not None
+
+
+@lru_cache(maxsize=1024)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """The compiled regex of an ACL glob (built once per pattern, not on every publish)."""
+    return re.compile("".join(".*" if ch == "*" else re.escape(ch) for ch in pattern.lower()))
 
 
 @dataclass

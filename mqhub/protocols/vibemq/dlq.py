@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
 from mqhub.core.deadletter import DeadLetter
+
+log = Logger(namespace="mqhub.vibemq")
 
 #: dead letters read per refill
 PAGE = 500
@@ -92,9 +97,11 @@ class DeadLetterView:
         d.addBoth(self._done)
 
     def _done(self, result: Any) -> None:
-        """Reading finished (the failure, if any, is logged by Twisted)."""
+        """Reading finished; log a failure here, since returning None consumes it."""
         self._reading = False
-        return None
+        if isinstance(result, Failure):
+            log.failure("vibemq: reading the dead letters of {queue} failed", result,
+                        queue=self.source)
 
     def _got(self, dead: list[DeadLetter]) -> None:
         """Share the dead letters nobody holds round robin among the subscribers."""
