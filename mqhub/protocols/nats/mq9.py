@@ -56,6 +56,7 @@ from mqhub.protocols.nats.mq9_common import (
     OP_REPLY,
     header_value,
     headers_dict,
+    no_mailbox,
     ttl_header,
 )
 from mqhub.protocols.nats.mq9_inbox import InboxWriter
@@ -272,7 +273,7 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
         self.flush_pubs()
         box = self.live(mail_id)
         if box is None:
-            self.error(reply, f"mailbox {mail_id} does not exist")
+            self.error(reply, no_mailbox(mail_id))
             return
         token = req.get("token")
         if not isinstance(token, str) or not secrets.compare_digest(token, box.token):

@@ -15,6 +15,11 @@ OP_PONG = 4        # (kind, connection): a flush() barrier's PONG
 OP_PUSH = 5        # (kind, pusher, consumer, entries): push stored mailbox messages
 
 
+def no_mailbox(mail_id: str) -> str:
+    """mq9's error text for a mailbox that does not exist (unknown, expired or removed)."""
+    return f"mailbox {mail_id} does not exist"
+
+
 def headers_dict(hdr: bytes | None) -> dict[str, str] | None:
     """A header block as a dict (last value wins), or None."""
     if not hdr:

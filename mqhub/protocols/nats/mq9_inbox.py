@@ -18,7 +18,13 @@ from twisted.logger import Logger
 
 from mqhub.errors import MqhubError
 from mqhub.protocols.nats.mailbox import INBOX, PRIORITIES, RESERVED_REPLY, Mailbox
-from mqhub.protocols.nats.mq9_common import BROADCAST, MAILBOX, headers_dict, ttl_header
+from mqhub.protocols.nats.mq9_common import (
+    BROADCAST,
+    MAILBOX,
+    headers_dict,
+    no_mailbox,
+    ttl_header,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.core.broker import Broker
@@ -104,7 +110,7 @@ class InboxWriter:
             return f"invalid mq9 inbox subject: {subject}"
         box = self.mailboxes.get(parts[0])
         if box is None:
-            return f"mailbox {parts[0]} does not exist"
+            return no_mailbox(parts[0])
         prio, ttl, _ = PRIORITIES[parts[1]]
         hit = (box, prio, ttl)
         if len(self.inbox_cache) >= INBOX_CACHE_LIMIT:
@@ -146,7 +152,7 @@ class InboxWriter:
         box_exp = box.expires_at
         if box_exp and box_exp <= now:
             self.stats["no_mailbox"] += 1
-            self.error(reply, f"mailbox {box.mail_id} does not exist")
+            self.error(reply, no_mailbox(box.mail_id))
             return
         if not box.pending or box.pending >= box.room:
             # the room left is counted once per read (pending counts what this read added)
@@ -240,7 +246,7 @@ class InboxWriter:
                  n=len(bodies), mail_id=box.mail_id)
         for h in headers or ():
             if h and h.get(RESERVED_REPLY):
-                self.error(h[RESERVED_REPLY], f"mailbox {box.mail_id} does not exist")
+                self.error(h[RESERVED_REPLY], no_mailbox(box.mail_id))
 
 
 def _group_rank(group: list[Any]) -> int:
