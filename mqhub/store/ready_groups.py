@@ -17,7 +17,8 @@ from typing import Any
 
 from mqhub.store.codec import GROUP_MAX, READY_KEY, U32, U64
 
-LIVE = struct.Struct(">I")
+#: the live count at the head of a group row (codec's u32)
+LIVE = U32
 #: the largest key a group of one (queue, priority) can have, after its 5-byte head
 _KEY_MAX_TAIL = b"\xff" * 8
 
