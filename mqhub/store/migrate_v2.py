@@ -93,9 +93,8 @@ def _convert_chunk(txn: Any, dbs: dict[bytes, Any], order: Any, chunk: int,
             done["dropped"] += 1
     ready = dbs[b"ready"]
     for head, ids in runs.items():
-        qid, pbyte = codec.U32.unpack_from(head)[0], head[4]
         before = txn.stat(ready)["entries"]
-        ready_groups.add_ids(txn, ready, qid, pbyte, ids)
+        ready_groups.add_ids(txn, ready, head, ids)
         done["groups"] += txn.stat(ready)["entries"] - before
     for k in rows:
         txn.delete(k, db=order)
