@@ -346,4 +346,6 @@ class QueueWindow(QueueBacklog):
                 break
         self._nready -= len(out)
         self._nbytes -= sum([len(e[7]) for e in out])
+        if self._volatile and out:
+            self._volatile.difference_update([e[0] for e in out])
         return out
