@@ -116,10 +116,8 @@ class Commits:
             d.addBoth(self._settle, batch)
         if joined:
             d.addBoth(_fire_joined, joined)
-        if d.called:
-            d.addErrback(_log_failure)
-            return d
-        self._track(d)
+        if not d.called:
+            self._track(d)
         d.addErrback(_log_failure)
         return d
 

@@ -278,9 +278,7 @@ class BrokerDelays:
     def _on_queue_expiry(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                          now: float) -> None:
         """Scheduler handler for ``qx/`` rows: delete queues whose own TTL ran out."""
-        if not self._started:
-            for _, key, payload in rows:
-                batch.put_due(now + 1.0, key, payload)
+        if self._not_started_yet(rows, batch, now):
             return
         for _, key, _ in rows:
             q = self._queues.get(key[len(EXPIRY_PREFIX):].decode("utf-8", "replace"))

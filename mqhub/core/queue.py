@@ -196,8 +196,6 @@ class Queue(QueueFanout):
         victims = self._pop_oldest(excess)
         if not victims:
             return
-        if self._volatile:
-            self._volatile.difference_update([e[0] for e in victims])
         if self.overflow == "dead_letter":
             self._dead(victims, REASON_OVERFLOW, "queue full", batch, now)
         else:

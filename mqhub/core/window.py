@@ -84,6 +84,9 @@ class QueueWindow(QueueBacklog):
         """
         n = len(entries)
         awaiting = stored and batch is not None
+        if not self._may_expire and entries and (entries[0][4] if uniform
+                                                 else any(e[4] for e in entries)):
+            self._may_expire = True
         if stored and batch is not None:
             batch.put_entries(self.name, entries)
             self._mark(batch)
@@ -107,9 +110,6 @@ class QueueWindow(QueueBacklog):
             self._put_gen += 1
             if awaiting and batch is not None:
                 self._await_commit(batch, keep, n - len(keep), uniform)
-                if not self._may_expire and (entries[0][4] if uniform
-                                             else any(e[4] for e in entries)):
-                    self._may_expire = True
                 return
             entries = keep
         elif not stored and self.durable:
@@ -117,9 +117,6 @@ class QueueWindow(QueueBacklog):
                 self._volatile = set()
             self._volatile.update([e[0] for e in entries])
         if entries:
-            if not self._may_expire and (entries[0][4] if uniform
-                                         else any(e[4] for e in entries)):
-                self._may_expire = True
             if awaiting and batch is not None:
                 self._await_commit(batch, entries, 0, uniform)
                 return
@@ -349,4 +346,6 @@ class QueueWindow(QueueBacklog):
                 break
         self._nready -= len(out)
         self._nbytes -= sum([len(e[7]) for e in out])
+        if self._volatile and out:
+            self._volatile.difference_update([e[0] for e in out])
         return out

@@ -197,25 +197,16 @@ class GroupCommitter:
 
     def _fire(self, group: Group, result: Any) -> None:
         """Fire the Deferreds of a written group with ``result`` (None, error, or per batch)."""
-        errors = result.results if isinstance(result, PerBatch) else [result]
+        errors = result.results if isinstance(result, PerBatch) else [result] * len(group)
         if any(isinstance(e, WriteFailed) for e in errors):
             self._reserve.write_failed(self._clock.seconds())
         elif result is None:
             self._reserve.write_succeeded(self._clock.seconds())
-        if isinstance(result, PerBatch):
-            result = result.results
-        if isinstance(result, list):
-            for (_, d), err in zip(group, result, strict=True):
-                if err is None:
-                    d.callback(None)
-                else:
-                    d.errback(err)
-            return
-        for _, d in group:
-            if result is None:
+        for (_, d), err in zip(group, errors, strict=True):
+            if err is None:
                 d.callback(None)
             else:
-                d.errback(result)
+                d.errback(err)
 
     def _writer_loop(self) -> None:
         """Writer thread: commit each group it is handed, then report back to the reactor."""

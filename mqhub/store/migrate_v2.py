@@ -83,19 +83,18 @@ def _convert_chunk(txn: Any, dbs: dict[bytes, Any], order: Any, chunk: int,
         rows.append(bytes(k))
         if len(rows) >= chunk:
             break
-    present = {bytes(k) for k, _ in
-               txn.cursor(db=dbs[b"entries"]).getmulti([codec.to_entry_key(k) for k in rows])}
+    keys = [codec.to_entry_key(k) for k in rows]
+    present = {bytes(k) for k, _ in txn.cursor(db=dbs[b"entries"]).getmulti(keys)}
     runs: dict[bytes, list[int]] = {}
-    for k in rows:
-        if codec.to_entry_key(k) in present:
+    for k, entry_key in zip(rows, keys, strict=True):
+        if entry_key in present:
             runs.setdefault(k[:5], []).append(codec.U64.unpack_from(k, 5)[0])
         else:
             done["dropped"] += 1
     ready = dbs[b"ready"]
     for head, ids in runs.items():
-        qid, pbyte = codec.U32.unpack_from(head)[0], head[4]
         before = txn.stat(ready)["entries"]
-        ready_groups.add_ids(txn, ready, qid, pbyte, ids)
+        ready_groups.add_ids(txn, ready, head, ids)
         done["groups"] += txn.stat(ready)["entries"] - before
     for k in rows:
         txn.delete(k, db=order)

@@ -17,7 +17,8 @@ from typing import Any
 
 from mqhub.store.codec import GROUP_MAX, READY_KEY, U32, U64
 
-LIVE = struct.Struct(">I")
+#: the live count at the head of a group row (codec's u32)
+LIVE = U32
 #: the largest key a group of one (queue, priority) can have, after its 5-byte head
 _KEY_MAX_TAIL = b"\xff" * 8
 
@@ -55,9 +56,10 @@ def _last_group(cur: Any, head: bytes) -> tuple[bytes, bytes] | None:
     return None
 
 
-def add_ids(txn: Any, db: Any, qid: int, pbyte: int, ids: list[int]) -> None:
+def add_ids(txn: Any, db: Any, head: bytes, ids: list[int]) -> None:
     """Record new entries ``ids`` (ascending, unique; their ``entries`` rows did not exist
-    before this transaction) of queue ``qid`` at priority byte ``pbyte`` (9 - priority).
+    before this transaction) of the (queue, priority) ``head``: the 5 bytes ``qid | 9-priority``
+    that start its group keys (and end its ``entries`` keys).
 
     Ids above the last group's last id (the common case: hub ids grow with time) extend that
     group up to GROUP_MAX and then start new groups; an older id (a re-put of a deleted entry,
@@ -65,7 +67,6 @@ def add_ids(txn: Any, db: Any, qid: int, pbyte: int, ids: list[int]) -> None:
     listed there already as gone), else joins the group before it or starts a group of one.
     """
     cur = txn.cursor(db=db)
-    head = READY_KEY.pack(qid, pbyte, 0)[:5]
     last = _last_group(cur, head)
     if last is not None:
         last_id = U64.unpack_from(last[1], len(last[1]) - 8)[0]
@@ -111,12 +112,11 @@ def _insert_one(txn: Any, cur: Any, db: Any, head: bytes, msg_id: int) -> None:
     txn.put(head + U64.pack(msg_id), group_row([msg_id]), db=db)
 
 
-def remove_ids(txn: Any, db: Any, qid: int, pbyte: int, ids: list[int]) -> None:
+def remove_ids(txn: Any, db: Any, head: bytes, ids: list[int]) -> None:
     """Lower the live counts for deleted entries ``ids`` (ascending, unique, each of which had
-    an ``entries`` row until now) of queue ``qid`` at priority byte ``pbyte``: one lookup and
-    one write per group touched; a group with nothing live left is deleted."""
+    an ``entries`` row until now) of the (queue, priority) ``head`` (as in :func:`add_ids`):
+    one lookup and one write per group touched; a group with nothing live left is deleted."""
     cur = txn.cursor(db=db)
-    head = READY_KEY.pack(qid, pbyte, 0)[:5]
     i = 0
     n = len(ids)
     while i < n:

@@ -77,15 +77,6 @@ def append_tail(txn: Any, db: Any, rows: list[tuple[bytes, bytes]]
     return landed, rows[:i] + missing
 
 
-_HEAD_STRUCT = struct.Struct(">IB")
-
-
-def head_unpack(head: bytes) -> tuple[int, int]:
-    """Return ``(qid, priority byte)`` of the 5-byte tail ``qid | 9-priority`` of an entries key."""
-    qid, pbyte = _HEAD_STRUCT.unpack(head)
-    return qid, pbyte
-
-
 def ids_by_head(keys: list[bytes]) -> dict[bytes, list[int]]:
     """Group 13-byte ``entries`` keys by ``qid | 9-priority``: ``{head: msg_ids in key order}``.
 
@@ -181,7 +172,7 @@ class RowWriter:
             if gone:
                 t.counts[queue] = self._count(t, queue) - len(gone)
                 for head, ids in ids_by_head(gone).items():
-                    ready_groups.remove_ids(txn, self._dbs[b"ready"], qid, head[4],
+                    ready_groups.remove_ids(txn, self._dbs[b"ready"], head,
                                             ascending_unique(ids))
         due, due_keys = self._dbs[b"due"], self._dbs[b"due_keys"]
         for when, key, payload in batch.due_puts:
@@ -340,8 +331,7 @@ class RowWriter:
         heads, t.ready_new = t.ready_new, {}
         ready = self._dbs[b"ready"]
         for head, ids in heads.items():
-            qid, pbyte = head_unpack(head)
-            ready_groups.add_ids(t.txn, ready, qid, pbyte, ascending_unique(ids))
+            ready_groups.add_ids(t.txn, ready, head, ascending_unique(ids))
 
     def _put_special(self, t: TxnChanges, k: bytes, e: Entry, archive: bool) -> int:
         """Store one entry with an expiry and/or a segment body; return 1 if it is new."""

@@ -34,6 +34,15 @@ def refusing_hub(**broker_kw: object) -> tuple[Hub, RefusingStore]:
     return hub, store
 
 
+def bound_queue(hub: Hub) -> Queue:
+    """Declare durable queue ``q``, bind it to address ``a`` and return it."""
+    hub.broker.declare_queue("q")
+    hub.broker.bind_queue("a", "q")
+    q = hub.broker.queue("q")
+    assert q is not None
+    return q
+
+
 def failed(d: object) -> bool:
     """True when Deferred ``d`` fired with a StoreError (and swallow it)."""
     box: list[object] = []
@@ -60,11 +69,8 @@ def test_refused_publish_is_never_delivered() -> None:
     """A consumer waiting on the queue gets nothing of a refused publish; the retry once."""
     hub, store = refusing_hub()
     broker = hub.broker
-    broker.declare_queue("q")
-    broker.bind_queue("a", "q")
+    q = bound_queue(hub)
     target = CollectingTarget()
-    q = broker.queue("q")
-    assert q is not None
     c = q.attach(target, ready=100)
     broker.publish_batch("a", [b"ok-1"])
     settle(hub)
@@ -91,10 +97,8 @@ def test_committed_publish_is_delivered_after_its_commit() -> None:
     """Deliveries of a durable queue follow the commit (not the publish call), in order."""
     hub, _ = refusing_hub()
     broker = hub.broker
-    broker.declare_queue("q")
-    broker.bind_queue("a", "q")
     target = CollectingTarget()
-    broker.queue("q").attach(target, ready=100)  # type: ignore[union-attr]
+    bound_queue(hub).attach(target, ready=100)
     d = broker.publish_batch("a", [b"1", b"2"])
     broker.publish_batch("a", [b"3"])
     assert target.bodies == [] and not d.called
@@ -166,11 +170,8 @@ def test_refused_due_slice_is_not_delivered() -> None:
     memory; the scheduler fires the slice again and it is delivered once."""
     hub, store = refusing_hub()
     broker = hub.broker
-    broker.declare_queue("q")
-    broker.bind_queue("a", "q")
+    q = bound_queue(hub)
     target = CollectingTarget()
-    q = broker.queue("q")
-    assert q is not None
     q.attach(target, ready=10)
     broker.publish_batch("a", [b"later"], deliver_at=hub.clock.seconds() + 1)
     settle(hub)
@@ -207,10 +208,7 @@ def test_remembered_tail_is_not_swallowed_before_its_commit() -> None:
     backlog it moves into the window without a read, but never before its batch is committed."""
     hub, store = refusing_hub(window=4)
     broker = hub.broker
-    broker.declare_queue("q")
-    broker.bind_queue("a", "q")
-    q = broker.queue("q")
-    assert q is not None
+    q = bound_queue(hub)
     target = CollectingTarget()
     c = q.attach(target, ready=1)
     for i in range(6):    # c0 in flight, c1..c4 in the window, c5 the remembered tail
