@@ -1,0 +1,149 @@
+"""Packed ``ready`` groups (store format 4): one ``ready`` row and one ``packs`` row per run.
+
+A uniform publish run (inline bodies, no headers or expiry, one shared value prefix) of ids
+above the last group of its (queue, priority) is written as packed groups: no ``entries`` row
+per message. A FIN clears the ids' bits in the group row, once per group per batch. Layout and
+invariants in :mod:`mqhub.store.codec`; plain groups and unpacking are
+:mod:`mqhub.store.ready_groups`. No Twisted or zope import (the snapshot reader uses it).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
+from typing import Any
+
+from mqhub.store import codec, ready_groups
+from mqhub.store.codec import GROUP_MAX, HEAD_SIZE, PACK_BYTES, U64, VALUE_HEAD
+from mqhub.store.ready_groups import last_id, pack_ids, packed_bits, packed_row, seek_group
+
+#: the largest key a group of one (queue, priority) can have, after its 5-byte head
+_KEY_MAX_TAIL = b"\xff" * 8
+
+
+def add_run(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int], prefix: bytes,
+            bodies: list[bytes]) -> bool:
+    """Write new entries ``ids`` (with ``bodies``, sharing value ``prefix``) of the (queue,
+    priority) ``head`` as packed groups; return False, writing nothing, unless the ids are
+    ascending, unique and above every id listed for ``head`` (then none of them has an
+    ``entries`` row or a place in a group: the caller writes them the plain way instead)."""
+    n = len(ids)
+    if n > 1 and not ids[0] < ids[-1]:
+        return False
+    if n > 1 and not all(map(int.__lt__, ids, ids[1:])):
+        return False
+    cur = txn.cursor(db=ready)
+    if seek_group(cur, head + _KEY_MAX_TAIL) and ids[0] <= last_id(cur.value()):
+        return False
+    sizes = list(map(len, bodies))
+    total = sum(sizes)
+    put = txn.put
+    if n <= GROUP_MAX and total <= PACK_BYTES:  # the usual run: one group
+        key = head + U64.pack(ids[0])
+        put(key, packed_row((1 << n) - 1, pack_ids(ids)), db=ready)
+        put(key, codec.encode_pack(prefix, bodies), db=packs)
+        return True
+    start = 0
+    while start < n:
+        end = start + 1
+        size = sizes[start]
+        while end < n and end - start < GROUP_MAX and size + sizes[end] <= PACK_BYTES:
+            size += sizes[end]
+            end += 1
+        key = head + U64.pack(ids[start])
+        put(key, packed_row((1 << (end - start)) - 1, pack_ids(ids[start:end])), db=ready)
+        put(key, codec.encode_pack(prefix, bodies[start:end]), db=packs)
+        start = end
+    return True
+
+
+def take(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int]) -> tuple[int, list[int]]:
+    """Delete the ids of ``ids`` (ascending, unique) of (queue, priority) ``head`` that are
+    live in packed groups: clear their bits, one write per group (a group left with no live
+    id is deleted with its ``packs`` row). Return ``(how many were deleted, rest)``: ``rest``
+    are the ids not in a packed group, for the ``entries`` rows' way (ids of a packed group
+    whose bit is already clear are gone: they have no ``entries`` row either)."""
+    cur = txn.cursor(db=ready)
+    rest: list[int] = []
+    removed = 0
+    i = 0
+    n = len(ids)
+    while i < n:
+        if not seek_group(cur, head + U64.pack(ids[i])):
+            rest.append(ids[i])
+            i += 1
+            continue
+        value = cur.value()
+        j = bisect_right(ids, last_id(value), i)
+        if j == i:  # beyond this group: not listed in any group
+            rest.append(ids[i])
+            i += 1
+            continue
+        if not value[0] & 0x80:
+            rest += ids[i:j]
+            i = j
+            continue
+        gids = ready_groups.group_ids(value)
+        run = ids[i:j]
+        p0 = bisect_left(gids, run[0])
+        m = len(run)
+        if gids[p0:p0 + m] == tuple(run):  # a contiguous run of the group (the usual FIN)
+            mask = ((1 << m) - 1) << p0
+        else:
+            mask = 0
+            for x in run:
+                p = bisect_left(gids, x)
+                if p < len(gids) and gids[p] == x:
+                    mask |= 1 << p
+        bits = packed_bits(value)
+        hit = bits & mask
+        if hit:
+            removed += hit.bit_count()
+            left = bits & ~mask
+            key = bytes(cur.key())
+            if left:
+                txn.put(key, packed_row(left, bytes(value[ready_groups.ids_start(value):])),
+                        db=ready)
+            else:
+                cur.delete()
+                txn.delete(key, db=packs)
+        i = j
+    return removed, rest
+
+
+def group_entries(txn: Any, packs: Any, key: bytes, ids: tuple[int, ...], skipped: int,
+                  bits: int, limit: int) -> list[tuple]:
+    """Return up to ``limit`` entry tuples of the packed group ``key`` (its ids from position
+    ``skipped`` on are ``ids``; ``bits`` its live bitmap), in ready order."""
+    pack = txn.get(key, db=packs)
+    if pack is None:
+        return []
+    prefix, offsets = codec.decode_pack(pack)
+    flags, att, d_at, e_at, ml = VALUE_HEAD.unpack_from(prefix)
+    address, headers, origin = codec.decode_meta(prefix[HEAD_SIZE:HEAD_SIZE + ml])
+    prio = 9 - key[4]
+    out = []
+    append = out.append
+    for i, msg_id in enumerate(ids, skipped):
+        if bits >> i & 1:
+            append((msg_id, prio, att, d_at, e_at, address, headers,
+                    pack[offsets[i]:offsets[i + 1]], origin))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def address_counts(txn: Any, ready: Any, packs: Any, entries_values: Iterable[bytes]
+                   ) -> dict[str, int]:
+    """Return ``{address: number of entries}``: the ``entries`` rows' values plus every live
+    id of every packed group (snapshot manifests and their verification)."""
+    counts = codec.count_addresses(entries_values)
+    for key, value in txn.cursor(db=ready):
+        if not value[0] & 0x80:
+            continue
+        pack = txn.get(key, db=packs)
+        if pack is None:
+            continue
+        address = codec.value_address(codec.decode_pack(pack)[0])
+        counts[address] = counts.get(address, 0) + ready_groups.live_count(bytes(value))
+    return counts
