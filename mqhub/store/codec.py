@@ -64,6 +64,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable
+from itertools import accumulate
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
@@ -267,10 +268,7 @@ def decode_pack(value: bytes) -> tuple[bytes, list[int]]:
     p = 2 + plen
     n = U16.unpack_from(value, p)[0]
     p += 2
-    offsets = [p + 4 * n]
-    for size in struct.unpack_from(f">{n}I", value, p):
-        offsets.append(offsets[-1] + size)
-    return prefix, offsets
+    return prefix, list(accumulate(struct.unpack_from(f">{n}I", value, p), initial=p + 4 * n))
 
 
 def time_key(when: float) -> bytes:

@@ -122,15 +122,16 @@ def group_entries(txn: Any, packs: Any, key: bytes, ids: tuple[int, ...], skippe
     flags, att, d_at, e_at, ml = VALUE_HEAD.unpack_from(prefix)
     address, headers, origin = codec.decode_meta(prefix[HEAD_SIZE:HEAD_SIZE + ml])
     prio = 9 - key[4]
-    out = []
-    append = out.append
-    for i, msg_id in enumerate(ids, skipped):
-        if bits >> i & 1:
-            append((msg_id, prio, att, d_at, e_at, address, headers,
-                    pack[offsets[i]:offsets[i + 1]], origin))
-            if len(out) >= limit:
-                break
-    return out
+    n = len(ids)
+    every = ((1 << n) - 1) << skipped
+    if bits & every == every:  # every id from ``skipped`` on is live (the usual read)
+        cut = min(n, limit)
+        offs = offsets[skipped:skipped + cut + 1]
+        return [(msg_id, prio, att, d_at, e_at, address, headers, pack[a:b], origin)
+                for msg_id, a, b in zip(ids[:cut], offs, offs[1:], strict=False)]
+    live = [i for i in range(skipped, skipped + n) if bits >> i & 1][:limit]
+    return [(ids[i - skipped], prio, att, d_at, e_at, address, headers,
+             pack[offsets[i]:offsets[i + 1]], origin) for i in live]
 
 
 def address_counts(txn: Any, ready: Any, packs: Any, entries_values: Iterable[bytes]
