@@ -278,10 +278,9 @@ class RowWriter:
             if fast is not None:
                 if fast[1] and self._pack(t, queue, qid, items, fast[0]):
                     return
-                pack_key = ENTRY_KEY.pack
-                pre = fast[0]
+                shared = fast[0]
                 t.plain.extend([(pack_key(e[MSG_ID], qid, MAX_PRIORITY - e[PRIORITY]),
-                                 pre + e[BODY]) for e in items])
+                                 shared + e[BODY]) for e in items])
                 return
         plain = t.plain
         prefixes: dict[tuple[int, float, str, str], bytes] = {}

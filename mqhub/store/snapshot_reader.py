@@ -44,6 +44,7 @@ class SnapshotReader:
         #: the snapshot's store format (4; 3, which has no packed groups; or 2, read through
         #: its ``order`` rows)
         self.store_format: int = fmt
+        names: tuple[bytes, ...]
         if fmt == codec.FORMAT_VERSION:
             names = codec.DB_NAMES
         elif fmt == 3:
