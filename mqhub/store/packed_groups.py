@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
+from operator import lt
 from typing import Any
 
 from mqhub.store import codec, ready_groups
@@ -28,9 +29,8 @@ def add_run(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int], prefi
     ascending, unique and above every id listed for ``head`` (then none of them has an
     ``entries`` row or a place in a group: the caller writes them the plain way instead)."""
     n = len(ids)
-    if n > 1 and not ids[0] < ids[-1]:
-        return False
-    if n > 1 and not all(map(int.__lt__, ids, ids[1:])):
+    if n > 1 and not (ids[-1] - ids[0] == n - 1 and ids == list(range(ids[0], ids[-1] + 1))
+                      or all(map(lt, ids, ids[1:]))):  # consecutive (usual) or ascending
         return False
     cur = txn.cursor(db=ready)
     if seek_group(cur, head + _KEY_MAX_TAIL) and ids[0] <= last_id(cur.value()):

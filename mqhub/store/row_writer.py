@@ -51,6 +51,8 @@ from mqhub.store.segments import SegmentLog
 log = logging.getLogger("mqhub.store.lmdb")
 
 _KEY0 = itemgetter(0)
+_KEY1 = itemgetter(1)
+_BODIES = itemgetter(BODY)
 
 
 def append_tail(txn: Any, db: Any, rows: list[tuple[bytes, bytes]]
@@ -199,9 +201,10 @@ class RowWriter:
         txn = t.txn
         ready = self._dbs[b"ready"]
         by_prio: dict[int, list[int]] = {}
-        p0 = keys[0][0] if keys else 0
-        if all(k[0] == p0 for k in keys):
-            by_prio[p0] = [k[1] for k in keys]
+        prios = list(map(_KEY0, keys))
+        p0 = prios[0] if prios else 0
+        if prios.count(p0) == len(prios):  # one priority (the usual FIN batch)
+            by_prio[p0] = list(map(_KEY1, keys))
         else:
             for priority, msg_id in keys:
                 by_prio.setdefault(priority, []).append(msg_id)
@@ -347,8 +350,8 @@ class RowWriter:
             t.plain_q[U32.pack(qid)] = queue
         head = U32.pack(qid) + bytes((MAX_PRIORITY - prio,))
         if not packed_groups.add_run(t.txn, self._dbs[b"ready"], self._dbs[b"packs"], head,
-                                     [e[MSG_ID] for e in items], prefix,
-                                     [e[BODY] for e in items]):
+                                     list(map(_KEY0, items)), prefix,
+                                     list(map(_BODIES, items))):
             return False
         t.counts[queue] = self._count(t, queue) + len(items)
         return True
