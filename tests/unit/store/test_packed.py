@@ -270,3 +270,25 @@ def test_packed_lmdb_matches_memory(turns: list[list[tuple]]) -> None:
         lm2.store.close()
     finally:
         shutil.rmtree(tmp)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=80), st.lists(st.binary(max_size=40), min_size=1, max_size=30),
+       st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=240, unique=True),
+       st.integers(0, 2**240 - 1))
+def test_pack_and_group_rows_round_trip(prefix: bytes, bodies: list[bytes], ids: list[int],
+                                        bits: int) -> None:
+    """``packs`` values give back their prefix and bodies; packed group rows their ids, live
+    bitmap and count (the count is the number of set bits, whatever the bitmap)."""
+    pack = codec.encode_pack(prefix, bodies)
+    got_prefix, offsets = codec.decode_pack(pack)
+    assert got_prefix == prefix
+    assert [pack[a:b] for a, b in zip(offsets, offsets[1:], strict=False)] == bodies
+    ids = sorted(ids)
+    row = ready_groups.packed_row(bits, ready_groups.pack_ids(ids))
+    assert ready_groups.is_packed(row) and not ready_groups.is_packed(
+        ready_groups.group_row(ids))
+    assert list(ready_groups.group_ids(row)) == ids
+    assert ready_groups.packed_bits(row) == bits
+    assert ready_groups.live_count(row) == bin(bits).count("1")
+    assert ready_groups.last_id(row) == ids[-1]
