@@ -36,7 +36,7 @@ def add_run(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int], prefi
     if seek_group(cur, head + _KEY_MAX_TAIL) and ids[0] <= last_id(cur.value()):
         return False
     sizes = list(map(len, bodies))
-    total = sum(sizes)
+    total = sum(sizes) + 4 * n  # the bodies and their length column
     put = txn.put
     if n <= GROUP_MAX and total <= PACK_BYTES:  # the usual run: one group
         key = head + U64.pack(ids[0])
@@ -46,9 +46,9 @@ def add_run(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int], prefi
     start = 0
     while start < n:
         end = start + 1
-        size = sizes[start]
-        while end < n and end - start < GROUP_MAX and size + sizes[end] <= PACK_BYTES:
-            size += sizes[end]
+        size = sizes[start] + 4
+        while end < n and end - start < GROUP_MAX and size + sizes[end] + 4 <= PACK_BYTES:
+            size += sizes[end] + 4
             end += 1
         key = head + U64.pack(ids[start])
         put(key, packed_row((1 << (end - start)) - 1, pack_ids(ids[start:end])), db=ready)
