@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,23 +22,16 @@ import pytest
 from mqhub.store import codec, migrate_v2
 from tests.unit.store.fixtures import make_format2_store as fixture
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURE = os.path.join(HERE, "fixtures", "format2")
-
 
 @pytest.fixture
 def expected() -> dict[str, Any]:
     """What the format-2 code delivered from the fixture."""
-    with open(os.path.join(HERE, "fixtures", "format2.json")) as f:
-        data: dict[str, Any] = json.load(f)
-    return data
+    return fixture.expected_deliveries(2)
 
 
 def copy_fixture(tmp_path: Any) -> str:
     """A writable copy of the format-2 fixture."""
-    path = str(tmp_path / "data")
-    shutil.copytree(FIXTURE, path)
-    return path
+    return fixture.copy_fixture(tmp_path, 2)
 
 
 def stored_format(path: str) -> str:

@@ -8,9 +8,7 @@ written by the format-3 code (``fixtures/make_format2_store.py`` says how).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from typing import Any
 
 import lmdb
@@ -19,23 +17,16 @@ import pytest
 from mqhub.store import codec
 from tests.unit.store.fixtures import make_format2_store as fixture
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURE = os.path.join(HERE, "fixtures", "format3")
-
 
 @pytest.fixture
 def expected() -> dict[str, Any]:
     """What the format-3 code delivered from the fixture."""
-    with open(os.path.join(HERE, "fixtures", "format3.json")) as f:
-        data: dict[str, Any] = json.load(f)
-    return data
+    return fixture.expected_deliveries(3)
 
 
 def copy_fixture(tmp_path: Any) -> str:
     """A writable copy of the format-3 fixture."""
-    path = str(tmp_path / "data")
-    shutil.copytree(FIXTURE, path)
-    return path
+    return fixture.copy_fixture(tmp_path, 3)
 
 
 def stored_format(path: str) -> tuple[int, bool]:
