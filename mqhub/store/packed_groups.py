@@ -18,6 +18,9 @@ from mqhub.store import codec, ready_groups
 from mqhub.store.codec import GROUP_MAX, HEAD_SIZE, PACK_BYTES, U64, VALUE_HEAD
 from mqhub.store.ready_groups import last_id, pack_ids, packed_bits, packed_row, seek_group
 
+#: a FIN that leaves at most 1/UNPACK_SHARE of a packed group's ids live (at most 7 of 240)
+#: unpacks it: the few left get ``entries`` rows and the ``packs`` row is freed
+UNPACK_SHARE = 32
 #: the largest key a group of one (queue, priority) can have, after its 5-byte head
 _KEY_MAX_TAIL = b"\xff" * 8
 
@@ -57,12 +60,15 @@ def add_run(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int], prefi
     return True
 
 
-def take(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int]) -> tuple[int, list[int]]:
+def take(txn: Any, ready: Any, packs: Any, entries: Any, head: bytes, ids: list[int]
+         ) -> tuple[int, list[int]]:
     """Delete the ids of ``ids`` (ascending, unique) of (queue, priority) ``head`` that are
     live in packed groups: clear their bits, one write per group (a group left with no live
-    id is deleted with its ``packs`` row). Return ``(how many were deleted, rest)``: ``rest``
-    are the ids not in a packed group, for the ``entries`` rows' way (ids of a packed group
-    whose bit is already clear are gone: they have no ``entries`` row either)."""
+    id is deleted with its ``packs`` row; one left with at most 1/UNPACK_SHARE of its ids live
+    is unpacked, so a few long-lived messages do not keep a whole run of bodies on disk).
+    Return ``(how many were deleted, rest)``: ``rest`` are the ids not in a packed group, for
+    the ``entries`` rows' way (ids of a packed group whose bit is already clear are gone: they
+    have no ``entries`` row either)."""
     cur = txn.cursor(db=ready)
     rest: list[int] = []
     removed = 0
@@ -102,8 +108,11 @@ def take(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int]) -> tuple
             left = bits & ~mask
             key = bytes(cur.key())
             if left:
-                txn.put(key, packed_row(left, bytes(value[ready_groups.ids_start(value):])),
-                        db=ready)
+                row = packed_row(left, bytes(value[ready_groups.ids_start(value):]))
+                if left.bit_count() * UNPACK_SHARE <= len(gids):
+                    ready_groups.unpack_group(txn, ready, key, row, packs, entries)
+                else:
+                    txn.put(key, row, db=ready)
             else:
                 cur.delete()
                 txn.delete(key, db=packs)

@@ -214,8 +214,8 @@ class RowWriter:
             if not 0 <= priority <= 9:
                 continue
             head = U32.pack(qid) + bytes((9 - priority,))
-            n, left = packed_groups.take(txn, ready, self._dbs[b"packs"], head,
-                                         ascending_unique(ids))
+            n, left = packed_groups.take(txn, ready, self._dbs[b"packs"], self._dbs[b"entries"],
+                                         head, ascending_unique(ids))
             removed += n
             if left:
                 rest += [(priority, msg_id) for msg_id in left]

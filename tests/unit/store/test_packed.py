@@ -140,6 +140,31 @@ def test_re_puts_and_older_ids_unpack_without_double_counting(tmp_path: Any) -> 
     h.store.close()
 
 
+def test_a_nearly_finished_group_is_unpacked(tmp_path: Any) -> None:
+    """A FIN that leaves 1/32 or less of a packed group live (here 7 of 240) unpacks it: the
+    ``packs`` row is freed, the 7 get ``entries`` rows and stay readable across a restart; one
+    that leaves 8 keeps the group packed."""
+    path = str(tmp_path / "d")
+    h = open_store(path)
+    put(h, "q", list(range(1, 241)))
+    put(h, "q", list(range(301, 541)))
+    keep = [5, 50, 100, 150, 200, 239, 240]
+    commit(h, lambda b: b.delete_entries("q", [(0, i) for i in range(1, 241) if i not in keep]))
+    keep2 = sorted(keep + [220])
+    commit(h, lambda b: b.delete_entries("q", [(0, i) for i in range(301, 541)
+                                              if i - 300 not in keep2]))
+    assert [p for p, _ in groups(h)] == [False, True]
+    assert entry_rows(h) == 7 and ready_live(h) == 15
+    with h.store._env.begin() as txn:
+        assert txn.stat(h.store._dbs[b"packs"])["entries"] == 1
+    h.store.close()
+    h = open_store(path)
+    assert [e[0] for e in read(h, "q")] == keep + [300 + i for i in keep2]
+    commit(h, lambda b: b.delete_entries("q", [(0, i) for i in keep]))
+    assert h.result(h.store.count_entries("q")) == 8 and entry_rows(h) == 0
+    h.store.close()
+
+
 def test_purge_removes_packed_and_plain_groups(tmp_path: Any) -> None:
     """A purge drops packed groups with their ``packs`` rows and plain ones with their rows."""
     h = open_store(str(tmp_path / "d"))
