@@ -1,0 +1,146 @@
+"""Edges of a refused commit the core once lost track of (docs/guarantees.md, "Known gaps").
+
+A parked message moved by a refused commit, a memory-held delay whose commit is refused when it
+comes due, and a removal racing a put's commit: each is delivered (or removed) exactly as if
+the commit had not failed, with no restart needed, and nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from mqhub.core.queue import Queue
+from mqhub.hub import Hub
+from mqhub.testing import (
+    CollectingTarget,
+    RefusingStore,
+    advance,
+    memory_hub,
+    result_of,
+    settle,
+    start_clock,
+)
+
+
+def refusing_hub(**broker_kw: object) -> tuple[Hub, RefusingStore]:
+    """A memory hub whose store commits once per clock turn and can refuse puts."""
+    clock = start_clock()
+    store = RefusingStore(clock)
+    store.open()
+    return memory_hub(clock, store=store, **broker_kw), store
+
+
+def queue_of(hub: Hub, name: str) -> Queue:
+    """The queue called ``name``."""
+    q = hub.broker.queue(name)
+    assert q is not None
+    return q
+
+
+def consume_all(hub: Hub, queue: str, target: CollectingTarget, turns: int = 50) -> list[bytes]:
+    """Attach ``target`` to ``queue``, ack everything it gets until the queue is empty."""
+    q = queue_of(hub, queue)
+    c = q.attach(target, ready=100)
+    for _ in range(turns):
+        settle(hub)
+        ids = [e[0] for e in target.entries if q.owner_of(e[0]) is c]
+        if ids:
+            q.ack(c, ids)
+        if not q.depth and not q.in_flight:
+            break
+    return target.bodies
+
+
+# -- parked messages moved by a refused commit ---------------------------------------------------
+
+def test_parked_messages_moved_by_a_refused_commit_stay_deliverable() -> None:
+    """A topic parks two stored messages; a channel is bound while the disk refuses the move:
+    the messages go back to the parking queue (still stored there), the move is tried again a
+    second later and the channel gets each once, without a restart."""
+    hub, store = refusing_hub()
+    broker = hub.broker
+    broker.park("t")
+    broker.publish_batch("t", [b"p0", b"p1"])
+    settle(hub)
+    assert broker.parked_depth("t") == 2
+    broker.declare_queue("c")
+    target = CollectingTarget()
+    queue_of(hub, "c").attach(target, ready=10)
+    store.refuse_puts, store.refuse_left = True, 1
+    broker.bind_queue("t", "c")                   # drains the parking queue into c
+    settle(hub, turns=4)
+    assert store.refused == 1
+    assert target.bodies == []
+    assert broker.parked_depth("t") == 2          # back where they are stored
+    assert queue_of(hub, "c").depth == 0
+    assert broker.stats()["refused_retried"] == {"park": 2}
+    advance(hub.clock, 1.5)
+    settle(hub, turns=4)
+    assert target.bodies == [b"p0", b"p1"]
+    assert broker.parked_depth("t") == 0
+    result_of(broker.unpark("t"))
+    assert "t" not in broker.router.parking
+
+
+def test_a_release_waiting_for_a_refused_move_moves_its_messages_once() -> None:
+    """NSQ binds a channel and unparks its topic in one go: the release waits for the drain
+    the binding started; that move is refused, so the release moves the messages itself, once,
+    and only then forgets the parking queue."""
+    hub, store = refusing_hub()
+    broker = hub.broker
+    broker.park("t")
+    broker.publish_batch("t", [b"p0", b"p1"])
+    settle(hub)
+    broker.declare_queue("c")
+    store.refuse_puts, store.refuse_left = True, 1
+    broker.bind_queue("t", "c")
+    released = broker.unpark("t")
+    settle(hub, turns=4)
+    assert store.refused == 1
+    assert result_of(released) is None
+    assert "t" not in broker.router.parking
+    advance(hub.clock, 1.5)                       # the armed retry finds nothing left to do
+    assert consume_all(hub, "c", CollectingTarget()) == [b"p0", b"p1"]
+
+
+def test_a_paused_address_resumed_while_the_disk_refuses_keeps_retrying() -> None:
+    """Resuming a paused address whose moves keep being refused loses nothing: the held
+    messages stay counted and deliverable, and move once the disk takes writes again."""
+    hub, store = refusing_hub()
+    broker = hub.broker
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    broker.pause_address("a")
+    broker.publish_batch("a", [b"h0", b"h1", b"h2"])
+    settle(hub)
+    assert broker.parked_depth("a") == 3
+    store.refuse_puts = True
+    broker.resume_address("a")
+    for _ in range(3):                            # three refused moves, a second apart
+        advance(hub.clock, 1.0)
+        settle(hub, turns=3)
+        assert broker.parked_depth("a") == 3
+    assert store.refused >= 3
+    store.refuse_puts = False
+    advance(hub.clock, 1.5)
+    settle(hub, turns=4)
+    assert broker.parked_depth("a") == 0
+    assert consume_all(hub, "q", CollectingTarget()) == [b"h0", b"h1", b"h2"]
+
+
+def test_a_refused_move_of_a_big_parking_queue_keeps_its_stored_backlog() -> None:
+    """A parking queue with a stored backlog beyond its window (window 2): the first page's
+    move is refused; every message still arrives once, in order."""
+    hub, store = refusing_hub(window=2)
+    broker = hub.broker
+    broker.park("t")
+    for i in range(5):
+        broker.publish_batch("t", [b"m%d" % i])
+        settle(hub)
+    broker.declare_queue("c")
+    store.refuse_puts, store.refuse_left = True, 1
+    broker.bind_queue("t", "c")
+    broker.unpark("t")
+    settle(hub, turns=6)
+    advance(hub.clock, 1.5)
+    settle(hub, turns=6)
+    assert broker.parked_depth("t") == 0
+    assert consume_all(hub, "c", CollectingTarget()) == [b"m%d" % i for i in range(5)]
