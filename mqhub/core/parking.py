@@ -23,7 +23,6 @@ from mqhub.core.queue import Queue
 from mqhub.store.batch import WriteBatch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mqhub.core.counters import Counters
     from mqhub.core.ids import IdGenerator
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,6 @@ class BrokerParking(BrokerDelays):
     """Parked and paused addresses, their parking queues and how they drain (on the broker's
     delays, whose clock timers it uses)."""
 
-    counters: Counters
     ids: IdGenerator
     window: int
     #: addresses being released (unparked) whose drain waits for a retry

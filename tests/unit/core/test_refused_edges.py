@@ -7,6 +7,9 @@ the commit had not failed, with no restart needed, and nothing is dropped silent
 
 from __future__ import annotations
 
+from twisted.internet.task import Clock
+
+from mqhub.core.broker import Broker
 from mqhub.core.queue import Queue
 from mqhub.hub import Hub
 from mqhub.testing import (
@@ -144,3 +147,63 @@ def test_a_refused_move_of_a_big_parking_queue_keeps_its_stored_backlog() -> Non
     settle(hub, turns=6)
     assert broker.parked_depth("t") == 0
     assert consume_all(hub, "c", CollectingTarget()) == [b"m%d" % i for i in range(5)]
+
+
+# -- memory-held delays whose commit is refused when they come due -------------------------------
+
+def broker_without_scheduler() -> tuple[Broker, RefusingStore, Clock]:
+    """A started Broker with no scheduler (every delay is clock-held) over a RefusingStore."""
+    clock = start_clock()
+    store = RefusingStore(clock)
+    store.open()
+    broker = Broker(store, clock)
+    result_of(broker.start())
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    return broker, store, clock
+
+
+def test_a_memory_held_delayed_publish_refused_when_due_is_retried_and_counted() -> None:
+    """No scheduler: a delayed publish is held on a clock timer and stored when due. The disk
+    refuses that commit twice: the message stays counted as deferred, the refusals are counted,
+    and it is delivered once when the disk takes it."""
+    broker, store, clock = broker_without_scheduler()
+    q = broker.queue("q")
+    assert q is not None
+    target = CollectingTarget()
+    q.attach(target, ready=10)
+    broker.publish_batch("a", [b"later"], deliver_at=clock.seconds() + 1)
+    clock.advance(0)
+    store.refuse_puts, store.refuse_left = True, 2
+    advance(clock, 1.5)
+    assert store.refused == 1
+    assert target.bodies == [] and q.deferred == 1
+    advance(clock, 1.2)
+    assert store.refused == 2 and target.bodies == [] and q.deferred == 1
+    advance(clock, 1.2)
+    assert target.bodies == [b"later"]
+    assert q.deferred == 0 and q.in_flight == 1
+    assert broker.stats()["refused_retried"] == {"delay": 2}
+
+
+def test_a_memory_held_requeue_delay_refused_when_due_is_retried() -> None:
+    """No scheduler: a requeue with a delay is clock-held; the commit storing it when due is
+    refused, and it is put again a second later (delivered once more, not lost)."""
+    broker, store, clock = broker_without_scheduler()
+    q = broker.queue("q")
+    assert q is not None
+    target = CollectingTarget()
+    c = q.attach(target, ready=10)
+    broker.publish_batch("a", [b"job"])
+    clock.advance(0)
+    clock.advance(0)
+    assert target.bodies == [b"job"]
+    q.requeue(c, target.ids(), delay=1.0)
+    clock.advance(0)
+    store.refuse_puts, store.refuse_left = True, 1
+    advance(clock, 1.5)
+    assert store.refused == 1 and target.bodies == [b"job"] and q.deferred == 1
+    advance(clock, 1.2)
+    assert target.bodies == [b"job", b"job"]
+    assert q.deferred == 0
+    assert broker.counters.retried["delay"] == 1
