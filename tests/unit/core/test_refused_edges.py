@@ -17,6 +17,7 @@ from mqhub.testing import (
     RefusingStore,
     advance,
     memory_hub,
+    restart_hub,
     result_of,
     settle,
     start_clock,
@@ -207,3 +208,65 @@ def test_a_memory_held_requeue_delay_refused_when_due_is_retried() -> None:
     assert target.bodies == [b"job", b"job"]
     assert q.deferred == 0
     assert broker.counters.retried["delay"] == 1
+
+
+# -- remove by id racing a put's commit ----------------------------------------------------------
+
+def test_remove_wins_over_a_put_awaiting_its_commit() -> None:
+    """An entry removed while its put still awaits the commit never enters the window: the
+    consumer gets only the other one, its stored row is deleted once the put is committed, and
+    a restart does not bring it back."""
+    hub, _ = refusing_hub()
+    broker = hub.broker
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    broker.publish_batch("a", [b"x", b"y"])
+    x, _y = broker.last_ids
+    q = queue_of(hub, "q")
+    assert q.awaiting_commit == 2
+    assert q.remove([x, 4242]) == [4242]
+    assert q.depth == 1
+    target = CollectingTarget()
+    q.attach(target, ready=10)
+    settle(hub, turns=4)
+    assert target.bodies == [b"y"]
+    assert hub.store.stats()["entries"] == 1
+    hub2 = restart_hub(hub)
+    settle(hub2, turns=4)
+    assert consume_all(hub2, "q", CollectingTarget()) == [b"y"]
+
+
+def test_remove_of_a_put_whose_commit_is_refused() -> None:
+    """Removing a put that is then refused: nothing is delivered, nothing stored, no error."""
+    hub, store = refusing_hub()
+    broker = hub.broker
+    broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    store.refuse_puts = True
+    broker.publish_batch("a", [b"x", b"y"])
+    x, _y = broker.last_ids
+    q = queue_of(hub, "q")
+    assert q.remove([x]) == []
+    settle(hub, turns=4)
+    assert q.depth == 0 and hub.store.stats()["entries"] == 0
+    store.refuse_puts = False
+    assert consume_all(hub, "q", CollectingTarget()) == []
+
+
+def test_remove_a_put_awaiting_its_commit_on_a_queue_with_a_stored_backlog() -> None:
+    """A queue with a small window (3): a put of a higher priority awaiting its commit sorts
+    inside the window and can be removed; everything else is consumed once, in order."""
+    hub, _ = refusing_hub(window=3)
+    broker = hub.broker
+    q = broker.declare_queue("q")
+    broker.bind_queue("a", "q")
+    broker.bind_queue("b", "q")
+    broker.publish_batch("a", [b"c0", b"c1"])
+    settle(hub)
+    broker.publish_batch("b", [b"hi"], priority=5)     # sorts first: awaits inside the window
+    hi = broker.last_ids[0]
+    assert q.remove([hi]) == []
+    settle(hub, turns=4)
+    assert consume_all(hub, "q", CollectingTarget()) == [b"c0", b"c1"]
+    settle(hub)
+    assert hub.store.stats()["entries"] == 0
