@@ -2,8 +2,16 @@
 
 ZeroMQ sockets are not Twisted stream endpoints, so ``make_service`` returns a Service that
 binds them in ``startService``. Each socket read drains up to :data:`READ_BATCH` multipart
-messages and hands them to the router as one batch (one core call and one store commit per
-read).
+messages (and at most about :data:`READ_BYTES`) and hands them to the router as one batch (one
+core call and one store commit per read).
+
+Memory in front of the router is bounded in bytes, not only in messages: ZeroMQ's receive HWM
+counts messages, so each socket lowers its ``RCVHWM`` to what :data:`RECEIVE_BYTES` holds at the
+largest message it read lately (and raises it again once big messages stop), and one drain of
+all sockets takes at most about :data:`DRAIN_BYTES`. The frontend (clients' jobs) also stops
+being read once :data:`UNSTORED_BYTES` read from it wait for their store commit, until a
+``broker.barrier()`` says they are stored. A client sending big jobs faster than the broker
+stores them is then held back by TCP instead of piling up in libzmq or in pending commits.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from typing import Any, NamedTuple
 import zmq
 import zmq.auth
 from twisted.application.service import IService, Service
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from txzmq import ZmqEndpoint, ZmqEndpointType, ZmqFactory
 from txzmq.connection import ZmqConnection
@@ -34,14 +43,30 @@ _SEND = zmq.backend.Socket.send
 _RECV = zmq.backend.Socket.recv
 _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+#: Most bytes (frames of the messages read) one read takes, past which it stops (one message
+#: more at most).
+READ_BYTES = 16 << 20
 #: Most messages handled in one reactor call before yielding to other protocols.
 DRAIN_LIMIT = 16384
+#: Most bytes handled in one reactor call (the batches of one turn are stored in one group
+#: commit, so what a drain reads stays in memory until that turn ends).
+DRAIN_BYTES = 64 << 20
 #: Replies queued for one client that is not reading before further ones are dropped.
 CLIENT_HWM = 100_000
 #: Messages ZeroMQ buffers from one peer before it stops reading that peer's connection (TCP
 #: back-pressure; nothing is dropped). Unlimited let a client sending faster than the broker
 #: handles grow the broker without bound.
 RECEIVE_HWM = 10_000
+#: Bytes ZeroMQ may buffer from one peer: a socket's receive HWM is RECEIVE_BYTES divided by the
+#: largest message it read in the last one or two SIZE_PERIODs (between MIN_RECEIVE_HWM and
+#: RECEIVE_HWM); 2 MiB jobs get an HWM of 8, jobs under 1.6 KiB keep RECEIVE_HWM.
+RECEIVE_BYTES = 16 << 20
+MIN_RECEIVE_HWM = 4
+#: Seconds a big message keeps its socket's receive HWM low after it was read (one to two).
+SIZE_PERIOD = 5.0
+#: Bytes read from the frontend whose store commits may be pending before it stops reading
+#: (until a barrier fires: everything read so far is stored).
+UNSTORED_BYTES = 64 << 20
 #: Messages queued for one slow SUB subscriber before PUB drops (ZeroMQ pub/sub semantics).
 SUBSCRIBER_HWM = 100_000
 ROLES = ("frontend", "backend", "pub-in", "pub-out")
@@ -80,16 +105,19 @@ class Drainer:
         if self.running:
             return
         self.running = True
-        total = 0
+        total = nbytes = 0
         try:
             while True:
                 got = 0
                 for sock in self.sockets:
+                    if sock.held:
+                        continue
                     got += sock.read_batch()
+                    nbytes += sock.last_read_bytes
                 total += got
                 if not got:
                     break
-                if total >= DRAIN_LIMIT:
+                if total >= DRAIN_LIMIT or nbytes >= DRAIN_BYTES:
                     self.call = self.reactor.callLater(0, self.drain)
                     break
         finally:
@@ -106,16 +134,29 @@ class BatchSocket(ZmqConnection):
                  on_batch: Callable[[list[list[bytes]]], None] | None,
                  drainer: Drainer,
                  on_unreachable: Callable[[bytes], None] | None = None,
-                 sndhwm: int = 0, curve_secret: bytes | None = None) -> None:
+                 sndhwm: int = 0, curve_secret: bytes | None = None,
+                 barrier: Callable[[], Deferred[None]] | None = None) -> None:
         """Create the socket of ``socket_type`` and bind it to ``address``.
 
         :param sndhwm: messages queued per peer before sends fail (ROUTER) or are dropped
             (PUB); 0 = unlimited.
         :param curve_secret: the server's CURVE secret key: peers must speak CURVE with the
             matching public key (encrypted; which client keys are let in is the ZAP handler's).
+        :param barrier: ``broker.barrier``: when given, reading stops once UNSTORED_BYTES read
+            since the last barrier may still be waiting for their commit, until one fires.
         """
         self.socketType = socket_type
         self.on_batch = on_batch
+        #: bytes the last read_batch took; the receive HWM in effect; the largest message read
+        #: in this SIZE_PERIOD and in the one before, and when this one ends
+        self.last_read_bytes = 0
+        self.barrier = barrier
+        #: bytes read since the last barrier fired; True while reading waits for one
+        self.unstored = 0
+        self.held = False
+        self.receive_hwm = RECEIVE_HWM
+        self.largest = self.largest_before = 0
+        self.period_end = 0.0
         self.on_unreachable = on_unreachable
         self.drainer = drainer
         super().__init__(factory)
@@ -150,24 +191,66 @@ class BatchSocket(ZmqConnection):
             return 0
         recv = _RECV
         batch: list[list[bytes]] = []
+        nbytes = big = 0
         try:
             while True:
                 frame = recv(sock, _NOBLOCK, False)
-                message = [frame.bytes]
+                data = frame.bytes
+                message = [data]
+                size = len(data)
                 while frame.more:
                     frame = recv(sock, 0, False)
-                    message.append(frame.bytes)
+                    data = frame.bytes
+                    message.append(data)
+                    size += len(data)
                 batch.append(message)
-                if len(batch) >= READ_BATCH:
+                nbytes += size
+                if size > big:
+                    big = size
+                if len(batch) >= READ_BATCH or nbytes >= READ_BYTES:
                     break
         except zmq.Again:
             pass
+        self.last_read_bytes = nbytes
         if batch:
+            self._fit_receive_hwm(big)
+            if self.barrier is not None:
+                self.unstored += nbytes
+                if self.unstored >= UNSTORED_BYTES:
+                    self._hold()
             try:
                 self.on_batch(batch)
             except Exception:  # noqa: BLE001 - a bug must not stop the socket
                 log.failure("eMQP: handling a batch failed")
         return len(batch)
+
+    def _hold(self) -> None:
+        """Stop reading until everything read so far is stored (a barrier fires, whatever its
+        result: a failed commit was answered already)."""
+        assert self.barrier is not None
+        self.held = True
+        self.unstored = 0
+
+        def release(_: object) -> None:
+            self.held = False
+            self.drainer.schedule()
+        self.barrier().addBoth(release)
+
+    def _fit_receive_hwm(self, big: int) -> None:
+        """A read's largest message was ``big`` bytes: set the receive HWM to what
+        RECEIVE_BYTES holds at the largest message of the last one or two SIZE_PERIODs (ZeroMQ
+        applies it to connected peers too); a setsockopt only when it changes."""
+        now = self.drainer.reactor.seconds()
+        if now >= self.period_end:
+            self.largest_before, self.largest = self.largest, 0
+            self.period_end = now + SIZE_PERIOD
+        if big > self.largest:
+            self.largest = big
+        largest = max(self.largest, self.largest_before, 1)
+        hwm = max(MIN_RECEIVE_HWM, min(RECEIVE_HWM, RECEIVE_BYTES // largest))
+        if hwm != self.receive_hwm and self.socket is not None:
+            self.receive_hwm = hwm
+            self.socket.setsockopt(zmq.RCVHWM, hwm)
 
     def send_frames(self, frames: list[bytes]) -> None:
         """Send one multipart message; an unroutable peer is reported, never raised."""
@@ -239,7 +322,7 @@ class EmqpService(Service):
             # eventmq clients often never read their acks: bound what waits for each of them
             front = BatchSocket(factory, zmq.ROUTER, self.endpoints["frontend"],
                                 router.frontend_received, drainer, sndhwm=CLIENT_HWM,
-                                curve_secret=secret)
+                                curve_secret=secret, barrier=self.hub.broker.barrier)
             back = BatchSocket(factory, zmq.ROUTER, self.endpoints["backend"],
                                router.backend_received, drainer, router.peer_unreachable,
                                curve_secret=secret)
