@@ -326,9 +326,7 @@ class Queue(QueueFanout):
         if self._pend and len(gone) < len(wanted):
             for batch, taken in self._take_awaiting(wanted - gone):
                 gone.update([e[0] for e in taken])
-                keys = [(e[1], e[0]) for e in taken]
-                self.broker.commits.on_settled(
-                    batch, lambda ok, keys=keys: self._drop_stored(keys) if ok else None)
+                self.broker.commits.on_settled(batch, self._drop_when_stored(taken))
         if not gone:
             return ids
         if removed:
@@ -347,6 +345,15 @@ class Queue(QueueFanout):
         if self._parent is not None:
             self._parent.fan_done(self, removed)
         self._maybe_page()
+
+    def _drop_when_stored(self, taken: list[Entry]) -> Any:
+        """A settle callback deleting the stored rows of ``taken`` once their put is stored."""
+        keys = [(e[1], e[0]) for e in taken]
+
+        def settled(ok: bool) -> None:
+            if ok:
+                self._drop_stored(keys)
+        return settled
 
     def _drop_stored(self, keys: list[tuple[int, int]]) -> None:
         """Delete the stored rows of entries this queue no longer holds."""
