@@ -216,8 +216,9 @@ def test_big_emqp_jobs_sent_without_waiting(broker: BrokerProcess) -> None:
 
     Regression: ZeroMQ's receive queue was bounded in messages only (RECEIVE_HWM 10,000 per
     peer), so libzmq read all of them into the broker before it handled them (0.7-0.87 GiB peak
-    RSS). Now each socket lowers its receive HWM to what RECEIVE_BYTES holds at the largest
-    message it saw lately, and one read takes at most READ_BYTES: TCP holds the client back.
+    RSS). Now the frontend buffers FRONTEND_HWM (16) messages per client, reads are capped in
+    bytes and the frontend pauses while UNSTORED_BYTES await their commit: TCP holds the
+    client back.
     """
     bystander = Bystander(broker)
     worker = Worker(broker, "big", 1)

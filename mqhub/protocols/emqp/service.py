@@ -5,13 +5,15 @@ binds them in ``startService``. Each socket read drains up to :data:`READ_BATCH`
 messages (and at most about :data:`READ_BYTES`) and hands them to the router as one batch (one
 core call and one store commit per read).
 
-Memory in front of the router is bounded in bytes, not only in messages: ZeroMQ's receive HWM
-counts messages, so each socket lowers its ``RCVHWM`` to what :data:`RECEIVE_BYTES` holds at the
-largest message it read lately (and raises it again once big messages stop), and one drain of
-all sockets takes at most about :data:`DRAIN_BYTES`. The frontend (clients' jobs) also stops
-being read once :data:`UNSTORED_BYTES` read from it wait for their store commit, until a
-``broker.barrier()`` says they are stored. A client sending big jobs faster than the broker
-stores them is then held back by TCP instead of piling up in libzmq or in pending commits.
+Memory in front of the router is bounded for big jobs too, not only in messages: ZeroMQ's
+receive HWM counts messages, so the frontend (clients' jobs, the only socket whose messages are
+stored) buffers at most :data:`FRONTEND_HWM` messages per client, one drain of all sockets
+takes at most about :data:`DRAIN_BYTES`, and the frontend stops being read once
+:data:`UNSTORED_BYTES` read from it wait for their store commit, until a ``broker.barrier()``
+says they are stored. A client sending big jobs faster than the broker stores them is then held
+back by TCP instead of piling up in libzmq or in pending commits. (The HWM is fixed at bind
+time: libzmq applies a changed ``RCVHWM`` to connected pipes without re-syncing their flow
+control, which can stall a peer for good, so it is never changed on a live socket.)
 """
 
 from __future__ import annotations
@@ -57,13 +59,10 @@ CLIENT_HWM = 100_000
 #: back-pressure; nothing is dropped). Unlimited let a client sending faster than the broker
 #: handles grow the broker without bound.
 RECEIVE_HWM = 10_000
-#: Bytes ZeroMQ may buffer from one peer: a socket's receive HWM is RECEIVE_BYTES divided by the
-#: largest message it read in the last one or two SIZE_PERIODs (between MIN_RECEIVE_HWM and
-#: RECEIVE_HWM); 2 MiB jobs get an HWM of 8, jobs under 1.6 KiB keep RECEIVE_HWM.
-RECEIVE_BYTES = 16 << 20
-MIN_RECEIVE_HWM = 4
-#: Seconds a big message keeps its socket's receive HWM low after it was read (one to two).
-SIZE_PERIOD = 5.0
+#: Messages the frontend buffers from one client by default (``--option emqp.receive_hwm``):
+#: its jobs are stored and may be big (2 MiB jobs: 32 MiB per client); small jobs still flow
+#: (the kernel's socket buffer holds the rest and ZeroMQ refills the queue as it is read).
+FRONTEND_HWM = 16
 #: Bytes read from the frontend whose store commits may be pending before it stops reading
 #: (until a barrier fires: everything read so far is stored).
 UNSTORED_BYTES = 64 << 20
@@ -135,35 +134,34 @@ class BatchSocket(ZmqConnection):
                  drainer: Drainer,
                  on_unreachable: Callable[[bytes], None] | None = None,
                  sndhwm: int = 0, curve_secret: bytes | None = None,
-                 barrier: Callable[[], Deferred[None]] | None = None) -> None:
+                 barrier: Callable[[], Deferred[None]] | None = None,
+                 rcvhwm: int = RECEIVE_HWM) -> None:
         """Create the socket of ``socket_type`` and bind it to ``address``.
 
         :param sndhwm: messages queued per peer before sends fail (ROUTER) or are dropped
             (PUB); 0 = unlimited.
         :param curve_secret: the server's CURVE secret key: peers must speak CURVE with the
             matching public key (encrypted; which client keys are let in is the ZAP handler's).
+        :param rcvhwm: messages ZeroMQ buffers from one peer (set before binding, never
+            changed later).
         :param barrier: ``broker.barrier``: when given, reading stops once UNSTORED_BYTES read
             since the last barrier may still be waiting for their commit, until one fires.
         """
         self.socketType = socket_type
         self.on_batch = on_batch
-        #: bytes the last read_batch took; the receive HWM in effect; the largest message read
-        #: in this SIZE_PERIOD and in the one before, and when this one ends
+        #: bytes the last read_batch took
         self.last_read_bytes = 0
         self.barrier = barrier
         #: bytes read since the last barrier fired; True while reading waits for one
         self.unstored = 0
         self.held = False
-        self.receive_hwm = RECEIVE_HWM
-        self.largest = self.largest_before = 0
-        self.period_end = 0.0
         self.on_unreachable = on_unreachable
         self.drainer = drainer
         super().__init__(factory)
         if socket_type == zmq.ROUTER:
             self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.SNDHWM, sndhwm)
-        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        self.socket.setsockopt(zmq.RCVHWM, rcvhwm)
         if curve_secret is not None:
             self.socket.curve_secretkey = curve_secret
             self.socket.curve_server = True
@@ -191,7 +189,7 @@ class BatchSocket(ZmqConnection):
             return 0
         recv = _RECV
         batch: list[list[bytes]] = []
-        nbytes = big = 0
+        nbytes = 0
         try:
             while True:
                 frame = recv(sock, _NOBLOCK, False)
@@ -205,15 +203,12 @@ class BatchSocket(ZmqConnection):
                     size += len(data)
                 batch.append(message)
                 nbytes += size
-                if size > big:
-                    big = size
                 if len(batch) >= READ_BATCH or nbytes >= READ_BYTES:
                     break
         except zmq.Again:
             pass
         self.last_read_bytes = nbytes
         if batch:
-            self._fit_receive_hwm(big)
             if self.barrier is not None:
                 self.unstored += nbytes
                 if self.unstored >= UNSTORED_BYTES:
@@ -235,22 +230,6 @@ class BatchSocket(ZmqConnection):
             self.held = False
             self.drainer.schedule()
         self.barrier().addBoth(release)
-
-    def _fit_receive_hwm(self, big: int) -> None:
-        """A read's largest message was ``big`` bytes: set the receive HWM to what
-        RECEIVE_BYTES holds at the largest message of the last one or two SIZE_PERIODs (ZeroMQ
-        applies it to connected peers too); a setsockopt only when it changes."""
-        now = self.drainer.reactor.seconds()
-        if now >= self.period_end:
-            self.largest_before, self.largest = self.largest, 0
-            self.period_end = now + SIZE_PERIOD
-        if big > self.largest:
-            self.largest = big
-        largest = max(self.largest, self.largest_before, 1)
-        hwm = max(MIN_RECEIVE_HWM, min(RECEIVE_HWM, RECEIVE_BYTES // largest))
-        if hwm != self.receive_hwm and self.socket is not None:
-            self.receive_hwm = hwm
-            self.socket.setsockopt(zmq.RCVHWM, hwm)
 
     def send_frames(self, frames: list[bytes]) -> None:
         """Send one multipart message; an unroutable peer is reported, never raised."""
@@ -278,14 +257,16 @@ class EmqpService(Service):
     name: Any = "emqp"
 
     def __init__(self, hub: Any, endpoints: dict[str, str], settings: dict[str, Any],
-                 curve: CurveSettings | None = None) -> None:
+                 curve: CurveSettings | None = None, receive_hwm: int = FRONTEND_HWM) -> None:
         """Build the router now (its schedule handler must exist before the scheduler fires);
         the sockets are made in startService.
 
         :param curve: CURVE encryption (and optional client allowlist) for every socket.
+        :param receive_hwm: messages the frontend buffers from one client.
         """
         self.hub = hub
         self.curve = curve
+        self.receive_hwm = receive_hwm
         self.authenticator: Any = None
         self.endpoints = endpoints
         self.factory: ZmqFactory | None = None
@@ -322,7 +303,8 @@ class EmqpService(Service):
             # eventmq clients often never read their acks: bound what waits for each of them
             front = BatchSocket(factory, zmq.ROUTER, self.endpoints["frontend"],
                                 router.frontend_received, drainer, sndhwm=CLIENT_HWM,
-                                curve_secret=secret, barrier=self.hub.broker.barrier)
+                                curve_secret=secret, barrier=self.hub.broker.barrier,
+                                rcvhwm=self.receive_hwm)
             back = BatchSocket(factory, zmq.ROUTER, self.endpoints["backend"],
                                router.backend_received, drainer, router.peer_unreachable,
                                curve_secret=secret)
@@ -459,4 +441,22 @@ def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -
     for role in ROLES:
         if not endpoints[role].startswith(("tcp://", "ipc://", "inproc://")):
             raise PluginError(f"emqp.{role} takes a ZeroMQ address, got {endpoints[role]!r}")
-    return EmqpService(hub, dict(endpoints), router_settings(options), curve_settings(options))
+    return EmqpService(hub, dict(endpoints), router_settings(options), curve_settings(options),
+                       frontend_hwm(options))
+
+
+def frontend_hwm(options: dict[str, Any]) -> int:
+    """``--option emqp.receive_hwm=N`` (messages the frontend buffers per client, >= 1), or
+    :data:`FRONTEND_HWM`."""
+    raw = options.get("plugin_options") or {}
+    if isinstance(raw.get("emqp"), dict):
+        raw = raw["emqp"]
+    if "receive_hwm" not in raw:
+        return FRONTEND_HWM
+    try:
+        value = int(raw["receive_hwm"])
+    except (ValueError, TypeError) as exc:
+        raise PluginError(f"emqp: bad option: {exc}") from exc
+    if value < 1:
+        raise PluginError("emqp.receive_hwm must be at least 1")
+    return value
