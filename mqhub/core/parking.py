@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
+from twisted.python.failure import Failure
 
 from mqhub.core.address import validate_address
 from mqhub.core.delays import PARK_PREFIX, BrokerDelays
@@ -160,8 +161,12 @@ class BrokerParking(BrokerDelays):
             del self._park_draining[address]
             for w in waiting:
                 w.callback(None)
+            if isinstance(result, Failure):
+                log.error("draining the parking queue of %r failed: %s", address,
+                          result.getTraceback())
+                return False
             return result
-        return self._drain_step(address).addBoth(done)
+        return maybeDeferred(self._drain_step, address).addBoth(done)
 
     def _drain_step(self, address: str) -> Deferred[bool]:
         """One step of :meth:`_drain_park`: move the window, read the next stored page."""

@@ -7,6 +7,7 @@ the commit had not failed, with no restart needed, and nothing is dropped silent
 
 from __future__ import annotations
 
+import pytest
 from twisted.internet.task import Clock
 
 from mqhub.core.broker import Broker
@@ -270,3 +271,35 @@ def test_remove_a_put_awaiting_its_commit_on_a_queue_with_a_stored_backlog() -> 
     assert consume_all(hub, "q", CollectingTarget()) == [b"c0", b"c1"]
     settle(hub)
     assert hub.store.stats()["entries"] == 0
+
+
+def test_a_drain_that_raises_does_not_block_the_next_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drains of an address run one at a time; one that fails with a bug (a put raising) still
+    ends, so the next drain (another binding) moves the messages."""
+    hub, _ = refusing_hub()
+    broker = hub.broker
+    broker.park("t")
+    broker.publish_batch("t", [b"p0"])
+    settle(hub)
+    broker.declare_queue("c")
+    real_put = Queue.put
+    calls: list[str] = []
+
+    def put_once_broken(self: Queue, *args: object, **kw: object) -> object:
+        if self.name == "c" and not calls:
+            calls.append(self.name)
+            raise RuntimeError("a bug in a put")
+        return real_put(self, *args, **kw)  # type: ignore[arg-type]
+    monkeypatch.setattr(Queue, "put", put_once_broken)
+    broker.bind_queue("t", "c")                   # its drain fails (logged)
+    settle(hub, turns=4)
+    assert calls == ["c"]
+    broker.publish_batch("t", [b"p1"])            # reaches c directly: t has a queue now
+    broker.pause_address("t")
+    broker.publish_batch("t", [b"p2"])            # held while paused
+    settle(hub, turns=4)
+    resumed = broker.resume_address("t")          # a later drain is not stuck behind it
+    settle(hub, turns=4)
+    assert result_of(resumed) is None
+    assert broker.parked_depth("t") == 0
+    assert consume_all(hub, "c", CollectingTarget()) == [b"p1", b"p2"]
