@@ -5,6 +5,7 @@ once per address (cached until the binding epoch changes), fills one WriteBatch 
 store commit, and delivers to live targets synchronously. Durable state lives in store meta:
 ``q/<queue>`` (settings, JSON), ``b/<queue>\\x1f<pattern>`` (bindings), ``park/<address>`` and
 ``pause/<address>``; deferred messages are due rows ``dq/<queue>/<msg_id>`` until due.
+Parking and pausing are in :mod:`mqhub.core.parking`, delays in :mod:`mqhub.core.delays`.
 """
 
 from __future__ import annotations
