@@ -64,12 +64,19 @@ def _sizes(limit: int, prefix: bytes = b"") -> bytes:
 
 
 def frame_pattern(limit: int) -> re.Pattern[bytes]:
-    """The compiled frame pattern for payloads up to ``limit`` bytes (cached per limit)."""
+    """The compiled frame pattern for payloads up to ``limit`` bytes (cached per limit; a
+    process has one ``max_payload`` or a few, compiling one takes up to ~0.1 s)."""
+    limit = max(0, min(limit, SCAN_LIMIT))
     pat = _patterns.get(limit)
     if pat is None:
+        if len(_patterns) >= 8:
+            _patterns.clear()
         pat = re.compile(rb"(PUB [^ \r\n]+(?: [^ \r\n]+)??) (" + _sizes(limit) + rb")", re.S)
         _patterns[limit] = pat
     return pat
+
+
+frame_pattern(SCAN_LIMIT)       # the default max_payload's pattern, compiled at start
 
 
 def scan_frames(parts: list[bytes], i: int, hget: Callable[[bytes], Any],
@@ -167,7 +174,7 @@ class HeadScanner:
                 return 0, 0
             if len(buf) - pos < SCAN_BYTES:
                 return 0, 0
-            self.parts = frame_pattern(min(SCAN_LIMIT, max_payload)).split(buf)
+            self.parts = frame_pattern(max_payload).split(buf)
             self.index = 0
             self.at = 0
             self.fresh = True
