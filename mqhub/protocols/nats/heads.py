@@ -27,8 +27,8 @@ def route_heads(buf: bytes, pos: int, hget: Callable[[bytes], Any],
     ``one`` is the only ``(owner, out, head)`` target, or None); each target gets its MSG head
     and the shared tail appended to ``out`` (``owner`` goes to ``dappend`` when ``out`` was
     empty). Stops before the first line that is incomplete, over ``max_payload``, badly
-    framed or without such a route, or after ``limit`` frames. Returns ``(pos, delivered, extra)``, ``extra`` being the
-    MSG copies beyond one per PUB.
+    framed or without such a route, or after ``limit`` frames. Returns
+    ``(pos, delivered, extra)``, ``extra`` being the MSG copies beyond one per PUB.
     """
     find = buf.find
     rfind = buf.rfind

@@ -79,7 +79,7 @@ def frame_pattern(limit: int) -> re.Pattern[bytes]:
 frame_pattern(SCAN_LIMIT)       # the default max_payload's pattern, compiled at start
 
 
-def scan_frames(parts: list[bytes], i: int, hget: Callable[[bytes], Any],
+def scan_frames(parts: list[bytes], i: int, hget: Callable[[bytes, Any], Any],
                 dappend: Callable[[Any], None]) -> tuple[int, int]:
     """Deliver the frames of ``parts`` (a frame-pattern split) that follow gap ``parts[i]``.
 
@@ -160,7 +160,7 @@ class HeadScanner:
         self.buf = None
         self.parts = None
 
-    def take(self, buf: bytes, pos: int, hget: Callable[[bytes], Any],
+    def take(self, buf: bytes, pos: int, hget: Callable[[bytes, Any], Any],
              dappend: Callable[[Any], None], max_payload: int) -> tuple[int, int]:
         """Deliver frames of ``buf`` from the frame boundary ``pos`` (see :func:`scan_frames`).
 

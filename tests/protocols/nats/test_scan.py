@@ -9,13 +9,16 @@ several targets or another receiver, and a broken frame at the end.
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mqhub.protocols.nats import scan
-from mqhub.protocols.nats.codec import OP_ERROR, NatsParser
+from mqhub.protocols.nats import codec, scan
+from mqhub.protocols.nats.codec import OP_ERROR, OP_MSG, NatsParser
 from mqhub.protocols.nats.heads import route_heads
 from mqhub.protocols.nats.scan import SCAN_LIMIT, HeadScanner, frame_pattern
+from tests.protocols.nats.helpers import Client, make_server
 
 
 def test_pattern_frames_exactly_the_canonical_sizes_up_to_its_limit() -> None:
@@ -42,6 +45,7 @@ class _Owner:
     """A receiving connection: its output list and its own MSG heads."""
 
     def __init__(self, sid: int) -> None:
+        """No output yet."""
         self.out: list[bytes] = []
         self.sid = sid
 
@@ -189,3 +193,26 @@ def test_scanner_backs_off_from_traffic_it_cannot_take() -> None:
         assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192) == (0, 0)
     assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192)[0] == 500
     assert sc.backoff == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), read=st.integers(8192, 70000), reply=st.booleans())
+def test_a_wildcard_subscriber_gets_mixed_traffic_complete_and_in_order(
+        seed: int, read: int, reply: bool) -> None:
+    """Through the NATS server, mixed subjects and sizes (with or without replies) in reads
+    large enough for the scanner reach a wildcard subscriber complete, in order and with its
+    sid; the server counts every message once in and once out."""
+    rnd = random.Random(seed)
+    srv = make_server()
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB mx.> 7\r\n")
+    msgs = [(f"mx.s{rnd.randrange(8)}", f"_R.{k % 3}" if reply and k % 2 else None,
+             bytes([97 + k % 26]) * rnd.randint(0, 3000)) for k in range(200)]
+    stream = b"".join(codec.encode_pub(s, p, r) for s, r, p in msgs)
+    before = srv.stats["in_msgs"], srv.stats["out_msgs"]
+    for at in range(0, len(stream), read):
+        pub.send(stream[at:at + read])
+    got = [(e[1], e[3], e[4]) for e in sub.events() if e[0] == OP_MSG and e[2] == "7"]
+    assert got == msgs
+    assert (srv.stats["in_msgs"] - before[0], srv.stats["out_msgs"] - before[1]) == (200, 200)
+    assert not pub.closed and not sub.closed
