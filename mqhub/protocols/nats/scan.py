@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import Any
 
 __all__ = ["HeadScanner", "frame_pattern", "scan_frames", "SCAN_LIMIT", "SCAN_CHUNK",
-           "SCAN_MIN", "SCAN_BYTES", "BACKOFF_MAX"]
+           "SCAN_MIN", "SCAN_BYTES", "STRETCH_MIN", "BACKOFF_MAX"]
 
 #: largest payload the scanner's pattern frames (larger ones go the per-line way)
 SCAN_LIMIT = 4095
@@ -39,7 +39,11 @@ SCAN_CHUNK = 64
 SCAN_MIN = 4
 #: buffers with fewer bytes left are not split (the per-line loop is as cheap there)
 SCAN_BYTES = 8192
-#: most buffers skipped after a buffer whose first attempt delivered nothing
+#: a buffer whose stretches averaged fewer frames did not pay for its split (the split
+#: costs about a third of what the scanner saves per frame, and each stretch has a fixed
+#: cost): the next buffers are skipped
+STRETCH_MIN = 32
+#: most buffers skipped after such a buffer (0, 1, 3, … doubling, back to 0 after a good one)
 BACKOFF_MAX = 64
 
 _first = itemgetter(0)
@@ -137,12 +141,14 @@ class HeadScanner:
     """The frame split of the parser's current buffer, kept while parsing moves through it.
 
     One per parser. The buffer is split once; a later call at another offset walks the
-    pieces up to it (frames the per-line paths took in between). Frames are only delivered
+    pieces up to it (frames the per-line paths took in between); the frame a stretch stopped
+    at is left to them without a second attempt. Frames are only delivered
     from a match that starts exactly at the parser's offset, so a split that a payload
-    threw out of step costs speed, never correctness. A buffer whose stretches end early
-    turns the scanner off for its rest; a buffer where it took nothing at all also skips the
-    next few buffers (doubling up to :data:`BACKOFF_MAX`), so traffic it cannot take costs
-    almost no extra work.
+    threw out of step costs speed, never correctness. A stretch shorter than
+    :data:`SCAN_MIN` turns the scanner off for the rest of the buffer; a buffer whose
+    stretches averaged under :data:`STRETCH_MIN` frames makes it skip the next buffers (0, 1,
+    3, … up to :data:`BACKOFF_MAX`, back to 0 after a good buffer), so traffic it cannot take
+    in long stretches (several receivers) costs almost no split.
     """
 
     def __init__(self) -> None:
@@ -153,12 +159,21 @@ class HeadScanner:
         self.at = 0
         self.skip = 0           # buffers still to skip
         self.backoff = 0        # buffers to skip after the next empty first attempt
-        self.fresh = False      # no attempt made on this buffer yet
+        self.attempts = 0       # stretches tried on this buffer
+        self.taken = 0          # frames they delivered
+        self.stop = -1          # where the last stretch stopped: a frame it did not take
 
     def release(self) -> None:
-        """Drop the buffer and its pieces (the read is finished)."""
+        """Drop the buffer and its pieces (the read is finished); judge how it paid off."""
         self.buf = None
         self.parts = None
+        if self.attempts:
+            if self.taken < STRETCH_MIN * self.attempts:
+                self.skip = self.backoff
+                self.backoff = min(2 * self.backoff + 1, BACKOFF_MAX)
+            else:
+                self.backoff = 0
+            self.attempts = self.taken = 0
 
     def take(self, buf: bytes, pos: int, hget: Callable[[bytes, Any], Any],
              dappend: Callable[[Any], None], max_payload: int) -> tuple[int, int]:
@@ -167,8 +182,8 @@ class HeadScanner:
         Returns ``(frames, consumed)``; ``(0, 0)`` when nothing can be taken at ``pos``.
         """
         if buf is not self.buf:
+            self.release()
             self.buf = buf
-            self.parts = None
             if self.skip:
                 self.skip -= 1
                 return 0, 0
@@ -177,9 +192,9 @@ class HeadScanner:
             self.parts = frame_pattern(max_payload).split(buf)
             self.index = 0
             self.at = 0
-            self.fresh = True
+            self.stop = -1
         parts = self.parts
-        if parts is None:
+        if parts is None or pos == self.stop:   # that frame goes the per-line way
             return 0, 0
         i = self.index
         at = self.at
@@ -194,15 +209,11 @@ class HeadScanner:
         if start != pos or i >= last:
             return 0, 0                     # pos is in a gap (or out of step): per line
         k, used = scan_frames(parts, i, hget, dappend)
+        self.attempts += 1
+        self.taken += k
         if k:
             self.index = i + 3 * k
-            self.at = pos + used
+            self.at = self.stop = pos + used
         if k < SCAN_MIN:
             self.parts = None
-            if self.fresh and not k:
-                self.skip = self.backoff
-                self.backoff = min(2 * self.backoff + 1, BACKOFF_MAX)
-        else:
-            self.backoff = 0
-        self.fresh = False
         return k, used

@@ -178,21 +178,31 @@ def test_scanner_goes_on_after_frames_the_per_line_loop_took() -> None:
     assert b"".join(main.out) == (b"MSG a 1 500\r\n" + b"5" * 500 + b"\r\n") * 20
 
 
-def test_scanner_backs_off_from_traffic_it_cannot_take() -> None:
-    """A buffer where the first attempt takes nothing skips the next buffers, more each time
-    (bounded), and a buffer it can take resets that."""
+def test_scanner_backs_off_from_traffic_it_cannot_take_in_long_stretches() -> None:
+    """Buffers it takes nothing of, or only short stretches of (8 frames between two-target
+    heads), make it skip the next buffers, more each time (bounded); a buffer of long
+    stretches resets that."""
     main, other, second = _Owner(1), _Owner(2), _Owner(3)
     table = _table(main, other, second)
+    frame = b"PUB a 10\r\n0123456789\r\n"
     bad = b"PUB m 10\r\n0123456789\r\n" * 500
-    good = b"PUB a 10\r\n0123456789\r\n" * 500
-    sc = HeadScanner()
-    taken = [sc.take(bytes(bytearray(bad)), 0, table.get, [].append, 8192)[0] for _ in range(12)]
-    assert taken == [0] * 12
-    assert sc.skip + sc.backoff > 0
-    for _ in range(sc.skip):
-        assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192) == (0, 0)
-    assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192)[0] == 500
-    assert sc.backoff == 0
+    short = (frame * 8 + b"PUB m 10\r\n0123456789\r\n") * 60
+    good = frame * 500
+    for traffic, first in ((bad, 0), (short, 8)):
+        sc = HeadScanner()
+        taken = []
+        for _ in range(12):
+            taken.append(sc.take(bytes(bytearray(traffic)), 0, table.get, [].append, 8192)[0])
+            sc.release()
+        assert set(taken) == {0, first}
+        assert taken[:4] == [first, first, 0, first]       # skips 0, 1, then 3 buffers
+        assert sc.skip + sc.backoff > 0
+        for _ in range(sc.skip):
+            assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192) == (0, 0)
+            sc.release()
+        assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192)[0] == 500
+        sc.release()
+        assert sc.backoff == 0
 
 
 @settings(max_examples=25, deadline=None)
