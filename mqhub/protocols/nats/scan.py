@@ -158,7 +158,7 @@ class HeadScanner:
         self.index = 0          # parts[index] is a gap piece starting at offset ``at``
         self.at = 0
         self.skip = 0           # buffers still to skip
-        self.backoff = 0        # buffers to skip after the next empty first attempt
+        self.backoff = 0        # buffers to skip after the next buffer that did not pay
         self.attempts = 0       # stretches tried on this buffer
         self.taken = 0          # frames they delivered
         self.stop = -1          # where the last stretch stopped: a frame it did not take
