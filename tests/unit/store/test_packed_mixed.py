@@ -5,8 +5,10 @@ segment bodies next to packed runs, repeated and missing ids, malformed batches 
 
 from __future__ import annotations
 
+import queue as queue_mod
 import shutil
 import tempfile
+import time
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -14,8 +16,11 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
 from mqhub.store.batch import WriteBatch
+from mqhub.store.lmdb import LmdbStore
 from mqhub.store.memory import MemoryStore
 from mqhub.store.records import make_entry
+from mqhub.store.snapshot import take_snapshot
+from mqhub.store.snapshot_reader import SnapshotReader
 from tests.unit.store.conftest import Harness, open_lmdb
 from tests.unit.store.test_layout import ready_live
 
@@ -173,8 +178,19 @@ def test_mixed_batches_lmdb_matches_memory(turns: list[tuple[list[list[tuple]], 
                 lm = open_store(tmp)
                 assert _sort_expired(observe(lm, base)) == want
         lm.result(lm.store.close())
+        manifest = take_snapshot(tmp, tmp + "-snap")
+        entries = want[1]
+        assert manifest["queues"] == {q: c for q, c in want[4].items() if c}
+        with SnapshotReader(tmp + "-snap") as snap:
+            assert snap.verify() == []
+            per_queue: dict[str, list[tuple]] = {}
+            for q, e in snap.iter_entries():
+                per_queue.setdefault(q, []).append(e)
+            assert per_queue == {q: got for q, got in entries.items() if got}
+            assert [e for _, e in snap.iter_entries("a")] == entries["a"]
     finally:
         shutil.rmtree(tmp)
+        shutil.rmtree(tmp + "-snap", ignore_errors=True)
 
 
 def test_a_long_address_is_stored_unpacked(tmp_path: Any) -> None:
@@ -189,4 +205,63 @@ def test_a_long_address_is_stored_unpacked(tmp_path: Any) -> None:
     got = h.result(h.store.read_entries("q", None, 10))
     assert [(e[0], e[5] == addr, e[7]) for e in got] == [(i, True, b"m%d" % i) for i in (1, 2, 3)]
     assert ready_live(h) == 3
+    h.result(h.store.close())
+
+
+def test_writer_thread_reapplies_a_group_after_a_map_full(tmp_path: Any) -> None:
+    """The writer thread commits a group holding a malformed batch batch by batch; the last
+    batch overflows the map, so the reactor grows it and the whole group is applied again
+    (its first batches a second time): the packed run, its FINs and the fanout copy end up
+    exactly as MemoryStore has them, before and after a reopen; the bad batch alone fails."""
+    done: queue_mod.Queue[tuple[Any, tuple]] = queue_mod.Queue()
+    clock = Clock()
+    store = LmdbStore(str(tmp_path / "d"), clock=clock, durability="none", writer="thread",
+                      map_size=MAP, segment_threshold=THRESHOLD,
+                      call_from_thread=lambda f, *a: done.put((f, a)))
+    store.open()
+    try:
+        h = Harness(store, clock)
+        mem = Harness(MemoryStore(clock), clock)
+        mem.store.open()
+        turn = [[("run", ["a", "b"], 0, 60, 0, 0)], [("fin", "a", 10, 30, 1, 0)],
+                [("bad", "c", 5)], [("big", "c", 300, 0), ("del", "b", [(0, 3), (0, 3)])],
+                [("fin", "b", 40, 16, 2, 0), ("att", "a", [(0, 50, 4)])]]
+        want = run_turn(mem, turn, 100)
+        ds = []
+        for ops_ in turn:
+            b = WriteBatch()
+            for o in ops_:
+                fill(b, o, 100)
+            ds.append(store.commit(b))
+        applied: list[WriteBatch] = []
+        rows = store._committer._rows
+        plain_apply = rows.apply
+        rows.apply = lambda t, b: (applied.append(b), plain_apply(t, b))[1]  # type: ignore
+        clock.advance(0)  # the group goes to the writer thread
+        results: list[list[Any]] = [[] for _ in ds]
+        for d, got in zip(ds, results, strict=True):
+            d.addBoth(got.append)
+        deadline = time.monotonic() + 30
+        while not all(results):
+            assert time.monotonic() < deadline, "the writer thread did not finish the group"
+            try:
+                f, args = done.get(timeout=0.1)
+            except queue_mod.Empty:
+                continue
+            f(*args)
+        assert store.map_grows > 0
+        # the group (5 batches) failed on its bad batch, was committed batch by batch until
+        # the big one hit MapFull, and was then applied again: the first batch more than twice
+        assert sum(b is applied[0] for b in applied) >= 3
+        assert [r[0] is None for r in results] == want == [True, True, False, True, True]
+        expected = _sort_expired(observe(mem, 100))
+        assert _sort_expired(observe(h, 100)) == expected
+        assert ready_live(h) == sum(expected[4].values())
+    finally:
+        d = store.close()
+        while not d.called:
+            f, args = done.get(timeout=10)
+            f(*args)
+    h = open_store(str(tmp_path / "d"))
+    assert _sort_expired(observe(h, 100)) == expected
     h.result(h.store.close())
