@@ -119,7 +119,7 @@ def observe(h: Harness, base: int) -> tuple:
     from keys that may be gone (a consumer pages on from an id it has FIN'd since), counts,
     queue names, the expiry index."""
     s = h.store
-    entries = {q: h.result(s.read_entries(q, None, 1000)) for q in QUEUES}
+    entries = {q: h.result(s.read_entries(q, None, 100_000)) for q in QUEUES}
     paged = {q: [h.result(s.read_entries(q, (e[1], e[0]), 3)) for e in got[::3]]
              for q, got in entries.items()}
     gone = {q: [h.result(s.read_entries(q, (p, i), 2)) for p in (0, 3)
