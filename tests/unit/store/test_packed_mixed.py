@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
+from mqhub.store import ready_groups
 from mqhub.store.batch import WriteBatch
 from mqhub.store.lmdb import LmdbStore
 from mqhub.store.memory import MemoryStore
@@ -146,6 +147,18 @@ def run_turn(h: Harness, turn: list[list[tuple]], base: int) -> list[bool]:
     return ok
 
 
+def packs_pair_up(h: Harness) -> bool:
+    """Whether every ``packs`` row has its packed ``ready`` group (``ready_live`` checks the
+    other way round)."""
+    with h.store._env.begin() as txn:
+        ready = h.store._dbs[b"ready"]
+        for k, _ in txn.cursor(db=h.store._dbs[b"packs"]):
+            group = txn.get(k, db=ready)
+            if group is None or not ready_groups.is_packed(group):
+                return False
+    return True
+
+
 def _sort_expired(state: tuple) -> tuple:
     """Expired rows in a fixed order (ties may come in any order)."""
     return (*state[:5], sorted(state[5]))
@@ -173,6 +186,7 @@ def test_mixed_batches_lmdb_matches_memory(turns: list[tuple[list[list[tuple]], 
             want = _sort_expired(observe(mem, base))
             assert _sort_expired(observe(lm, base)) == want
             assert ready_live(lm) == sum(want[4].values())
+            assert packs_pair_up(lm)
             if reopen:
                 lm.result(lm.store.close())
                 lm = open_store(tmp)
