@@ -28,7 +28,8 @@ Sub-databases (names are the LMDB database names):
 ``packs``    (format 4) ``qid:u32 | 9-priority:u8 | first_msg_id:u64`` (the key of its packed
              ``ready`` group) -> ``plen:u16 | prefix | n:u16 | len:u32 * n | bodies``: the
              entries of one publish run that share everything but their body (no headers, no
-             expiry, inline body, same attempts/deliver_at/address/origin). Entry ``i``'s
+             expiry, inline body, same attempts/deliver_at/address/origin, a prefix under
+             64 KiB). Entry ``i``'s
              ``entries``-style value is ``prefix + body_i``. Written once and never rewritten:
              a FIN clears bits in the small group row (one write per group per batch, no
              per-entry delete); the row goes with the group when its last bit is cleared.

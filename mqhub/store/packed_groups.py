@@ -30,8 +30,11 @@ def add_run(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int], prefi
     """Write new entries ``ids`` (with ``bodies``, sharing value ``prefix``) of the (queue,
     priority) ``head`` as packed groups; return False, writing nothing, unless the ids are
     ascending, unique and above every id listed for ``head`` (then none of them has an
-    ``entries`` row or a place in a group: the caller writes them the plain way instead)."""
+    ``entries`` row or a place in a group: the caller writes them the plain way instead), or
+    when ``prefix`` is too long for the ``packs`` row's u16 length (an address near 64 KiB)."""
     n = len(ids)
+    if len(prefix) > 0xFFFF:
+        return False
     if n > 1 and not (ids[-1] - ids[0] == n - 1 and ids == list(range(ids[0], ids[-1] + 1))
                       or all(map(lt, ids, ids[1:]))):  # consecutive (usual) or ascending
         return False
