@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Iterable
+from itertools import repeat
 from typing import Any, cast
 
 from mqhub.core.backlog import NO_LIST, NO_MAP
@@ -318,18 +319,35 @@ class QueueDelivery(QueueWindow):
     # -- message operations -----------------------------------------------------------------
 
     def _take(self, consumer: Consumer, msg_ids: Iterable[int]) -> tuple[list[Entry], list[int]]:
-        """Pop the in-flight records of ``msg_ids`` held by ``consumer``; return (entries, failed)."""
+        """Pop the in-flight records of ``msg_ids`` held by ``consumer``; return (entries, failed).
+
+        Fast path (C-level passes only): every id is in flight on ``consumer`` from one
+        delivered batch (one shared owner record) or a few; a repeated id makes a pop fail,
+        which is undone before the careful per-id path runs.
+        """
         ids = msg_ids if isinstance(msg_ids, list) else list(msg_ids)
         owner = self._owner
-        recs = set(map(owner.get, ids))
-        if len(recs) == 1 and len(set(ids)) == len(ids):
-            rec = recs.pop()
-            if rec is not None and rec[0] is consumer:
-                got = list(map(self._inflight.pop, ids))
-                for mid in ids:
-                    del owner[mid]
-                consumer.in_flight -= len(got)
-                return got, []
+        n = len(ids)
+        if n:
+            recs = list(map(owner.get, ids))
+            first = recs[0]
+            if recs.count(first) == n:  # identity compare: one shared record
+                mine = first is not None and first[0] is consumer
+            else:
+                distinct = set(recs)
+                mine = None not in distinct and all(rec[0] is consumer for rec in distinct)
+            if mine:
+                inflight = self._inflight
+                got: list[Entry] = []
+                try:
+                    got.extend(map(inflight.pop, ids))
+                except KeyError:  # a repeated id: put back what was popped
+                    inflight.update(zip(ids, got, strict=False))
+                else:
+                    for mid in ids:
+                        del owner[mid]
+                    consumer.in_flight -= n
+                    return got, []
         inflight = self._inflight
         got = []
         failed: list[int] = []
@@ -384,7 +402,13 @@ class QueueDelivery(QueueWindow):
             self._parent.fan_done(self, got)
         if got and self.durable:
             b = WriteBatch()
-            b.delete_entries(self.name, [(e[1], e[0]) for e in got])
+            prios = self._prios
+            if len(prios) == 1 and not failed:
+                # one priority ever entered this window: the keys need no pass over the entries
+                ids = msg_ids if isinstance(msg_ids, list) else [e[0] for e in got]
+                b.delete_entries(self.name, zip(repeat(prios[0], len(ids)), ids, strict=False))
+            else:
+                b.delete_entries(self.name, [(e[1], e[0]) for e in got])
             self._write(b)
         if got:
             self.broker.journal.acked(self, got)
