@@ -208,9 +208,9 @@ class QueueDelivery(QueueWindow):
                 if not taken:
                     continue
             out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
-            self.broker.journal.delivered(self, out)
-            deadline = now + c.timeout
             ids = [e[0] for e in out]
+            self.broker.journal.delivered(self, out, ids)
+            deadline = now + c.timeout
             if self._inflight is _NO_MAP:
                 self._inflight = {}
                 self._owner = {}
@@ -335,7 +335,7 @@ class QueueDelivery(QueueWindow):
                 mine = first is not None and first[0] is consumer
             else:
                 distinct = set(recs)
-                mine = None not in distinct and all(rec[0] is consumer for rec in distinct)
+                mine = all(rec is not None and rec[0] is consumer for rec in distinct)
             if mine:
                 inflight = self._inflight
                 got: list[Entry] = []
@@ -400,20 +400,25 @@ class QueueDelivery(QueueWindow):
         got, failed = self._take(consumer, msg_ids)
         if got and self._parent is not None:
             self._parent.fan_done(self, got)
-        if got and self.durable:
+        if not got:
+            return failed
+        # the caller's list when it holds exactly the ids of ``got``, in order
+        ids = msg_ids if not failed and isinstance(msg_ids, list) else None
+        if self.durable:
             b = WriteBatch()
             prios = self._prios
-            if len(prios) == 1 and not failed:
+            if len(prios) == 1 and ids is not None:
                 # one priority ever entered this window: the keys need no pass over the entries
-                ids = msg_ids if isinstance(msg_ids, list) else [e[0] for e in got]
                 b.delete_entries(self.name, zip(repeat(prios[0], len(ids)), ids, strict=False))
             else:
                 b.delete_entries(self.name, [(e[1], e[0]) for e in got])
             self._write(b)
-        if got:
-            self.broker.journal.acked(self, got)
-            self.broker.counters.ack(consumer.target, len(got))
-            self.dispatch()
+        journal = self.broker.journal
+        if journal.enabled:
+            # a copy of the ids: the journal keeps them until the next commit
+            journal.acked(self, got, None if ids is None else list(ids))
+        self.broker.counters.ack(consumer.target, len(got))
+        self.dispatch()
         return failed
 
     def touch(self, consumer: Consumer, msg_ids: Iterable[int],

@@ -44,17 +44,28 @@ _WITH_ATTEMPT = frozenset((DELIVERED, REQUEUED, DEAD_LETTERED))
 
 
 def _add_published(chunk: ChunkBuilder, ts: int, queues: tuple[str, ...], entries: list[Any],
-                   address: str) -> None:
-    """Add the runs of one publish: one per durable queue (and per origin, if they differ)."""
-    origins = list(map(_ORIGIN, entries))
-    if origins.count(origins[0]) == len(origins):  # C-speed check; publish_batch: always
-        groups = [(origins[0], entries)]
+                   address: str, uniform: bool) -> None:
+    """Add the runs of one publish: one per durable queue (and per origin, if they differ).
+
+    ``uniform``: the core built every entry with one origin and one priority (a
+    ``publish_batch``), so those two columns need no pass over the entries.
+    """
+    if uniform:
+        first = entries[0]
+        groups = [(first[8], entries)]
+        prios: Any = bytes((first[1],)) * len(entries)
     else:
-        groups = [(o, list(g)) for o, g in groupby(entries, _ORIGIN)]
+        origins = list(map(_ORIGIN, entries))
+        if origins.count(origins[0]) == len(origins):  # C-speed check
+            groups = [(origins[0], entries)]
+        else:
+            groups = [(o, list(g)) for o, g in groupby(entries, _ORIGIN)]
+        prios = None
     for origin, g in groups:
         ids = list(map(_ID, g))
         sizes = list(map(len, map(_BODY, g)))
-        prios = list(map(_PRIO, g))
+        if not uniform:
+            prios = list(map(_PRIO, g))
         for name in queues:
             chunk.add_run(PUBLISHED, ts, name, address, origin or "", "", ids, sizes, prios)
 
@@ -65,13 +76,13 @@ class NullRecorder:
     enabled = False
 
     def published(self, address: str, entries: list[Any], queues: Any, persist: bool,
-                  route: Any) -> None:
+                  route: Any, uniform: bool = False) -> None:
         """Ignore a publish."""
 
-    def delivered(self, queue: Any, entries: list[Any]) -> None:
+    def delivered(self, queue: Any, entries: list[Any], ids: list[int] | None = None) -> None:
         """Ignore a delivery round."""
 
-    def acked(self, queue: Any, entries: list[Any]) -> None:
+    def acked(self, queue: Any, entries: list[Any], ids: list[int] | None = None) -> None:
         """Ignore acks."""
 
     def requeued(self, queue: Any, entries: list[Any], reason: str | None) -> None:
@@ -106,7 +117,7 @@ class JournalRecorder(NullRecorder):
         self.clock = clock
         self.flush_interval = flush_interval
         self._lock = threading.Lock()
-        self._pending: list[tuple[int, float, Any, list[Any], str]] = []
+        self._pending: list[tuple[int, float, Any, list[Any], Any, Any]] = []
         self._counters: dict[tuple[int, str, str, int], list[int]] = {}
         self._store: Any = None
         self._call: Any = None
@@ -119,9 +130,14 @@ class JournalRecorder(NullRecorder):
 
     # -- batch-level calls from the core (reactor thread) -------------------------------------
 
-    def _add(self, event: int, queues: Any, entries: list[Any], reason: str) -> None:
-        """Remember one batch (a reference, no per-message work)."""
-        item = (event, self.clock.seconds(), queues, entries, reason)
+    def _add(self, event: int, queues: Any, entries: list[Any], extra: Any,
+             ids: Any = None) -> None:
+        """Remember one batch (a reference, no per-message work).
+
+        ``extra`` is the reason (the address for a publish); ``ids``, when the core holds
+        them already, the batch's message ids in entry order (True for a uniform publish).
+        """
+        item = (event, self.clock.seconds(), queues, entries, extra, ids)
         with self._lock:
             if len(self._pending) >= MAX_PENDING:
                 self.dropped_batches += 1  # the store is stuck: keep what is queued, drop this
@@ -141,14 +157,17 @@ class JournalRecorder(NullRecorder):
                 c[1] += nbytes
 
     def published(self, address: str, entries: list[Any], queues: Any, persist: bool,
-                  route: Any) -> None:
-        """A publish of ``entries`` to ``address`` reaching ``queues`` and ``route``'s live targets."""
+                  route: Any, uniform: bool = False) -> None:
+        """A publish of ``entries`` to ``address`` reaching ``queues`` and ``route``'s live targets.
+
+        ``uniform``: every entry has the first one's origin and priority (``publish_batch``).
+        """
         if not entries:
             return
         durable = tuple(q.name for q in queues if q.durable) if persist else ()
         live = len(route.targets) + len(route.groups)
         if durable:
-            self._add(PUBLISHED, durable, entries, address)
+            self._add(PUBLISHED, durable, entries, address, uniform)
         if durable and not live:
             return
         n = len(entries)
@@ -159,19 +178,22 @@ class JournalRecorder(NullRecorder):
         if live:
             self._count(address, origin, COUNTER_DELIVERED, n * live, nbytes * live)
 
-    def delivered(self, queue: Any, entries: list[Any]) -> None:
-        """One delivery round of ``queue`` (attempts already count this delivery)."""
+    def delivered(self, queue: Any, entries: list[Any], ids: list[int] | None = None) -> None:
+        """One delivery round of ``queue`` (attempts already count this delivery).
+
+        ``ids``: the entries' message ids, in order, as a list the caller no longer changes.
+        """
         if queue.durable:
-            self._add(DELIVERED, queue.name, entries, "")
+            self._add(DELIVERED, queue.name, entries, "", ids)
         elif entries:
             first = entries[0]
             self._count(first[5], first[8], COUNTER_DELIVERED, len(entries),
                         sum(map(len, map(_BODY, entries))))
 
-    def acked(self, queue: Any, entries: list[Any]) -> None:
-        """Entries acknowledged (finished) on ``queue``."""
+    def acked(self, queue: Any, entries: list[Any], ids: list[int] | None = None) -> None:
+        """Entries acknowledged (finished) on ``queue``; ``ids`` as for :meth:`delivered`."""
         if queue.durable:
-            self._add(ACKED, queue.name, entries, "")
+            self._add(ACKED, queue.name, entries, "", ids)
 
     def requeued(self, queue: Any, entries: list[Any], reason: str | None) -> None:
         """Entries returned to ``queue`` (REQ, timeout, detach)."""
@@ -216,14 +238,15 @@ class JournalRecorder(NullRecorder):
         if not pending and not counters:
             return None
         chunk = ChunkBuilder()
-        for event, now, queues, entries, extra in pending:
+        for event, now, queues, entries, extra, ids in pending:
             ts = int(now * 1_000_000)
             if event == PUBLISHED:
-                _add_published(chunk, ts, queues, entries, extra)
+                _add_published(chunk, ts, queues, entries, extra, bool(ids))
             else:
                 # other events carry the message id, queue, attempt and reason; address and
                 # origin come from the message's published row (readers join on msg_id)
-                ids = list(map(_ID, entries))
+                if ids is None:
+                    ids = list(map(_ID, entries))
                 atts = list(map(_ATT, entries)) if event in _WITH_ATTEMPT else None
                 chunk.add_run(event, ts, queues, "", "", extra, ids, None, None, atts)
         for (second, address, origin, kind), (messages, nbytes) in counters.items():
