@@ -321,33 +321,31 @@ class QueueDelivery(QueueWindow):
     def _take(self, consumer: Consumer, msg_ids: Iterable[int]) -> tuple[list[Entry], list[int]]:
         """Pop the in-flight records of ``msg_ids`` held by ``consumer``; return (entries, failed).
 
-        Fast path (C-level passes only): every id is in flight on ``consumer`` from one
-        delivered batch (one shared owner record) or a few; a repeated id makes a pop fail,
-        which is undone before the careful per-id path runs.
+        Fast path (C-level passes only): the owner records are popped at once; when every id
+        was in flight on ``consumer`` (one shared record per delivered batch), the entries are
+        popped too. An unknown or repeated id, or one held by another consumer, puts the
+        records back and takes the careful per-id path.
         """
         ids = msg_ids if isinstance(msg_ids, list) else list(msg_ids)
         owner = self._owner
         n = len(ids)
-        if n:
-            recs = list(map(owner.get, ids))
-            first = recs[0]
-            if recs.count(first) == n:  # identity compare: one shared record
-                mine = first is not None and first[0] is consumer
+        if n and owner is not _NO_MAP:
+            recs: list[tuple[Consumer, float]] = []
+            try:
+                recs.extend(map(owner.pop, ids))
+            except KeyError:
+                mine = False
             else:
-                distinct = set(recs)
-                mine = all(rec is not None and rec[0] is consumer for rec in distinct)
-            if mine:
-                inflight = self._inflight
-                got: list[Entry] = []
-                try:
-                    got.extend(map(inflight.pop, ids))
-                except KeyError:  # a repeated id: put back what was popped
-                    inflight.update(zip(ids, got, strict=False))
+                first = recs[0]
+                if recs.count(first) == n:  # identity compare: one shared record
+                    mine = first[0] is consumer
                 else:
-                    for mid in ids:
-                        del owner[mid]
-                    consumer.in_flight -= n
-                    return got, []
+                    mine = all(rec[0] is consumer for rec in set(recs))
+            if mine:
+                got = list(map(self._inflight.pop, ids))
+                consumer.in_flight -= n
+                return got, []
+            owner.update(zip(ids, recs, strict=False))  # as it was (``recs`` may be short)
         inflight = self._inflight
         got = []
         failed: list[int] = []

@@ -114,8 +114,11 @@ def test_ack_batches_spanning_deliveries_repeats_and_foreign_ids(hub: Hub) -> No
     # the room opened delivered the sixth message to c1: it and theirs[0] are in flight
     assert len(t1.ids()) == 5 and q.in_flight == 2 and q.depth == 0
     assert hub.store.stats()["entries"] == 2
+    sixth = t1.ids()[4]
+    assert q.ack(c1, [theirs[0], sixth]) == [theirs[0]]  # every id known, one foreign
+    assert q.in_flight == 1 and hub.store.stats()["entries"] == 1
     assert q.ack(c2, theirs) == []
-    assert hub.store.stats()["entries"] == 1
+    assert q.in_flight == 0 and hub.store.stats()["entries"] == 0
 
 
 def test_ack_deletes_the_rows_of_every_priority(hub: Hub) -> None:
