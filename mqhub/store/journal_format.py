@@ -84,7 +84,8 @@ class ChunkBuilder:
         """Append one run of ``len(msg_ids)`` rows sharing event, time, queue, address, origin.
 
         Columns are lists of ints (``priorities``: anything ``bytes()`` takes); ``sizes``,
-        ``priorities`` and ``attempts`` may be None (zeros).
+        ``priorities`` and ``attempts`` may be None (zeros); ``sizes`` and ``attempts`` may
+        also be ``bytes`` already packed in the machine's order (see :func:`repeated`).
         """
         s = self.string
         n = len(msg_ids)
@@ -96,6 +97,8 @@ class ChunkBuilder:
         for col, values in ((size, sizes), (att, attempts)):
             if values is None:
                 col.frombytes(bytes(col.itemsize * n))
+            elif isinstance(values, bytes):
+                col.frombytes(values)
             else:
                 col.fromlist(values)
         prio.frombytes(bytes(n) if priorities is None else bytes(priorities))
@@ -127,6 +130,13 @@ class ChunkBuilder:
                     col.byteswap()
                 parts.append(col.tobytes())
         return b"".join(parts)
+
+
+def repeated(column: str, value: int, count: int) -> bytes:
+    """``count`` times ``value`` packed for the rows column ``column`` ("size" or "attempt"),
+    in the machine's order: what :meth:`ChunkBuilder.add_run` takes instead of a list."""
+    code = dict(ROW_COLUMNS)[column]
+    return array(_U64 if code == "Q" else code, (value,)).tobytes() * count
 
 
 def decode_chunk(payload: bytes) -> dict[str, Any]:

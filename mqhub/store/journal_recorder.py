@@ -29,6 +29,7 @@ from mqhub.store.journal_format import (
     PUBLISHED,
     REQUEUED,
     ChunkBuilder,
+    repeated,
 )
 
 _ID = itemgetter(0)
@@ -247,7 +248,11 @@ class JournalRecorder(NullRecorder):
                 # origin come from the message's published row (readers join on msg_id)
                 if ids is None:
                     ids = list(map(_ID, entries))
-                atts = list(map(_ATT, entries)) if event in _WITH_ATTEMPT else None
+                atts: Any = None
+                if event in _WITH_ATTEMPT:
+                    atts = list(map(_ATT, entries))
+                    if atts.count(atts[0]) == len(atts):  # one attempt (C-level check)
+                        atts = repeated("attempt", atts[0], len(atts))
                 chunk.add_run(event, ts, queues, "", "", extra, ids, None, None, atts)
         for (second, address, origin, kind), (messages, nbytes) in counters.items():
             chunk.add_counter(second, address, origin or "", kind, messages, nbytes)

@@ -81,3 +81,17 @@ def test_the_core_passes_uniform_publishes_and_ids() -> None:
     assert list(chunk["rows"]["priority"][:3]) == [5, 5, 5]
     assert list(chunk["rows"]["size"][:3]) == [1, 2, 3]
     assert list(chunk["rows"]["attempt"][3:6]) == [1, 1, 1]
+
+
+def test_attempt_columns_one_value_or_mixed() -> None:
+    """A delivery round whose entries share one attempt count (packed at once) and one with
+    mixed counts record each entry's attempt."""
+    rec = JournalRecorder(start_clock())
+    same = _entries(10, 5, 0, 3)
+    mixed = [(e[0] + 100, 0, a, *e[3:]) for e, a in zip(_entries(10, 4, 0, 0), (1, 2, 1, 65535),
+                                                         strict=True)]
+    rec.delivered(_Queue, same)
+    rec.requeued(_Queue, mixed, "timeout")
+    chunk = decode_chunk(rec.take_chunk() or b"")
+    assert list(chunk["rows"]["attempt"]) == [3] * 5 + [1, 2, 1, 65535]
+    assert list(chunk["rows"]["msg_id"]) == [10, 11, 12, 13, 14, 110, 111, 112, 113]
