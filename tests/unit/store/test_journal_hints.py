@@ -1,5 +1,6 @@
 """The journal recorder's column hints from the core (uniform publishes, ids the core already
-holds) give exactly the chunk the plain per-entry path gives; the core passes them."""
+holds: columns packed at the call) give exactly the chunk the plain per-entry path gives
+(columns built at the commit); the core passes them."""
 
 from __future__ import annotations
 
@@ -75,7 +76,9 @@ def test_the_core_passes_uniform_publishes_and_ids() -> None:
     assert q.ack(c, caller_list) == []
     caller_list.append(12345)   # the caller reusing its list changes nothing recorded
     pending = rec._pending  # noqa: SLF001 - the hints themselves are what this test checks
-    assert [(p[0], p[5]) for p in pending] == [(0, True), (1, ids), (2, ids)]
+    # each of the three batches came packed (no entry list kept for the commit)
+    assert [(p[0], p[3], list(p[5][0])) for p in pending] == [
+        (0, None, ids), (1, None, ids), (2, None, ids)]
     chunk = decode_chunk(rec.take_chunk() or b"")
     assert list(chunk["rows"]["msg_id"]) == ids * 3
     assert list(chunk["rows"]["priority"][:3]) == [5, 5, 5]
