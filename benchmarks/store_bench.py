@@ -6,7 +6,9 @@ Figures per body size (16 B, 1 KiB, 100 KiB) and durability mode (sync, batch, n
 inline writer; the thread writer is measured for 1 KiB in every mode (pipelined: batches that
 arrive while the writer thread commits form the next group). ``steady_*`` is the broker's
 steady state under NSQ load (each commit puts a batch and deletes an earlier one), with the
-CPU time per message, which is steadier than the rate on a loaded machine. A raw py-lmdb figure (prebuilt
+CPU time per message, which is steadier than the rate on a loaded machine. ``scatter_*`` is a
+deep backlog FIN'd out of order (CPU per message in the first and the last quarter of the run).
+A raw py-lmdb figure (prebuilt
 values, one putmulti per commit) is printed for scale, since fsync cost varies a lot between
 machines and with load. The open test builds a store of ``--scale`` 1 KiB messages, then
 times a fresh process opening it and reading its first page, and reports that process's RSS.
@@ -105,6 +107,44 @@ def bench_steady(path: str, mode: str, body: bytes, group: int, seconds: float,
     cpu = time.process_time() - cpu0
     store.close()
     return n / elapsed, cpu / n * 1e6
+
+
+def bench_scatter(path: str, body: bytes, group: int, backlog: int, commits: int
+                  ) -> tuple[float, float]:
+    """A deep backlog FIN'd out of order (consumers with requeues and timeouts): ``backlog``
+    stored messages, then ``commits`` turns each putting ``group`` messages and deleting
+    ``group``: half the oldest, half at random among the next 10 groups' worth. Returns the
+    CPU µs per message of the first and of the last quarter of the turns (commits only;
+    ``none`` durability, inline writer), so a layout that slows down as deletes scatter
+    shows it."""
+    import random
+    clock = Clock()
+    store = LmdbStore(path, clock=clock, durability="none", writer="inline", map_size=1 << 30)
+    store.open()
+    n = 0
+    while n < backlog:
+        store.commit(make_batch("q", n, group, body))
+        n += group
+        clock.advance(0)
+    live = list(range(n))
+    rng = random.Random(7)
+    half = group // 2
+    cpu: list[float] = []
+    for _ in range(commits):
+        fin = live[:half] + rng.sample(live[half:10 * group], group - half)
+        gone = set(fin)
+        live = [i for i in live[:10 * group] if i not in gone] + live[10 * group:]
+        b = make_batch("q", n, group, body)
+        live += range(n, n + group)
+        n += group
+        b.delete_entries("q", [(0, i) for i in fin])
+        t = time.process_time()
+        store.commit(b)
+        clock.advance(0)
+        cpu.append(time.process_time() - t)
+    store.close()
+    q = max(1, commits // 4)
+    return sum(cpu[:q]) / (q * group) * 1e6, sum(cpu[-q:]) / (q * group) * 1e6
 
 
 def _read_all(store: LmdbStore, n: int) -> float:
@@ -249,6 +289,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     emit(f"append_{mode}_thread_{label}",
                          bench_thread(path, mode, body, args.group, args.seconds), "msg/s")
                     shutil.rmtree(path)
+            if size <= 1024:
+                path = os.path.join(root, f"scatter-{label}")
+                first, last = bench_scatter(path, body, args.group, 30_000, 400)
+                shutil.rmtree(path)
+                emit(f"scatter_none_cpu_first_{label}", first, "us/msg")
+                emit(f"scatter_none_cpu_last_{label}", last, "us/msg")
             if size == 1024:
                 for sync in (True, False):
                     path = os.path.join(root, f"raw-{sync}")

@@ -1,4 +1,4 @@
-"""IndexReader: the synchronous reads of an LMDB store index (format 3, see codec).
+"""IndexReader: the synchronous reads of an LMDB store index (format 4, see codec).
 
 Each read runs in its own read-only transaction, in the reactor thread; LmdbStore wraps them
 in Deferreds. This module imports neither Twisted nor zope.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mqhub.store import codec, ready_groups
+from mqhub.store import codec, packed_groups, ready_groups
 from mqhub.store.codec import ENTRY_KEY, F64, FLAG_SEGMENT, HEAD_SIZE, ORDER_KEY, VALUE_HEAD
 from mqhub.store.index_state import IndexState
 from mqhub.store.records import Entry, EntryKey
@@ -28,42 +28,59 @@ class IndexReader:
         self._state = state
 
     def read_entries(self, qid: int, after: EntryKey | None, limit: int) -> list[Entry]:
-        """Up to ``limit`` entries of queue ``qid`` after ``after`` in ready order: walk the ``ready`` groups, fetch their
-        rows with ``getmulti`` (which leaves out ids whose entry is gone)."""
+        """Up to ``limit`` entries of queue ``qid`` after ``after`` in ready order: walk the
+        ``ready`` groups; a plain group's rows are fetched with ``getmulti`` (which leaves out
+        ids whose entry is gone), a packed group's live entries come from its ``packs`` row."""
         out: list[Entry] = []
-        append = out.append
-        unpack_key = ENTRY_KEY.unpack
-        unpack_head = VALUE_HEAD.unpack_from
-        pack_key = ENTRY_KEY.pack
-        decode_meta = codec.decode_meta
-        messages = self._dbs[b"messages"]
-        h = HEAD_SIZE
         start = None if after is None else (9 - after[0], after[1])
         with self._env.begin() as txn:
             getmulti = txn.cursor(db=self._dbs[b"entries"]).getmulti
+            packs = self._dbs[b"packs"]
             keys: list[bytes] = []
             groups = ready_groups.iter_ready(txn, self._dbs[b"ready"], qid, start)
+            pack_key = ENTRY_KEY.pack
             while len(out) < limit:
                 group = next(groups, None)
                 if group is not None:
-                    pbyte, ids = group
-                    keys += [pack_key(i, qid, pbyte) for i in ids]
-                    if len(keys) < limit - len(out):
+                    gkey, ids, skipped, bits = group
+                    if bits is None:
+                        pbyte = gkey[4]
+                        keys += [pack_key(i, qid, pbyte) for i in ids]
+                        if len(keys) < limit - len(out):
+                            continue
+                    else:
+                        if keys:
+                            self._fetch(txn, getmulti, keys, out)
+                            keys = []
+                            if len(out) >= limit:
+                                break
+                        out += packed_groups.group_entries(txn, packs, gkey, ids, skipped,
+                                                           bits, limit - len(out))
                         continue
                 if not keys:
                     break
-                for k, v in getmulti(keys):
-                    mid, _, pb = unpack_key(k)
-                    flags, att, d_at, e_at, ml = unpack_head(v)
-                    address, headers, origin = decode_meta(v[h:h + ml])
-                    if flags & FLAG_SEGMENT:
-                        body = codec.segment_body(txn, messages, self._segments, mid)
-                    else:
-                        body = v[h + ml:]
-                    append((mid, 9 - pb, att, d_at, e_at, address, headers, body, origin))
+                self._fetch(txn, getmulti, keys, out)
                 keys = []
         del out[limit:]
         return out
+
+    def _fetch(self, txn: Any, getmulti: Any, keys: list[bytes], out: list[Entry]) -> None:
+        """Append to ``out`` the entries of the ``entries`` rows ``keys`` that exist."""
+        append = out.append
+        unpack_key = ENTRY_KEY.unpack
+        unpack_head = VALUE_HEAD.unpack_from
+        decode_meta = codec.decode_meta
+        messages = self._dbs[b"messages"]
+        h = HEAD_SIZE
+        for k, v in getmulti(keys):
+            mid, _, pb = unpack_key(k)
+            flags, att, d_at, e_at, ml = unpack_head(v)
+            address, headers, origin = decode_meta(v[h:h + ml])
+            if flags & FLAG_SEGMENT:
+                body = codec.segment_body(txn, messages, self._segments, mid)
+            else:
+                body = v[h + ml:]
+            append((mid, 9 - pb, att, d_at, e_at, address, headers, body, origin))
 
     def read_due(self, until: float, limit: int) -> list[tuple[float, bytes, bytes]]:
         """Up to ``limit`` due rows ``(when, key, payload)`` with ``when <= until``, earliest first."""

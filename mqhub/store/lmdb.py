@@ -228,7 +228,9 @@ class LmdbStore:
                               sync=sync, metasync=sync, readahead=False, max_readers=256)
         self._map_size = max(self._map_size, self._env.info()["map_size"])
         version = self._load_index()
-        if version != codec.FORMAT_VERSION:
+        if version == 3:
+            self.migrated = migrate_v2.relabel_format3(self._env, self._dbs)
+        elif version != codec.FORMAT_VERSION:
             self.migrated = migrate_v2.migrate(self._env, self._dbs)
         self._lock_fd = os.open(os.path.join(self.path, codec.SEGMENT_LOCK),
                                 os.O_RDWR | os.O_CREAT, 0o644)

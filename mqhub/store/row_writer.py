@@ -1,6 +1,10 @@
-"""RowWriter: how a WriteBatch becomes rows of the store index (format 3, see codec).
+"""RowWriter: how a WriteBatch becomes rows of the store index (format 4, see codec).
 
-Entries of a batch that are small, have no expiry and are not archive tier are gathered and
+A uniform publish run of new ids (small bodies, no headers or expiry, one value prefix) is
+written as packed ``ready`` groups (:mod:`mqhub.store.packed_groups`): one ``ready`` and one
+``packs`` row per group, no ``entries`` row per message; deleting such entries clears bits in
+their group rows. Other entries of a batch that are small, have no expiry and are not archive
+tier are gathered and
 written sorted, with MDB_APPEND for the ones above the table's last key (new messages); the
 rest are written one by one. Every new entry is noted for its queue's ``ready`` group
 (:mod:`mqhub.store.ready_groups`), written once per batch; a delete pops the ``entries`` row
@@ -16,7 +20,7 @@ import struct
 from operator import itemgetter, lt
 from typing import Any
 
-from mqhub.store import codec, ready_groups
+from mqhub.store import codec, packed_groups, ready_groups
 from mqhub.store.batch import WriteBatch
 from mqhub.store.codec import (
     ENTRY_KEY,
@@ -47,6 +51,8 @@ from mqhub.store.segments import SegmentLog
 log = logging.getLogger("mqhub.store.lmdb")
 
 _KEY0 = itemgetter(0)
+_KEY1 = itemgetter(1)
+_BODIES = itemgetter(BODY)
 
 
 def append_tail(txn: Any, db: Any, rows: list[tuple[bytes, bytes]]
@@ -162,18 +168,15 @@ class RowWriter:
             for priority, msg_id, attempts in updates:
                 k = ENTRY_KEY.pack(msg_id, qid, 9 - priority)
                 v = txn.get(k, db=entries)
+                if v is None and self._unpack_holder(t, k):
+                    v = txn.get(k, db=entries)
                 if v is not None:
                     txn.put(k, codec.with_attempts(v, attempts), db=entries)
         for queue, keys in batch.deletes.items():
             qid = self._qid(t, queue, False)
             if qid is None:
                 continue
-            gone = self._pop_rows(t, qid, keys)
-            if gone:
-                t.counts[queue] = self._count(t, queue) - len(gone)
-                for head, ids in ids_by_head(gone).items():
-                    ready_groups.remove_ids(txn, self._dbs[b"ready"], head,
-                                            ascending_unique(ids))
+            self._delete(t, queue, qid, keys)
         due, due_keys = self._dbs[b"due"], self._dbs[b"due_keys"]
         for when, key, payload in batch.due_puts:
             old = txn.get(key, db=due_keys)
@@ -191,6 +194,56 @@ class RowWriter:
             txn.put(mkey.encode(), value, db=meta)
         for mkey in batch.meta_deletes:
             txn.delete(mkey.encode(), db=meta)
+
+    def _delete(self, t: TxnChanges, queue: str, qid: int, keys: list[tuple[int, int]]) -> None:
+        """Delete the entries at ``(priority, msg_id)`` ``keys`` of ``queue``: those live in
+        packed groups by clearing their bits, the rest by popping their ``entries`` rows."""
+        txn = t.txn
+        ready = self._dbs[b"ready"]
+        by_prio: dict[int, list[int]] = {}
+        prios = list(map(_KEY0, keys))
+        p0 = prios[0] if prios else 0
+        if prios.count(p0) == len(prios):  # one priority (the usual FIN batch)
+            by_prio[p0] = list(map(_KEY1, keys))
+        else:
+            for priority, msg_id in keys:
+                by_prio.setdefault(priority, []).append(msg_id)
+        removed = 0
+        rest: list[tuple[int, int]] = []
+        for priority, ids in by_prio.items():
+            if not 0 <= priority <= 9:
+                continue
+            head = U32.pack(qid) + bytes((9 - priority,))
+            n, left = packed_groups.take(txn, ready, self._dbs[b"packs"], self._dbs[b"entries"],
+                                         head, ascending_unique(ids))
+            removed += n
+            if left:
+                rest += [(priority, msg_id) for msg_id in left]
+        gone = self._pop_rows(t, qid, rest) if rest else []
+        if gone:
+            for head, ids in ids_by_head(gone).items():
+                ready_groups.remove_ids(txn, ready, head, ascending_unique(ids))
+        if removed or gone:
+            t.counts[queue] = self._count(t, queue) - removed - len(gone)
+
+    def _unpack_holder(self, t: TxnChanges, k: bytes) -> bool:
+        """If the ``entries`` key ``k`` names a live id of a packed group, unpack that group
+        (every live id of it gets its ``entries`` row) and return True."""
+        ready = self._dbs[b"ready"]
+        cur = t.txn.cursor(db=ready)
+        msg_id = codec.U64.unpack_from(k)[0]
+        if not ready_groups.seek_group(cur, codec.to_order_key(k)):
+            return False
+        value = bytes(cur.value())
+        if not ready_groups.is_packed(value) or msg_id > ready_groups.last_id(value):
+            return False
+        ids = ready_groups.group_ids(value)
+        i = bisect.bisect_left(ids, msg_id)
+        if ids[i] != msg_id or not ready_groups.packed_bits(value) >> i & 1:
+            return False
+        ready_groups.unpack_group(t.txn, ready, bytes(cur.key()), value, self._dbs[b"packs"],
+                                  self._dbs[b"entries"])
+        return True
 
     def _pop_rows(self, t: TxnChanges, qid: int, keys: list[tuple[int, int]]) -> list[bytes]:
         """Pop the ``entries`` rows of ``(priority, msg_id)`` ``keys`` of queue ``qid`` (in list
@@ -226,7 +279,11 @@ class RowWriter:
         if not archive and items:
             fast = self._uniform_values(qid, items)
             if fast is not None:
-                t.plain.extend(fast)
+                if fast[1] and self._pack(t, queue, qid, items, fast[0]):
+                    return
+                shared = fast[0]
+                t.plain.extend([(pack_key(e[MSG_ID], qid, MAX_PRIORITY - e[PRIORITY]),
+                                 shared + e[BODY]) for e in items])
                 return
         plain = t.plain
         prefixes: dict[tuple[int, float, str, str], bytes] = {}
@@ -257,27 +314,47 @@ class RowWriter:
         if added:
             t.counts[queue] = self._count(t, queue) + added
 
-    def _uniform_values(self, qid: int, items: list[Entry]) -> list[tuple[bytes, bytes]] | None:
-        """Fast path for a typical publish batch: build every row with comprehensions.
-
-        Applies when every entry is small, has no expiry or headers, and shares attempts,
-        deliver_at, address and origin; returns None otherwise (the general loop handles it).
+    def _uniform_values(self, qid: int, items: list[Entry]) -> tuple[bytes, bool] | None:
+        """Check for a typical publish batch: every entry small, without expiry or headers,
+        sharing attempts, deliver_at, address and origin. Return ``(shared value prefix, one
+        priority?)``, or None (the general loop handles the batch).
         """
         first = items[0]
-        shape = (first[ATTEMPTS], first[DELIVER_AT], first[ADDRESS], first[ORIGIN])
+        _, p0, a0, d0, _, ad0, _, _, o0 = first
         threshold = self._threshold
-        # one loop with tuple unpacking: about half the time of three generator passes
+        one_prio = True
+        # one loop with tuple unpacking and plain comparisons: about half the time of three
+        # generator passes, and 15 % less than comparing a tuple of the shared fields
         for _, prio, att, d_at, e_at, address, headers, body, origin in items:
-            if (e_at or headers is not None or len(body) > threshold
-                    or (att, d_at, address, origin) != shape):
+            if (e_at or headers is not None or len(body) > threshold or att != a0
+                    or d_at != d0 or address != ad0 or origin != o0):
                 return None
-            if not MIN_PRIORITY <= prio <= MAX_PRIORITY:
-                raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
+            if prio != p0:
+                one_prio = False
+                if not MIN_PRIORITY <= prio <= MAX_PRIORITY:
+                    raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
+        if not MIN_PRIORITY <= p0 <= MAX_PRIORITY:
+            raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
         meta = codec.encode_meta(first[ADDRESS], None, first[ORIGIN])
         pre = VALUE_HEAD.pack(0, first[ATTEMPTS], first[DELIVER_AT], 0.0, len(meta)) + meta
-        pack_key = ENTRY_KEY.pack
-        return [(pack_key(e[MSG_ID], qid, MAX_PRIORITY - e[PRIORITY]), pre + e[BODY])
-                for e in items]
+        return pre, one_prio
+
+    def _pack(self, t: TxnChanges, queue: str, qid: int, items: list[Entry], prefix: bytes
+              ) -> bool:
+        """Write uniform ``items`` (one priority) of ``queue`` as packed groups when their ids
+        are new and above the queue's listed ids; return False (nothing written) otherwise."""
+        prio = items[0][PRIORITY]
+        if t.plain or t.ready_new:  # earlier rows of this batch first: they may be older ids
+            self._flush_plain(t)
+            self._flush_ready(t)
+            t.plain_q[U32.pack(qid)] = queue
+        head = U32.pack(qid) + bytes((MAX_PRIORITY - prio,))
+        if not packed_groups.add_run(t.txn, self._dbs[b"ready"], self._dbs[b"packs"], head,
+                                     list(map(_KEY0, items)), prefix,
+                                     list(map(_BODIES, items))):
+            return False
+        t.counts[queue] = self._count(t, queue) + len(items)
+        return True
 
     def _flush_plain(self, t: TxnChanges) -> None:
         """Write the gathered plain rows (inline bodies, no expiry); note the new ones for
@@ -329,9 +406,16 @@ class RowWriter:
         if not t.ready_new:
             return
         heads, t.ready_new = t.ready_new, {}
-        ready = self._dbs[b"ready"]
+        ready, packs, entries = self._dbs[b"ready"], self._dbs[b"packs"], self._dbs[b"entries"]
         for head, ids in heads.items():
-            ready_groups.add_ids(t.txn, ready, head, ascending_unique(ids))
+            already = ready_groups.add_ids(t.txn, ready, head, ascending_unique(ids), packs,
+                                           entries)
+            if already:  # re-puts of ids whose content was packed: not new entries
+                qid = U32.unpack_from(head)[0]
+                names = {**{q: n for n, q in self._state.qids.items()},
+                         **{q: n for n, q in t.qids.items()}}
+                queue = names[qid]
+                t.counts[queue] = self._count(t, queue) - already
 
     def _put_special(self, t: TxnChanges, k: bytes, e: Entry, archive: bool) -> int:
         """Store one entry with an expiry and/or a segment body; return 1 if it is new."""
@@ -414,7 +498,13 @@ class RowWriter:
         ready = self._dbs[b"ready"]
         removed = 0
         pack = ENTRY_KEY.pack
-        for gkey, pbyte, ids in list(ready_groups.iter_queue_groups(txn, ready, qid)):
+        packs = self._dbs[b"packs"]
+        for gkey, pbyte, ids, bits in list(ready_groups.iter_queue_groups(txn, ready, qid)):
+            if bits is not None:  # packed: no entries rows, its live ids are in the pack
+                removed += bits.bit_count()
+                txn.delete(gkey, db=packs)
+                txn.delete(gkey, db=ready)
+                continue
             for msg_id in ids:
                 k = pack(msg_id, qid, pbyte)
                 v = txn.pop(k, db=entries)

@@ -24,7 +24,7 @@ from typing import Any
 import lmdb
 
 from mqhub.errors import StoreError
-from mqhub.store import codec, migrate_v2
+from mqhub.store import codec, migrate_v2, packed_groups
 from mqhub.store.journal import JOURNAL_DIR, JOURNAL_LOCK, journal_files, read_end
 from mqhub.store.segments import segment_name
 
@@ -96,13 +96,15 @@ def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str)
         version = codec.U32.unpack(fmt)[0] if fmt is not None else None
         if migrate_v2.converting(txn, sysdb):
             version = codec.MIGRATES_FROM[0]
-    if version != codec.FORMAT_VERSION:
+    if version not in (codec.FORMAT_VERSION, 3):
         # format 2 (not yet opened by this version, or its conversion not finished): a copy
-        # could hold a half-converted ready order, so only a converted store is copied
+        # could hold a half-converted ready order, so only a converted store is copied.
+        # Format 3 is a subset of format 4 (no packed groups): copied as it is.
         raise StoreError(f"the store in {data_dir!r} has format {version}; open it once with "
                          f"this version (which converts it to format {codec.FORMAT_VERSION}) "
                          f"or snapshot it with the version that wrote it")
-    dbs = {name: env.open_db(name, create=False) for name in codec.DB_NAMES}
+    names = codec.DB_NAMES if version == codec.FORMAT_VERSION else codec.DB_NAMES_V3
+    dbs = {name: env.open_db(name, create=False) for name in names}
     with env.begin() as txn:
         env.copy(out_index, compact=True, txn=txn)
         queues: dict[str, int] = {}
@@ -111,7 +113,11 @@ def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str)
             qid, count = codec.QUEUE_ROW.unpack(v)
             queues[bytes(k).decode()] = count
             qnames[qid] = bytes(k).decode()
-        addresses = codec.count_addresses(txn.cursor(db=dbs[b"entries"]).iternext(keys=False))
+        values = txn.cursor(db=dbs[b"entries"]).iternext(keys=False)
+        if b"packs" in dbs:
+            addresses = packed_groups.address_counts(txn, dbs[b"ready"], dbs[b"packs"], values)
+        else:
+            addresses = codec.count_addresses(values)
         segments = []
         for k, v in txn.cursor(db=dbs[b"segments"]):
             number = codec.U32.unpack(k)[0]
@@ -127,7 +133,7 @@ def _copy_in_one_txn(env: Any, data_dir: str, out_index: str, out_segments: str)
         journal = _copy_journal(data_dir, os.path.dirname(out_index), read_end(txn, dbs[b"sys"]))
     return {
         "format_version": SNAPSHOT_FORMAT,
-        "store_format": codec.FORMAT_VERSION,
+        "store_format": version,
         "entries": sum(queues.values()),
         "queues": queues,
         "addresses": addresses,

@@ -17,7 +17,7 @@ from typing import Any
 import lmdb
 
 from mqhub.errors import StoreError
-from mqhub.store import codec, ready_groups
+from mqhub.store import codec, packed_groups, ready_groups
 from mqhub.store.segments import SegmentLog
 from mqhub.store.snapshot import MANIFEST
 
@@ -41,10 +41,16 @@ class SnapshotReader:
             raise StoreError(f"snapshot {path!r} holds store format {fmt}; this version reads "
                              f"formats {codec.FORMAT_VERSION} and "
                              f"{', '.join(map(str, codec.MIGRATES_FROM))}")
-        #: the snapshot's store format (3, or 2 read through its ``order`` rows)
+        #: the snapshot's store format (4; 3, which has no packed groups; or 2, read through
+        #: its ``order`` rows)
         self.store_format: int = fmt
-        names = codec.DB_NAMES if fmt == codec.FORMAT_VERSION else tuple(
-            codec.V2_ORDER_DB if n == b"ready" else n for n in codec.DB_NAMES)
+        names: tuple[bytes, ...]
+        if fmt == codec.FORMAT_VERSION:
+            names = codec.DB_NAMES
+        elif fmt == 3:
+            names = codec.DB_NAMES_V3
+        else:
+            names = tuple(codec.V2_ORDER_DB if n == b"ready" else n for n in codec.DB_NAMES_V3)
         try:
             self._env = lmdb.open(os.path.join(path, "index"), readonly=True, lock=False,
                                   max_dbs=codec.MAX_DBS, readahead=False)
@@ -87,7 +93,10 @@ class SnapshotReader:
                 return
             prefix = codec.U32.pack(ids[0])
         with self._env.begin() as txn:
-            for k in self._ready_keys(txn, prefix):
+            for k, packed in self._ready_keys(txn, prefix):
+                if packed is not None:
+                    yield names.get(codec.U32.unpack_from(k)[0], ""), packed
+                    continue
                 v = txn.get(k, db=self._dbs[b"entries"])
                 if v is None:
                     continue
@@ -97,31 +106,46 @@ class SnapshotReader:
                     body = codec.segment_body(txn, self._dbs[b"messages"], self._segments, msg_id)
                 yield names.get(qid, ""), codec.decode_entry(k, v, body)
 
-    def _ready_keys(self, txn: lmdb.Transaction, prefix: bytes) -> Iterator[bytes]:
-        """Yield the ``entries`` keys of queues whose qid starts with ``prefix``, in queue then
-        ready order (format 3: from the ``ready`` groups; format 2: from its ``order`` rows)."""
-        if self.store_format != codec.FORMAT_VERSION:
+    def _ready_keys(self, txn: lmdb.Transaction, prefix: bytes
+                    ) -> Iterator[tuple[bytes, tuple | None]]:
+        """Yield the entries of queues whose qid starts with ``prefix``, in queue then ready
+        order, as ``(entries key, None)`` (the row to read) or ``(group key, entry)`` (an entry
+        of a packed group); format 3/4 from the ``ready`` groups, format 2 from ``order``."""
+        if self.store_format == 2:
             cur = txn.cursor(db=self._dbs[codec.V2_ORDER_DB])
             if cur.set_range(prefix):
                 for ok in cur.iternext(values=False):
                     if not bytes(ok).startswith(prefix):
                         break
-                    yield codec.to_entry_key(bytes(ok))
+                    yield codec.to_entry_key(bytes(ok)), None
             return
         cur = txn.cursor(db=self._dbs[b"ready"])
         if not cur.set_range(prefix):
             return
+        packs = self._dbs.get(b"packs")
         for gk, value in cur:
-            if not bytes(gk).startswith(prefix):
+            gk = bytes(gk)
+            if not gk.startswith(prefix):
                 break
             qid, pbyte = codec.U32.unpack_from(gk)[0], gk[4]
-            for msg_id in ready_groups.group_ids(bytes(value)):
-                yield codec.ENTRY_KEY.pack(msg_id, qid, pbyte)
+            value = bytes(value)
+            ids = ready_groups.group_ids(value)
+            if ready_groups.is_packed(value):
+                for e in packed_groups.group_entries(txn, packs, gk, ids, 0,
+                                                     ready_groups.packed_bits(value), len(ids)):
+                    yield gk, e
+                continue
+            for msg_id in ids:
+                yield codec.ENTRY_KEY.pack(msg_id, qid, pbyte), None
 
     def address_counts(self) -> dict[str, int]:
         """Return ``{address: entry count}`` computed from the entries."""
         with self._env.begin(db=self._dbs[b"entries"]) as txn:
-            return codec.count_addresses(txn.cursor().iternext(keys=False))
+            values = txn.cursor().iternext(keys=False)
+            if b"packs" not in self._dbs:
+                return codec.count_addresses(values)
+            return packed_groups.address_counts(txn, self._dbs[b"ready"], self._dbs[b"packs"],
+                                                values)
 
     def due_rows(self) -> list[tuple[float, bytes, bytes]]:
         """Return every scheduler row ``(when, key, payload)`` in time order."""

@@ -41,6 +41,22 @@ NO_TIMEOUT = 10.0 * 365 * 24 * 3600
 UNLIMITED = 1 << 62
 
 
+
+def _unused_setting(name: str, raw: bytes | None) -> bool | float | None:
+    """The ``delete_when_unused`` seconds of a stored settings row (None: none, or a row that
+    cannot be read, which is logged and skipped like VibeMQ's: the queue itself still recovers)."""
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw).get("delete_when_unused")
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        raise TypeError(f"not a number of seconds: {value!r}")
+    except (ValueError, AttributeError, TypeError):
+        log.warn("mqks queue {name!r}: unreadable settings row {raw!r} skipped", name=name,
+                 raw=raw[:80])
+        return None
+
 class MqksQueue:
     """One MQKS queue: its core queue, events, delete-when-unused setting and consumers."""
 
@@ -166,9 +182,7 @@ class MqksRegistry:
                 for binding in self.broker.bindings(core.name):
                     q.events.add(binding.pattern)
                     q.bindings[binding.pattern] = binding
-                raw = settings.get(name)
-                if raw:
-                    q.delete_when_unused = json.loads(raw).get("delete_when_unused")
+                q.delete_when_unused = _unused_setting(name, settings.get(name))
                 if q.delete_when_unused is not None:
                     self._start_unused(q)
 

@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
 
 from mqhub.core.address import validate_address
 from mqhub.protocols.vibemq.options import (
@@ -33,6 +34,8 @@ from mqhub.protocols.vibemq.options import (
     QueueOptions,
 )
 from mqhub.store.batch import WriteBatch
+
+log = Logger(namespace="mqhub.vibemq")
 
 META_PREFIX = "vibemq/q/"
 _OVERFLOW = {DROP_NEWEST: "reject", BLOCK_PUBLISHER: "reject", REDIRECT_TO_DLQ: "dead_letter"}
@@ -102,7 +105,9 @@ class QueueRegistry:
                 try:
                     rec = json.loads(value)
                     opts = QueueOptions.from_record(rec["options"])
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    log.warn("vibemq queue {key!r}: unreadable metadata row {value!r} skipped",
+                             key=key, value=value[:80])
                     continue
                 self._make(key[len(META_PREFIX):], opts, float(rec.get("created_at", 0.0)),
                            persist=False)

@@ -252,3 +252,31 @@ def test_duplicate_message_ids_are_acked_one_by_one() -> None:
     proto.dataReceived(b"a ack c m\n")
     settle(h.hub)
     assert core.in_flight == 0 and core.depth == 0
+
+
+def test_an_unreadable_settings_row_is_logged_and_the_queue_still_recovers() -> None:
+    """A corrupt ``delete_when_unused`` row must not fail recovery: the queue and its bindings
+    come back without the setting, and the row is named in a warning (never silently)."""
+    from twisted.logger import capturedLogs
+
+    from mqhub.protocols.mqks.queues import META_PREFIX
+    from mqhub.store.batch import WriteBatch
+
+    h = Harness()
+    proto, t = h.client()
+    proto.dataReceived(b"c consume --confirm q e --delete-queue-when-unused=5\n"
+                       b"c2 consume --confirm q2 e2\n")
+    assert h.lines(t) == [b"c ok ", b"c2 ok "]
+    batch = WriteBatch()
+    batch.put_meta(META_PREFIX + "q", b"{not json")
+    batch.put_meta(META_PREFIX + "q2", b'{"delete_when_unused": "soon"}')
+    h.store.commit(batch)
+    settle(h.hub)
+    with capturedLogs() as events:
+        h.restart()
+    registry = h.service.registry
+    assert registry.queues["q"].events == {"e"}
+    assert registry.queues["q"].delete_when_unused is None
+    assert registry.queues["q2"].delete_when_unused is None
+    warned = [e for e in events if "unreadable settings row" in e.get("log_format", "")]
+    assert sorted(e["name"] for e in warned) == ["q", "q2"]

@@ -491,6 +491,29 @@ def test_queue_options_survive_a_restart(h: Harness) -> None:
     assert vq.core.depth == 1 and registry.dead_letter_source("kept.dlq") is vq
 
 
+
+def test_an_unreadable_queue_row_is_logged_and_skipped(h: Harness) -> None:
+    """A corrupt metadata row does not stop recovery of the other queues, and is named in a
+    warning rather than skipped silently."""
+    from twisted.logger import capturedLogs
+
+    from mqhub.protocols.vibemq.queues import META_PREFIX, QueueRegistry
+    from mqhub.store.batch import WriteBatch
+    from mqhub.testing import restart_hub
+
+    h.client().create_queue("good", QueueOptions(mode=3, max_queue_size=7))
+    batch = WriteBatch()
+    batch.put_meta(META_PREFIX + "bad", b"[1, 2")
+    h.result(h.hub.store.commit(batch))
+    hub = restart_hub(h.hub)
+    registry = QueueRegistry(hub.broker, hub.store, hub.clock)
+    h.hub = hub
+    with capturedLogs() as events:
+        h.result(registry.load())
+    assert registry.get("good") is not None and registry.get("bad") is None
+    assert [e["key"] for e in events if "unreadable metadata row" in e.get("log_format", "")] \
+        == [META_PREFIX + "bad"]
+
 def test_gzip_brotli_and_plain_frames_mixed_on_one_connection(h: Harness) -> None:
     pub = h.client(compression="gzip")
     ids = [new_id() for _ in range(3)]

@@ -1,4 +1,5 @@
-"""A store written in format 2 by the previous code opens, converts to format 3 in place, and
+"""A store written in format 2 by older code opens, converts in place (to format 3 rows,
+labelled with this code's format 4), and
 delivers exactly what the previous code delivered from it; a kill during the conversion leaves
 a store that finishes converting on the next open.
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,28 +22,21 @@ import pytest
 from mqhub.store import codec, migrate_v2
 from tests.unit.store.fixtures import make_format2_store as fixture
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURE = os.path.join(HERE, "fixtures", "format2")
-
 
 @pytest.fixture
 def expected() -> dict[str, Any]:
     """What the format-2 code delivered from the fixture."""
-    with open(os.path.join(HERE, "fixtures", "format2.json")) as f:
-        data: dict[str, Any] = json.load(f)
-    return data
+    return fixture.expected_deliveries(2)
 
 
 def copy_fixture(tmp_path: Any) -> str:
     """A writable copy of the format-2 fixture."""
-    path = str(tmp_path / "data")
-    shutil.copytree(FIXTURE, path)
-    return path
+    return fixture.copy_fixture(tmp_path, 2)
 
 
 def stored_format(path: str) -> str:
-    """Return ``"format 2"``, ``"converting"`` (format 3 written, the marker and the ``order``
-    database still there) or ``"format 3"``; fail on anything else."""
+    """Return ``"format 2"``, ``"converting"`` (the current format written, the marker and the
+    ``order`` database still there) or ``"converted"``; fail on anything else."""
     env = lmdb.open(os.path.join(path, "index"), max_dbs=codec.MAX_DBS, readonly=True, lock=False)
     try:
         with env.begin() as txn:
@@ -54,8 +47,9 @@ def stored_format(path: str) -> str:
     finally:
         env.close()
     state = (fmt, marker, codec.V2_ORDER_DB in names)
-    known = {(2, False, True): "format 2", (3, True, True): "converting",
-             (3, False, False): "format 3"}
+    v = codec.FORMAT_VERSION
+    known = {(2, False, True): "format 2", (v, True, True): "converting",
+             (v, False, False): "converted"}
     assert state in known, state
     return known[state]
 
@@ -70,13 +64,13 @@ def test_format_2_store_opens_and_delivers_what_the_old_code_did(
     got = fixture.deliveries(path, expected["closed_at"])
     assert got == expected["deliveries"]
     assert sum(len(p["now"]) + len(p["later"]) for p in got.values()) == 232
-    assert stored_format(path) == "format 3"
-    assert "converted to format 3" in caplog.text
+    assert stored_format(path) == "converted"
+    assert f"converted to format {codec.FORMAT_VERSION}" in caplog.text
 
 
 def test_partial_conversion_resumes(tmp_path: Any, expected: dict[str, Any]) -> None:
-    """Stopped after 3 transactions of 40 rows, the store is marked as converting (format 3,
-    so the previous version refuses it rather than serve the unconverted part only) and the
+    """Stopped after 3 transactions of 40 rows, the store is marked as converting (current
+    format, so the previous version refuses it rather than serve the unconverted part only) and the
     next open converts the rest: deliveries equal the old code's."""
     path = copy_fixture(tmp_path)
     env = lmdb.open(os.path.join(path, "index"), max_dbs=codec.MAX_DBS)
@@ -91,7 +85,7 @@ def test_partial_conversion_resumes(tmp_path: Any, expected: dict[str, Any]) -> 
     with pytest.raises(StoreError, match="format 2"):
         take_snapshot(path, str(tmp_path / "refused"))
     assert fixture.deliveries(path, expected["closed_at"]) == expected["deliveries"]
-    assert stored_format(path) == "format 3"
+    assert stored_format(path) == "converted"
 
 
 CHILD = """
@@ -124,7 +118,7 @@ def test_kill_during_conversion_leaves_a_store_that_converts_on_the_next_open(
         child.wait(10)
     assert stored_format(path) == "converting"
     assert fixture.deliveries(path, expected["closed_at"]) == expected["deliveries"]
-    assert stored_format(path) == "format 3"
+    assert stored_format(path) == "converted"
 
 
 def test_snapshots_of_format_2_are_read_and_unconverted_stores_are_not_copied(
