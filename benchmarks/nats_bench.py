@@ -303,8 +303,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.only not in figure:
                 continue
             exp = 0 if mailbox else expected_bytes(spec)
-            for _ in range(args.rounds):
-                for name, (proc, port) in servers.items():
+            for rnd in range(args.rounds):
+                # every other round in reverse order, so that no server always runs first or
+                # right after the same one (a systematic order effect cannot hide in an A/B)
+                order = list(servers.items())
+                if rnd % 2:
+                    order.reverse()
+                for name, (proc, port) in order:
                     if mailbox and not name.startswith("mqhub"):
                         continue
                     cpu0 = _cpu_seconds(proc.pid)

@@ -5,6 +5,7 @@ once per address (cached until the binding epoch changes), fills one WriteBatch 
 store commit, and delivers to live targets synchronously. Durable state lives in store meta:
 ``q/<queue>`` (settings, JSON), ``b/<queue>\\x1f<pattern>`` (bindings), ``park/<address>`` and
 ``pause/<address>``; deferred messages are due rows ``dq/<queue>/<msg_id>`` until due.
+Parking and pausing are in :mod:`mqhub.core.parking`, delays in :mod:`mqhub.core.delays`.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from mqhub.core.delays import (
     DUE_PREFIX,
     EXPIRY_PREFIX,
     PARK_PREFIX,
-    BrokerDelays,
 )
 from mqhub.core.ids import IdGenerator
 from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
+from mqhub.core.parking import PARK_CUT_PREFIX, BrokerParking
 from mqhub.core.queue import Queue
 from mqhub.core.routing import Binding, Route, Router
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
@@ -40,7 +41,6 @@ from mqhub.store.records import Entry, entry_order
 
 log = logging.getLogger(__name__)
 
-PARK_CUT_PREFIX = "pcut/"
 SEP = "\x1f"
 _NAME_BAD = re.compile(r"[\s\x00-\x1f]")
 
@@ -53,10 +53,11 @@ def validate_queue_name(name: str) -> None:
         raise InvalidName(f"invalid queue name {name[:64]!r}")
 
 
-class Broker(BrokerDelays):
+class Broker(BrokerParking):
     """The protocol-neutral broker core (see docs/core-api.md).
 
-    Delays, due rows and queue expiry are in :class:`mqhub.core.delays.BrokerDelays`; the write
+    Parking and pausing are in :class:`mqhub.core.parking.BrokerParking`, on delays, due rows
+    and queue expiry in :class:`mqhub.core.delays.BrokerDelays`; the write
     batches and their commits in :class:`mqhub.core.commits.Commits` (``self.commits``).
     """
 
@@ -96,6 +97,10 @@ class Broker(BrokerDelays):
         self._sweep_cursor = 0
         #: address -> ids below this were held for it when empty_parked ran (their delays are dropped)
         self._park_cut: dict[str, int] = {}
+        self._releasing: set[str] = set()
+        self._park_retry: set[str] = set()
+        self._park_moving: dict[str, int] = {}
+        self._park_draining: dict[str, list[Deferred[None]]] = {}
         if scheduler is not None:
             scheduler.register(DUE_PREFIX, self._on_due)
             scheduler.register(ADDRESS_DUE_PREFIX, self._on_address_due)
@@ -427,119 +432,6 @@ class Broker(BrokerDelays):
                 except Exception:
                     log.exception("deliver_batch of %r failed", b.target)
 
-    # -- parking and pausing -------------------------------------------------------------------
-
-    def _park_queue(self, address: str) -> Queue:
-        """The hidden parking queue of ``address`` (created on demand)."""
-        q = self.router.parking.get(address)
-        if q is None:
-            name = PARK_PREFIX + address
-            q = self._hidden.get(name)
-            if q is None:
-                q = self._hidden[name] = Queue(self, name, window=self.window)
-            self.router.parking[address] = q
-            self.router.changed()
-        return q
-
-    def park(self, address: str) -> None:
-        """Keep publishes to ``address`` while no queue is bound to it (NSQ topic without channels)."""
-        validate_address(address)
-        self._park_queue(address)
-        b = WriteBatch()
-        b.put_meta("park/" + address, b"1")
-        self.commits.commit(b)
-
-    def unpark(self, address: str) -> Deferred[None]:
-        """Stop parking ``address``; parked messages go to the bound queues (or are dropped)."""
-        b = WriteBatch()
-        b.delete_meta("park/" + address)
-        self.commits.commit(b)
-        return self._release(address)
-
-    def pause_address(self, address: str) -> None:
-        """Hold every publish to ``address`` in its parking queue until resumed."""
-        validate_address(address)
-        self._park_queue(address)
-        self.router.paused.add(address)
-        self.router.changed()
-        b = WriteBatch()
-        b.put_meta("pause/" + address, b"1")
-        self.commits.commit(b)
-
-    def resume_address(self, address: str) -> Deferred[None]:
-        """Release a paused address: held messages go to the bound queues."""
-        self.router.paused.discard(address)
-        self.router.changed()
-        b = WriteBatch()
-        b.delete_meta("pause/" + address)
-        self.commits.commit(b)
-        return self._drain_park(address)
-
-    def _release(self, address: str) -> Deferred[None]:
-        """Drain then forget the parking queue of ``address`` unless it is still paused."""
-        d = self._drain_park(address)
-
-        def forget(_: Any) -> None:
-            if address in self.router.paused:
-                return
-            q = self.router.parking.pop(address, None)
-            if q is not None:
-                self._hidden.pop(q.name, None)
-                if q.depth:
-                    q.empty()
-                self.router.changed()
-        return d.addCallback(forget)
-
-    def empty_parked(self, address: str) -> Deferred[None]:
-        """Drop every message held for ``address`` (NSQ ``/topic/empty``); parking stays as it was.
-
-        Held means: in the parking queue (in memory or stored), and delayed publishes made while
-        the address was parked or paused that are not due yet (they would have come due into
-        the parking queue). Messages already in bound queues are not touched. Fires when durable.
-        """
-        cut = self.ids.next_id()
-        self._park_cut[address] = cut
-        b = WriteBatch()
-        b.put_meta(PARK_CUT_PREFIX + address, str(cut).encode())
-        d = self.commits.commit(b)
-        q = self.router.parking.get(address)
-        if q is None:
-            return d
-        return DeferredList([d, q.empty()], fireOnOneErrback=True,
-                            consumeErrors=True).addCallback(lambda _: None)
-
-    def parked_depth(self, address: str) -> int:
-        """Messages held for ``address`` (parked or paused)."""
-        q = self.router.parking.get(address)
-        return q.depth if q is not None else 0
-
-    def _drain_park(self, address: str) -> Deferred[None]:
-        """Move everything held for ``address`` into the queues its route now reaches."""
-        q = self.router.parking.get(address)
-        if q is None or not q.depth:
-            return succeed(None)
-        route = self.router.route(address)
-        if route.park is not None or not route.queues:
-            return succeed(None)
-        if q.awaiting_commit:   # parked puts enter the window once stored: move them then
-            return self.commits.barrier().addBoth(lambda _: self._drain_park(address))
-        dests = route.queues
-        now = self.clock.seconds()
-        entries = q.pop_ready(q.in_memory)
-        b = WriteBatch()
-
-        def move() -> None:
-            if entries:
-                b.delete_entries(q.name, [(e[1], e[0]) for e in entries])
-                for dest in dests:
-                    dest.put(entries, b, True, now)
-
-        d = self.commits.in_window(b, move)
-        loaded = q.load_page_after(d, 1000)
-        if loaded is None:
-            return d
-        return loaded.addCallback(lambda more: self._drain_park(address) if more else None)
-
     # -- dead letters --------------------------------------------------------------------------
 
     def _get(self, queue_name: str) -> Queue:
@@ -611,7 +503,8 @@ class Broker(BrokerDelays):
         return {"queues": len(self._queues), "parked": len(self.router.parking),
                 "bindings": len(self._bindings), "epoch": self.router.epoch,
                 "routes_cached": len(self.router.cache), "last_id": self.ids.last,
-                "pending_commits": len(self.commits.pending)}
+                "pending_commits": len(self.commits.pending),
+                "refused_retried": dict(self.counters.retried)}
 
 
 __all__ = ["Broker", "validate_queue_name", "TIER_DURABLE", "TIER_MEMORY", "InvalidName"]

@@ -21,7 +21,7 @@ from mqhub.store.batch import WriteBatch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchWatcher", "Commits"]
+__all__ = ["BatchWatcher", "Commits", "SettledCall"]
 
 
 class BatchWatcher(Protocol):
@@ -32,6 +32,27 @@ class BatchWatcher(Protocol):
 
     def batch_merged(self, batch: WriteBatch, into: WriteBatch) -> None:
         """``batch`` was merged into ``into`` (it settles with ``into`` now)."""
+
+
+class SettledCall:
+    """A :class:`BatchWatcher` that calls ``settled(ok)`` once its batch's commit settled (see
+    :meth:`Commits.on_settled`)."""
+
+    __slots__ = ("settled",)
+
+    def __init__(self, settled: Callable[[bool], object]) -> None:
+        """:param settled: called once with True (committed) or False (the commit failed)."""
+        self.settled = settled
+
+    def batch_settled(self, batch: WriteBatch, ok: bool) -> None:
+        """Call :attr:`settled` (an exception is logged: the other watchers still run)."""
+        try:
+            self.settled(ok)
+        except Exception:
+            log.exception("a settle callback failed")
+
+    def batch_merged(self, batch: WriteBatch, into: WriteBatch) -> None:
+        """Nothing to do: the watcher moved to ``into`` with the batch."""
 
 
 class _Barrier:
@@ -81,6 +102,12 @@ class Commits:
         """Call ``watcher.batch_settled(batch, ok)`` once ``batch`` is committed or failed (once
         per call)."""
         self._watchers.setdefault(id(batch), []).append(watcher)
+
+    def on_settled(self, batch: WriteBatch, settled: Callable[[bool], object]) -> None:
+        """Call ``settled(ok)`` once the commit of ``batch`` settled, after the watchers
+        registered before (the queues its puts went to), before any barrier fires. Register
+        only a non-empty batch that is not committed yet."""
+        self.watch(batch, SettledCall(settled))
 
     def _settle(self, result: Any, batch: WriteBatch) -> Any:
         """``batch`` was committed (or failed): tell its watchers."""
@@ -225,12 +252,20 @@ class Commits:
         self._commit_held()
         return d
 
-    def in_window(self, batch: WriteBatch, fill: Callable[[], object]) -> Deferred[None]:
-        """Run ``fill`` (puts into ``batch``) inside a window opened on ``batch``; commit it."""
+    def in_window(self, batch: WriteBatch, fill: Callable[[], object],
+                  refused: Callable[[], object] | None = None) -> Deferred[None]:
+        """Run ``fill`` (puts into ``batch``) inside a window opened on ``batch``; commit it.
+
+        ``refused``: called if the commit fails, after the queues dropped its puts (see
+        :meth:`on_settled`); the returned Deferred fires with None either way (a failure is
+        logged).
+        """
         prev = self.open_window(batch)
         try:
             fill()
         finally:
+            if refused is not None and batch:
+                self.on_settled(batch, lambda ok: ok or refused())
             d = self.close_window(batch, prev)
         return d
 

@@ -17,9 +17,10 @@ FIELDS = ("published", "delivered", "acked")
 
 
 class Counters:
-    """Monotonic totals: published/delivered/acked per protocol, dead letters per reason."""
+    """Monotonic totals: published/delivered/acked per protocol, dead letters per reason,
+    refused-and-retried messages per kind."""
 
-    __slots__ = ("published", "delivered", "acked", "dead", "sources")
+    __slots__ = ("published", "delivered", "acked", "dead", "retried", "sources")
 
     def __init__(self) -> None:
         """Start every total at zero."""
@@ -27,6 +28,9 @@ class Counters:
         self.delivered: defaultdict[str, int] = defaultdict(int)
         self.acked: defaultdict[str, int] = defaultdict(int)
         self.dead: defaultdict[str, int] = defaultdict(int)
+        #: messages whose store commit was refused (a full disk) and that the core kept and
+        #: tries again, per kind: "park" (a parked move), "delay" (a memory-held delay)
+        self.retried: defaultdict[str, int] = defaultdict(int)
         #: protocol -> callable returning {"published": n, "delivered": n} for traffic the
         #: protocol moves without the core; added to the core's own figures.
         self.sources: dict[str, Callable[[], dict[str, int]]] = {}
@@ -50,6 +54,10 @@ class Counters:
     def dead_lettered(self, reason: str, n: int) -> None:
         """``n`` messages went to dead letters for ``reason``."""
         self.dead[reason] += n
+
+    def retry(self, kind: str, n: int) -> None:
+        """``n`` messages of ``kind`` were refused by the store and will be tried again."""
+        self.retried[kind] += n
 
     def register_source(self, protocol: str, report: Callable[[], dict[str, int]]) -> None:
         """Add ``report()``'s figures to ``protocol``'s totals (natively moved traffic)."""

@@ -19,6 +19,7 @@ from mqhub.store.records import Entry, entry_order
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.core.commits import Commits
+    from mqhub.core.counters import Counters
     from mqhub.core.queue import Queue
     from mqhub.core.routing import Route, Router
 
@@ -38,6 +39,7 @@ class BrokerDelays:
     clock: Any
     scheduler: Any
     commits: Commits
+    counters: Counters
     router: Router
     _queues: dict[str, Queue]
     _hidden: dict[str, Queue]
@@ -160,10 +162,43 @@ class BrokerDelays:
 
     def _address_due_memory(self, address: str, entries: list[Entry],
                             marks: tuple[tuple[str, int], ...], persist: bool) -> None:
-        """A clock-held delayed publish came due."""
+        """A clock-held delayed publish came due (its store writes retried if refused)."""
         b = WriteBatch()
         self.commits.in_window(b, lambda: self._route_due(address, entries, marks, b, persist,
-                                                   self.clock.seconds()))
+                                                   self.clock.seconds()),
+                               lambda: self._due_refused(b))
+
+    def _due_refused(self, batch: WriteBatch) -> None:
+        """A memory-held delay came due and the store refused the batch storing it (a full
+        disk): its queues dropped their copies, so count them as deferred again and put them
+        again :data:`DUE_RETRY` seconds later (counted in ``counters.retried["delay"]``)."""
+        again: list[tuple[Queue, int, list[Entry]]] = []
+        for name, entries in batch.puts.items():
+            q = self._queues.get(name) or self._hidden.get(name)
+            if q is None or q.deleted or not entries:
+                continue
+            q.deferred += len(entries)
+            again.append((q, q.incarnation, list(entries)))
+        n = sum([len(e) for _, _, e in again])
+        if not n:
+            return
+        self.counters.retry("delay", n)
+        log.warning("%d delayed message(s) coming due were refused by the store; retrying in "
+                    "%ss", n, DUE_RETRY)
+        self._later(DUE_RETRY, self._due_again, again)
+
+    def _due_again(self, again: list[tuple[Queue, int, list[Entry]]]) -> None:
+        """Put refused memory-held delays again (queues emptied or re-created meanwhile are
+        skipped, as a due row of theirs would be)."""
+        b = WriteBatch()
+        now = self.clock.seconds()
+
+        def fill() -> None:
+            for q, inc, entries in again:
+                q.deferred = max(0, q.deferred - len(entries))
+                if not q.deleted and q.incarnation == inc:
+                    q.put(entries, b, True, now)
+        self.commits.in_window(b, fill, lambda: self._due_refused(b))
 
     def _not_started_yet(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                          now: float) -> bool:
@@ -248,7 +283,8 @@ class BrokerDelays:
             return
         queue.deferred = max(0, queue.deferred - len(entries))
         b = WriteBatch()
-        self.commits.in_window(b, lambda: queue.put(entries, b, True, self.clock.seconds()))
+        self.commits.in_window(b, lambda: queue.put(entries, b, True, self.clock.seconds()),
+                               lambda: self._due_refused(b))
 
     def _on_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                 now: float) -> Any:

@@ -296,9 +296,11 @@ class Queue(QueueFanout):
     def remove(self, msg_ids: Iterable[int]) -> list[int]:
         """Remove ready (not in-flight) entries by id, with their store entries.
 
-        Returns the ids that were not removed: unknown, in flight, deferred, or in the stored
-        backlog beyond the in-memory window (only the window, at least ``window`` entries, is
-        searched). One scan of the window and one store commit per call.
+        Puts still awaiting their batch's commit are removed too: they never enter the window,
+        and their stored rows are deleted once that batch is committed. Returns the ids that
+        were not removed: unknown, in flight, deferred, or in the stored backlog beyond the
+        in-memory window (only the window, at least ``window`` entries, is searched). One scan
+        of the window and one store commit per call (plus one per batch a removed put awaits).
         """
         ids = msg_ids if isinstance(msg_ids, list) else list(msg_ids)
         wanted = set(ids)
@@ -320,22 +322,46 @@ class Queue(QueueFanout):
                 d.extend(keep)
                 if len(removed) == len(wanted):
                     break
-        if not removed:
+        gone = {e[0] for e in removed}
+        if self._pend and len(gone) < len(wanted):
+            for batch, taken in self._take_awaiting(wanted - gone):
+                gone.update([e[0] for e in taken])
+                self.broker.commits.on_settled(batch, self._drop_when_stored(taken))
+        if not gone:
             return ids
+        if removed:
+            self._removed_from_window(removed, gone)
+        return [mid for mid in ids if mid not in gone]
+
+    def _removed_from_window(self, removed: list[Entry], gone: set[int]) -> None:
+        """Account for ``removed`` entries taken out of the window, delete their stored rows."""
         self._nready -= len(removed)
         self._nbytes -= sum([len(e[7]) for e in removed])
-        gone = {e[0] for e in removed}
         stored = [e for e in removed if e[0] not in self._volatile]
         if self._volatile:
             self._volatile.difference_update(gone)
         if stored and self.durable:
-            b = WriteBatch()
-            b.delete_entries(self.name, [(e[1], e[0]) for e in stored])
-            self._write(b)
+            self._drop_stored([(e[1], e[0]) for e in stored])
         if self._parent is not None:
             self._parent.fan_done(self, removed)
         self._maybe_page()
-        return [mid for mid in ids if mid not in gone]
+
+    def _drop_when_stored(self, taken: list[Entry]) -> Any:
+        """A settle callback deleting the stored rows of ``taken`` once their put is stored."""
+        keys = [(e[1], e[0]) for e in taken]
+
+        def settled(ok: bool) -> None:
+            if ok:
+                self._drop_stored(keys)
+        return settled
+
+    def _drop_stored(self, keys: list[tuple[int, int]]) -> None:
+        """Delete the stored rows of entries this queue no longer holds."""
+        if self.deleted:
+            return
+        b = WriteBatch()
+        b.delete_entries(self.name, keys)
+        self._write(b)
 
     # -- pull (mq9 QUERY) -------------------------------------------------------------------
 

@@ -157,6 +157,30 @@ class QueueWindow(QueueBacklog):
             return 0
         return sum([len(p[0]) for rec in self._pend.values() if rec[4] for p in rec[4]])
 
+    def _take_awaiting(self, wanted: set[int]) -> list[tuple[WriteBatch, list[Entry]]]:
+        """Take the puts awaiting their commit whose ids are in ``wanted`` out of their batches'
+        records (they will not enter the window); return each batch with the entries taken."""
+        out: list[tuple[WriteBatch, list[Entry]]] = []
+        for rec in self._pend.values():
+            puts = rec[4]
+            if not puts:
+                continue
+            taken: list[Entry] = []
+            kept: list[tuple[list[Entry], bool]] = []
+            for entries, uniform in puts:
+                hit = [e for e in entries if e[0] in wanted]
+                if not hit:
+                    kept.append((entries, uniform))
+                    continue
+                taken.extend(hit)
+                rest = [e for e in entries if e[0] not in wanted]   # a new list: it is shared
+                if rest:
+                    kept.append((rest, uniform))
+            if taken:
+                rec[4] = kept or None
+                out.append((rec[1], taken))
+        return out
+
     def _awaiting_past_horizon(self) -> None:
         """The horizon moved back (eviction): awaiting puts that now sort after it belong to
         the stored backlog, held back from paging until their batch is committed."""

@@ -23,6 +23,7 @@ import zmq
 
 from mqhub.protocols.nats import codec as nats
 from mqhub.protocols.nsq import codec as wire
+from tests.interop.admin_client import queue_row
 from tests.interop.broker import HOST, BrokerProcess, wait_until
 from tests.interop.nsq_client import NsqSocket, channel_stats, ok
 from tests.reliability.targets.emqp import Worker, job
@@ -207,6 +208,52 @@ def test_big_bodies_to_a_stalled_consumer(broker: BrokerProcess) -> None:
     bystander.check()
     producer.close()
     stalled.close()
+
+
+def test_big_emqp_jobs_sent_without_waiting(broker: BrokerProcess) -> None:
+    """300 eMQP jobs of 2 MiB (600 MiB) sent at full speed, never waiting for an ACK, to a
+    queue whose worker took one and never answers.
+
+    Regression: ZeroMQ's receive queue was bounded in messages only (RECEIVE_HWM 10,000 per
+    peer), so libzmq read all of them into the broker before it handled them (0.7-0.87 GiB peak
+    RSS). Now the frontend buffers FRONTEND_HWM (16) messages per client, reads are capped in
+    bytes and the frontend pauses while UNSTORED_BYTES await their commit: TCP holds the
+    client back.
+    """
+    bystander = Bystander(broker)
+    worker = Worker(broker, "big", 1)
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    client.connect(broker.url("emqp", "frontend"))
+    body = job(b"j" * (2 << 20))
+    sent, peak = 0, 0.0
+    deadline = time.monotonic() + 60
+    while sent < 300 and time.monotonic() < deadline:
+        try:
+            client.send_multipart([b"", b"eMQP/1.0", b"REQUEST", b"b%d" % sent, b"big", b"",
+                                   body], flags=zmq.NOBLOCK)
+            sent += 1
+        except zmq.Again:
+            time.sleep(0.01)
+        peak = max(peak, rss_mib(broker))
+    end = time.monotonic() + 30
+    while _emqp_depth(broker, "big") < sent - 1 and time.monotonic() < end:
+        peak = max(peak, rss_mib(broker))     # until the broker stored what it took in
+        time.sleep(0.05)
+    peak = max(peak, rss_mib(broker))
+    print(f"eMQP 300 x 2 MiB: peak broker RSS {peak:.0f} MiB")
+    assert sent == 300, f"only {sent} jobs went out in 60 s"
+    assert _emqp_depth(broker, "big") == 299
+    assert peak < RSS_BOUND_MIB, f"broker RSS {peak:.0f} MiB after 300 jobs of 2 MiB"
+    bystander.check()
+    client.close(linger=0)
+    worker.close()
+
+
+def _emqp_depth(broker: BrokerProcess, queue: str) -> int:
+    """Ready jobs of eMQP queue ``queue`` (admin API; 0 while it does not exist)."""
+    row = queue_row(broker, "emqp.jobs." + queue)
+    return int(row["depth"]) if row else 0
 
 
 def _ignore_again(step: Callable[[], None]) -> None:

@@ -2,8 +2,18 @@
 
 ZeroMQ sockets are not Twisted stream endpoints, so ``make_service`` returns a Service that
 binds them in ``startService``. Each socket read drains up to :data:`READ_BATCH` multipart
-messages and hands them to the router as one batch (one core call and one store commit per
-read).
+messages (and at most about :data:`READ_BYTES`) and hands them to the router as one batch (one
+core call and one store commit per read).
+
+Memory in front of the router is bounded for big jobs too, not only in messages: ZeroMQ's
+receive HWM counts messages, so the frontend (clients' jobs, the only socket whose messages are
+stored) buffers at most :data:`FRONTEND_HWM` messages per client, one drain of all sockets
+takes at most about :data:`DRAIN_BYTES`, and the frontend stops being read once
+:data:`UNSTORED_BYTES` read from it wait for their store commit, until a ``broker.barrier()``
+says they are stored. A client sending big jobs faster than the broker stores them is then held
+back by TCP instead of piling up in libzmq or in pending commits. (The HWM is fixed at bind
+time: libzmq applies a changed ``RCVHWM`` to connected pipes without re-syncing their flow
+control, which can stall a peer for good, so it is never changed on a live socket.)
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from typing import Any, NamedTuple
 import zmq
 import zmq.auth
 from twisted.application.service import IService, Service
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from txzmq import ZmqEndpoint, ZmqEndpointType, ZmqFactory
 from txzmq.connection import ZmqConnection
@@ -34,14 +45,27 @@ _SEND = zmq.backend.Socket.send
 _RECV = zmq.backend.Socket.recv
 _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+#: Most bytes (frames of the messages read) one read takes, past which it stops (one message
+#: more at most).
+READ_BYTES = 16 << 20
 #: Most messages handled in one reactor call before yielding to other protocols.
 DRAIN_LIMIT = 16384
+#: Most bytes handled in one reactor call (the batches of one turn are stored in one group
+#: commit, so what a drain reads stays in memory until that turn ends).
+DRAIN_BYTES = 64 << 20
 #: Replies queued for one client that is not reading before further ones are dropped.
 CLIENT_HWM = 100_000
 #: Messages ZeroMQ buffers from one peer before it stops reading that peer's connection (TCP
 #: back-pressure; nothing is dropped). Unlimited let a client sending faster than the broker
 #: handles grow the broker without bound.
 RECEIVE_HWM = 10_000
+#: Messages the frontend buffers from one client by default (``--option emqp.receive_hwm``):
+#: its jobs are stored and may be big (2 MiB jobs: 32 MiB per client); small jobs still flow
+#: (the kernel's socket buffer holds the rest and ZeroMQ refills the queue as it is read).
+FRONTEND_HWM = 16
+#: Bytes read from the frontend whose store commits may be pending before it stops reading
+#: (until a barrier fires: everything read so far is stored).
+UNSTORED_BYTES = 64 << 20
 #: Messages queued for one slow SUB subscriber before PUB drops (ZeroMQ pub/sub semantics).
 SUBSCRIBER_HWM = 100_000
 ROLES = ("frontend", "backend", "pub-in", "pub-out")
@@ -80,16 +104,19 @@ class Drainer:
         if self.running:
             return
         self.running = True
-        total = 0
+        total = nbytes = 0
         try:
             while True:
                 got = 0
                 for sock in self.sockets:
+                    if sock.held:
+                        continue
                     got += sock.read_batch()
+                    nbytes += sock.last_read_bytes
                 total += got
                 if not got:
                     break
-                if total >= DRAIN_LIMIT:
+                if total >= DRAIN_LIMIT or nbytes >= DRAIN_BYTES:
                     self.call = self.reactor.callLater(0, self.drain)
                     break
         finally:
@@ -106,23 +133,35 @@ class BatchSocket(ZmqConnection):
                  on_batch: Callable[[list[list[bytes]]], None] | None,
                  drainer: Drainer,
                  on_unreachable: Callable[[bytes], None] | None = None,
-                 sndhwm: int = 0, curve_secret: bytes | None = None) -> None:
+                 sndhwm: int = 0, curve_secret: bytes | None = None,
+                 barrier: Callable[[], Deferred[None]] | None = None,
+                 rcvhwm: int = RECEIVE_HWM) -> None:
         """Create the socket of ``socket_type`` and bind it to ``address``.
 
         :param sndhwm: messages queued per peer before sends fail (ROUTER) or are dropped
             (PUB); 0 = unlimited.
         :param curve_secret: the server's CURVE secret key: peers must speak CURVE with the
             matching public key (encrypted; which client keys are let in is the ZAP handler's).
+        :param rcvhwm: messages ZeroMQ buffers from one peer (set before binding, never
+            changed later).
+        :param barrier: ``broker.barrier``: when given, reading stops once UNSTORED_BYTES read
+            since the last barrier may still be waiting for their commit, until one fires.
         """
         self.socketType = socket_type
         self.on_batch = on_batch
+        #: bytes the last read_batch took
+        self.last_read_bytes = 0
+        self.barrier = barrier
+        #: bytes read since the last barrier fired; True while reading waits for one
+        self.unstored = 0
+        self.held = False
         self.on_unreachable = on_unreachable
         self.drainer = drainer
         super().__init__(factory)
         if socket_type == zmq.ROUTER:
             self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.SNDHWM, sndhwm)
-        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        self.socket.setsockopt(zmq.RCVHWM, rcvhwm)
         if curve_secret is not None:
             self.socket.curve_secretkey = curve_secret
             self.socket.curve_server = True
@@ -150,24 +189,47 @@ class BatchSocket(ZmqConnection):
             return 0
         recv = _RECV
         batch: list[list[bytes]] = []
+        nbytes = 0
         try:
             while True:
                 frame = recv(sock, _NOBLOCK, False)
-                message = [frame.bytes]
+                data = frame.bytes
+                message = [data]
+                size = len(data)
                 while frame.more:
                     frame = recv(sock, 0, False)
-                    message.append(frame.bytes)
+                    data = frame.bytes
+                    message.append(data)
+                    size += len(data)
                 batch.append(message)
-                if len(batch) >= READ_BATCH:
+                nbytes += size
+                if len(batch) >= READ_BATCH or nbytes >= READ_BYTES:
                     break
         except zmq.Again:
             pass
+        self.last_read_bytes = nbytes
         if batch:
+            if self.barrier is not None:
+                self.unstored += nbytes
+                if self.unstored >= UNSTORED_BYTES:
+                    self._hold()
             try:
                 self.on_batch(batch)
             except Exception:  # noqa: BLE001 - a bug must not stop the socket
                 log.failure("eMQP: handling a batch failed")
         return len(batch)
+
+    def _hold(self) -> None:
+        """Stop reading until everything read so far is stored (a barrier fires, whatever its
+        result: a failed commit was answered already)."""
+        assert self.barrier is not None
+        self.held = True
+        self.unstored = 0
+
+        def release(_: object) -> None:
+            self.held = False
+            self.drainer.schedule()
+        self.barrier().addBoth(release)
 
     def send_frames(self, frames: list[bytes]) -> None:
         """Send one multipart message; an unroutable peer is reported, never raised."""
@@ -195,14 +257,16 @@ class EmqpService(Service):
     name: Any = "emqp"
 
     def __init__(self, hub: Any, endpoints: dict[str, str], settings: dict[str, Any],
-                 curve: CurveSettings | None = None) -> None:
+                 curve: CurveSettings | None = None, receive_hwm: int = FRONTEND_HWM) -> None:
         """Build the router now (its schedule handler must exist before the scheduler fires);
         the sockets are made in startService.
 
         :param curve: CURVE encryption (and optional client allowlist) for every socket.
+        :param receive_hwm: messages the frontend buffers from one client.
         """
         self.hub = hub
         self.curve = curve
+        self.receive_hwm = receive_hwm
         self.authenticator: Any = None
         self.endpoints = endpoints
         self.factory: ZmqFactory | None = None
@@ -239,7 +303,8 @@ class EmqpService(Service):
             # eventmq clients often never read their acks: bound what waits for each of them
             front = BatchSocket(factory, zmq.ROUTER, self.endpoints["frontend"],
                                 router.frontend_received, drainer, sndhwm=CLIENT_HWM,
-                                curve_secret=secret)
+                                curve_secret=secret, barrier=self.hub.broker.barrier,
+                                rcvhwm=self.receive_hwm)
             back = BatchSocket(factory, zmq.ROUTER, self.endpoints["backend"],
                                router.backend_received, drainer, router.peer_unreachable,
                                curve_secret=secret)
@@ -376,4 +441,22 @@ def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -
     for role in ROLES:
         if not endpoints[role].startswith(("tcp://", "ipc://", "inproc://")):
             raise PluginError(f"emqp.{role} takes a ZeroMQ address, got {endpoints[role]!r}")
-    return EmqpService(hub, dict(endpoints), router_settings(options), curve_settings(options))
+    return EmqpService(hub, dict(endpoints), router_settings(options), curve_settings(options),
+                       frontend_hwm(options))
+
+
+def frontend_hwm(options: dict[str, Any]) -> int:
+    """``--option emqp.receive_hwm=N`` (messages the frontend buffers per client, >= 1), or
+    :data:`FRONTEND_HWM`."""
+    raw = options.get("plugin_options") or {}
+    if isinstance(raw.get("emqp"), dict):
+        raw = raw["emqp"]
+    if "receive_hwm" not in raw:
+        return FRONTEND_HWM
+    try:
+        value = int(raw["receive_hwm"])
+    except (ValueError, TypeError) as exc:
+        raise PluginError(f"emqp: bad option: {exc}") from exc
+    if value < 1:
+        raise PluginError("emqp.receive_hwm must be at least 1")
+    return value

@@ -22,6 +22,7 @@ PUB control line is parsed once and cached, which is what makes the hot path che
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 # re-exported so codec.encode_msg, codec.PONG... keep working (encoders.py defines __all__)
@@ -48,6 +49,7 @@ from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.Pr
 from mqhub.protocols.nats.heads import route_heads
 from mqhub.protocols.nats.reads import frame_completion
 from mqhub.protocols.nats.runs import RUN_MAX_FRAME, RUN_MIN, routable, run_length
+from mqhub.protocols.nats.scan import HeadScanner
 
 __all__ = [
     "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",
@@ -105,6 +107,7 @@ class NatsParser:
         self._head_cache: dict[bytes, tuple[str, str | None]] = {}
         self._pending: list[Event] = []
         self._dead: ProtocolError | None = None
+        self._scanner = HeadScanner()
 
     # input -------------------------------------------------------------------------------
 
@@ -112,6 +115,7 @@ class NatsParser:
         """Append ``data`` (any split of the stream) to the buffer."""
         if not data:
             return
+        self._scanner.release()
         if self._next is not None:
             self._advance()
         if self._need:
@@ -202,6 +206,8 @@ class NatsParser:
             self._pos = 0
             self._next = None
             out.append((OP_ERROR, err))
+        if not out:
+            self._scanner.release()     # the read is done: do not keep its pieces
         return out
 
     # parsing -----------------------------------------------------------------------------
@@ -267,7 +273,9 @@ class NatsParser:
         empty). Runs of one repeated line go per run (see ``runs.py``). ``head_routes`` maps
         a line's head (``PUB subject [reply]``) to ``(heads, special, one)`` (``one``: the
         only target, or None), so a new size on a known subject is delivered as ``head`` and
-        one slice ``size CRLF payload CRLF`` without parsing. Stops at the first line that
+        one slice ``size CRLF payload CRLF`` without parsing; stretches of such frames for one
+        receiver are split and delivered a whole read at a time (``scan.py``), the rest a
+        line at a time (``heads.py``). Stops at the first line that
         needs anything else (:meth:`slow_run` takes it); touches only the buffer offset.
         Returns the PUBs delivered; ``last_sent`` then holds the MSG copies written.
         """
@@ -296,6 +304,7 @@ class NatsParser:
         count = 0
         extra = 0    # MSG copies beyond one per PUB (the one-target case costs nothing)
         run_max = max_payload + 4096   # frames up to this size try a run; 0 once one failed
+        scanner = self._scanner
         while True:
             i = find(b"\n", pos)
             if i < 0:
@@ -303,8 +312,15 @@ class NatsParser:
             if (r := get(buf[pos:i])) is None:
                 if hget is None:
                     break
-                # mixed traffic: known subjects at new sizes, a stretch at a time
-                pos, k, more = route_heads(buf, pos, hget, dappend, max_payload)
+                # mixed traffic: known subjects at new sizes, a whole stretch at once
+                k, used = scanner.take(buf, pos, hget, dappend, max_payload)
+                if k:
+                    pos += used
+                    count += k
+                    continue
+                # what the scanner cannot take: one frame (it retries after), or a stretch
+                pos, k, more = route_heads(buf, pos, hget, dappend, max_payload,
+                                           1 if scanner.parts is not None else sys.maxsize)
                 if not k:
                     break
                 count += k

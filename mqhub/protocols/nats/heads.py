@@ -9,8 +9,8 @@ with its CR, see ``sizes.py``; line head ``PUB subject [reply]``) and one slice
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from itertools import count
 from typing import Any
 
 from mqhub.protocols.nats.sizes import SIZES, size_of
@@ -19,22 +19,23 @@ __all__ = ["route_heads"]
 
 
 def route_heads(buf: bytes, pos: int, hget: Callable[[bytes], Any],
-                dappend: Callable[[Any], None], max_payload: int) -> tuple[int, int, int]:
+                dappend: Callable[[Any], None], max_payload: int,
+                limit: int = sys.maxsize) -> tuple[int, int, int]:
     """Deliver consecutive complete PUB frames from ``pos`` whose head has a simple route.
 
     ``hget`` looks a head up as ``(heads, special, one)`` (usable when ``special`` is None;
     ``one`` is the only ``(owner, out, head)`` target, or None); each target gets its MSG head
     and the shared tail appended to ``out`` (``owner`` goes to ``dappend`` when ``out`` was
     empty). Stops before the first line that is incomplete, over ``max_payload``, badly
-    framed or without such a route. Returns ``(pos, delivered, extra)``, ``extra`` being the
-    MSG copies beyond one per PUB.
+    framed or without such a route, or after ``limit`` frames. Returns
+    ``(pos, delivered, extra)``, ``extra`` being the MSG copies beyond one per PUB.
     """
     find = buf.find
     rfind = buf.rfind
     sget = SIZES.get
     extra = 0
     done = 0
-    for done in count():  # noqa: B007  (read after the loop: the loop index is the count)
+    for done in range(limit):  # noqa: B007  (read after the loop: the loop index is the count)
         i = find(b"\n", pos)
         if i < 0:
             break
@@ -69,4 +70,6 @@ def route_heads(buf: bytes, pos: int, hget: Callable[[bytes], Any],
                 out.append(tail)
             extra += len(hr[0]) - 1
         pos = stop + 2
+    else:
+        done = limit
     return pos, done, extra

@@ -6,7 +6,12 @@ import pytest
 
 from mqhub.errors import PluginError
 from mqhub.plugins.builtin import emqp as descriptor
-from mqhub.protocols.emqp.service import EmqpService, make_service, router_settings
+from mqhub.protocols.emqp.service import (
+    FRONTEND_HWM,
+    EmqpService,
+    make_service,
+    router_settings,
+)
 from mqhub.testing import memory_hub
 
 
@@ -52,3 +57,16 @@ def test_make_service_rejects_missing_or_twisted_endpoints():
     del endpoints["backend"]
     with pytest.raises(PluginError, match="backend"):
         make_service(hub, endpoints, {})
+
+
+def test_receive_hwm_option() -> None:
+    """--option emqp.receive_hwm sets the frontend's per-client receive HWM (default 16);
+    a value that is not a positive integer is a PluginError."""
+    hub = memory_hub()
+    endpoints = dict(descriptor.default_endpoints)
+    assert make_service(hub, endpoints, {}).receive_hwm == FRONTEND_HWM == 16
+    opts = {"plugin_options": {"emqp": {"receive_hwm": "10000"}}}
+    assert make_service(hub, endpoints, opts).receive_hwm == 10000
+    for bad in ("0", "many"):
+        with pytest.raises(PluginError, match="emqp"):
+            make_service(hub, endpoints, {"plugin_options": {"receive_hwm": bad}})

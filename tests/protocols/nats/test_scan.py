@@ -1,0 +1,228 @@
+"""The whole-read frame scanner of the NATS fast path (``scan.py``, issue 11).
+
+The scanner's pattern must frame exactly as NATS does, and a parser using it must deliver,
+report and refuse exactly what the per-line paths do, for any stream cut anywhere:
+payloads that hold frame-like text or CRLFs, other operations in between, sizes over the
+pattern's limit or over max_payload, zero-padded sizes, bare-LF lines, replies, heads with
+several targets or another receiver, and a broken frame at the end.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from mqhub.protocols.nats import codec, scan
+from mqhub.protocols.nats.codec import OP_ERROR, OP_MSG, NatsParser
+from mqhub.protocols.nats.heads import route_heads
+from mqhub.protocols.nats.scan import SCAN_LIMIT, HeadScanner, frame_pattern
+from tests.protocols.nats.helpers import Client, make_server
+
+
+def test_pattern_frames_exactly_the_canonical_sizes_up_to_its_limit() -> None:
+    """Every size 0…limit frames its payload exactly; larger, padded, signed, spaced or
+    LF-only forms and wrong lengths do not match."""
+    pat = frame_pattern(300)
+    for n in range(0, 302):
+        frame = b"PUB a.b %d\r\n" % n + b"\r" * n + b"\r\n"
+        m = pat.fullmatch(frame)
+        assert (m is not None) == (n <= 300), n
+        if m:
+            assert m.groups() == (b"PUB a.b", frame[8:])
+    for bad in (b"PUB a 03\r\nabc\r\n", b"PUB a 00\r\n\r\n", b"PUB a 3\nabc\r\n",
+                b"PUB a 3\r\nabcd\r\n", b"PUB a 3\r\nab\r\n", b"PUB a +3\r\nabc\r\n",
+                b"PUB a 3 \r\nabc\r\n", b"PUB  a 3\r\nabc\r\n", b"pub a 3\r\nabc\r\n",
+                b"PUB a 3\r\nabc\n", b"PUB a 1_0\r\n0123456789\r\n"):
+        assert pat.fullmatch(bad) is None, bad
+    assert pat.fullmatch(b"PUB a r.1 3\r\nabc\r\n").groups() == (b"PUB a r.1", b"3\r\nabc\r\n")
+    assert frame_pattern(SCAN_LIMIT).fullmatch(b"PUB a 4095\r\n" + b"x" * 4095 + b"\r\n")
+    assert not frame_pattern(SCAN_LIMIT).fullmatch(b"PUB a 4096\r\n" + b"x" * 4096 + b"\r\n")
+
+
+class _Owner:
+    """A receiving connection: its output list and its own MSG heads."""
+
+    def __init__(self, sid: int) -> None:
+        """No output yet."""
+        self.out: list[bytes] = []
+        self.sid = sid
+
+
+def _table(main: _Owner, other: _Owner, second: _Owner) -> dict[bytes, tuple]:
+    """Head routes as the server builds them: one-target heads for ``main`` (with and without
+    reply), one for ``other``, and a head with two targets (no single one)."""
+    def one(owner: _Owner, subject: bytes, reply: bytes = b"") -> tuple:
+        target = (owner, owner.out, b"MSG %s %d %s" % (subject, owner.sid, reply + b" " if reply
+                                                         else b""))
+        return [target], None, target
+    two = [(main, main.out, b"MSG m 1 "), (second, second.out, b"MSG m 3 ")]
+    return {b"PUB a": one(main, b"a"), b"PUB b.c": one(main, b"b.c"),
+            b"PUB a r.1": one(main, b"a", b"r.1"), b"PUB o": one(other, b"o"),
+            b"PUB m": (two, None, None)}
+
+
+#: payloads that look like frames, hold CRLFs or LFs, or are plain
+PAYLOADS = st.one_of(
+    st.binary(max_size=40),
+    st.sampled_from([b"PUB a 3\r\nabc\r\n", b"\r\n", b"\n", b"x\r\nPUB a 1\r\ny\r\n",
+                     b"PUB b.c 0\r\n\r\n", b"PUB a 2\r\nhi"]),
+    st.integers(4090, 4100).map(lambda n: b"z" * n),
+)
+FRAMES = st.one_of(
+    st.tuples(st.sampled_from([b"a", b"a", b"a", b"b.c", b"b.c", b"o", b"m", b"zz", b"a r.1"]),
+              PAYLOADS).map(
+        lambda t: b"PUB %s %d\r\n" % (t[0], len(t[1])) + t[1] + b"\r\n"),
+    st.sampled_from([b"PING\r\n", b"PUB a 03\r\nabc\r\n", b"PUB a 3\nabc\r\n",
+                     b"HPUB a 12 14\r\nNATS/1.0\r\n\r\nhi\r\n", b"PUB a 200\r\n" + b"p" * 200
+                     + b"\r\n", b"SUB q 9\r\n"]),
+)
+
+
+def _run(stream: bytes, cuts: list[int], max_payload: int, scan_bytes: int
+         ) -> tuple[list[bytes], list[object], list[tuple]]:
+    """Feed ``stream`` in pieces through route_pubs/slow_run as the connection does, the
+    scanner taking buffers from ``scan_bytes`` bytes on; return each receiver's output, the
+    dirty marks and the other events."""
+    saved = scan.SCAN_BYTES
+    scan.SCAN_BYTES = scan_bytes
+    try:
+        return _feed(stream, cuts, max_payload)
+    finally:
+        scan.SCAN_BYTES = saved
+
+
+def _feed(stream: bytes, cuts: list[int], max_payload: int
+          ) -> tuple[list[bytes], list[object], list[tuple]]:
+    """The loop of :func:`_run`."""
+    main, other, second = _Owner(1), _Owner(2), _Owner(3)
+    table = _table(main, other, second)
+    parser = NatsParser(max_payload=max_payload)
+    dirty: list[object] = []
+    events: list[tuple] = []
+    at = 0
+    for cut in [*cuts, len(stream)]:
+        parser.receive_data(stream[at:at + cut])
+        at += cut
+        while True:
+            parser.route_pubs({}, dirty, table)
+            evs = parser.slow_run({}, table)
+            if not evs:
+                break
+            for ev in evs:
+                if ev[0] == OP_ERROR:
+                    events.append((OP_ERROR, ev[1].code, ev[1].fatal))
+                else:
+                    events.append((ev[0], *[e[1:] if isinstance(e, tuple) else e
+                                            for e in ev[1:]]))
+            if any(e[0] == OP_ERROR and e[2] for e in events):
+                break
+    marks = [{main: "main", other: "other", second: "second"}[o] for o in dirty]
+    return [b"".join(o.out) for o in (main, other, second)], marks, events
+
+
+@settings(max_examples=200, deadline=None)
+@given(frames=st.lists(FRAMES, max_size=30), cuts=st.lists(st.integers(1, 9000), max_size=6),
+       max_payload=st.sampled_from([100, 8192]),
+       end=st.sampled_from([b"", b"PUB a 3\r\nabcd\r\n", b"PUB a"]))
+@example(frames=[b"PUB a 5\r\nhello\r\n"] * 5 + [b"PING\r\n"] + [b"PUB b.c 5\r\nhello\r\n"] * 5,
+         cuts=[], max_payload=8192, end=b"")
+@example(frames=[b"PUB a 5\r\nhello\r\n"] * 20 + [b"PUB o 1\r\nx\r\n"]
+         + [b"PUB a 1\r\ny\r\n"] * 9, cuts=[], max_payload=8192, end=b"")
+@example(frames=[b"PUB a 5\r\nhello\r\n"] * 10 + [b"PUB a 3\r\nx\r\n\r\n"]
+         + [b"PUB b.c 1\r\ny\r\n"] * 9, cuts=[40], max_payload=8192, end=b"PUB a 3\r\nabcd\r\n")
+def test_scanner_delivers_exactly_what_the_per_line_paths_deliver(
+        frames: list[bytes], cuts: list[int], max_payload: int, end: bytes) -> None:
+    """With the scanner on for every buffer and off, the same bytes reach the same receivers,
+    the same owners are marked dirty, the same events and errors come out."""
+    stream = b"".join(frames) + end
+    on = _run(stream, cuts, max_payload, 0)
+    off = _run(stream, cuts, max_payload, 1 << 40)
+    assert on == off
+
+
+def test_scanner_takes_a_whole_stretch_and_stops_at_what_it_cannot_take() -> None:
+    """One receiver's frames are taken in one call; a frame for another receiver, a head
+    with two targets, a gap (PING) or the incomplete end stops it right there."""
+    main, other, second = _Owner(1), _Owner(2), _Owner(3)
+    table = _table(main, other, second)
+    msgs = [(b"a", b"x" * 300), (b"b.c", b""), (b"a r.1", b"PUB a 1\r\nz")] * 30
+    body = b"".join(b"PUB %s %d\r\n%s\r\n" % (s, len(p), p) for s, p in msgs)
+    expected = b"".join(b"MSG %s %d\r\n%s\r\n" % (s.replace(b" ", b" 1 ") if b" " in s
+                                                    else s + b" 1", len(p), p) for s, p in msgs)
+    for stop in (b"PUB o 1\r\nx\r\n", b"PUB m 1\r\nx\r\n", b"PING\r\n", b"PUB a 9\r\nabc"):
+        main.out.clear()
+        dirty: list[object] = []
+        k, used = HeadScanner().take(body + stop + body, 0, table.get, dirty.append, 8192)
+        assert (k, used) == (90, len(body)), stop
+        assert dirty == [main]
+        assert b"".join(main.out) == expected
+
+
+def test_scanner_goes_on_after_frames_the_per_line_loop_took() -> None:
+    """Called again further into the same buffer (after frames taken elsewhere), it finds its
+    place in the split and takes the rest; an offset inside a gap takes nothing."""
+    main, other, second = _Owner(1), _Owner(2), _Owner(3)
+    table = _table(main, other, second)
+    frame = b"PUB a 500\r\n" + b"5" * 500 + b"\r\n"
+    buf = frame * 10 + b"PING\r\n" + frame * 10
+    sc = HeadScanner()
+    assert sc.take(buf, 0, table.get, [].append, 8192) == (10, 10 * len(frame))
+    pos = 10 * len(frame)
+    assert sc.take(buf, pos + 2, table.get, [].append, 8192) == (0, 0)     # inside PING
+    pos += 6
+    pos, k, _ = route_heads(buf, pos, table.get, [].append, 8192, 3)       # 3 the slow way
+    assert k == 3
+    assert sc.take(buf, pos, table.get, [].append, 8192) == (7, 7 * len(frame))
+    assert b"".join(main.out) == (b"MSG a 1 500\r\n" + b"5" * 500 + b"\r\n") * 20
+
+
+def test_scanner_backs_off_from_traffic_it_cannot_take_in_long_stretches() -> None:
+    """Buffers it takes nothing of, or only short stretches of (8 frames between two-target
+    heads), make it skip the next buffers, more each time (bounded); a buffer of long
+    stretches resets that."""
+    main, other, second = _Owner(1), _Owner(2), _Owner(3)
+    table = _table(main, other, second)
+    frame = b"PUB a 10\r\n0123456789\r\n"
+    bad = b"PUB m 10\r\n0123456789\r\n" * 500
+    short = (frame * 8 + b"PUB m 10\r\n0123456789\r\n") * 60
+    good = frame * 500
+    for traffic, first in ((bad, 0), (short, 8)):
+        sc = HeadScanner()
+        taken = []
+        for _ in range(12):
+            taken.append(sc.take(bytes(bytearray(traffic)), 0, table.get, [].append, 8192)[0])
+            sc.release()
+        assert set(taken) == {0, first}
+        assert taken[:4] == [first, first, 0, first]       # skips 0, 1, then 3 buffers
+        assert sc.skip + sc.backoff > 0
+        for _ in range(sc.skip):
+            assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192) == (0, 0)
+            sc.release()
+        assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192)[0] == 500
+        sc.release()
+        assert sc.backoff == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), read=st.integers(8192, 70000), reply=st.booleans())
+def test_a_wildcard_subscriber_gets_mixed_traffic_complete_and_in_order(
+        seed: int, read: int, reply: bool) -> None:
+    """Through the NATS server, mixed subjects and sizes (with or without replies) in reads
+    large enough for the scanner reach a wildcard subscriber complete, in order and with its
+    sid; the server counts every message once in and once out."""
+    rnd = random.Random(seed)
+    srv = make_server()
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB mx.> 7\r\n")
+    msgs = [(f"mx.s{rnd.randrange(8)}", f"_R.{k % 3}" if reply and k % 2 else None,
+             bytes([97 + k % 26]) * rnd.randint(0, 3000)) for k in range(200)]
+    stream = b"".join(codec.encode_pub(s, p, r) for s, r, p in msgs)
+    before = srv.stats["in_msgs"], srv.stats["out_msgs"]
+    for at in range(0, len(stream), read):
+        pub.send(stream[at:at + read])
+    got = [(e[1], e[3], e[4]) for e in sub.events() if e[0] == OP_MSG and e[2] == "7"]
+    assert got == msgs
+    assert (srv.stats["in_msgs"] - before[0], srv.stats["out_msgs"] - before[1]) == (200, 200)
+    assert not pub.closed and not sub.closed
