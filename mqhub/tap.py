@@ -16,6 +16,7 @@ from twisted.python import usage
 
 from mqhub.discovery import Discovery, load_plugins, plugin_dirs
 from mqhub.errors import PluginError
+from mqhub.gc_tuning import tune_gc
 from mqhub.hub import HubService, build_hub
 from mqhub.logs import forward_stdlib_logging
 from mqhub.plugins.builtin import BUILTIN
@@ -268,11 +269,13 @@ def install_stop_signals(reactor: Any) -> None:
 def makeService(options: Options) -> HubService:
     """twistd entry point: :func:`build_service` with the global reactor.
 
-    Also routes the stdlib ``logging`` of mqhub's core, scheduler and store into twistd's log.
+    Also routes the stdlib ``logging`` of mqhub's core, scheduler and store into twistd's log
+    and sets the process's garbage collector for batch work (:mod:`mqhub.gc_tuning`).
     """
     from twisted.internet import reactor
 
     forward_stdlib_logging()
+    tune_gc()
     root = build_service(options, reactor)
     reactor.callWhenRunning(install_stop_signals, reactor)
     return root

@@ -381,7 +381,7 @@ class Broker(BrokerParking):
         for q in queues:
             if q.max_size and q.overflow == "reject" and q.room() < n:
                 raise QueueFull(q.name)
-        self.journal.published(address, entries, queues, persist, route)
+        self.journal.published(address, entries, queues, persist, route, uniform)
         now = self.clock.seconds() if deliver_at else 0.0
         if not queues:
             # live subscribers only: nothing to store

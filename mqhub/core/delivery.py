@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Iterable
+from itertools import repeat
 from typing import Any, cast
 
 from mqhub.core.backlog import NO_LIST, NO_MAP
@@ -207,9 +208,9 @@ class QueueDelivery(QueueWindow):
                 if not taken:
                     continue
             out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
-            self.broker.journal.delivered(self, out)
-            deadline = now + c.timeout
             ids = [e[0] for e in out]
+            self.broker.journal.delivered(self, out, ids)
+            deadline = now + c.timeout
             if self._inflight is _NO_MAP:
                 self._inflight = {}
                 self._owner = {}
@@ -318,18 +319,33 @@ class QueueDelivery(QueueWindow):
     # -- message operations -----------------------------------------------------------------
 
     def _take(self, consumer: Consumer, msg_ids: Iterable[int]) -> tuple[list[Entry], list[int]]:
-        """Pop the in-flight records of ``msg_ids`` held by ``consumer``; return (entries, failed)."""
+        """Pop the in-flight records of ``msg_ids`` held by ``consumer``; return (entries, failed).
+
+        Fast path (C-level passes only): the owner records are popped at once; when every id
+        was in flight on ``consumer`` (one shared record per delivered batch), the entries are
+        popped too. An unknown or repeated id, or one held by another consumer, puts the
+        records back and takes the careful per-id path.
+        """
         ids = msg_ids if isinstance(msg_ids, list) else list(msg_ids)
         owner = self._owner
-        recs = set(map(owner.get, ids))
-        if len(recs) == 1 and len(set(ids)) == len(ids):
-            rec = recs.pop()
-            if rec is not None and rec[0] is consumer:
+        n = len(ids)
+        if n and owner is not _NO_MAP:
+            recs: list[tuple[Consumer, float]] = []
+            try:
+                recs.extend(map(owner.pop, ids))
+            except KeyError:
+                mine = False
+            else:
+                first = recs[0]
+                if recs.count(first) == n:  # identity compare: one shared record
+                    mine = first[0] is consumer
+                else:
+                    mine = all(rec[0] is consumer for rec in set(recs))
+            if mine:
                 got = list(map(self._inflight.pop, ids))
-                for mid in ids:
-                    del owner[mid]
-                consumer.in_flight -= len(got)
+                consumer.in_flight -= n
                 return got, []
+            owner.update(zip(ids, recs, strict=False))  # as it was (``recs`` may be short)
         inflight = self._inflight
         got = []
         failed: list[int] = []
@@ -382,14 +398,25 @@ class QueueDelivery(QueueWindow):
         got, failed = self._take(consumer, msg_ids)
         if got and self._parent is not None:
             self._parent.fan_done(self, got)
-        if got and self.durable:
+        if not got:
+            return failed
+        # the caller's list when it holds exactly the ids of ``got``, in order
+        ids = msg_ids if not failed and isinstance(msg_ids, list) else None
+        if self.durable:
             b = WriteBatch()
-            b.delete_entries(self.name, [(e[1], e[0]) for e in got])
+            prios = self._prios
+            if len(prios) == 1 and ids is not None:
+                # one priority ever entered this window: the keys need no pass over the entries
+                b.delete_entries(self.name, zip(repeat(prios[0], len(ids)), ids, strict=False))
+            else:
+                b.delete_entries(self.name, [(e[1], e[0]) for e in got])
             self._write(b)
-        if got:
-            self.broker.journal.acked(self, got)
-            self.broker.counters.ack(consumer.target, len(got))
-            self.dispatch()
+        journal = self.broker.journal
+        if journal.enabled:
+            # a copy of the ids: the journal keeps them until the next commit
+            journal.acked(self, got, None if ids is None else list(ids))
+        self.broker.counters.ack(consumer.target, len(got))
+        self.dispatch()
         return failed
 
     def touch(self, consumer: Consumer, msg_ids: Iterable[int],

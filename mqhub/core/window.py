@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections import deque
+from itertools import repeat
 
 from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP, WAIT_COMMIT, QueueBacklog, ready_key
 from mqhub.store.batch import WriteBatch
@@ -20,6 +21,7 @@ from mqhub.store.records import Entry
 _NO_MAP = NO_MAP
 _NO_IDS = NO_IDS
 _NO_LIST = NO_LIST
+_POPLEFT = deque.popleft
 
 
 class QueueWindow(QueueBacklog):
@@ -349,8 +351,7 @@ class QueueWindow(QueueBacklog):
                 out.extend(d)
                 d.clear()
             else:
-                pop = d.popleft
-                out.extend([pop() for _ in range(k)])
+                out.extend(map(_POPLEFT, repeat(d, k)))
             if len(out) >= n:
                 break
         self._nready -= len(out)

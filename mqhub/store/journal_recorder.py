@@ -2,9 +2,13 @@
 
 The broker holds one recorder as ``broker.journal`` (a :class:`NullRecorder` when the journal
 is off). Each call describes one *batch* (one publish, one delivery round, one FIN/REQ/reject
-call...) and costs O(1) on the reactor: the recorder keeps a reference to the batch's entry
-list and turns it into columns only when the store's group commit asks for the chunk
-(:meth:`JournalRecorder.take_chunk`, called inside the write transaction). Memory-tier traffic
+call...). The batches of the hot path (a ``publish_batch``, a delivery round, an ack whose ids
+the core passes) are packed into columns at once, with a few C-level passes over entries
+that are still in the CPU cache; the others cost O(1): the recorder keeps a reference to the
+batch's entry list and turns it into columns only when the store's group commit asks for
+the chunk (:meth:`JournalRecorder.take_chunk`, called inside the write transaction, in the
+writer thread, where reading every entry back from memory cost about three times as much:
+docs/benchmarks-nsq.md). Memory-tier traffic
 (NATS core, mq9 notify, memory queues, live subscribers) is only counted, per address and
 second, never per message.
 
@@ -29,6 +33,8 @@ from mqhub.store.journal_format import (
     PUBLISHED,
     REQUEUED,
     ChunkBuilder,
+    column,
+    repeated,
 )
 
 _ID = itemgetter(0)
@@ -47,7 +53,7 @@ def _add_published(chunk: ChunkBuilder, ts: int, queues: tuple[str, ...], entrie
                    address: str) -> None:
     """Add the runs of one publish: one per durable queue (and per origin, if they differ)."""
     origins = list(map(_ORIGIN, entries))
-    if origins.count(origins[0]) == len(origins):  # C-speed check; publish_batch: always
+    if origins.count(origins[0]) == len(origins):  # C-speed check
         groups = [(origins[0], entries)]
     else:
         groups = [(o, list(g)) for o, g in groupby(entries, _ORIGIN)]
@@ -59,19 +65,27 @@ def _add_published(chunk: ChunkBuilder, ts: int, queues: tuple[str, ...], entrie
             chunk.add_run(PUBLISHED, ts, name, address, origin or "", "", ids, sizes, prios)
 
 
+def _attempts(entries: list[Any]) -> Any:
+    """The attempt column of ``entries``: packed at once when they share one count."""
+    atts = list(map(_ATT, entries))
+    if atts.count(atts[0]) == len(atts):  # C-level check
+        return repeated("attempt", atts[0], len(atts))
+    return column("attempt", atts)
+
+
 class NullRecorder:
     """The journal switched off: every call does nothing."""
 
     enabled = False
 
     def published(self, address: str, entries: list[Any], queues: Any, persist: bool,
-                  route: Any) -> None:
+                  route: Any, uniform: bool = False) -> None:
         """Ignore a publish."""
 
-    def delivered(self, queue: Any, entries: list[Any]) -> None:
+    def delivered(self, queue: Any, entries: list[Any], ids: list[int] | None = None) -> None:
         """Ignore a delivery round."""
 
-    def acked(self, queue: Any, entries: list[Any]) -> None:
+    def acked(self, queue: Any, entries: list[Any], ids: list[int] | None = None) -> None:
         """Ignore acks."""
 
     def requeued(self, queue: Any, entries: list[Any], reason: str | None) -> None:
@@ -106,7 +120,8 @@ class JournalRecorder(NullRecorder):
         self.clock = clock
         self.flush_interval = flush_interval
         self._lock = threading.Lock()
-        self._pending: list[tuple[int, float, Any, list[Any], str]] = []
+        # (event, time, queue(s), entries or None when ``cols`` is set, reason, cols)
+        self._pending: list[tuple[int, float, Any, Any, str, Any]] = []
         self._counters: dict[tuple[int, str, str, int], list[int]] = {}
         self._store: Any = None
         self._call: Any = None
@@ -119,15 +134,20 @@ class JournalRecorder(NullRecorder):
 
     # -- batch-level calls from the core (reactor thread) -------------------------------------
 
-    def _add(self, event: int, queues: Any, entries: list[Any], reason: str) -> None:
-        """Remember one batch (a reference, no per-message work)."""
-        item = (event, self.clock.seconds(), queues, entries, reason)
+    def _add(self, event: int, queues: Any, entries: list[Any] | None, extra: str,
+             cols: tuple[Any, ...] | None = None, n: int = 0) -> None:
+        """Remember one batch: a reference to its entries (columns built at the commit), or
+        its ``cols`` (ids, sizes, priorities, attempts, origin) packed already.
+
+        ``extra`` is the reason (the address for a publish).
+        """
+        item = (event, self.clock.seconds(), queues, entries, extra, cols)
         with self._lock:
             if len(self._pending) >= MAX_PENDING:
                 self.dropped_batches += 1  # the store is stuck: keep what is queued, drop this
                 return
             self._pending.append(item)
-            self.rows += len(entries)
+            self.rows += n or len(entries or ())
 
     def _count(self, address: str, origin: str, kind: int, messages: int, nbytes: int) -> None:
         """Add to the memory-tier counter of ``address`` for the current second."""
@@ -141,14 +161,27 @@ class JournalRecorder(NullRecorder):
                 c[1] += nbytes
 
     def published(self, address: str, entries: list[Any], queues: Any, persist: bool,
-                  route: Any) -> None:
-        """A publish of ``entries`` to ``address`` reaching ``queues`` and ``route``'s live targets."""
+                  route: Any, uniform: bool = False) -> None:
+        """A publish of ``entries`` to ``address`` reaching ``queues`` and ``route``'s live targets.
+
+        ``uniform``: every entry has the first one's origin and priority (``publish_batch``).
+        """
         if not entries:
             return
         durable = tuple(q.name for q in queues if q.durable) if persist else ()
         live = len(route.targets) + len(route.groups)
         if durable:
-            self._add(PUBLISHED, durable, entries, address)
+            if uniform:
+                # one origin and priority: pack the columns now, while the new entries are
+                # in the cache (the writer would read each one back from memory)
+                first = entries[0]
+                n = len(entries)
+                self._add(PUBLISHED, durable, None, address, (
+                    column("msg_id", list(map(_ID, entries))),
+                    column("size", list(map(len, map(_BODY, entries)))),
+                    bytes((first[1],)) * n, None, first[8]), n)
+            else:
+                self._add(PUBLISHED, durable, entries, address)
         if durable and not live:
             return
         n = len(entries)
@@ -159,19 +192,32 @@ class JournalRecorder(NullRecorder):
         if live:
             self._count(address, origin, COUNTER_DELIVERED, n * live, nbytes * live)
 
-    def delivered(self, queue: Any, entries: list[Any]) -> None:
-        """One delivery round of ``queue`` (attempts already count this delivery)."""
+    def delivered(self, queue: Any, entries: list[Any], ids: list[int] | None = None) -> None:
+        """One delivery round of ``queue`` (attempts already count this delivery).
+
+        ``ids``: the entries' message ids, in order, when the caller has them: the columns
+        are then packed now, while the entries are in the cache.
+        """
         if queue.durable:
-            self._add(DELIVERED, queue.name, entries, "")
+            if ids is None:
+                self._add(DELIVERED, queue.name, entries, "")
+            else:
+                self._add(DELIVERED, queue.name, None, "",
+                          (column("msg_id", ids), None, None, _attempts(entries), ""), len(ids))
         elif entries:
             first = entries[0]
             self._count(first[5], first[8], COUNTER_DELIVERED, len(entries),
                         sum(map(len, map(_BODY, entries))))
 
-    def acked(self, queue: Any, entries: list[Any]) -> None:
-        """Entries acknowledged (finished) on ``queue``."""
+    def acked(self, queue: Any, entries: list[Any], ids: list[int] | None = None) -> None:
+        """Entries acknowledged (finished) on ``queue``; ``ids`` as for :meth:`delivered`
+        (copied here: the caller may reuse its list)."""
         if queue.durable:
-            self._add(ACKED, queue.name, entries, "")
+            if ids is None:
+                self._add(ACKED, queue.name, entries, "")
+            else:
+                self._add(ACKED, queue.name, None, "",
+                          (column("msg_id", ids), None, None, None, ""), len(ids))
 
     def requeued(self, queue: Any, entries: list[Any], reason: str | None) -> None:
         """Entries returned to ``queue`` (REQ, timeout, detach)."""
@@ -216,16 +262,22 @@ class JournalRecorder(NullRecorder):
         if not pending and not counters:
             return None
         chunk = ChunkBuilder()
-        for event, now, queues, entries, extra in pending:
+        for event, now, queues, entries, extra, cols in pending:
             ts = int(now * 1_000_000)
-            if event == PUBLISHED:
+            if cols is not None:
+                ids, sizes, prios, atts, origin = cols
+                if event == PUBLISHED:
+                    for name in queues:
+                        chunk.add_run(event, ts, name, extra, origin or "", "", ids, sizes, prios)
+                else:
+                    chunk.add_run(event, ts, queues, "", "", extra, ids, None, None, atts)
+            elif event == PUBLISHED:
                 _add_published(chunk, ts, queues, entries, extra)
             else:
                 # other events carry the message id, queue, attempt and reason; address and
                 # origin come from the message's published row (readers join on msg_id)
-                ids = list(map(_ID, entries))
-                atts = list(map(_ATT, entries)) if event in _WITH_ATTEMPT else None
-                chunk.add_run(event, ts, queues, "", "", extra, ids, None, None, atts)
+                chunk.add_run(event, ts, queues, "", "", extra, list(map(_ID, entries)), None,
+                              None, _attempts(entries) if event in _WITH_ATTEMPT else None)
         for (second, address, origin, kind), (messages, nbytes) in counters.items():
             chunk.add_counter(second, address, origin or "", kind, messages, nbytes)
         self.chunks += 1

@@ -717,20 +717,24 @@ def _entry(msg_id: int, attempts: int, body: bytes) -> tuple:
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, (1 << 63) - 1), st.integers(0, 65535),
                           st.binary(max_size=40)), min_size=1, max_size=30),
-       st.sampled_from(["any", "one_ms", "ms_runs", "ms_runs_unsorted"]),
-       st.lists(st.integers(0, 3), min_size=30, max_size=30))
+       st.sampled_from(["any", "one_ms", "one_ms_unsorted", "ms_runs", "ms_runs_unsorted"]),
+       st.lists(st.integers(0, 3), min_size=150, max_size=150),
+       st.integers(0, 40), st.integers(1, 150))
 def test_render_messages_frames_each_entry(spec: list[tuple[int, int, bytes]], shape: str,
-                                           steps: list[int]) -> None:
-    """Batch rendering (shared-head paths or not) decodes to one exact frame per entry."""
-    base = spec[0][0] & ~((1 << 22) - 1) & ((1 << 62) - 1)
-    if shape == "one_ms":  # one millisecond, one size, one attempts value: one shared head
-        spec = [(base + i, spec[0][1], b"%08d" % i) for i in range(len(spec))]
+                                           steps: list[int], size: int, count: int) -> None:
+    """Batch rendering (shared-head paths, column scatter for many small bodies, or neither)
+    decodes to one exact frame per entry."""
+    base = spec[0][0] & ~((1 << 22) - 1)
+    if shape.startswith("one_ms"):  # one millisecond, size and attempts value: one shared head
+        spec = [(base + i, spec[0][1], (b"%08d" % i * 6)[:size]) for i in range(count)]
+        if shape == "one_ms_unsorted":
+            spec.reverse()
     elif shape.startswith("ms_runs"):  # one size and attempts, ids over several milliseconds
-        ms = [sum(steps[:i + 1]) for i in range(len(spec))]
+        ms = [sum(steps[:i + 1]) for i in range(count)]
         ids = [base + (m << 22) + i for i, m in enumerate(ms)]
         if shape == "ms_runs_unsorted":
             ids.reverse()
-        spec = [(m, spec[0][1], b"%08d" % i) for i, m in enumerate(ids)]
+        spec = [(m, spec[0][1], (b"%08d" % i * 6)[:size]) for i, m in enumerate(ids)]
     entries = [_entry(m, a, b) for m, a, b in spec]
     dec = w.ClientCodec()
     dec.receive_data(render_messages(entries))

@@ -96,6 +96,43 @@ def test_ack_unknown_or_foreign_id_fails(hub: Hub) -> None:
     assert hub.store.stats()["entries"] == 0
 
 
+def test_ack_batches_spanning_deliveries_repeats_and_foreign_ids(hub: Hub) -> None:
+    """One ack over ids of several delivered batches, with a repeated, a foreign and an
+    unknown id: exactly the held ids are finished (once), the rest are reported, in order,
+    and the store keeps only what is still in flight."""
+    q = _queue(hub)
+    _pub(hub, [b"%d" % i for i in range(6)])
+    t1, t2 = CollectingTarget(), CollectingTarget()
+    c1 = q.attach(t1, ready=2)
+    c2 = q.attach(t2, ready=1)
+    c1.set_ready(4)                       # a second delivered batch to c1
+    mine, theirs = t1.ids(), t2.ids()
+    assert len(mine) == 4 and len(theirs) == 1 and len(t1.batches) == 2
+    assert q.ack(c1, [mine[1], mine[2]]) == []          # spans the two batches
+    assert q.ack(c1, [mine[0], mine[0]]) == [mine[0]]   # repeated: finished once
+    assert q.ack(c1, [mine[3], theirs[0], 999]) == [theirs[0], 999]
+    # the room opened delivered the sixth message to c1: it and theirs[0] are in flight
+    assert len(t1.ids()) == 5 and q.in_flight == 2 and q.depth == 0
+    assert hub.store.stats()["entries"] == 2
+    sixth = t1.ids()[4]
+    assert q.ack(c1, [theirs[0], sixth]) == [theirs[0]]  # every id known, one foreign
+    assert q.in_flight == 1 and hub.store.stats()["entries"] == 1
+    assert q.ack(c2, theirs) == []
+    assert q.in_flight == 0 and hub.store.stats()["entries"] == 0
+
+
+def test_ack_deletes_the_rows_of_every_priority(hub: Hub) -> None:
+    """Acks on a queue that holds several priorities delete each entry's own row."""
+    q = _queue(hub)
+    _pub(hub, [b"low"], priority=0)
+    _pub(hub, [b"high"], priority=7)
+    t = CollectingTarget()
+    c = q.attach(t, ready=10)
+    assert t.bodies == [b"high", b"low"]
+    assert q.ack(c, t.ids()) == []
+    assert hub.store.stats()["entries"] == 0
+
+
 def test_requeue_returns_in_place_and_counts_attempts(hub: Hub) -> None:
     """A plain requeue puts the message back at its place; attempts grow per delivery."""
     q = _queue(hub)
