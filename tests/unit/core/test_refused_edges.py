@@ -17,20 +17,12 @@ from mqhub.testing import (
     CollectingTarget,
     RefusingStore,
     advance,
-    memory_hub,
+    refusing_hub,
     restart_hub,
     result_of,
     settle,
     start_clock,
 )
-
-
-def refusing_hub(**broker_kw: object) -> tuple[Hub, RefusingStore]:
-    """A memory hub whose store commits once per clock turn and can refuse puts."""
-    clock = start_clock()
-    store = RefusingStore(clock)
-    store.open()
-    return memory_hub(clock, store=store, **broker_kw), store
 
 
 def queue_of(hub: Hub, name: str) -> Queue:

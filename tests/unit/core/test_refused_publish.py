@@ -17,21 +17,10 @@ from mqhub.hub import Hub
 from mqhub.store.batch import WriteBatch
 from mqhub.testing import (
     CollectingTarget,
-    RefusingStore,
-    memory_hub,
+    refusing_hub,
     result_of,
     settle,
-    start_clock,
 )
-
-
-def refusing_hub(**broker_kw: object) -> tuple[Hub, RefusingStore]:
-    """A memory hub whose store commits once per clock turn and can refuse puts."""
-    clock = start_clock()
-    store = RefusingStore(clock)
-    store.open()
-    hub = memory_hub(clock, store=store, **broker_kw)
-    return hub, store
 
 
 def bound_queue(hub: Hub) -> Queue:
