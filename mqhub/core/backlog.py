@@ -327,16 +327,16 @@ class QueueBacklog:
         """:meth:`_cap` for a page just read: a batch whose put hold the page shows is applied
         in the store (a batch applies whole), so only its other holds count."""
         cap = self._page_cap
-        ids: set[int] | None = None
         for rec in self._pend.values():
             low = rec[2]
             if low is not None and (cap is None or low < cap):
                 cap = low
             put = rec[3]
             if put is not None and (cap is None or put < cap):
-                if ids is None:
-                    ids = set(map(_ID, page))
-                if put[1] not in ids:
+                # the page is in ready order: look the key up by bisection (a miss, even on a
+                # page out of order, only cuts the page earlier)
+                i = bisect_left(page, put, key=ready_key)
+                if i == len(page) or ready_key(page[i]) != put:
                     cap = put
         return cap
 
