@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from bisect import bisect_left
 from collections import deque
+from operator import itemgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,11 @@ NO_LIST: Any = ()
 _NO_MAP = NO_MAP
 _NO_IDS = NO_IDS
 _NO_LIST = NO_LIST
+#: an entry's id, expiry and body (column reads over a page, in C: no Python loop per entry)
+_ID = itemgetter(0)
+_EXPIRES = itemgetter(4)
+_BODY = itemgetter(7)
+_KEY_ID = itemgetter(1)  # the id of an (priority, id) entry key
 
 
 def ready_key(entry: Entry) -> tuple[int, int]:
@@ -321,16 +327,16 @@ class QueueBacklog:
         """:meth:`_cap` for a page just read: a batch whose put hold the page shows is applied
         in the store (a batch applies whole), so only its other holds count."""
         cap = self._page_cap
-        ids: set[int] | None = None
         for rec in self._pend.values():
             low = rec[2]
             if low is not None and (cap is None or low < cap):
                 cap = low
             put = rec[3]
             if put is not None and (cap is None or put < cap):
-                if ids is None:
-                    ids = {e[0] for e in page}
-                if put[1] not in ids:
+                # the page is in ready order: look the key up by bisection (a miss, even on a
+                # page out of order, only cuts the page earlier)
+                i = bisect_left(page, put, key=ready_key)
+                if i == len(page) or ready_key(page[i]) != put:
                     cap = put
         return cap
 
@@ -479,13 +485,21 @@ class QueueBacklog:
             return
         inflight = self._inflight
         claimed = self._claimed
-        fresh = [e for e in entries if e[0] not in inflight and e[0] not in claimed]
+        ids = list(map(_ID, entries))
+        # the usual page shares no id with the in-flight / claimed maps: test that in C and
+        # keep the page as it is; filter entry by entry only when some id is shared
+        if (inflight and not inflight.keys().isdisjoint(ids)) or (
+                claimed and not claimed.keys().isdisjoint(ids)):
+            fresh = [e for e in entries if e[0] not in inflight and e[0] not in claimed]
+        else:
+            fresh = entries
         if self._skip:
             skip = self._skip
-            gone = [e for e in fresh if e[0] in skip]
-            if gone:
-                fresh = [e for e in fresh if e[0] not in skip]
-                self._stored_only = max(0, self._stored_only - len(gone))
+            if not skip.isdisjoint(ids):
+                gone = [e for e in fresh if e[0] in skip]
+                if gone:
+                    fresh = [e for e in fresh if e[0] not in skip]
+                    self._stored_only = max(0, self._stored_only - len(gone))
             self._skip = _NO_IDS
         if self._pend or gone_keys:
             # deleted by a batch not yet committed when the page was read: never bring it back
@@ -493,19 +507,24 @@ class QueueBacklog:
             for rec in self._pend.values():
                 keys = rec[1].deletes.get(self.name)
                 if keys:
-                    dead.update([k[1] for k in keys])
-            if dead:
+                    dead.update(map(_KEY_ID, keys))
+            if dead and not dead.isdisjoint(ids):
                 fresh = [e for e in fresh if e[0] not in dead]
         last = entries[-1]
         self._horizon = (last[1], last[0])
-        self.broker.ids.observe(max(e[0] for e in entries))
-        if not self._may_expire and any(e[4] for e in fresh):
+        self.broker.ids.observe(max(ids))
+        if not self._may_expire and any(map(_EXPIRES, fresh)):
             self._may_expire = True
         if fresh:
-            big = max([len(e[7]) for e in fresh])
+            big = max(map(len, map(_BODY, fresh)))
             if big > self._body_max:
                 self._body_max = big
-        self._insert_many(fresh)
+        # a page is in ready order (IStore.read_entries) and ``fresh`` keeps its order: a page
+        # of one priority is in id order, appended as it is when it sorts after the window's
+        if entries[0][1] == last[1]:
+            self._enter(fresh, True)
+        else:
+            self._insert_many(fresh)
         self._stored_only = max(0, self._stored_only - len(fresh))
         if self._tail:
             self._trim_tail()
