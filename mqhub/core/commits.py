@@ -135,9 +135,13 @@ class Commits:
         self.pending[d] = []
         d.addBoth(self._done, d)
 
-    def _commit_now(self, batch: WriteBatch,
-                    joined: list[Deferred[None]] | None = None) -> Deferred[None]:
-        """Hand ``batch`` to the store now; ``joined`` Deferreds fire with its result."""
+    def _commit_now(self, batch: WriteBatch, joined: list[Deferred[None]] | None = None,
+                    background: bool = True) -> Deferred[None]:
+        """Hand ``batch`` to the store now; ``joined`` Deferreds fire with its result.
+
+        ``background``: a failure is logged and the returned Deferred fires with None; else
+        (a publish's own commit) the failure is the caller's.
+        """
         d = self.store.commit(batch)
         if id(batch) in self._watchers:
             d.addBoth(self._settle, batch)
@@ -145,7 +149,8 @@ class Commits:
             d.addBoth(_fire_joined, joined)
         if not d.called:
             self._track(d)
-        d.addErrback(_log_failure)
+        if background:
+            d.addErrback(_log_failure)
         return d
 
     def _join(self, batch: WriteBatch) -> Deferred[None]:
@@ -210,25 +215,7 @@ class Commits:
             self._track(d)
             self._joined.append(d)
             return d
-        self.open = None
-        if not batch:
-            # nothing to store (memory queues); publishes nested in the delivery fire too
-            if self._joined:
-                joined, self._joined = self._joined, []
-                _fire_joined(None, joined)
-            self._commit_held()
-            return succeed(None)
-        d = self.store.commit(batch)
-        if id(batch) in self._watchers:
-            d.addBoth(self._settle, batch)
-        if not d.called:
-            self._track(d)
-        if self._joined:
-            joined, self._joined = self._joined, []
-            d.addBoth(_fire_joined, joined)
-        if self._held:
-            self._commit_held()
-        return d
+        return self._close(batch, background=False)
 
     def open_window(self, batch: WriteBatch) -> WriteBatch | None:
         """Start filling ``batch`` with puts whose entries may be delivered at once; returns the
@@ -242,11 +229,17 @@ class Commits:
         if prev is not None:
             self.open = prev
             return self.commit(batch)
+        return self._close(batch, background=True)
+
+    def _close(self, batch: WriteBatch, background: bool) -> Deferred[None]:
+        """Close the open ``batch`` (no outer one): commit it with every commit that joined it
+        (those fire with it; with nothing to store they fire now), then the held batches."""
         self.open = None
         joined, self._joined = self._joined, []
         if batch:
-            d = self._commit_now(batch, joined)
+            d = self._commit_now(batch, joined, background)
         else:
+            # nothing to store (memory queues); publishes nested in the delivery fire too
             d = succeed(None)
             _fire_joined(None, joined)
         self._commit_held()
