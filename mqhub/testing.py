@@ -95,7 +95,6 @@ def memory_hub(clock: Clock | None = None, *, store: Any = None, start: bool = T
     return hub
 
 
-
 def refusing_hub(**broker_kw: Any) -> tuple[Hub, RefusingStore]:
     """A memory hub whose store commits once per clock turn and can refuse puts (a
     :class:`RefusingStore`), with ``broker_kw`` passed to the Broker."""
@@ -103,6 +102,7 @@ def refusing_hub(**broker_kw: Any) -> tuple[Hub, RefusingStore]:
     store = RefusingStore(clock)
     store.open()
     return memory_hub(clock, store=store, **broker_kw), store
+
 
 def restart_hub(hub: Hub, **broker_kw: Any) -> Hub:
     """Stop ``hub``'s broker and scheduler and start fresh ones over the same store and clock."""

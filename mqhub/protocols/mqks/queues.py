@@ -41,7 +41,6 @@ NO_TIMEOUT = 10.0 * 365 * 24 * 3600
 UNLIMITED = 1 << 62
 
 
-
 def _unused_setting(name: str, raw: bytes | None) -> bool | float | None:
     """The ``delete_when_unused`` seconds of a stored settings row (None: none, or a row that
     cannot be read, which is logged and skipped like VibeMQ's: the queue itself still recovers)."""
@@ -49,13 +48,14 @@ def _unused_setting(name: str, raw: bytes | None) -> bool | float | None:
         return None
     try:
         value = json.loads(raw).get("delete_when_unused")
-        if value is None or isinstance(value, (bool, int, float)):
-            return value
-        raise TypeError(f"not a number of seconds: {value!r}")
-    except (ValueError, AttributeError, TypeError):
-        log.warn("mqks queue {name!r}: unreadable settings row {raw!r} skipped", name=name,
-                 raw=raw[:80])
-        return None
+    except (ValueError, AttributeError):  # not JSON, or not a JSON object
+        value = raw
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    log.warn("mqks queue {name!r}: unreadable settings row {raw!r} skipped", name=name,
+             raw=raw[:80])
+    return None
+
 
 class MqksQueue:
     """One MQKS queue: its core queue, events, delete-when-unused setting and consumers."""
