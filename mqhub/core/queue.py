@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP
@@ -346,7 +346,7 @@ class Queue(QueueFanout):
             self._parent.fan_done(self, removed)
         self._maybe_page()
 
-    def _drop_when_stored(self, taken: list[Entry]) -> Any:
+    def _drop_when_stored(self, taken: list[Entry]) -> Callable[[bool], None]:
         """A settle callback deleting the stored rows of ``taken`` once their put is stored."""
         keys = [(e[1], e[0]) for e in taken]
 

@@ -46,12 +46,13 @@ class PubRelay:
     """The pub-in ROUTER's PUBLISH handling and the PUB bridge's hub subscriptions."""
 
     def __init__(self, broker: Any, send_pub: Send | None, drops: DropLog, max_body: int,
-                 stats: dict[str, int], patterns: tuple[str, ...] = (),
-                 publishers: PeerTable | None = None, clock: Any = None) -> None:
+                 stats: dict[str, int], patterns: tuple[str, ...], publishers: PeerTable,
+                 clock: Any) -> None:
         """:param send_pub: sends ``[topic, message]`` on PUB (None: hub only, no PUB socket).
         :param stats: the router's counters (``published`` is counted here).
         :param patterns: hub address patterns bridged to PUB while started.
-        :param publishers: where the identities that PUBLISH are noted (with ``clock``)."""
+        :param publishers: where the identities that PUBLISH are noted.
+        :param clock: IReactorTime giving when they were seen."""
         self.broker = broker
         self.publishers = publishers
         self.clock = clock
@@ -78,7 +79,8 @@ class PubRelay:
     def received(self, messages: list[Frames]) -> None:
         """PUBLISH on the pub/sub ROUTER: out on PUB as ``[topic, message]`` and into the hub."""
         topics: dict[bytes, list[bytes]] = {}
-        now = self.clock.seconds() if self.clock is not None else 0.0
+        now = self.clock.seconds()
+        publishers = self.publishers
         for frames in messages:
             try:
                 cmd = F.parse_routed(frames, self.max_body)
@@ -90,8 +92,7 @@ class PubRelay:
             except F.ProtocolError as exc:
                 self.drops.drop("pub-in", frames[0] if frames else b"", str(exc))
                 continue
-            if self.publishers is not None:
-                self.publishers.seen(cmd.peer, now)
+            publishers.seen(cmd.peer, now)
             if self.send_pub is not None:
                 self.send_pub([topic, message])
             topics.setdefault(topic, []).append(message)

@@ -351,6 +351,15 @@ class CurveSettings(NamedTuple):
     clients: str | None
 
 
+def emqp_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The ``--option emqp.KEY=VALUE`` settings: ``options["plugin_options"]["emqp"]``, or the
+    plugin options themselves when they are not nested by plugin name."""
+    raw = options.get("plugin_options") or {}
+    if isinstance(raw.get("emqp"), dict):
+        return raw["emqp"]
+    return raw
+
+
 def curve_settings(options: dict[str, Any]) -> CurveSettings | None:
     """``--option emqp.curve_secret_file=PATH [emqp.curve_clients=DIR]``, or None.
 
@@ -359,9 +368,7 @@ def curve_settings(options: dict[str, Any]) -> CurveSettings | None:
 
     :raises PluginError: when the file cannot be read, holds no secret key, or DIR is missing.
     """
-    raw = options.get("plugin_options") or {}
-    if isinstance(raw.get("emqp"), dict):
-        raw = raw["emqp"]
+    raw = emqp_options(options)
     path = raw.get("curve_secret_file")
     if not path:
         if raw.get("curve_clients"):
@@ -398,9 +405,7 @@ def _flag(value: Any) -> bool:
 
 def router_settings(options: dict[str, Any]) -> dict[str, Any]:
     """Translate ``--option emqp.KEY=VALUE`` settings into EmqpRouter keyword arguments."""
-    raw = options.get("plugin_options") or {}
-    if isinstance(raw.get("emqp"), dict):
-        raw = raw["emqp"]
+    raw = emqp_options(options)
     out: dict[str, Any] = {}
     try:
         if "heartbeat_interval" in raw:
@@ -448,9 +453,7 @@ def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -
 def frontend_hwm(options: dict[str, Any]) -> int:
     """``--option emqp.receive_hwm=N`` (messages the frontend buffers per client, >= 1), or
     :data:`FRONTEND_HWM`."""
-    raw = options.get("plugin_options") or {}
-    if isinstance(raw.get("emqp"), dict):
-        raw = raw["emqp"]
+    raw = emqp_options(options)
     if "receive_hwm" not in raw:
         return FRONTEND_HWM
     try:

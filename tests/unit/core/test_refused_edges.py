@@ -23,6 +23,7 @@ from mqhub.testing import (
     settle,
     start_clock,
 )
+from tests.unit.core.test_refused_publish import consume_all
 
 
 def queue_of(hub: Hub, name: str) -> Queue:
@@ -30,20 +31,6 @@ def queue_of(hub: Hub, name: str) -> Queue:
     q = hub.broker.queue(name)
     assert q is not None
     return q
-
-
-def consume_all(hub: Hub, queue: str, target: CollectingTarget, turns: int = 50) -> list[bytes]:
-    """Attach ``target`` to ``queue``, ack everything it gets until the queue is empty."""
-    q = queue_of(hub, queue)
-    c = q.attach(target, ready=100)
-    for _ in range(turns):
-        settle(hub)
-        ids = [e[0] for e in target.entries if q.owner_of(e[0]) is c]
-        if ids:
-            q.ack(c, ids)
-        if not q.depth and not q.in_flight:
-            break
-    return target.bodies
 
 
 # -- parked messages moved by a refused commit ---------------------------------------------------
