@@ -202,11 +202,11 @@ class BrokerDelays:
 
     def _not_started_yet(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
                          now: float) -> bool:
-        """Before start(): put due ``rows`` back a second later and return True."""
+        """Before start(): put due ``rows`` back :data:`DUE_RETRY` seconds later; return True."""
         if self._started:
             return False
         for _, key, payload in rows:
-            batch.put_due(now + 1.0, key, payload)
+            batch.put_due(now + DUE_RETRY, key, payload)
         return True
 
     def _on_address_due(self, rows: list[tuple[float, bytes, bytes]], batch: WriteBatch,
