@@ -62,14 +62,10 @@ def start_mqhub(data_dir: str, durability: str, journal: str = "on",
     """
     tcp, http = free_port(), free_port()
     listens = [f"nsq.tcp=tcp:{tcp}:interface={HOST}", f"nsq.http=tcp:{http}:interface={HOST}"]
-    log_path = os.path.join(data_dir, "..", "mqhub.log")
-    if tree:
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-        proc = _common.start_mqhub("nsq", listens, data_dir, durability, log_path + ".base",
-                                   wait_for=tcp, extra=["--journal", journal], cwd=tree, env=env)
-    else:
-        proc = _common.start_mqhub("nsq", listens, data_dir, durability, log_path, wait_for=tcp,
-                                   extra=["--journal", journal])
+    log_path = os.path.join(data_dir, "..", "mqhub.log" + (".base" if tree else ""))
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree)) if tree else None
+    proc = _common.start_mqhub("nsq", listens, data_dir, durability, log_path, wait_for=tcp,
+                               extra=["--journal", journal], cwd=tree or None, env=env)
     return proc, tcp
 
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 import re
 import struct
 
-from mqhub.protocols.nsq.frames import id_struct
+from mqhub.protocols.nsq.frames import I32, id_struct
 
-#: a big-endian 4-byte size field
-I32 = struct.Struct(">i")
 _FIN_RUN = re.compile(rb"(?:FIN [0-9a-fA-F]{16}\n)+")
 #: byte columns of a 21-byte ``FIN <16 hex>\n`` line that are fixed
 _FIN_COLUMNS = ((0, b"F"), (1, b"I"), (2, b"N"), (3, b" "), (20, b"\n"))

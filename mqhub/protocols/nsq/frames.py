@@ -38,7 +38,8 @@ from mqhub.protocols.nsq.events import (
     Touch,
 )
 
-_I32 = struct.Struct(">i")
+#: a big-endian int32: the sizes and counts before bodies in both directions
+I32: Final = struct.Struct(">i")
 _FRAME_HEAD = struct.Struct(">ii")
 #: a message frame's head: size, frame type, timestamp (ns), attempts (the 16-byte id follows)
 MSG_HEAD: Final = struct.Struct(">iiqH")
@@ -135,12 +136,12 @@ def _names(*names: str) -> bytes:
 def encode_identify(fields: dict) -> bytes:
     """IDENTIFY with a JSON body."""
     body = json.dumps(fields).encode()
-    return b"IDENTIFY\n" + _I32.pack(len(body)) + body
+    return b"IDENTIFY\n" + I32.pack(len(body)) + body
 
 
 def encode_auth(secret: bytes) -> bytes:
     """AUTH with a secret."""
-    return b"AUTH\n" + _I32.pack(len(secret)) + secret
+    return b"AUTH\n" + I32.pack(len(secret)) + secret
 
 
 def encode_sub(topic: str, channel: str) -> bytes:
@@ -150,19 +151,19 @@ def encode_sub(topic: str, channel: str) -> bytes:
 
 def encode_pub(topic: str, body: bytes) -> bytes:
     """PUB topic with a body."""
-    return b"PUB " + topic.encode() + b"\n" + _I32.pack(len(body)) + body
+    return b"PUB " + topic.encode() + b"\n" + I32.pack(len(body)) + body
 
 
 def encode_dpub(topic: str, defer_ms: int, body: bytes) -> bytes:
     """DPUB topic defer_ms with a body."""
-    return b"DPUB %s %d\n" % (topic.encode(), defer_ms) + _I32.pack(len(body)) + body
+    return b"DPUB %s %d\n" % (topic.encode(), defer_ms) + I32.pack(len(body)) + body
 
 
 def encode_mpub(topic: str, bodies: list[bytes]) -> bytes:
     """MPUB topic with the bodies."""
-    parts = [_I32.pack(len(b)) + b for b in bodies]
-    payload = _I32.pack(len(bodies)) + b"".join(parts)
-    return b"MPUB " + topic.encode() + b"\n" + _I32.pack(len(payload)) + payload
+    parts = [I32.pack(len(b)) + b for b in bodies]
+    payload = I32.pack(len(bodies)) + b"".join(parts)
+    return b"MPUB " + topic.encode() + b"\n" + I32.pack(len(payload)) + payload
 
 
 def encode_rdy(count: int) -> bytes:
@@ -204,7 +205,7 @@ def encode_command(event: Command) -> bytes:
     if isinstance(event, Touch):
         return encode_touch(event.msg_id)
     if isinstance(event, Identify):
-        return b"IDENTIFY\n" + _I32.pack(len(event.body)) + event.body
+        return b"IDENTIFY\n" + I32.pack(len(event.body)) + event.body
     if isinstance(event, Auth):
         return encode_auth(event.secret)
     if isinstance(event, Cls):

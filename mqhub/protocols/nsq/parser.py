@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from mqhub.protocols.nsq.batch_reads import I32, BatchReads, uniform_bodies
+from mqhub.protocols.nsq.batch_reads import BatchReads, uniform_bodies
 from mqhub.protocols.nsq.events import (
     DEFAULT_MAX_BODY_SIZE,
     DEFAULT_MAX_LINE,
@@ -35,6 +35,7 @@ from mqhub.protocols.nsq.events import (
     is_valid_name,
     parse_int,
 )
+from mqhub.protocols.nsq.frames import I32
 
 
 class ServerCodec(BatchReads):
