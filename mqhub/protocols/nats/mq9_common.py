@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from mqhub.protocols.nats import codec
 
-MAILBOX = "$mq9.AI.MAILBOX."
-BROADCAST = "$mq9.AI.BROADCAST."
+#: every mq9 subject starts so (``settings.MQ9_PREFIX`` is this)
+PREFIX = "$mq9.AI."
+MAILBOX = PREFIX + "MAILBOX."
+#: persisted-broadcast subjects (``settings.BROADCAST_PREFIX`` is this)
+BROADCAST = PREFIX + "BROADCAST."
 
 # kinds of the after-commit operations in ``Mq9.ops`` (first field of each op tuple)
 OP_BROADCAST = 2   # (kind, publisher, entry, seen, reply, hdr): deliver a persisted broadcast
