@@ -18,6 +18,13 @@ OP_PONG = 4        # (kind, connection): a flush() barrier's PONG
 OP_PUSH = 5        # (kind, pusher, consumer, entries): push stored mailbox messages
 
 
+def sub_pattern(subject: str) -> str:
+    """The pattern a SUB matches on: mq9 lets a broadcast SUB end in ``#``, meaning ``>``."""
+    if subject.startswith(BROADCAST) and subject.endswith(".#"):
+        return subject[:-1] + ">"
+    return subject
+
+
 def no_mailbox(mail_id: str) -> str:
     """mq9's error text for a mailbox that does not exist (unknown, expired or removed)."""
     return f"mailbox {mail_id} does not exist"
