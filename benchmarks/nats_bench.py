@@ -50,21 +50,20 @@ CHUNK = 64 * 1024
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true}\r\n'
 
 
-def start_mqhub(data_dir: str, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int]:
-    """Start ``twistd -n mqhub --protocols nats`` on a free port with a durable store."""
-    port = free_port()
-    proc = _common.start_mqhub("nats", [f"mq9.tcp=tcp:{port}:interface={HOST}"], data_dir, "sync",
-                               os.path.join(data_dir, "mqhub.log"), wait_for=port, extra=extra)
-    return proc, port
+def start_mqhub(data_dir: str, extra: tuple[str, ...] = (),
+                tree: str | None = None) -> tuple[subprocess.Popen, int]:
+    """Start ``twistd -n mqhub --protocols nats`` on a free port with a durable store.
 
-
-def start_mqhub_tree(tree: str, data_dir: str) -> tuple[subprocess.Popen, int]:
-    """Start the mqhub of another source tree (``git archive REV | tar -x -C tree``) the same way
-    as :func:`start_mqhub`: its ``mqhub`` package comes first on PYTHONPATH."""
+    With ``tree``, the mqhub of that other source tree (``git archive REV | tar -x -C tree``):
+    run from it, its ``mqhub`` package first on PYTHONPATH.
+    """
     port = free_port()
+    where: dict[str, Any] = {}
+    if tree:
+        where = {"cwd": tree, "env": dict(os.environ, PYTHONPATH=os.path.abspath(tree))}
     proc = _common.start_mqhub("nats", [f"mq9.tcp=tcp:{port}:interface={HOST}"], data_dir, "sync",
-                               os.path.join(data_dir, "mqhub.log"), port, cwd=tree,
-                               env=dict(os.environ, PYTHONPATH=os.path.abspath(tree)))
+                               os.path.join(data_dir, "mqhub.log"), wait_for=port, extra=extra,
+                               **where)
     return proc, port
 
 
@@ -293,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.base_tree:
             base = os.path.join(work, "base")
             os.makedirs(base)
-            servers["mqhub_base"] = start_mqhub_tree(args.base_tree, base)
+            servers["mqhub_base"] = start_mqhub(base, tree=args.base_tree)
         binary = None if args.skip_reference else nats_server_binary()
         if binary:
             servers["nats_server"] = start_nats_server(binary, work)

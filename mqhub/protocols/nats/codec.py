@@ -491,9 +491,10 @@ class NatsParser:
 
     def _pub_known(self, buf: bytes, pos: int, nxt: int, line: bytes,
                    sr: tuple[str, str | None], size: int, out: list[Event]) -> int:
-        """Finish a PUB whose subject and reply are known: cache the line, take the payload."""
-        if size > self.max_payload:
-            raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
+        """Finish a PUB whose subject and reply are known: cache the line, take the payload.
+
+        An oversized payload is refused by :meth:`_payload_end` (fatal: the parser is dead).
+        """
         hit = (line, sr[0], sr[1], size)
         cache = self._pub_cache
         if len(cache) >= _CACHE_LIMIT:
@@ -519,8 +520,6 @@ class NatsParser:
             hsize, total = size_field(hs), size_field(ts)
             if hsize > total:
                 raise ProtocolError(E_BAD_ARGS, "header size larger than total size")
-            if total > self.max_payload:
-                raise ProtocolError(E_MAX_PAYLOAD, "Maximum Payload Violation")
             hit = (line, text_field(subject), reply, hsize, total)
             if len(self._hpub_cache) >= _CACHE_LIMIT:
                 self._hpub_cache.clear()

@@ -34,9 +34,9 @@ from mqhub.protocols.nats.codec import (
     NatsParser,
     ProtocolError,
 )
+from mqhub.protocols.nats.mq9_common import sub_pattern
 from mqhub.protocols.nats.output import direct_socket, remainder, send_chunks
 from mqhub.protocols.nats.settings import (
-    BROADCAST_PREFIX,
     CRLF,
     MQ9_PREFIX,
     READ_SIZE,
@@ -455,10 +455,7 @@ class NatsConnection(Protocol):
         """Register a subscription (replacing nothing: a reused sid is ignored like nats-server)."""
         if sid in self.subs:
             return
-        pattern = subject
-        if subject.startswith(BROADCAST_PREFIX) and (subject.endswith(".#")):
-            pattern = subject[:-1] + ">"
-        sub = Subscription(self, pattern, queue, sid, subject)
+        sub = Subscription(self, sub_pattern(subject), queue, sid, subject)
         self.subs[sid] = sub
         self.server.add_sub(sub)
 

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 from mqhub.protocols.nats import codec
 
-MAILBOX = "$mq9.AI.MAILBOX."
-BROADCAST = "$mq9.AI.BROADCAST."
+#: every mq9 subject starts so (``settings.MQ9_PREFIX`` is this)
+PREFIX = "$mq9.AI."
+MAILBOX = PREFIX + "MAILBOX."
+#: persisted-broadcast subjects (``settings.BROADCAST_PREFIX`` is this)
+BROADCAST = PREFIX + "BROADCAST."
 
 # kinds of the after-commit operations in ``Mq9.ops`` (first field of each op tuple)
 OP_BROADCAST = 2   # (kind, publisher, entry, seen, reply, hdr): deliver a persisted broadcast
 OP_REPLY = 3       # (kind, reply subject, JSON bytes): answer a MAILBOX request
 OP_PONG = 4        # (kind, connection): a flush() barrier's PONG
 OP_PUSH = 5        # (kind, pusher, consumer, entries): push stored mailbox messages
+
+
+def sub_pattern(subject: str) -> str:
+    """The pattern a SUB matches on: mq9 lets a broadcast SUB end in ``#``, meaning ``>``."""
+    if subject.startswith(BROADCAST) and subject.endswith(".#"):
+        return subject[:-1] + ">"
+    return subject
 
 
 def no_mailbox(mail_id: str) -> str:

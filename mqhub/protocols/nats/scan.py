@@ -69,7 +69,8 @@ def _sizes(limit: int, prefix: bytes = b"") -> bytes:
 
 def frame_pattern(limit: int) -> re.Pattern[bytes]:
     """The compiled frame pattern for payloads up to ``limit`` bytes (cached per limit; a
-    process has one ``max_payload`` or a few, compiling one takes up to ~0.1 s)."""
+    process has one ``max_payload`` or a few, compiling one takes up to ~0.1 s: ``NatsServer``
+    compiles its own when it is built, not in its first large read)."""
     limit = max(0, min(limit, SCAN_LIMIT))
     pat = _patterns.get(limit)
     if pat is None:
@@ -78,9 +79,6 @@ def frame_pattern(limit: int) -> re.Pattern[bytes]:
         pat = re.compile(rb"(PUB [^ \r\n]+(?: [^ \r\n]+)??) (" + _sizes(limit) + rb")", re.S)
         _patterns[limit] = pat
     return pat
-
-
-frame_pattern(SCAN_LIMIT)       # the default max_payload's pattern, compiled at start
 
 
 def scan_frames(parts: list[bytes], i: int, hget: Callable[[bytes, Any], Any],

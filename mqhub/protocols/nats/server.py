@@ -24,6 +24,7 @@ from twisted.internet.protocol import Factory
 
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.connection import NatsConnection
+from mqhub.protocols.nats.scan import frame_pattern
 from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-exported)
     BROADCAST_PREFIX,
     CRLF,
@@ -54,6 +55,7 @@ class NatsServer(Factory):
         self.hub = hub
         self.clock = hub.clock
         self.settings = settings or NatsSettings()
+        frame_pattern(self.settings.max_payload)   # compiled now (~0.1 s), not in the first read
         self.sublist = Sublist()
         self.routes: dict[bytes, tuple] = {}
         self.sroutes: dict[tuple[str, str | None], tuple] = {}

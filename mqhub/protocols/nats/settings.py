@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.mq9_common import BROADCAST as BROADCAST_PREFIX
+from mqhub.protocols.nats.mq9_common import PREFIX as MQ9_PREFIX
 
 __all__ = ["NatsSettings", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
            "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK"]
@@ -23,8 +25,6 @@ WIRE_ERRORS: dict[str, str | None] = {
     codec.E_INVALID_SUBJECT: "Invalid Subject",
 }
 
-MQ9_PREFIX = "$mq9.AI."
-BROADCAST_PREFIX = "$mq9.AI.BROADCAST."
 #: bytes read per turn: bigger reads = bigger mq9 groups per store commit, fewer turns for core
 READ_SIZE = 256 * 1024
 

@@ -183,6 +183,9 @@ def test_max_payload() -> None:
     expect_fatal(b"PUB foo 2000000\r\n", codec.E_MAX_PAYLOAD)
     expect_fatal(b"HPUB foo 12 2000000\r\n", codec.E_MAX_PAYLOAD)
     expect_fatal(b"PUB foo 11\r\n", codec.E_MAX_PAYLOAD, max_payload=10)
+    # a known subject at a new, oversized size (the head-cache path)
+    expect_fatal(b"PUB foo 1\r\nx\r\nPUB foo 11\r\n", codec.E_MAX_PAYLOAD, max_payload=10)
+    expect_fatal(b"HPUB foo 0 1\r\nx\r\nHPUB foo 0 11\r\n", codec.E_MAX_PAYLOAD, max_payload=10)
 
 
 def test_unknown_and_bad_arguments() -> None:

@@ -7,6 +7,7 @@ import json
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import OP_HMSG, OP_MSG
 from mqhub.protocols.nats.mq9 import mailbox_queue, mailbox_queues
+from mqhub.protocols.nats.mq9_common import sub_pattern
 from mqhub.protocols.nats.server import NatsServer
 from mqhub.testing import result_of
 from tests.protocols.nats.helpers import Client, make_hub, make_mq9_server, request
@@ -555,3 +556,11 @@ def test_a_live_subscriber_of_a_latest_mailbox_gets_only_the_newest_of_a_read() 
     c.send(b"".join(codec.encode_pub(f"$mq9.AI.INBOX.{mid}.{prio}", body) for prio, body in (
         ("notify", b"e"), ("urgent", b"f"))))
     assert bodies(agent.events()) == [b"f"]
+
+
+def test_sub_pattern_maps_a_trailing_hash_on_broadcast_subjects_only() -> None:
+    """``#`` at the end of a broadcast SUB means ``>``; elsewhere a subject stays as written."""
+    assert sub_pattern("$mq9.AI.BROADCAST.#") == "$mq9.AI.BROADCAST.>"
+    assert sub_pattern("$mq9.AI.BROADCAST.orders.#") == "$mq9.AI.BROADCAST.orders.>"
+    assert sub_pattern("$mq9.AI.BROADCAST.orders.x#") == "$mq9.AI.BROADCAST.orders.x#"
+    assert sub_pattern("bench.#") == "bench.#"
