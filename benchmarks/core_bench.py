@@ -206,6 +206,7 @@ def bench_live(batch: int) -> None:
     sink = _Sink()
     hub.broker.subscribe("live.subject", sink)
     publish = hub.broker.publish_batch
+
     def run(size: int) -> float:
         bodies = [b"x" * 16] * size
         calls = max(1, 300_000 // size)

@@ -52,6 +52,8 @@ def recv(sock: zmq.Socket) -> list[bytes]:
         frame = _RECV(sock, 0, False)
         out.append(frame.bytes)
     return out
+
+
 BODY = json.dumps(["run", {"callable": "noop", "path": "bench", "args": [], "kwargs": {},
                            "class_args": [], "class_kwargs": {}}]).encode()
 

@@ -86,6 +86,7 @@ class DeadLetter:
                    int(h.get(H_PRIORITY, "0") or 0), attempts, h.get(H_REASON, ""),
                    h.get(H_ERROR), origin, float(h.get(H_TIME, "0") or 0.0))
 
+
 __all__ = ["DeadLetter", "dlq_name", "to_dead", "from_dead", "DLQ_PREFIX", "REASON_EXPIRED",
            "REASON_MAX_ATTEMPTS", "REASON_OVERFLOW", "REASON_REJECTED"]
 

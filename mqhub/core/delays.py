@@ -222,6 +222,7 @@ class BrokerDelays:
                 log.error("dropping unreadable due row %r", key)
                 continue
             groups.setdefault((address, tuple(map(tuple, marks))), []).append(entry)
+
         def fill() -> None:
             for (address, marks), entries in groups.items():
                 self._route_due(address, entries, marks, batch, True, now)
@@ -303,6 +304,7 @@ class BrokerDelays:
             if q is None or q.deleted or inc != q.incarnation:
                 continue
             per_queue.setdefault(name, []).append(entry)
+
         def fill() -> None:
             for name, entries in per_queue.items():
                 q = self._queues.get(name) or self._hidden[name]

@@ -333,7 +333,6 @@ class EmqpService(Service):
             self.drainer.cancel()
         self.sockets = {}
 
-
     def _stop_authenticator(self) -> None:
         """Stop the ZAP handler thread, if CURVE started one."""
         if self.authenticator is not None:

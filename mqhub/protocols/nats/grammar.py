@@ -44,6 +44,7 @@ def json_object(raw: bytes, code: str, verb: str) -> dict[str, Any]:
         raise ProtocolError(code, f"{verb} JSON must be an object")
     return value
 
+
 class ProtocolError(Exception):
     """A violation of the NATS protocol found by the codec.
 

@@ -35,6 +35,7 @@ class MailboxHost(Protocol):
     def push(self, pusher: MailboxPusher, consumer: Any, entries: list[tuple]) -> None:
         """Render ``entries`` for the mailbox's subscribers and ack what was pushed."""
 
+
 INBOX = "$mq9.AI.INBOX."
 RESERVED_REPLY = "mqhub-reply"
 QUEUE_PREFIX = "mq9/box/"

@@ -433,6 +433,7 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
         if self.batch:
             self.end_turn()
 
+
 def _expiry(box: Mailbox, entry: tuple) -> float:
     """An old-layout message's expiry: its id's time plus its TTL rule, capped by the mailbox's."""
     ttl = ttl_header(entry[HEADERS]) or PRIORITIES[PRIORITY_NAMES.get(entry[PRIORITY],

@@ -30,7 +30,6 @@ _NAME_RE = re.compile(rb"[.a-zA-Z0-9_-]+(#ephemeral)?")
 _MAX_NAME = 64
 
 
-
 class NeedData:
     """Type of the :data:`NEED_DATA` sentinel."""
 

@@ -518,7 +518,6 @@ class NsqProtocol(ConsumerCommands, Protocol):
         self.respond(encode_response(state.reply()))
 
 
-
 class NsqFactory(Factory):
     """Builds :class:`NsqProtocol` connections; holds the hub, config, topics and clients."""
 

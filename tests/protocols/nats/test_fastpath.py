@@ -77,6 +77,7 @@ def test_mixed_traffic_reaches_every_kind_of_subscriber_in_order(
     assert _msgs(exact) == [m for m in msgs if m[0] == "mx.a"]
     group = [m for m in msgs if m[0].count(".") == 1]        # mx.* matches one token
     got1, got2 = _msgs(q1), _msgs(q2)
+
     def key(m: tuple[str, str | None, bytes]) -> tuple[str, str, bytes]:
         return m[0], m[1] or "", m[2]
 

@@ -491,7 +491,6 @@ def test_queue_options_survive_a_restart(h: Harness) -> None:
     assert vq.core.depth == 1 and registry.dead_letter_source("kept.dlq") is vq
 
 
-
 def test_an_unreadable_queue_row_is_logged_and_skipped(h: Harness) -> None:
     """A corrupt metadata row does not stop recovery of the other queues, and is named in a
     warning rather than skipped silently."""
@@ -513,6 +512,7 @@ def test_an_unreadable_queue_row_is_logged_and_skipped(h: Harness) -> None:
     assert registry.get("good") is not None and registry.get("bad") is None
     assert [e["key"] for e in events if "unreadable metadata row" in e.get("log_format", "")] \
         == [META_PREFIX + "bad"]
+
 
 def test_gzip_brotli_and_plain_frames_mixed_on_one_connection(h: Harness) -> None:
     pub = h.client(compression="gzip")
@@ -594,7 +594,6 @@ def test_connection_rate_limit_per_ip() -> None:
     h.client()
 
 
-
 def test_connection_rate_map_forgets_stale_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the sweep size, hosts whose accepts left the 60 s window are forgotten."""
     from mqhub.protocols.vibemq import server as vserver
@@ -607,6 +606,7 @@ def test_connection_rate_map_forgets_stale_hosts(monkeypatch: pytest.MonkeyPatch
     h.advance(61)
     assert h.factory.allow_connection("10.0.0.9") is None
     assert list(h.factory.accepts) == ["10.0.0.9"]
+
 
 def test_config_from_twistd_options() -> None:
     from mqhub.errors import PluginError

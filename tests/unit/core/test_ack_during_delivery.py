@@ -243,7 +243,6 @@ def test_ack_of_a_fanout_copy_inside_delivery(env: Env) -> None:
     assert count(hub, "q") == 0
 
 
-
 def test_reject_inside_delivery_of_a_due_message_follows_the_scheduler_commit(env: Env) -> None:
     """A reject made while a due slice is delivered is stored after the slice's put."""
     hub = env.start()
