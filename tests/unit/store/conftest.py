@@ -55,6 +55,15 @@ def open_lmdb(path: str, **kw: Any) -> Harness:
     return Harness(make_lmdb(path, clock, **kw), clock)
 
 
+def open_memory() -> Harness:
+    """A Harness over an opened MemoryStore on a fresh Clock (the model the LMDB runs are
+    compared with)."""
+    clock = Clock()
+    store = MemoryStore(clock)
+    store.open()
+    return Harness(store, clock)
+
+
 @pytest.fixture(params=["memory", "lmdb"])
 def harness(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Harness]:
     """One opened store of each kind, closed afterwards."""

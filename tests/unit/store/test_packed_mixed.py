@@ -22,7 +22,7 @@ from mqhub.store.memory import MemoryStore
 from mqhub.store.records import make_entry
 from mqhub.store.snapshot import take_snapshot
 from mqhub.store.snapshot_reader import SnapshotReader
-from tests.unit.store.conftest import Harness, open_lmdb
+from tests.unit.store.conftest import Harness, open_lmdb, open_memory
 from tests.unit.store.test_layout import ready_live
 
 QUEUES = ["a", "b", "c"]
@@ -175,9 +175,7 @@ def test_mixed_batches_lmdb_matches_memory(turns: list[tuple[list[list[tuple]], 
     while it was committing it batch by batch): every operation must be idempotent."""
     tmp = tempfile.mkdtemp(prefix="mqhub-mixed-")
     try:
-        clock = Clock()
-        mem = Harness(MemoryStore(clock), clock)
-        mem.store.open()
+        mem = open_memory()
         lm = open_store(tmp)
         for n, (turn, reopen, replay) in enumerate(turns):
             base = SPAN * (n + 4)  # every id stays positive
