@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import queue
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +55,31 @@ def open_lmdb(path: str, **kw: Any) -> Harness:
     """A Harness over :func:`make_lmdb` on a fresh Clock."""
     clock = Clock()
     return Harness(make_lmdb(path, clock, **kw), clock)
+
+
+def open_memory() -> Harness:
+    """A Harness over an opened MemoryStore on a fresh Clock (the model the LMDB runs are
+    compared with)."""
+    clock = Clock()
+    store = MemoryStore(clock)
+    store.open()
+    return Harness(store, clock)
+
+
+def run_handed_back(handed: queue.SimpleQueue[Any] | queue.Queue[Any], until: Callable[[], bool],
+                    seconds: float, after: Callable[[], None] = lambda: None) -> None:
+    """Run the ``(f, args)`` calls a writer thread handed back (its ``call_from_thread``
+    puts them on ``handed``), each followed by ``after()``, until ``until()`` holds; fail if
+    that takes longer than ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not until():
+        assert time.monotonic() < deadline, "the writer thread did not report back"
+        try:
+            f, args = handed.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        f(*args)
+        after()
 
 
 @pytest.fixture(params=["memory", "lmdb"])

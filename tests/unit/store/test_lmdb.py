@@ -7,7 +7,6 @@ import os
 import queue
 import resource
 import signal
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ from mqhub.store.batch import WriteBatch
 from mqhub.store.lmdb import LmdbStore
 from mqhub.store.records import make_entry
 from mqhub.store.segments import list_segments
-from tests.unit.store.conftest import Harness, make_lmdb, open_lmdb
+from tests.unit.store.conftest import Harness, make_lmdb, open_lmdb, run_handed_back
 
 
 def commit(h: Harness, fill: Callable[[WriteBatch], None]) -> None:
@@ -245,15 +244,7 @@ def test_thread_writer_pipelines_groups(tmp_path: Any) -> None:
 
     def drain_until(cond: Callable[[], bool]) -> None:
         """Run what the writer thread handed back until ``cond`` holds (10 s deadline)."""
-        deadline = time.monotonic() + 10
-        while not cond():
-            assert time.monotonic() < deadline, "writer thread did not report back"
-            try:
-                f, a = results.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            f(*a)
-            clock.advance(0)
+        run_handed_back(results, cond, 10, lambda: clock.advance(0))
 
     for n in range(3):
         b = WriteBatch()

@@ -8,11 +8,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from twisted.internet.task import Clock
 
 from mqhub.store.batch import WriteBatch
-from mqhub.store.memory import MemoryStore
-from tests.unit.store.conftest import Harness, open_lmdb
+from tests.unit.store.conftest import Harness, open_lmdb, open_memory
 
 QUEUES = ["a", "b", "c.d"]
 ids = st.integers(min_value=1, max_value=40)
@@ -82,9 +80,7 @@ def test_lmdb_matches_memory(turns: list[list[tuple]]) -> None:
     """Each turn commits its batches as one group in both stores; states stay equal."""
     tmp = tempfile.mkdtemp(prefix="mqhub-model-")
     try:
-        mem_clock = Clock()
-        mem = Harness(MemoryStore(mem_clock), mem_clock)
-        mem.store.open()
+        mem = open_memory()
         lm = open_lmdb(tmp, durability="none")
         for turn in turns:
             for h in (mem, lm):

@@ -10,13 +10,11 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from twisted.internet.task import Clock
 
 from mqhub.store import codec, ready_groups
 from mqhub.store.batch import WriteBatch
-from mqhub.store.memory import MemoryStore
 from mqhub.store.records import make_entry
-from tests.unit.store.conftest import Harness, open_lmdb
+from tests.unit.store.conftest import Harness, open_lmdb, open_memory
 from tests.unit.store.test_layout import entry_rows, ready_live
 
 
@@ -278,9 +276,7 @@ def test_packed_lmdb_matches_memory(turns: list[list[tuple]]) -> None:
     equals MemoryStore after every turn and after a reopen; the groups stay consistent."""
     tmp = tempfile.mkdtemp(prefix="mqhub-packed-")
     try:
-        mem_clock = Clock()
-        mem = Harness(MemoryStore(mem_clock), mem_clock)
-        mem.store.open()
+        mem = open_memory()
         lm = open_store(tmp)
         for n, turn in enumerate(turns):
             for h in (mem, lm):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import queue as queue_mod
 import shutil
 import tempfile
-import time
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +21,7 @@ from mqhub.store.memory import MemoryStore
 from mqhub.store.records import make_entry
 from mqhub.store.snapshot import take_snapshot
 from mqhub.store.snapshot_reader import SnapshotReader
-from tests.unit.store.conftest import Harness, open_lmdb
+from tests.unit.store.conftest import Harness, open_lmdb, open_memory, run_handed_back
 from tests.unit.store.test_layout import ready_live
 
 QUEUES = ["a", "b", "c"]
@@ -175,9 +174,7 @@ def test_mixed_batches_lmdb_matches_memory(turns: list[tuple[list[list[tuple]], 
     while it was committing it batch by batch): every operation must be idempotent."""
     tmp = tempfile.mkdtemp(prefix="mqhub-mixed-")
     try:
-        clock = Clock()
-        mem = Harness(MemoryStore(clock), clock)
-        mem.store.open()
+        mem = open_memory()
         lm = open_store(tmp)
         for n, (turn, reopen, replay) in enumerate(turns):
             base = SPAN * (n + 4)  # every id stays positive
@@ -255,14 +252,7 @@ def test_writer_thread_reapplies_a_group_after_a_map_full(tmp_path: Any) -> None
         results: list[list[Any]] = [[] for _ in ds]
         for d, got in zip(ds, results, strict=True):
             d.addBoth(got.append)
-        deadline = time.monotonic() + 30
-        while not all(results):
-            assert time.monotonic() < deadline, "the writer thread did not finish the group"
-            try:
-                f, args = done.get(timeout=0.1)
-            except queue_mod.Empty:
-                continue
-            f(*args)
+        run_handed_back(done, lambda: all(results), 30)
         assert store.map_grows > 0
         # the group (5 batches) failed on its bad batch, was committed batch by batch until
         # the big one hit MapFull, and was then applied again: the first batch more than twice

@@ -10,13 +10,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from twisted.internet.task import Clock
 
 from mqhub.store import ready_groups
 from mqhub.store.batch import WriteBatch
-from mqhub.store.memory import MemoryStore
 from mqhub.store.records import make_entry
-from tests.unit.store.conftest import Harness, open_lmdb
+from tests.unit.store.conftest import Harness, open_lmdb, open_memory
 from tests.unit.store.test_layout import ready_live
 
 QUEUES = ["a", "b"]
@@ -69,9 +67,7 @@ def test_groups_match_memory_through_restarts(turns: list[list[tuple]], step: in
     ready_groups.GROUP_MAX = 3
     tmp = tempfile.mkdtemp(prefix="mqhub-ready-")
     try:
-        mem_clock = Clock()
-        mem = Harness(MemoryStore(mem_clock), mem_clock)
-        mem.store.open()
+        mem = open_memory()
         lm = open_lmdb(tmp, durability="none")
         for n, turn in enumerate(turns):
             for h in (mem, lm):
