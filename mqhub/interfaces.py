@@ -82,7 +82,9 @@ class IMessageStore(Interface):
     def read_entries(queue: str, after: tuple[int, int] | None, limit: int) -> Deferred[list[tuple]]:
         """Fire with up to ``limit`` entries of ``queue`` in ready order.
 
-        :param after: ``(priority, msg_id)`` of the last entry already read, or None to start.
+        :param after: ``(priority, msg_id)`` of the last entry already read, or None to start:
+            a position in the ready order, stored or not, of any integers (a priority above 9
+            precedes every entry, one below 0 follows them all; ids likewise).
         """
 
     def count_entries(queue: str) -> Deferred[int]:

@@ -6,13 +6,35 @@ in Deferreds. This module imports neither Twisted nor zope.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from mqhub.store import codec, packed_groups, ready_groups
 from mqhub.store.codec import ENTRY_KEY, F64, FLAG_SEGMENT, HEAD_SIZE, ORDER_KEY, VALUE_HEAD
 from mqhub.store.index_state import IndexState
-from mqhub.store.records import Entry, EntryKey
+from mqhub.store.records import MAX_MSG_ID, MAX_PRIORITY, MIN_PRIORITY, Entry, EntryKey
 from mqhub.store.segments import SegmentLog
+
+
+def ready_start(after: EntryKey | None) -> tuple[int, int] | None | Literal[False]:
+    """The ``(priority byte, msg_id)`` that :func:`ready_groups.iter_ready` starts after for
+    the ready-order position ``after`` (IMessageStore: any ``(priority, msg_id)`` pair, stored
+    or not); None to start at the first entry, False when no entry can follow ``after``.
+
+    Out-of-range parts are moved to the equivalent position: a priority above MAX_PRIORITY
+    precedes every entry, one below MIN_PRIORITY follows them all; an id below 0 precedes
+    every id of its priority (so: after the end of the priority above), one above MAX_MSG_ID
+    follows them all."""
+    if after is None:
+        return None
+    priority, msg_id = after
+    if priority > MAX_PRIORITY:
+        return None
+    if priority < MIN_PRIORITY:
+        return False
+    pbyte = MAX_PRIORITY - priority
+    if msg_id < 0:
+        return None if pbyte == 0 else (pbyte - 1, MAX_MSG_ID)
+    return pbyte, min(msg_id, MAX_MSG_ID)
 
 
 class IndexReader:
@@ -32,7 +54,9 @@ class IndexReader:
         ``ready`` groups; a plain group's rows are fetched with ``getmulti`` (which leaves out
         ids whose entry is gone), a packed group's live entries come from its ``packs`` row."""
         out: list[Entry] = []
-        start = None if after is None else (9 - after[0], after[1])
+        start = ready_start(after)
+        if start is False:
+            return out
         with self._env.begin() as txn:
             getmulti = txn.cursor(db=self._dbs[b"entries"]).getmulti
             packs = self._dbs[b"packs"]

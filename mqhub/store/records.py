@@ -30,6 +30,8 @@ EntryKey = tuple[int, int]
 
 MIN_PRIORITY = 0
 MAX_PRIORITY = 9
+#: the largest msg_id a store holds (ids are unsigned 64-bit)
+MAX_MSG_ID = (1 << 64) - 1
 
 
 def make_entry(
