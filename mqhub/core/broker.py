@@ -317,9 +317,12 @@ class Broker(BrokerParking):
         return list(self._queue_bindings.get(queue_name, {}).values())
 
     def route(self, address: str) -> Route:
-        """The cached route of ``address`` (see :class:`mqhub.core.routing.Route`)."""
+        """The cached route of ``address`` (see :class:`mqhub.core.routing.Route`); raises
+        InvalidName for an address :func:`validate_address` refuses."""
         r = self.routes.get(address)
         if r is None:
+            # publish_batch trusts a cached route's address: only a valid one may be cached
+            validate_address(address)
             r = self.router.route(address)
         return r
 

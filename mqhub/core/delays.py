@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from mqhub.core.commits import Commits
     from mqhub.core.counters import Counters
     from mqhub.core.queue import Queue
-    from mqhub.core.routing import Route, Router
+    from mqhub.core.routing import Router
 
 log = logging.getLogger(__name__)
 #: seconds before due rows whose handling failed are tried again
@@ -51,10 +51,6 @@ class BrokerDelays:
     _expiry_call: Any
     _expiry_at: float
     _sweep_cursor: int
-
-    def route(self, address: str) -> Route:
-        """The cached route of ``address`` (the broker's)."""
-        raise NotImplementedError
 
     def delete_queue(self, name: str) -> Any:
         """Delete a queue (the broker's)."""
@@ -267,7 +263,8 @@ class BrokerDelays:
             entries = [e for e in entries if e[0] >= cut]
             if not entries:
                 return
-        route = self.route(address)
+        # the router's cached route, unvalidated: a stored address was accepted when published
+        route = self.router.route(address)
         dests = route.queues if route.park is None else (route.park,)
         if not dests:
             return

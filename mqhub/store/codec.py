@@ -103,6 +103,11 @@ GROUP_MAX = 240
 VALUE_HEAD = struct.Struct(">BIddH")
 HEAD_SIZE = VALUE_HEAD.size
 META_HEAD = struct.Struct(">HB")
+#: the most bytes an entry's meta blob holds (``metalen`` is a u16): address, origin and
+#: headers together. Addresses are refused long before, where they are accepted
+#: (:func:`mqhub.core.address.validate_address`: at most MAX_ADDRESS characters, so 4 KiB of
+#: UTF-8); this is the backstop for what is left (headers)
+MAX_META = 0xFFFF
 MSG_REF = struct.Struct(">IQII")
 QUEUE_ROW = struct.Struct(">IQ")
 SEG_ROW = struct.Struct(">QQ")
@@ -148,16 +153,22 @@ def headers_json(headers: dict[str, str]) -> str:
 
 
 def encode_meta(address: str, headers: dict[str, str] | None, origin: str) -> bytes:
-    """Return the meta blob for ``address``, ``headers`` and ``origin``."""
+    """Return the meta blob for ``address``, ``headers`` and ``origin``.
+
+    :raises ValueError: when the blob would be over MAX_META bytes or the origin over 255.
+    """
     if headers is None:
         cached = _meta_encode_cache.get((address, origin))
         if cached is not None:
             return cached
     a = address.encode()
     o = origin.encode()
-    if len(a) > 0xFFFF or len(o) > 0xFF:
-        raise ValueError("address or origin too long to store")
+    if len(o) > 0xFF:
+        raise ValueError(f"origin of {len(o)} bytes is over the 255 an entry holds")
     h = b"" if headers is None else headers_json(headers).encode()
+    if len(a) + len(o) + len(h) > MAX_META - META_HEAD.size:
+        raise ValueError(f"entry meta (address of {len(a)} bytes, origin, headers of {len(h)}) "
+                         f"is over the {MAX_META} bytes an entry holds")
     blob = META_HEAD.pack(len(a), len(o)) + a + o + h
     if headers is None:
         if len(_meta_encode_cache) >= _CACHE_LIMIT:
