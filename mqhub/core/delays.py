@@ -56,6 +56,10 @@ class BrokerDelays:
         """Delete a queue (the broker's)."""
         raise NotImplementedError
 
+    def _any_queue(self, name: str) -> Queue | None:
+        """The queue named ``name``: a declared one, else a hidden (parking) one, else None."""
+        return self._queues.get(name) or self._hidden.get(name)
+
     def schedule_expiry(self, q: Queue) -> None:
         """(Re)arm the deletion of ``q`` at its ``expires_at`` (0 = cancel)."""
         key = EXPIRY_PREFIX + q.name.encode()
@@ -170,7 +174,7 @@ class BrokerDelays:
         again :data:`DUE_RETRY` seconds later (counted in ``counters.retried["delay"]``)."""
         again: list[tuple[Queue, int, list[Entry]]] = []
         for name, entries in batch.puts.items():
-            q = self._queues.get(name) or self._hidden.get(name)
+            q = self._any_queue(name)
             if q is None or q.deleted or not entries:
                 continue
             q.deferred += len(entries)
@@ -255,7 +259,7 @@ class BrokerDelays:
         counted = dict(marks)
         n = len(entries)
         for name, inc in marks:
-            q = self._queues.get(name) or self._hidden.get(name)
+            q = self._any_queue(name)
             if q is not None and q.incarnation == inc:
                 q.deferred = max(0, q.deferred - n)
         cut = self._park_cut.get(address)
@@ -289,10 +293,9 @@ class BrokerDelays:
         """Scheduler handler for ``dq/`` rows: move due entries into their queues."""
         if self._not_started_yet(rows, batch, now):
             return None
-        per_queue: dict[str, list[Entry]] = {}
+        per_queue: dict[Queue, list[Entry]] = {}
         for _, key, payload in rows:
-            name = key[len(DUE_PREFIX):-9].decode("utf-8", "replace")
-            q = self._queues.get(name) or self._hidden.get(name)
+            q = self._any_queue(key[len(DUE_PREFIX):-9].decode("utf-8", "replace"))
             try:
                 inc, entry = due_rows.decode_queue_row(payload)
             except ValueError:
@@ -300,11 +303,10 @@ class BrokerDelays:
                 continue
             if q is None or q.deleted or inc != q.incarnation:
                 continue
-            per_queue.setdefault(name, []).append(entry)
+            per_queue.setdefault(q, []).append(entry)
 
         def fill() -> None:
-            for name, entries in per_queue.items():
-                q = self._queues.get(name) or self._hidden[name]
+            for q, entries in per_queue.items():
                 q.deferred = max(0, q.deferred - len(entries))
                 entries.sort(key=entry_order)
                 q.put(entries, batch, True, now)

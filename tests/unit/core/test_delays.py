@@ -29,9 +29,11 @@ def test_delay_to_a_still_parked_address_is_held_until_a_queue_binds(hub: Hub) -
     b = hub.broker
     b.park("t")
     b.publish_batch("t", [b"x", b"y"], deliver_at=hub.clock.seconds() + 5)
+    assert b.router.parking["t"].deferred == 2
     hub.clock.advance(6)
     settle(hub)
     assert b.parked_depth("t") == 2
+    assert b.router.parking["t"].deferred == 0   # the hidden queue's count is settled too
     q = b.declare_queue("t.c")
     b.bind_queue("t", "t.c")
     settle(hub)
