@@ -198,23 +198,26 @@ class Inspector:
         counts = dict.fromkeys(self.protocols(), 0)
         for protocol, ls in self.listeners():
             counts[protocol] = counts.get(protocol, 0) + len(ls.connections)
-        for protocol, peers in self._peer_sources():
-            counts[protocol] = counts.get(protocol, 0) + len(peers())
+        for protocol, service in self._peer_sources():
+            count = getattr(service, "peer_count", None)
+            n = count() if callable(count) else len(service.peers())
+            counts[protocol] = counts.get(protocol, 0) + n
         return counts
 
     def peer_connections(self) -> list[dict[str, Any]]:
         """Connections a protocol service tracks itself through a ``peers()`` method (eMQP:
         the ZeroMQ identities its router knows), each row with its ``protocol``."""
         return [{"protocol": protocol, **row}
-                for protocol, peers in self._peer_sources() for row in peers()]
+                for protocol, service in self._peer_sources() for row in service.peers()]
 
-    def _peer_sources(self) -> list[tuple[str, Callable[[], list[dict[str, Any]]]]]:
-        """(protocol, ``peers`` method) of each protocol service that tracks its own peers."""
+    def _peer_sources(self) -> list[tuple[str, Any]]:
+        """(protocol, service) of each protocol service that tracks its own peers: it has a
+        ``peers()`` method, and may have ``peer_count()`` (counted without building the rows:
+        eMQP's can hold 20,000, which took about 11 ms to build)."""
         out = []
         for child in list(self.root) if self.root is not None else []:
-            peers = getattr(child, "peers", None)
-            if child.name not in self.skip and callable(peers):
-                out.append((child.name, peers))
+            if child.name not in self.skip and callable(getattr(child, "peers", None)):
+                out.append((child.name, child))
         return out
 
     def health(self) -> tuple[bool, dict[str, Any]]:

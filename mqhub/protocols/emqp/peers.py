@@ -5,10 +5,12 @@ and emq-schedulers announce themselves (INFORM) and heartbeat, so they are known
 goodbye or fall silent. Clients and publishers do neither; a :class:`PeerTable` remembers each
 identity's first and last message and its message count, forgets one silent for ``idle``
 seconds or saying DISCONNECT/KBYE, and holds at most ``max_peers`` (the earliest seen go first).
+The router marks a whole read at once (:meth:`PeerTable.seen_all`), not each message.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from mqhub.protocols.emqp import frames as F
@@ -38,6 +40,28 @@ class PeerTable:
         else:
             row[1] = now
             row[2] += 1
+
+    def seen_all(self, peers: list[bytes], now: float) -> None:
+        """One message from each item of ``peers`` (arrival order, repeats counted) at ``now``:
+        the end of one read, instead of a :meth:`seen` per message. The rows are the same as
+        those calls would leave; when the read brings more new peers than the table has room
+        for (eviction inside the read), it makes exactly those calls."""
+        if not peers:
+            return
+        table = self.peers
+        counts = Counter(peers)
+        if len(table) + len(counts) > self.max_peers and \
+                len(table) + sum(1 for p in counts if p not in table) > self.max_peers:
+            for peer in peers:
+                self.seen(peer, now)
+            return
+        for peer, n in counts.items():
+            row = table.get(peer)
+            if row is None:
+                table[peer] = [now, now, n]
+            else:
+                row[1] = now
+                row[2] += n
 
     def forget(self, peer: bytes) -> None:
         """``peer`` said goodbye."""
@@ -72,3 +96,8 @@ def connection_rows(workers: dict[bytes, Any], schedulers: dict[bytes, float],
             rows.append({"listener": socket, "peer": F.peer_label(peer), "kind": kind,
                          "since": since, "last_seen": last, "messages": count})
     return rows
+
+
+def row_count(workers: dict[bytes, Any], clients: PeerTable, publishers: PeerTable) -> int:
+    """How many rows :func:`connection_rows` returns for these, without building them."""
+    return len(workers) + len(clients.peers) + len(publishers.peers)

@@ -79,8 +79,8 @@ class PubRelay:
     def received(self, messages: list[Frames]) -> None:
         """PUBLISH on the pub/sub ROUTER: out on PUB as ``[topic, message]`` and into the hub."""
         topics: dict[bytes, list[bytes]] = {}
-        now = self.clock.seconds()
-        publishers = self.publishers
+        seen: list[bytes] = []  # marked in the peer table once, after the read
+        mark = seen.append
         for frames in messages:
             try:
                 cmd = F.parse_routed(frames, self.max_body)
@@ -92,11 +92,12 @@ class PubRelay:
             except F.ProtocolError as exc:
                 self.drops.drop("pub-in", frames[0] if frames else b"", str(exc))
                 continue
-            publishers.seen(cmd.peer, now)
+            mark(cmd.peer)
             if self.send_pub is not None:
                 self.send_pub([topic, message])
             topics.setdefault(topic, []).append(message)
             self.stats["published"] += 1
+        self.publishers.seen_all(seen, self.clock.seconds())
         for topic, bodies in topics.items():
             try:
                 d = self.broker.publish_batch(topic.decode(), bodies, origin="emqp")

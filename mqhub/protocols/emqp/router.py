@@ -166,10 +166,12 @@ class EmqpRouter:
         """Handle every message one read of the frontend ROUTER returned."""
         jobs: dict[str, JobBatch] = {}
         now = self.clock.seconds()
+        seen: list[bytes] = []  # peers of the valid messages: the table is marked once
+        mark = seen.append
         for frames in messages:
             try:
                 cmd = F.parse_routed(frames, self.max_body)
-                self.clients.seen(cmd.peer, now)
+                mark(cmd.peer)
                 name = cmd.name
                 if name == b"REQUEST":
                     self._take_request(cmd, jobs)
@@ -180,6 +182,8 @@ class EmqpRouter:
                 elif name == b"SCHEDULE" or name == b"UNSCHEDULE":
                     self.schedules.command(cmd)
                 elif name == b"DISCONNECT" or name == b"KBYE":
+                    self.clients.seen_all(seen, now)  # before it is forgotten, as in order
+                    seen.clear()
                     self._frontend_bye(cmd)
                 else:
                     raise F.ProtocolError(F.E_COMMAND, f"{name.decode()} on the frontend")
@@ -189,6 +193,7 @@ class EmqpRouter:
                 self.drops.drop("frontend", frames[0] if frames else b"", str(exc))
             except Exception:  # noqa: BLE001 - one message must never cost the rest of the read
                 log.failure("eMQP frontend: handling a message failed")
+        self.clients.seen_all(seen, now)
         for qname, (bodies, headers) in jobs.items():
             self.enqueue(qname, bodies, headers)
 

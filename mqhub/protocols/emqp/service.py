@@ -33,6 +33,7 @@ from txzmq.connection import ZmqConnection
 
 from mqhub.core.address import validate_pattern
 from mqhub.errors import InvalidName, PluginError
+from mqhub.protocols.emqp.peers import row_count
 from mqhub.protocols.emqp.router import EmqpRouter
 
 log = Logger(namespace="mqhub.emqp")
@@ -278,6 +279,11 @@ class EmqpService(Service):
     def peers(self) -> list[dict[str, Any]]:
         """The eMQP peers the router knows, as connection rows (admin ``/api/connections``)."""
         return self.router.peers()
+
+    def peer_count(self) -> int:
+        """How many rows :meth:`peers` would return, without building them (admin counts)."""
+        r = self.router
+        return row_count(r.workers, r.clients, r.publishers)
 
     def _sender(self, role: str) -> Callable[[list[bytes]], None]:
         """A send function for ``role`` that drops messages while the socket is closed."""

@@ -1,10 +1,19 @@
 """eMQP workers (jobmanagers on the backend) and eventmq's rule for choosing one.
 
 :class:`Routes` keeps, per eMQP queue, the workers that serve it sorted by weight; a job goes
-to the highest weight with a free slot, and workers of equal weight take turns.
+to the highest weight with a free slot, and workers of equal weight take turns. The order is
+kept in place (an insert per worker added, a rotation of one weight's run per pick), never
+re-sorted.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_right
+
+
+def _descending(item: tuple[int, bytes]) -> int:
+    """Sort key of a worker-list item: its weight, negated (highest weight first)."""
+    return -item[0]
 
 
 class Worker:
@@ -40,8 +49,8 @@ class Routes:
         """Route every queue of ``worker`` to it too."""
         for weight, qname in worker.queues:
             lst = self.by_queue.setdefault(qname, [])
-            lst.append((weight, worker.peer))
-            lst.sort(key=lambda item: -item[0])
+            # at the end of its weight's run (the list stays sorted, highest weight first)
+            lst.insert(bisect_right(lst, -weight, key=_descending), (weight, worker.peer))
 
     def remove(self, worker: Worker) -> None:
         """Remove ``worker`` from every queue's worker list."""
@@ -55,14 +64,19 @@ class Routes:
         lst = self.by_queue.get(qname)
         if not lst:
             return None
-        for i, (_, peer) in enumerate(lst):
+        start = 0  # where the run of ``lst[i]``'s weight begins
+        for i, (weight, peer) in enumerate(lst):
+            if weight != lst[start][0]:
+                start = i
             worker = workers.get(peer)
             if worker is not None and worker.slots > 0:
-                if len(lst) > 1:
-                    moved = lst[:i + 1]
-                    del lst[:i + 1]
-                    lst.extend(moved)
-                    lst.sort(key=lambda item: -item[0])
+                # its weight's run rotates: the ones passed over and it go to the run's end
+                end = i + 1
+                n = len(lst)
+                while end < n and lst[end][0] == weight:
+                    end += 1
+                if end - start > 1:
+                    lst[start:end] = lst[i + 1:end] + lst[start:i + 1]
                 worker.slots -= 1
                 return worker
         return None
