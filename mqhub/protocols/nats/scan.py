@@ -13,8 +13,10 @@ for canonical sizes up to :data:`SCAN_LIMIT` (capped by ``max_payload``). A matc
 at a frame boundary is therefore that frame, and so is every match that follows it with no
 gap: the split yields, per frame, the route key ``PUB subject [reply]`` and the tail
 ``size CRLF payload CRLF`` that follows the ``MSG subject sid`` head on the way out.
-Stretches of such frames are then checked and delivered with C-level passes over lists
-(``map``, ``list.count``, slice assignment). Anything else (other operations, bare-LF lines,
+Stretches of such frames are then checked and delivered with C-level passes over lists: one
+``map`` of the receiver's head table (head -> MSG head, kept by the server per connection)
+both checks each frame's route and gives its MSG head; ``list.count`` and slice assignment
+do the rest. Anything else (other operations, bare-LF lines,
 zero-padded or larger sizes, a payload holding text that looks like a frame) shows up as a
 gap, and the frame there goes the per-line way. Sans-IO, no Twisted.
 """
@@ -23,8 +25,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from itertools import repeat
-from operator import itemgetter
 from typing import Any
 
 __all__ = ["HeadScanner", "frame_pattern", "scan_frames", "SCAN_LIMIT", "SCAN_CHUNK",
@@ -46,10 +46,11 @@ STRETCH_MIN = 32
 #: most buffers skipped after such a buffer (0, 1, 3, … doubling, back to 0 after a good one)
 BACKOFF_MAX = 64
 
-_first = itemgetter(0)
-_third = itemgetter(2)
-_NO_ROUTE = (None, None, None)
 _patterns: dict[int, re.Pattern[bytes]] = {}
+#: subject and reply bytes the pattern takes: printable ASCII but space, and bytes >= 0x80 (a
+#: one-range class is cheaper in ``_sre`` than ``[^ \r\n]``; heads with tabs or other
+#: control bytes are gaps and go the per-line way)
+_NAME = rb"[!-~\x80-\xff]+"
 
 
 def _sizes(limit: int, prefix: bytes = b"") -> bytes:
@@ -76,63 +77,62 @@ def frame_pattern(limit: int) -> re.Pattern[bytes]:
     if pat is None:
         if len(_patterns) >= 8:
             _patterns.clear()
-        pat = re.compile(rb"(PUB [^ \r\n]+(?: [^ \r\n]+)??) (" + _sizes(limit) + rb")", re.S)
+        pat = re.compile(rb"(PUB " + _NAME + rb"(?:| " + _NAME + rb")) (" + _sizes(limit) + rb")",
+                         re.S)
         _patterns[limit] = pat
     return pat
 
 
-def scan_frames(parts: list[bytes], i: int, hget: Callable[[bytes, Any], Any],
+def scan_frames(parts: list[bytes], i: int, hget: Callable[[bytes], Any],
                 dappend: Callable[[Any], None]) -> tuple[int, int]:
     """Deliver the frames of ``parts`` (a frame-pattern split) that follow gap ``parts[i]``.
 
     The first match (``parts[i + 1]``, ``parts[i + 2]``) must start at a frame boundary.
-    Frames are taken while no gap separates them, every head has a route with one target
-    (``hget(head, default)`` is ``(heads, special, (owner, out, msg_head))``; the server
-    sets that third item only on routes without a special part) and all go to the same
-    connection. Returns ``(frames, consumed bytes)``.
+    Its head's route (``hget(head)`` is ``(heads, special, one, table)``) names the receiver:
+    ``one`` is its only target ``(owner, out, msg_head)`` and ``table`` maps every head whose
+    only target is that connection to its MSG head (the server keeps one such table per
+    connection). Frames are taken while no gap separates them and ``table`` has their head,
+    so one lookup per frame both checks the route and gives the MSG head. Returns
+    ``(frames, j)``: ``parts[j]`` is the gap after the last frame taken (``j = i`` for none).
     """
+    r = hget(parts[i + 1])
+    if r is None or r[1] is not None or r[3] is None:
+        return 0, i
+    owner, out = r[2][0], r[2][1]
+    tget = r[3].get
     last = len(parts) - 1           # parts[last] is the unmatched rest of the buffer
     done = 0
-    consumed = 0
+    j = i
     chunk = SCAN_CHUNK
     while True:
-        m = min((last - i) // 3, chunk)
-        if m <= 0:
+        m = min((last - j) // 3, chunk)
+        if m <= 0 or (j != i and parts[j]):     # a gap before this chunk's first frame
             break
-        heads = parts[i + 1:i + 3 * m:3]
-        tails = parts[i + 2:i + 3 * m:3]
+        end = j + 3 * m
+        msgs = list(map(tget, parts[j + 1:end:3]))
         good = m
-        gaps = parts[i + 3:i + 3 * m:3]         # gaps[k] separates frame k from frame k + 1
+        gaps = parts[j + 3:end:3]               # gaps[k] separates frame k from frame k + 1
         if gaps.count(b"") != len(gaps):
             good = list(map(bool, gaps)).index(True) + 1
-            del heads[good:]
-        ones = list(map(_third, map(hget, heads, repeat(_NO_ROUTE))))
-        try:
-            owners = list(map(_first, ones))
-        except TypeError:               # a head without a one-target route
-            good = ones.index(None)
-            del ones[good:]
-            owners = list(map(_first, ones))
-        if good:
-            owner = owners[0]
-            if owners.count(owner) != good:
-                good = next(j for j, o in enumerate(owners) if o is not owner)
+        if None in msgs:
+            good = min(good, msgs.index(None))
         if not good:
             break
-        out = ones[0][1]
+        if good < m:
+            del msgs[good:]
+        tails = parts[j + 2:j + 3 * good:3]
+        block = tails * 2
+        block[0::2] = msgs
+        block[1::2] = tails
         if not out:
             dappend(owner)
-        block = tails[:good] * 2
-        block[0::2] = map(_third, ones[:good])
-        block[1::2] = tails[:good]
         out += block
-        consumed += sum(map(len, heads[:good])) + sum(map(len, tails[:good])) + good
         done += good
-        i += 3 * good
+        j += 3 * good
         if good < m:
             break
         chunk *= 2
-    return done, consumed
+    return done, j
 
 
 class HeadScanner:
@@ -173,7 +173,7 @@ class HeadScanner:
                 self.backoff = 0
             self.attempts = self.taken = 0
 
-    def take(self, buf: bytes, pos: int, hget: Callable[[bytes, Any], Any],
+    def take(self, buf: bytes, pos: int, hget: Callable[[bytes], Any],
              dappend: Callable[[Any], None], max_payload: int) -> tuple[int, int]:
         """Deliver frames of ``buf`` from the frame boundary ``pos`` (see :func:`scan_frames`).
 
@@ -206,11 +206,16 @@ class HeadScanner:
         self.at = at
         if start != pos or i >= last:
             return 0, 0                     # pos is in a gap (or out of step): per line
-        k, used = scan_frames(parts, i, hget, dappend)
+        k, j = scan_frames(parts, i, hget, dappend)
         self.attempts += 1
         self.taken += k
+        used = 0
         if k:
-            self.index = i + 3 * k
+            if j == last:           # up to the last match: the rest of the buffer follows
+                used = len(buf) - len(parts[last]) - pos
+            else:                   # heads, tails, the empty gaps, one space a frame
+                used = sum(map(len, parts[i + 1:j])) + k
+            self.index = j
             self.at = self.stop = pos + used
         if k < SCAN_MIN:
             self.parts = None
