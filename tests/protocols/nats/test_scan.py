@@ -22,23 +22,25 @@ from tests.protocols.nats.helpers import Client, make_server
 
 
 def test_pattern_frames_exactly_the_canonical_sizes_up_to_its_limit() -> None:
-    """Every size 0…limit frames its payload exactly; larger, padded, signed, spaced or
-    LF-only forms and wrong lengths do not match."""
+    """Every size 0…limit frames its payload exactly (the match is the space before the
+    size and the tail after it); larger, padded, signed, spaced or LF-only forms and wrong
+    lengths do not match."""
     pat = frame_pattern(300)
     for n in range(0, 302):
-        frame = b"PUB a.b %d\r\n" % n + b"\r" * n + b"\r\n"
-        m = pat.fullmatch(frame)
+        tail = b"%d\r\n" % n + b"\r" * n + b"\r\n"
+        m = pat.fullmatch(b" " + tail)
         assert (m is not None) == (n <= 300), n
         if m:
-            assert m.groups() == (b"PUB a.b", frame[8:])
-    for bad in (b"PUB a 03\r\nabc\r\n", b"PUB a 00\r\n\r\n", b"PUB a 3\nabc\r\n",
-                b"PUB a 3\r\nabcd\r\n", b"PUB a 3\r\nab\r\n", b"PUB a +3\r\nabc\r\n",
-                b"PUB a 3 \r\nabc\r\n", b"PUB  a 3\r\nabc\r\n", b"pub a 3\r\nabc\r\n",
-                b"PUB a 3\r\nabc\n", b"PUB a 1_0\r\n0123456789\r\n"):
+            assert m.groups() == (tail,)
+            assert pat.split(b"PUB a.b " + tail) == [b"PUB a.b", tail, b""]
+    for bad in (b" 03\r\nabc\r\n", b" 00\r\n\r\n", b" 3\nabc\r\n", b" 3\r\nabcd\r\n",
+                b" 3\r\nab\r\n", b" +3\r\nabc\r\n", b" 3 \r\nabc\r\n", b"  3\r\nabc\r\n",
+                b"3\r\nabc\r\n", b" 3\r\nabc\n", b" 1_0\r\n0123456789\r\n"):
         assert pat.fullmatch(bad) is None, bad
-    assert pat.fullmatch(b"PUB a r.1 3\r\nabc\r\n").groups() == (b"PUB a r.1", b"3\r\nabc\r\n")
-    assert frame_pattern(SCAN_LIMIT).fullmatch(b"PUB a 4095\r\n" + b"x" * 4095 + b"\r\n")
-    assert not frame_pattern(SCAN_LIMIT).fullmatch(b"PUB a 4096\r\n" + b"x" * 4096 + b"\r\n")
+    assert pat.split(b"PUB a r.1 3\r\nabc\r\nPUB a 12 2\r\nab\r\n") == [
+        b"PUB a r.1", b"3\r\nabc\r\n", b"PUB a 12", b"2\r\nab\r\n", b""]
+    assert frame_pattern(SCAN_LIMIT).fullmatch(b" 4095\r\n" + b"x" * 4095 + b"\r\n")
+    assert not frame_pattern(SCAN_LIMIT).fullmatch(b" 4096\r\n" + b"x" * 4096 + b"\r\n")
 
 
 class _Owner:
