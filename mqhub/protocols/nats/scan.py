@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["HeadScanner", "frame_pattern", "scan_frames", "SCAN_LIMIT", "SCAN_CHUNK",
-           "SCAN_MIN", "SCAN_BYTES", "STRETCH_MIN", "BACKOFF_MAX"]
+           "SCAN_MIN", "SCAN_BYTES", "STRETCH_MIN", "BACKOFF_MAX", "HEAD_MAX"]
 
 #: largest payload the scanner's pattern frames (larger ones go the per-line way)
 SCAN_LIMIT = 4095
@@ -47,6 +47,9 @@ SCAN_BYTES = 8192
 STRETCH_MIN = 32
 #: most buffers skipped after such a buffer (0, 1, 3, … doubling, back to 0 after a good one)
 BACKOFF_MAX = 64
+#: a piece of text longer than this where a frame starts is not looked up as a head (heads
+#: are control lines: nats-server's default max_control_line), so no read hashes a long one
+HEAD_MAX = 4096
 
 _patterns: dict[int, re.Pattern[bytes]] = {}
 
@@ -80,21 +83,20 @@ def frame_pattern(limit: int) -> re.Pattern[bytes]:
     return pat
 
 
-def scan_frames(parts: list[bytes], i: int, hget: Callable[[bytes], Any],
+def scan_frames(parts: list[bytes], i: int, r: tuple,
                 dappend: Callable[[Any], None]) -> tuple[int, int]:
     """Deliver the frames of ``parts`` (a frame-pattern split) from ``parts[i]`` on.
 
     ``parts[i]`` must start at a frame boundary; frame ``k`` is ``parts[i + 2k]`` (its
-    head), a space and ``parts[i + 2k + 1]`` (its tail). The first head's route
-    (``hget(head)`` is ``(heads, special, one, table)``) names the receiver: ``one`` is its
+    head), a space and ``parts[i + 2k + 1]`` (its tail). The first head's route ``r``
+    (``(heads, special, one, table)`` from the head routes) names the receiver: ``one`` is its
     only target ``(owner, out, msg_head)`` and ``table`` maps every head whose only target is
     that connection to its MSG head (the server keeps one such table per connection).
     Frames are taken while ``table`` has their head, so one lookup per frame checks that the
     piece is exactly a head, that it goes to that receiver alone, and gives its MSG head.
     Returns ``(frames, j)``: ``parts[j]`` is the piece after the last frame taken.
     """
-    r = hget(parts[i])
-    if r is None or r[1] is not None or r[3] is None:
+    if r[1] is not None or r[3] is None:
         return 0, i
     owner, out = r[2][0], r[2][1]
     tget = r[3].get
@@ -130,8 +132,9 @@ class HeadScanner:
     """The frame split of the parser's current buffer, kept while parsing moves through it.
 
     One per parser. The buffer is split once; a later call at another offset walks the
-    pieces up to it (frames the per-line paths took in between); the frame a stretch stopped
-    at is left to them without a second attempt. Frames are only delivered
+    pieces up to it (frames the per-line paths took in between; when the offset falls inside
+    a piece, the rest of that piece is the candidate head); the frame a stretch stopped at
+    is left to them without a second attempt. Frames are only delivered
     from a piece that starts exactly at the parser's offset and is a known head, so a
     split that a payload threw out of step costs speed, never correctness. A stretch shorter than
     :data:`SCAN_MIN` turns the scanner off for the rest of the buffer; a buffer whose
@@ -188,14 +191,27 @@ class HeadScanner:
         i = self.index
         at = self.at
         last = len(parts) - 1
-        while at < pos and i < last:        # frames taken by the per-line paths
-            at += len(parts[i]) + 1 + len(parts[i + 1])
+        while i < last:                     # frames taken by the per-line paths
+            nxt = at + len(parts[i]) + 1 + len(parts[i + 1])
+            if nxt > pos:
+                break
+            at = nxt
             i += 2
+        if i >= last or pos - at >= len(parts[i]) or len(parts[i]) - (pos - at) > HEAD_MAX:
+            self.index = i
+            self.at = at
+            return 0, 0                     # pos is in a match (out of step): per line
+        if at < pos:
+            # the piece holds what the per-line paths took (the end of a frame completed
+            # across reads, a PING...) and then, maybe, the head of the frame at pos
+            parts[i] = parts[i][pos - at:]
+            at = pos
         self.index = i
         self.at = at
-        if at != pos or i >= last:
-            return 0, 0                     # pos is inside a piece (out of step): per line
-        k, j = scan_frames(parts, i, hget, dappend)
+        r = hget(parts[i])
+        if r is None:
+            return 0, 0                     # no PUB head here (a PING...): per line
+        k, j = scan_frames(parts, i, r, dappend)
         self.attempts += 1
         self.taken += k
         used = 0

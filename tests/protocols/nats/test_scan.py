@@ -191,7 +191,8 @@ def test_a_gap_anywhere_in_a_long_stretch_ends_it_there(k: int, n: int, gap: byt
 
 def test_scanner_goes_on_after_frames_the_per_line_loop_took() -> None:
     """Called again further into the same buffer (after frames taken elsewhere), it finds its
-    place in the split and takes the rest; an offset inside a gap takes nothing."""
+    place in the split and takes the rest; an offset inside another operation or a payload
+    takes nothing and leaves the scanner on."""
     main, other, second = _Owner(1), _Owner(2), _Owner(3)
     table = _table(main, other, second)
     frame = b"PUB a 500\r\n" + b"5" * 500 + b"\r\n"
@@ -205,6 +206,17 @@ def test_scanner_goes_on_after_frames_the_per_line_loop_took() -> None:
     assert k == 3
     assert sc.take(buf, pos, table.get, [].append, 8192) == (7, 7 * len(frame))
     assert b"".join(main.out) == (b"MSG a 1 500\r\n" + b"5" * 500 + b"\r\n") * 20
+    # right after what the per-line paths took (PING; the end of a frame completed across
+    # reads) the scanner goes on at once: the rest of that piece is the next frame's head
+    main.out.clear()
+    sc = HeadScanner()
+    assert sc.take(buf, 0, table.get, [].append, 8192) == (10, 10 * len(frame))
+    assert sc.take(buf, 10 * len(frame), table.get, [].append, 8192) == (0, 0)  # PING: per line
+    assert sc.take(buf, 10 * len(frame) + 6, table.get, [].append, 8192) == (10, 10 * len(frame))
+    sc = HeadScanner()
+    assert sc.take(buf, 300, table.get, [].append, 8192) == (0, 0)   # in the first payload
+    assert sc.take(buf, len(frame), table.get, [].append, 8192) == (9, 9 * len(frame))
+    assert b"".join(main.out) == (b"MSG a 1 500\r\n" + b"5" * 500 + b"\r\n") * 29
 
 
 def test_scanner_backs_off_from_traffic_it_cannot_take_in_long_stretches() -> None:
