@@ -305,3 +305,19 @@ def test_subscriptions_changing_between_reads_reach_the_scanner(seed: int, read:
     assert got_wild == want_wild
     assert got_exact == want_exact
     assert not pub.closed
+
+
+def test_a_ping_after_a_full_scanner_pass_keeps_the_publisher_connected() -> None:
+    """Through the server: SCAN_CHUNK PUBs of new sizes on a known subject, then PING, then
+    more PUBs in one read (main closed this publisher with -ERR 'Unknown Protocol Operation':
+    the scanner skipped the PING where its first pass ended)."""
+    srv = make_server()
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB a.> 1\r\n")
+    pub.send(codec.encode_pub("a.b", b"x" * 99))        # the head is known from here on
+    sizes = [100 + k for k in range(SCAN_CHUNK)] + [300 + k for k in range(10)]
+    frames = [codec.encode_pub("a.b", b"x" * n) for n in sizes]
+    pub.send(b"".join(frames[:SCAN_CHUNK]) + b"PING\r\n" + b"".join(frames[SCAN_CHUNK:]))
+    assert pub.events() == [(codec.OP_PONG,)]
+    assert not pub.closed
+    assert [len(e[4]) for e in sub.events() if e[0] == OP_MSG] == [99, *sizes]
