@@ -200,7 +200,7 @@ class HeadScanner:
         if i >= last or pos - at >= len(parts[i]) or len(parts[i]) - (pos - at) > HEAD_MAX:
             self.index = i
             self.at = at
-            return 0, 0                     # pos is in a match (out of step): per line
+            return 0, 0     # pos is in a match (out of step), or no head is that long: per line
         if at < pos:
             # the piece holds what the per-line paths took (the end of a frame completed
             # across reads, a PING...) and then, maybe, the head of the frame at pos
