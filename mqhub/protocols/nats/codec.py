@@ -271,12 +271,13 @@ class NatsParser:
         ``special`` is None; a target ``(owner, out, prefix)`` gets prefix and one slice
         ``payload + CRLF`` appended to ``out`` (``owner`` goes to ``dirty`` when ``out`` was
         empty). Runs of one repeated line go per run (see ``runs.py``). ``head_routes`` maps
-        a line's head (``PUB subject [reply]``) to ``(heads, special, one)`` (``one``: the
-        only target, or None), so a new size on a known subject is delivered as ``head`` and
-        one slice ``size CRLF payload CRLF`` without parsing; stretches of such frames for one
-        receiver are split and delivered a whole read at a time (``scan.py``), the rest a
-        line at a time (``heads.py``). Stops at the first line that
-        needs anything else (:meth:`slow_run` takes it); touches only the buffer offset.
+        a line's head (``PUB subject [reply]``) to ``(heads, special, one, table)`` (``one``:
+        the only target, or None; ``table``: that target's head -> MSG head table), so a new
+        size on a known subject is delivered as ``head`` and one slice ``size CRLF payload
+        CRLF`` without parsing; stretches of such frames for one receiver are split and
+        delivered a whole read at a time (``scan.py``), the rest a line at a time
+        (``heads.py``). Stops at the first line that needs anything else (:meth:`slow_run`
+        takes it); touches only the buffer offset.
         Returns the PUBs delivered; ``last_sent`` then holds the MSG copies written.
         """
         count = self._route(routes, dirty, head_routes)

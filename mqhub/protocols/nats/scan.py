@@ -3,32 +3,34 @@
 Mixed traffic (many subjects, many sizes, one subscriber taking them all, e.g. ``bench.>``)
 misses the line cache on nearly every frame, and a Python loop over lines
 (``heads.route_heads``) costs about a dozen bytecode steps per frame. Here one compiled
-regular expression splits a whole read into frames in C (``re.split``):
+regular expression splits a whole read in C (``re.split``) at every frame's tail:
 
-    (PUB <head chars>) (<size><CR><LF><exactly size bytes><CR><LF>)
+    <SP> (<size><CR><LF><exactly size bytes><CR><LF>)
 
 The size is matched by a digit trie whose every leaf skips exactly that many bytes
-(``.{n}`` with DOTALL is an O(1) jump in ``_sre``), so the pattern *is* the NATS framing rule
-for canonical sizes up to :data:`SCAN_LIMIT` (capped by ``max_payload``). A match that starts
-at a frame boundary is therefore that frame, and so is every match that follows it with no
-gap: the split yields, per frame, the route key ``PUB subject [reply]`` and the tail
-``size CRLF payload CRLF`` that follows the ``MSG subject sid`` head on the way out.
-Stretches of such frames are then checked and delivered with C-level passes over lists
-(``map``, ``list.count``, slice assignment). Anything else (other operations, bare-LF lines,
-zero-padded or larger sizes, a payload holding text that looks like a frame) shows up as a
-gap, and the frame there goes the per-line way. Sans-IO, no Twisted.
+(``.{n}`` with DOTALL is an O(1) jump in ``_sre``), so for canonical sizes up to
+:data:`SCAN_LIMIT` (capped by ``max_payload``) a match *is* the end of a NATS frame. The
+split yields, per frame, the text before the match and the captured tail ``size CRLF
+payload CRLF`` that follows the ``MSG subject sid`` head on the way out. When a piece of
+text starts at a frame boundary and is exactly a known head ``PUB subject [reply]`` (no
+LF, so no other operation hides in it), that piece, a space and the tail after it are one
+whole frame, and its end is again a frame boundary. Stretches of such frames are checked
+and delivered with C-level passes over lists: one ``map`` of the receiver's head table
+(head -> MSG head, kept by the server per connection) both checks each frame's head and
+route and gives its MSG head, and one slice assignment swaps the heads for MSG heads.
+Anything else (other operations, bare-LF lines, zero-padded or larger sizes, a payload
+holding text that looks like a frame's end) leaves a piece that is no known head, and the
+frame there goes the per-line way. Sans-IO, no Twisted.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from itertools import repeat
-from operator import itemgetter
 from typing import Any
 
 __all__ = ["HeadScanner", "frame_pattern", "scan_frames", "SCAN_LIMIT", "SCAN_CHUNK",
-           "SCAN_MIN", "SCAN_BYTES", "STRETCH_MIN", "BACKOFF_MAX"]
+           "SCAN_MIN", "SCAN_BYTES", "STRETCH_MIN", "BACKOFF_MAX", "HEAD_MAX"]
 
 #: largest payload the scanner's pattern frames (larger ones go the per-line way)
 SCAN_LIMIT = 4095
@@ -45,10 +47,10 @@ SCAN_BYTES = 8192
 STRETCH_MIN = 32
 #: most buffers skipped after such a buffer (0, 1, 3, … doubling, back to 0 after a good one)
 BACKOFF_MAX = 64
+#: a piece of text longer than this where a frame starts is not looked up as a head (heads
+#: are control lines: nats-server's default max_control_line), so no read hashes a long one
+HEAD_MAX = 4096
 
-_first = itemgetter(0)
-_third = itemgetter(2)
-_NO_ROUTE = (None, None, None)
 _patterns: dict[int, re.Pattern[bytes]] = {}
 
 
@@ -76,73 +78,65 @@ def frame_pattern(limit: int) -> re.Pattern[bytes]:
     if pat is None:
         if len(_patterns) >= 8:
             _patterns.clear()
-        pat = re.compile(rb"(PUB [^ \r\n]+(?: [^ \r\n]+)??) (" + _sizes(limit) + rb")", re.S)
+        pat = re.compile(rb" (" + _sizes(limit) + rb")", re.S)
         _patterns[limit] = pat
     return pat
 
 
-def scan_frames(parts: list[bytes], i: int, hget: Callable[[bytes, Any], Any],
+def scan_frames(parts: list[bytes], i: int, r: tuple,
                 dappend: Callable[[Any], None]) -> tuple[int, int]:
-    """Deliver the frames of ``parts`` (a frame-pattern split) that follow gap ``parts[i]``.
+    """Deliver the frames of ``parts`` (a frame-pattern split) from ``parts[i]`` on.
 
-    The first match (``parts[i + 1]``, ``parts[i + 2]``) must start at a frame boundary.
-    Frames are taken while no gap separates them, every head has a route with one target
-    (``hget(head, default)`` is ``(heads, special, (owner, out, msg_head))``; the server
-    sets that third item only on routes without a special part) and all go to the same
-    connection. Returns ``(frames, consumed bytes)``.
+    ``parts[i]`` must start at a frame boundary; frame ``k`` is ``parts[i + 2k]`` (its
+    head), a space and ``parts[i + 2k + 1]`` (its tail). The first head's route ``r``
+    (``(heads, special, one, table)`` from the head routes) names the receiver: ``one`` is its
+    only target ``(owner, out, msg_head)`` and ``table`` maps every head whose only target is
+    that connection to its MSG head (the server keeps one such table per connection).
+    Frames are taken while ``table`` has their head, so one lookup per frame checks that the
+    piece is exactly a head, that it goes to that receiver alone, and gives its MSG head.
+    Returns ``(frames, j)``: ``parts[j]`` is the piece after the last frame taken.
     """
-    last = len(parts) - 1           # parts[last] is the unmatched rest of the buffer
+    if r[1] is not None or r[3] is None:
+        return 0, i
+    owner, out = r[2][0], r[2][1]
+    tget = r[3].get
+    last = len(parts) - 1           # parts[last] is the text after the last match
     done = 0
-    consumed = 0
+    j = i
     chunk = SCAN_CHUNK
     while True:
-        m = min((last - i) // 3, chunk)
+        m = min((last - j) // 2, chunk)
         if m <= 0:
             break
-        heads = parts[i + 1:i + 3 * m:3]
-        tails = parts[i + 2:i + 3 * m:3]
+        msgs = list(map(tget, parts[j:j + 2 * m:2]))
         good = m
-        gaps = parts[i + 3:i + 3 * m:3]         # gaps[k] separates frame k from frame k + 1
-        if gaps.count(b"") != len(gaps):
-            good = list(map(bool, gaps)).index(True) + 1
-            del heads[good:]
-        ones = list(map(_third, map(hget, heads, repeat(_NO_ROUTE))))
-        try:
-            owners = list(map(_first, ones))
-        except TypeError:               # a head without a one-target route
-            good = ones.index(None)
-            del ones[good:]
-            owners = list(map(_first, ones))
-        if good:
-            owner = owners[0]
-            if owners.count(owner) != good:
-                good = next(j for j, o in enumerate(owners) if o is not owner)
-        if not good:
-            break
-        out = ones[0][1]
+        if not all(msgs):       # MSG heads are never empty; ``None in`` compares each
+            good = msgs.index(None)
+            if not good:
+                break
+            del msgs[good:]
+        block = parts[j:j + 2 * good]          # head, tail, head, tail...
+        block[0::2] = msgs                     # ...with each head swapped for its MSG head
         if not out:
             dappend(owner)
-        block = tails[:good] * 2
-        block[0::2] = map(_third, ones[:good])
-        block[1::2] = tails[:good]
         out += block
-        consumed += sum(map(len, heads[:good])) + sum(map(len, tails[:good])) + good
         done += good
-        i += 3 * good
+        j += 2 * good
         if good < m:
             break
         chunk *= 2
-    return done, consumed
+    return done, j
 
 
 class HeadScanner:
     """The frame split of the parser's current buffer, kept while parsing moves through it.
 
     One per parser. The buffer is split once; a later call at another offset walks the
-    pieces up to it (frames the per-line paths took in between); the frame a stretch stopped
-    at is left to them without a second attempt. Frames are only delivered
-    from a match that starts exactly at the parser's offset, so a split that a payload
-    threw out of step costs speed, never correctness. A stretch shorter than
+    pieces up to it (frames the per-line paths took in between; when the offset falls inside
+    a piece, the rest of that piece is the candidate head); the frame a stretch stopped at
+    is left to them without a second attempt. Frames are only delivered
+    from a piece that starts exactly at the parser's offset and is a known head, so a
+    split that a payload threw out of step costs speed, never correctness. A stretch shorter than
     :data:`SCAN_MIN` turns the scanner off for the rest of the buffer; a buffer whose
     stretches averaged under :data:`STRETCH_MIN` frames makes it skip the next buffers (0, 1,
     3, … up to :data:`BACKOFF_MAX`, back to 0 after a good buffer), so traffic it cannot take
@@ -153,7 +147,7 @@ class HeadScanner:
         """Start without a buffer."""
         self.buf: bytes | None = None
         self.parts: list[bytes] | None = None
-        self.index = 0          # parts[index] is a gap piece starting at offset ``at``
+        self.index = 0          # parts[index] is a piece before a match, at offset ``at``
         self.at = 0
         self.skip = 0           # buffers still to skip
         self.backoff = 0        # buffers to skip after the next buffer that did not pay
@@ -173,7 +167,7 @@ class HeadScanner:
                 self.backoff = 0
             self.attempts = self.taken = 0
 
-    def take(self, buf: bytes, pos: int, hget: Callable[[bytes, Any], Any],
+    def take(self, buf: bytes, pos: int, hget: Callable[[bytes], Any],
              dappend: Callable[[Any], None], max_payload: int) -> tuple[int, int]:
         """Deliver frames of ``buf`` from the frame boundary ``pos`` (see :func:`scan_frames`).
 
@@ -197,20 +191,36 @@ class HeadScanner:
         i = self.index
         at = self.at
         last = len(parts) - 1
-        start = at + len(parts[i])          # where the match after gap i starts
-        while start < pos and i < last:     # frames taken by the per-line paths
-            at = start + len(parts[i + 1]) + 1 + len(parts[i + 2])
-            i += 3
-            start = at + len(parts[i])
+        while i < last:                     # frames taken by the per-line paths
+            nxt = at + len(parts[i]) + 1 + len(parts[i + 1])
+            if nxt > pos:
+                break
+            at = nxt
+            i += 2
+        if i >= last or pos - at >= len(parts[i]) or len(parts[i]) - (pos - at) > HEAD_MAX:
+            self.index = i
+            self.at = at
+            return 0, 0     # pos is in a match (out of step), or no head is that long: per line
+        if at < pos:
+            # the piece holds what the per-line paths took (the end of a frame completed
+            # across reads, a PING...) and then, maybe, the head of the frame at pos
+            parts[i] = parts[i][pos - at:]
+            at = pos
         self.index = i
         self.at = at
-        if start != pos or i >= last:
-            return 0, 0                     # pos is in a gap (or out of step): per line
-        k, used = scan_frames(parts, i, hget, dappend)
+        r = hget(parts[i])
+        if r is None:
+            return 0, 0                     # no PUB head here (a PING...): per line
+        k, j = scan_frames(parts, i, r, dappend)
         self.attempts += 1
         self.taken += k
+        used = 0
         if k:
-            self.index = i + 3 * k
+            if j == last:           # up to the last match: the rest of the buffer follows
+                used = len(buf) - len(parts[last]) - pos
+            else:                   # heads and tails, and the space between them
+                used = sum(map(len, parts[i:j])) + k
+            self.index = j
             self.at = self.stop = pos + used
         if k < SCAN_MIN:
             self.parts = None

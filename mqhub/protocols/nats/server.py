@@ -60,6 +60,9 @@ class NatsServer(Factory):
         self.routes: dict[bytes, tuple] = {}
         self.sroutes: dict[tuple[str, str | None], tuple] = {}
         self.head_routes: dict[bytes, tuple] = {}
+        #: per receiving connection: head -> MSG head of every cached head whose only target
+        #: is that connection (the frame scanner's one lookup per frame, see scan.py)
+        self.one_heads: dict[NatsConnection, dict[bytes, bytes]] = {}
         self.epoch = 0
         self.dirty: list[NatsConnection] = []
         self.connections: dict[int, NatsConnection] = {}
@@ -108,6 +111,7 @@ class NatsServer(Factory):
         self.routes.clear()
         self.sroutes.clear()
         self.head_routes.clear()
+        self.one_heads.clear()
 
     def add_sub(self, sub: Subscription) -> None:
         """Register ``sub`` in the trie (or with mq9) and in the core address space."""
@@ -154,7 +158,17 @@ class NatsServer(Factory):
             hroutes = self.head_routes
             if len(hroutes) >= ROUTE_CACHE_LIMIT:
                 hroutes.clear()
-            hroutes[line[:sp]] = (heads, None, heads[0] if len(heads) == 1 else None)
+                self.one_heads.clear()
+            key = line[:sp]
+            if len(heads) == 1:
+                one = heads[0]
+                table = self.one_heads.get(one[0])
+                if table is None:
+                    table = self.one_heads[one[0]] = {}
+                table[key] = one[2]
+                hroutes[key] = (heads, None, one, table)
+            else:
+                hroutes[key] = (heads, None, None, None)
         tail = b"%d\r\n" % size
         if special is None and not heads and reply:
             special = NO_ONE      # a request nobody receives: the slow path sends the 503

@@ -17,28 +17,30 @@ from hypothesis import strategies as st
 from mqhub.protocols.nats import codec, scan
 from mqhub.protocols.nats.codec import OP_ERROR, OP_MSG, NatsParser
 from mqhub.protocols.nats.heads import route_heads
-from mqhub.protocols.nats.scan import SCAN_LIMIT, HeadScanner, frame_pattern
+from mqhub.protocols.nats.scan import SCAN_CHUNK, SCAN_LIMIT, HeadScanner, frame_pattern
 from tests.protocols.nats.helpers import Client, make_server
 
 
 def test_pattern_frames_exactly_the_canonical_sizes_up_to_its_limit() -> None:
-    """Every size 0…limit frames its payload exactly; larger, padded, signed, spaced or
-    LF-only forms and wrong lengths do not match."""
+    """Every size 0…limit frames its payload exactly (the match is the space before the
+    size and the tail after it); larger, padded, signed, spaced or LF-only forms and wrong
+    lengths do not match."""
     pat = frame_pattern(300)
     for n in range(0, 302):
-        frame = b"PUB a.b %d\r\n" % n + b"\r" * n + b"\r\n"
-        m = pat.fullmatch(frame)
+        tail = b"%d\r\n" % n + b"\r" * n + b"\r\n"
+        m = pat.fullmatch(b" " + tail)
         assert (m is not None) == (n <= 300), n
         if m:
-            assert m.groups() == (b"PUB a.b", frame[8:])
-    for bad in (b"PUB a 03\r\nabc\r\n", b"PUB a 00\r\n\r\n", b"PUB a 3\nabc\r\n",
-                b"PUB a 3\r\nabcd\r\n", b"PUB a 3\r\nab\r\n", b"PUB a +3\r\nabc\r\n",
-                b"PUB a 3 \r\nabc\r\n", b"PUB  a 3\r\nabc\r\n", b"pub a 3\r\nabc\r\n",
-                b"PUB a 3\r\nabc\n", b"PUB a 1_0\r\n0123456789\r\n"):
+            assert m.groups() == (tail,)
+            assert pat.split(b"PUB a.b " + tail) == [b"PUB a.b", tail, b""]
+    for bad in (b" 03\r\nabc\r\n", b" 00\r\n\r\n", b" 3\nabc\r\n", b" 3\r\nabcd\r\n",
+                b" 3\r\nab\r\n", b" +3\r\nabc\r\n", b" 3 \r\nabc\r\n", b"  3\r\nabc\r\n",
+                b"3\r\nabc\r\n", b" 3\r\nabc\n", b" 1_0\r\n0123456789\r\n"):
         assert pat.fullmatch(bad) is None, bad
-    assert pat.fullmatch(b"PUB a r.1 3\r\nabc\r\n").groups() == (b"PUB a r.1", b"3\r\nabc\r\n")
-    assert frame_pattern(SCAN_LIMIT).fullmatch(b"PUB a 4095\r\n" + b"x" * 4095 + b"\r\n")
-    assert not frame_pattern(SCAN_LIMIT).fullmatch(b"PUB a 4096\r\n" + b"x" * 4096 + b"\r\n")
+    assert pat.split(b"PUB a r.1 3\r\nabc\r\nPUB a 12 2\r\nab\r\n") == [
+        b"PUB a r.1", b"3\r\nabc\r\n", b"PUB a 12", b"2\r\nab\r\n", b""]
+    assert frame_pattern(SCAN_LIMIT).fullmatch(b" 4095\r\n" + b"x" * 4095 + b"\r\n")
+    assert not frame_pattern(SCAN_LIMIT).fullmatch(b" 4096\r\n" + b"x" * 4096 + b"\r\n")
 
 
 class _Owner:
@@ -52,15 +54,19 @@ class _Owner:
 
 def _table(main: _Owner, other: _Owner, second: _Owner) -> dict[bytes, tuple]:
     """Head routes as the server builds them: one-target heads for ``main`` (with and without
-    reply), one for ``other``, and a head with two targets (no single one)."""
-    def one(owner: _Owner, subject: bytes, reply: bytes = b"") -> tuple:
+    reply), one for ``other``, and a head with two targets (no single one); each one-target
+    route carries its connection's table of such heads (head -> MSG head)."""
+    tables: dict[_Owner, dict[bytes, bytes]] = {main: {}, other: {}}
+
+    def one(owner: _Owner, head: bytes, subject: bytes, reply: bytes = b"") -> tuple:
         target = (owner, owner.out, b"MSG %s %d %s" % (subject, owner.sid, reply + b" " if reply
                                                          else b""))
-        return [target], None, target
+        tables[owner][head] = target[2]
+        return [target], None, target, tables[owner]
     two = [(main, main.out, b"MSG m 1 "), (second, second.out, b"MSG m 3 ")]
-    return {b"PUB a": one(main, b"a"), b"PUB b.c": one(main, b"b.c"),
-            b"PUB a r.1": one(main, b"a", b"r.1"), b"PUB o": one(other, b"o"),
-            b"PUB m": (two, None, None)}
+    return {b"PUB a": one(main, b"PUB a", b"a"), b"PUB b.c": one(main, b"PUB b.c", b"b.c"),
+            b"PUB a r.1": one(main, b"PUB a r.1", b"a", b"r.1"),
+            b"PUB o": one(other, b"PUB o", b"o"), b"PUB m": (two, None, None, None)}
 
 
 #: payloads that look like frames, hold CRLFs or LFs, or are plain
@@ -160,9 +166,33 @@ def test_scanner_takes_a_whole_stretch_and_stops_at_what_it_cannot_take() -> Non
         assert b"".join(main.out) == expected
 
 
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(1, 4 * SCAN_CHUNK), n=st.integers(0, 300),
+       gap=st.sampled_from([b"PING\r\n", b"SUB q 9\r\n", b"PUB a 03\r\nabc\r\n",
+                            b"PUB o 1\r\nx\r\n", b"PUB m 1\r\nx\r\n", b"PUB a\t1\r\nx\r\n"]))
+@example(k=SCAN_CHUNK, n=100, gap=b"PING\r\n")
+@example(k=3 * SCAN_CHUNK, n=100, gap=b"SUB q 9\r\n")
+def test_a_gap_anywhere_in_a_long_stretch_ends_it_there(k: int, n: int, gap: bytes) -> None:
+    """Stretches longer than one pass of the scanner (its passes grow from SCAN_CHUNK frames):
+    another operation, an unframed line or a frame for someone else at any place, also where
+    one pass ends and the next begins, stops it exactly there (the scanner once skipped a
+    gap at a pass boundary, losing its place in the stream)."""
+    stream = b"PUB a 5\r\nhello\r\n" * k + gap + b"PUB b.c 4\r\nbody\r\n" * n
+    assert _run(stream, [], 8192, 0) == _run(stream, [], 8192, 1 << 40)
+    main, other, second = _Owner(1), _Owner(2), _Owner(3)
+    saved, scan.SCAN_BYTES = scan.SCAN_BYTES, 0
+    try:
+        taken = HeadScanner().take(stream, 0, _table(main, other, second).get, [].append, 8192)
+    finally:
+        scan.SCAN_BYTES = saved
+    assert taken == (k, 16 * k)
+    assert b"".join(main.out) == b"MSG a 1 5\r\nhello\r\n" * k
+
+
 def test_scanner_goes_on_after_frames_the_per_line_loop_took() -> None:
     """Called again further into the same buffer (after frames taken elsewhere), it finds its
-    place in the split and takes the rest; an offset inside a gap takes nothing."""
+    place in the split and takes the rest; an offset inside another operation or a payload
+    takes nothing and leaves the scanner on."""
     main, other, second = _Owner(1), _Owner(2), _Owner(3)
     table = _table(main, other, second)
     frame = b"PUB a 500\r\n" + b"5" * 500 + b"\r\n"
@@ -176,6 +206,17 @@ def test_scanner_goes_on_after_frames_the_per_line_loop_took() -> None:
     assert k == 3
     assert sc.take(buf, pos, table.get, [].append, 8192) == (7, 7 * len(frame))
     assert b"".join(main.out) == (b"MSG a 1 500\r\n" + b"5" * 500 + b"\r\n") * 20
+    # right after what the per-line paths took (PING; the end of a frame completed across
+    # reads) the scanner goes on at once: the rest of that piece is the next frame's head
+    main.out.clear()
+    sc = HeadScanner()
+    assert sc.take(buf, 0, table.get, [].append, 8192) == (10, 10 * len(frame))
+    assert sc.take(buf, 10 * len(frame), table.get, [].append, 8192) == (0, 0)  # PING: per line
+    assert sc.take(buf, 10 * len(frame) + 6, table.get, [].append, 8192) == (10, 10 * len(frame))
+    sc = HeadScanner()
+    assert sc.take(buf, 300, table.get, [].append, 8192) == (0, 0)   # in the first payload
+    assert sc.take(buf, len(frame), table.get, [].append, 8192) == (9, 9 * len(frame))
+    assert b"".join(main.out) == (b"MSG a 1 500\r\n" + b"5" * 500 + b"\r\n") * 29
 
 
 def test_scanner_backs_off_from_traffic_it_cannot_take_in_long_stretches() -> None:
@@ -226,3 +267,57 @@ def test_a_wildcard_subscriber_gets_mixed_traffic_complete_and_in_order(
     assert got == msgs
     assert (srv.stats["in_msgs"] - before[0], srv.stats["out_msgs"] - before[1]) == (200, 200)
     assert not pub.closed and not sub.closed
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), read=st.integers(8192, 40000))
+def test_subscriptions_changing_between_reads_reach_the_scanner(seed: int, read: int) -> None:
+    """The scanner's per-connection head tables follow subscription changes: a second
+    subscriber on one subject (so its heads get two targets), its UNSUB, and a wildcard
+    subscriber leaving and coming back between reads of mixed traffic; every receiver gets
+    exactly the messages published while it was subscribed, in order."""
+    rnd = random.Random(seed)
+    srv = make_server()
+    wild, exact, pub = Client(srv), Client(srv), Client(srv)
+    wild.send(b"SUB mx.> 7\r\n")
+    want_wild: list[tuple] = []
+    want_exact: list[tuple] = []
+    state = {"wild": True, "exact": False}
+    for step in range(6):
+        msgs = [(f"mx.s{rnd.randrange(4)}", bytes([97 + k % 26]) * rnd.randint(0, 1500))
+                for k in range(rnd.randint(20, 120))]
+        stream = b"".join(codec.encode_pub(s, p) for s, p in msgs)
+        for at in range(0, len(stream), read):
+            pub.send(stream[at:at + read])
+        if state["wild"]:
+            want_wild += msgs
+        if state["exact"]:
+            want_exact += [m for m in msgs if m[0] == "mx.s1"]
+        action = step % 3
+        if action == 0:
+            exact.send(b"SUB mx.s1 8\r\n" if not state["exact"] else b"UNSUB 8\r\n")
+            state["exact"] = not state["exact"]
+        elif action == 1:
+            wild.send(b"UNSUB 7\r\n" if state["wild"] else b"SUB mx.> 7\r\n")
+            state["wild"] = not state["wild"]
+    got_wild = [(e[1], e[4]) for e in wild.events() if e[0] == OP_MSG]
+    got_exact = [(e[1], e[4]) for e in exact.events() if e[0] == OP_MSG]
+    assert got_wild == want_wild
+    assert got_exact == want_exact
+    assert not pub.closed
+
+
+def test_a_ping_after_a_full_scanner_pass_keeps_the_publisher_connected() -> None:
+    """Through the server: SCAN_CHUNK PUBs of new sizes on a known subject, then PING, then
+    more PUBs in one read (main closed this publisher with -ERR 'Unknown Protocol Operation':
+    the scanner skipped the PING where its first pass ended)."""
+    srv = make_server()
+    sub, pub = Client(srv), Client(srv)
+    sub.send(b"SUB a.> 1\r\n")
+    pub.send(codec.encode_pub("a.b", b"x" * 99))        # the head is known from here on
+    sizes = [100 + k for k in range(SCAN_CHUNK)] + [300 + k for k in range(10)]
+    frames = [codec.encode_pub("a.b", b"x" * n) for n in sizes]
+    pub.send(b"".join(frames[:SCAN_CHUNK]) + b"PING\r\n" + b"".join(frames[SCAN_CHUNK:]))
+    assert pub.events() == [(codec.OP_PONG,)]
+    assert not pub.closed
+    assert [len(e[4]) for e in sub.events() if e[0] == OP_MSG] == [99, *sizes]
