@@ -1,4 +1,4 @@
-"""One NATS client connection: parse each read, route PUBs, write each touched connection once.
+"""One NATS client connection and its subscriptions: parse each read, route PUBs, write output.
 
 The Twisted side of :class:`mqhub.protocols.nats.server.NatsServer`: CONNECT and auth, the
 per-connection rules (verbose, pedantic, echo, headers, no_responders), the fused fast loop over
@@ -10,7 +10,7 @@ slow-consumer accounting of nats-server (max_pending, write deadline).
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol
@@ -34,6 +34,7 @@ from mqhub.protocols.nats.codec import (
     NatsParser,
     ProtocolError,
 )
+from mqhub.protocols.nats.host import NatsHost
 from mqhub.protocols.nats.mq9_common import sub_pattern
 from mqhub.protocols.nats.output import direct_socket, remainder, send_chunks
 from mqhub.protocols.nats.settings import (
@@ -42,14 +43,34 @@ from mqhub.protocols.nats.settings import (
     READ_SIZE,
     WIRE_ERRORS,
 )
-from mqhub.protocols.nats.subscription import Subscription
 
-if TYPE_CHECKING:
-    from mqhub.protocols.nats.server import NatsServer
-
-__all__ = ["NatsConnection"]
+__all__ = ["NatsConnection", "Subscription"]
 
 log = Logger()
+
+
+class Subscription:
+    """One SUB of one connection."""
+
+    __slots__ = ("conn", "subject", "queue", "sid", "max", "delivered", "wire_subject",
+                 "core_handle", "mq9")
+
+    def __init__(self, conn: NatsConnection, subject: str, queue: str | None, sid: str,
+                 wire_subject: str) -> None:
+        """:param subject: the pattern matched on (``#`` already mapped); ``wire_subject`` as sent."""
+        self.conn = conn
+        self.subject = subject
+        self.queue = queue
+        self.sid = sid
+        self.max: int | None = None
+        self.delivered = 0
+        self.wire_subject = wire_subject
+        self.core_handle: Any = None
+        self.mq9 = False
+
+    def __repr__(self) -> str:
+        """Show pattern, queue and sid."""
+        return f"<Subscription {self.subject!r} q={self.queue!r} sid={self.sid!r}>"
 
 
 @implementer(IPushProducer)
@@ -58,8 +79,8 @@ class NatsConnection(Protocol):
 
     transport: Any
 
-    def __init__(self, server: NatsServer, cid: int) -> None:
-        """Connection state before INFO is sent."""
+    def __init__(self, server: NatsHost[NatsConnection, Subscription], cid: int) -> None:
+        """Connection state before INFO is sent; ``server`` is the ``NatsServer`` (see host.py)."""
         self.server = server
         self.cid = cid
         s = server.settings

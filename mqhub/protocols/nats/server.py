@@ -23,7 +23,7 @@ from typing import Any
 from twisted.internet.protocol import Factory
 
 from mqhub.protocols.nats import codec
-from mqhub.protocols.nats.connection import NatsConnection
+from mqhub.protocols.nats.connection import NatsConnection, Subscription
 from mqhub.protocols.nats.scan import frame_pattern
 from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-exported)
     BROADCAST_PREFIX,
@@ -34,7 +34,6 @@ from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-ex
     NatsSettings,
 )
 from mqhub.protocols.nats.sublist import Sublist, subject_matches
-from mqhub.protocols.nats.subscription import Subscription
 
 #: the "special" part of a route whose request reaches nobody (no-responders check)
 NO_ONE: tuple = ((), (), False, False)
