@@ -6,6 +6,14 @@ A NATS publish is delivered to NATS subscribers by the server's own fast path; o
 core has *foreign* bindings on the subject (another protocol's subscriber or a queue) is the
 message also handed to ``broker.publish_batch`` with ``origin="nats"``, and the NATS target
 skips entries of NATS origin so nobody gets a message twice.
+
+Nothing the core refuses goes unnoticed: a bridged message whose headers cannot fit an entry's
+meta field (``mqhub.store.codec.MAX_META``: NATS allows headers up to ``max_payload``) is left
+out of the batch before the core sees it, so it cannot sink the other messages of that batch;
+a batch the core refuses (synchronously, e.g. a ``reject`` queue that is full, or when its
+commit fails) counts all its messages. Both are counted in the server's
+``stats["bridge_refused"]`` and logged at most once per :data:`REFUSAL_LOG_INTERVAL`. None of
+this runs for a subject without foreign bindings (the NATS-to-NATS fast path).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from mqhub.errors import MqhubError
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.mailbox import RESERVED_REPLY, rendered
+from mqhub.store.codec import encode_meta
 from mqhub.store.records import BODY, HEADERS, ORIGIN
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,6 +35,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = Logger()
 ORIGIN_NAME = "nats"
+#: seconds between two log lines about refused bridged messages (the rest are only counted)
+REFUSAL_LOG_INTERVAL = 10.0
+#: header block plus reply bytes from which a bridged message's meta is checked before the
+#: core sees it. Below it the meta surely fits: stored as JSON a header byte takes at most 6
+#: bytes (``\u00XX``), and 6 x 8192 + a 4 KiB address + the origin is under MAX_META
+META_CHECK_FROM = 8192
 
 
 @implementer(IDeliveryTarget)
@@ -63,6 +78,8 @@ class CoreBridge:
         self._foreign: dict[str, bool] = {}
         self._epoch = -1
         self._pending: dict[str, tuple[list[bytes], list[dict[str, str] | None]]] = {}
+        self._logged_at: float | None = None
+        self._unlogged = 0
 
     def bind(self, sub: Subscription) -> None:
         """Register ``sub`` as a live binding (subjects the core refuses stay NATS-only)."""
@@ -120,6 +137,12 @@ class CoreBridge:
         if reply:
             headers = dict(headers or {})
             headers[RESERVED_REPLY] = reply
+        if headers is not None and len(hdr or b"") + len(reply or "") >= META_CHECK_FROM:
+            try:
+                encode_meta(subject, headers, ORIGIN_NAME)
+            except ValueError as exc:
+                self.refused(subject, 1, exc)
+                return 0
         pending = self._pending.get(subject)
         if pending is None:
             pending = self._pending[subject] = ([], [])
@@ -137,7 +160,22 @@ class CoreBridge:
             try:
                 d = self.broker.publish_batch(subject, bodies, origin=ORIGIN_NAME, headers=hdrs)
             except (MqhubError, ValueError) as exc:
-                log.warn("nats: core refused a publish to {subject}: {error}", subject=subject,
-                         error=exc)
+                self.refused(subject, len(bodies), exc)
                 continue
-            d.addErrback(lambda f: log.failure("nats: core publish failed", f))
+            d.addErrback(self._failed, subject, len(bodies))
+
+    def _failed(self, failure: Any, subject: str, n: int) -> None:
+        """A batch's commit failed: its ``n`` messages are not kept."""
+        self.refused(subject, n, failure.value)
+
+    def refused(self, subject: str, n: int, error: BaseException) -> None:
+        """Count ``n`` bridged messages the core did not take; log at most once an interval."""
+        self.server.stats["bridge_refused"] += n
+        self._unlogged += n
+        now = self.server.clock.seconds()
+        if self._logged_at is not None and now - self._logged_at < REFUSAL_LOG_INTERVAL:
+            return
+        self._logged_at = now
+        log.warn("nats: {n} bridged message(s) not kept by the core (last: {subject}: {error}); "
+                 "counted in bridge_refused", n=self._unlogged, subject=subject, error=error)
+        self._unlogged = 0

@@ -75,7 +75,9 @@ class NatsServer(Factory):
         self.stalled: list[NatsConnection] = []
         #: a subscriber with this much output waiting stalls its publishers (nats-server: 75 %)
         self.stall_bytes = min(int(self.settings.max_pending * 0.75), self.settings.stall_bytes)
-        self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0}
+        #: bridge_refused: NATS messages a foreign binding matched that the core did not keep
+        self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0,
+                      "bridge_refused": 0}
         #: the flow journal's recorder: NATS core PUBs are counted per read (docs/analytics.md)
         self.journal = getattr(hub.broker, "journal", None)
 
