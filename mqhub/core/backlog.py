@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 from bisect import bisect_left
 from collections import deque
-from itertools import repeat
 from operator import itemgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
+from mqhub.core.tail import pop_head, ready_key, sized, stays_sorted, tail_limit, trim
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry, EntryKey
 
@@ -38,10 +38,6 @@ WINDOW_BYTES = 64 << 20
 #: a page read while the body sizes of the stored backlog are unknown (after a restart) asks
 #: for at most this many entries; later pages are sized by the largest body seen
 FIRST_PAGE = 64
-#: memory an entry of the remembered tail costs beyond its body (the 9-tuple, its id, the body's
-#: bytes object and the deque slot: 205 B measured with tracemalloc for a 16 B body); the tail
-#: holds at most the byte budget's worth when each entry counts its body plus this
-ENTRY_COST = 192
 #: why paging waits: the last read reached the committed end (any commit of this queue may show
 #: more), or an uncommitted batch holds the page (only that batch's commit helps)
 WAIT_COMMIT = 1
@@ -61,17 +57,6 @@ _ID = itemgetter(0)
 _EXPIRES = itemgetter(4)
 _BODY = itemgetter(7)
 _KEY_ID = itemgetter(1)  # the id of an (priority, id) entry key
-
-
-def tail_limit(budget: int, body_max: int) -> int:
-    """The most entries a remembered tail may hold: ``budget`` bytes of memory when each entry
-    counts ``body_max`` (the largest body seen) plus :data:`ENTRY_COST` (at least one)."""
-    return max(1, budget // (body_max + ENTRY_COST))
-
-
-def ready_key(entry: Entry) -> tuple[int, int]:
-    """An entry's place in ready order: priority descending, then msg_id."""
-    return (-entry[1], entry[0])
 
 
 class QueueBacklog:
@@ -249,25 +234,28 @@ class QueueBacklog:
     def _keep_tail(self, entries: list[Entry], uniform: bool) -> None:
         """Remember ``entries`` (just made stored-only, in id order) as the newest part of the
         backlog, keeping no more than the byte budget holds when each entry counts its body, at
-        the largest body seen, plus :data:`ENTRY_COST` (the oldest are forgotten, not lost)."""
+        the largest body seen, plus ``ENTRY_COST`` (the oldest are forgotten, not lost)."""
         big = max([len(e[7]) for e in entries])
         if big > self._body_max:
             self._body_max = big
-        tail = self._tail
-        size = tail_limit(self._byte_budget(), self._body_max)
-        if tail is _NO_LIST or tail.maxlen != size:
-            tail = self._tail = deque(tail, maxlen=size)
+        tail = self._tail = sized(self._tail, tail_limit(self._byte_budget(), self._body_max))
         if not tail:
             self._tail_sorted = True
-        if self._tail_sorted:
-            first = entries[0]
-            if tail:
-                last = tail[-1]
-                if first[1] > last[1] or (first[1] == last[1] and first[0] < last[0]):
-                    self._tail_sorted = False
-            if not uniform and any(e[1] != first[1] for e in entries):
-                self._tail_sorted = False
+        if self._tail_sorted and not stays_sorted(tail, entries, uniform):
+            self._tail_sorted = False
         tail.extend(entries)
+
+    def _tail_head(self, dropped: list[Entry]) -> None:
+        """The window evicted ``dropped`` (in reverse ready order, all sorting before the stored
+        backlog) while the remembered tail was the whole backlog: put them at the tail's head
+        when it has room, so they are not read back; otherwise the tail is no longer the whole
+        backlog and paging reads it from the store as before."""
+        limit = tail_limit(self._byte_budget(), self._body_max)
+        if len(self._tail) + len(dropped) <= limit:
+            if not self._tail:
+                self._tail_sorted = True
+            self._tail = sized(self._tail, limit)
+            self._tail.extendleft(dropped)    # reversed: the tail's head is in ready order
 
     def _swallow_tail(self) -> None:
         """The whole stored backlog is the remembered tail: move as much of it as fits into the
@@ -281,20 +269,12 @@ class QueueBacklog:
         if not self._tail_sorted:
             tail = self._tail = deque(sorted(tail, key=ready_key), maxlen=tail.maxlen)
             self._tail_sorted = True
-        room = max(1, self._effective_window() - self._nready)
-        room = min(room, len(tail),
+        room = min(max(1, self._effective_window() - self._nready),
                    max(1, (self._byte_budget() - self._nbytes) // (self._body_max or 1)))
-        take = list(map(deque.popleft, repeat(tail, room)))
-        if self._pend:
-            cap = self._cap()
-            if cap is not None:
-                ok = bisect_left(take, cap, key=ready_key)
-                if ok < len(take):
-                    tail.extendleft(reversed(take[ok:]))    # held: back to the tail's head
-                    del take[ok:]
-                if not take:
-                    self._page_wait = WAIT_HOLD
-                    return
+        take = pop_head(tail, room, self._cap() if self._pend else None)
+        if not take:
+            self._page_wait = WAIT_HOLD     # the head is held by an uncommitted batch
+            return
         if tail:
             last = take[-1]
             self._horizon = (last[1], last[0])
@@ -314,25 +294,10 @@ class QueueBacklog:
     def _trim_tail(self) -> None:
         """Forget remembered tail entries a page has read (those up to the horizon)."""
         h = self._horizon
-        tail = self._tail
-        if h is None:
+        if h is None or not trim(self._tail, self._tail_sorted, (-h[0], h[1]),
+                                 self._effective_window()):
             self._tail = _NO_LIST
             self._tail_sorted = True
-            return
-        hk = (-h[0], h[1])
-        if self._tail_sorted:
-            while tail and (-tail[0][1], tail[0][0]) <= hk:
-                tail.popleft()
-        elif len(tail) > self._effective_window():
-            # out of order and long: filtering it per page would cost the whole tail each time;
-            # forget it (its entries are read back from the store, as any backlog is)
-            self._tail = _NO_LIST
-            self._tail_sorted = True
-        else:
-            keep = [e for e in tail if (-e[1], e[0]) > hk]
-            if len(keep) != len(tail):
-                tail.clear()
-                tail.extend(keep)
 
     def _cap(self) -> tuple[int, int] | None:
         """The lowest ready-order key an uncommitted batch of this queue may have left stored-only."""

@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqhub.core.backlog import ENTRY_COST, tail_limit
+from mqhub.core.tail import ENTRY_COST, tail_limit
 from mqhub.hub import Hub
 from mqhub.store.lmdb import LmdbStore
 from mqhub.testing import CollectingTarget, memory_hub, property_examples, result_of, start_clock
