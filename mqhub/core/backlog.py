@@ -70,7 +70,7 @@ class QueueBacklog:
 
     __slots__ = (
         "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_skip", "_pend",
-        "_page_cap", "_page_gone", "_page_wait", "_tail", "_tail_sorted", "_may_expire",
+        "_page_cap", "_page_gone", "_page_wait", "_tail", "_may_expire",
         "_nbytes", "_body_max")
 
     broker: QueueHost
@@ -107,7 +107,6 @@ class QueueBacklog:
         # one also counted in _stored_only): when they are all that is left of the backlog,
         # paging takes them from here instead of reading them back (see _maybe_page)
         self._tail: deque[Entry] = _NO_LIST
-        self._tail_sorted = True              # _tail is in ready order
         self._may_expire = False              # some entry with expires_at was added
         self._nbytes = 0                      # body bytes of the window's ready entries
         self._body_max = 0                    # largest body seen in the current stored backlog
@@ -234,16 +233,18 @@ class QueueBacklog:
     def _keep_tail(self, entries: list[Entry], uniform: bool) -> None:
         """Remember ``entries`` (just made stored-only, in id order) as the newest part of the
         backlog, keeping no more than the byte budget holds when each entry counts its body, at
-        the largest body seen, plus ``ENTRY_COST`` (the oldest are forgotten, not lost)."""
-        big = max([len(e[7]) for e in entries])
+        the largest body seen, plus ``ENTRY_COST`` (the oldest are forgotten, not lost).
+
+        The tail stays in ready order: entries that would break it (several priorities, or
+        sorting before its last entry) are not remembered and will be read back from the store;
+        sorting or filtering an out-of-order tail would cost the whole tail (up to ~322,000
+        entries, a pause of tens of ms)."""
+        big = max(map(len, map(_BODY, entries)))
         if big > self._body_max:
             self._body_max = big
         tail = self._tail = sized(self._tail, tail_limit(self._byte_budget(), self._body_max))
-        if not tail:
-            self._tail_sorted = True
-        if self._tail_sorted and not stays_sorted(tail, entries, uniform):
-            self._tail_sorted = False
-        tail.extend(entries)
+        if stays_sorted(tail, entries, uniform):
+            tail.extend(entries)
 
     def _tail_head(self, dropped: list[Entry]) -> None:
         """The window evicted ``dropped`` (in reverse ready order, all sorting before the stored
@@ -252,10 +253,8 @@ class QueueBacklog:
         backlog and paging reads it from the store as before."""
         limit = tail_limit(self._byte_budget(), self._body_max)
         if len(self._tail) + len(dropped) <= limit:
-            if not self._tail:
-                self._tail_sorted = True
             self._tail = sized(self._tail, limit)
-            self._tail.extendleft(dropped)    # reversed: the tail's head is in ready order
+            self._tail.extendleft(dropped)    # reversed: the tail stays in ready order
 
     def _swallow_tail(self) -> None:
         """The whole stored backlog is the remembered tail: move as much of it as fits into the
@@ -266,9 +265,6 @@ class QueueBacklog:
         The tail may hold many windows' worth: only the entries taken are touched (popped from
         its head), never the whole tail."""
         tail = self._tail
-        if not self._tail_sorted:
-            tail = self._tail = deque(sorted(tail, key=ready_key), maxlen=tail.maxlen)
-            self._tail_sorted = True
         room = min(max(1, self._effective_window() - self._nready),
                    max(1, (self._byte_budget() - self._nbytes) // (self._body_max or 1)))
         take = pop_head(tail, room, self._cap() if self._pend else None)
@@ -294,10 +290,10 @@ class QueueBacklog:
     def _trim_tail(self) -> None:
         """Forget remembered tail entries a page has read (those up to the horizon)."""
         h = self._horizon
-        if h is None or not trim(self._tail, self._tail_sorted, (-h[0], h[1]),
-                                 self._effective_window()):
+        if h is None:
             self._tail = _NO_LIST
-            self._tail_sorted = True
+        else:
+            trim(self._tail, (-h[0], h[1]))
 
     def _cap(self) -> tuple[int, int] | None:
         """The lowest ready-order key an uncommitted batch of this queue may have left stored-only."""

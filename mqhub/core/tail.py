@@ -1,7 +1,7 @@
 """The remembered tail of a durable queue's stored backlog: its bound and the deque work on it.
 
 A queue remembers the newest entries it put straight to its stored backlog (the *tail*, a deque
-in ready order as a rule); while the tail is the whole backlog the window is refilled from it
+kept in ready order: entries that would break the order are not remembered); while the tail is the whole backlog the window is refilled from it
 instead of reading the entries back from the store (:mod:`mqhub.core.backlog`). These helpers
 are pure: they take and return deques and entries, the queue keeps the state.
 """
@@ -64,21 +64,8 @@ def pop_head(tail: deque[Entry], room: int, cap: tuple[int, int] | None) -> list
     return take
 
 
-def trim(tail: deque[Entry], in_order: bool, upto: tuple[int, int], most: int) -> bool:
-    """Drop the tail's entries at or before the ready-order key ``upto`` (a page read them).
-
-    An out-of-order tail longer than ``most`` is not filtered (that would cost the whole tail
-    on every page): return False, and the caller forgets it (its entries are read back from the
-    store, as any backlog is). True otherwise.
-    """
-    if in_order:
-        while tail and (-tail[0][1], tail[0][0]) <= upto:
-            tail.popleft()
-        return True
-    if len(tail) > most:
-        return False
-    keep = [e for e in tail if (-e[1], e[0]) > upto]
-    if len(keep) != len(tail):
-        tail.clear()
-        tail.extend(keep)
-    return True
+def trim(tail: deque[Entry], upto: tuple[int, int]) -> None:
+    """Drop the entries at the head of a tail in ready order up to the ready-order key ``upto``
+    (a page read them)."""
+    while tail and (-tail[0][1], tail[0][0]) <= upto:
+        tail.popleft()

@@ -241,3 +241,34 @@ def test_the_tail_is_bounded_by_the_byte_budget_counting_each_entry() -> None:
     store.step()
     store.step()
     assert result_of(store.count_entries("q")) == 0
+
+
+def test_a_publish_sorting_before_the_tail_is_read_back_in_ready_order() -> None:
+    """The tail stays in ready order: a priority-3 batch that sorts after the window (priority
+    5) but before the remembered priority-0 entries is not remembered; it is read back from
+    the store and delivered between them; nothing is lost or repeated."""
+    hub, q, store = _pipelined_hub(window=4)
+    t = CollectingTarget()
+    c = q.attach(t, ready=1)
+    high = [b"p5-%d" % i for i in range(8)]
+    low = [b"p0-%d" % i for i in range(32)]
+    hub.broker.publish_batch("a", high, priority=5)
+    store.step()
+    store.step()
+    for k in range(0, 32, 8):
+        hub.broker.publish_batch("a", low[k:k + 8])
+        store.step()
+    hub.broker.publish_batch("a", [b"p3-0", b"p3-1"], priority=3)
+    store.step()
+    store.step()
+    read = _count_reads(store)
+    for _ in range(200):
+        _ack_all(q, c)
+        store.step()
+        if not (q.depth or q.in_flight):
+            break
+    assert t.bodies == high + [b"p3-0", b"p3-1"] + low
+    assert sum(read) >= 2
+    store.step()
+    store.step()
+    assert result_of(store.count_entries("q")) == 0
