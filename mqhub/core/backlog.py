@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
+from mqhub.core.tail import pop_head, ready_key, sized, stays_sorted, tail_limit, trim
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry, EntryKey
 
@@ -58,11 +59,6 @@ _BODY = itemgetter(7)
 _KEY_ID = itemgetter(1)  # the id of an (priority, id) entry key
 
 
-def ready_key(entry: Entry) -> tuple[int, int]:
-    """An entry's place in ready order: priority descending, then msg_id."""
-    return (-entry[1], entry[0])
-
-
 class QueueBacklog:
     """The stored backlog of a queue and the paging that feeds its window.
 
@@ -74,7 +70,7 @@ class QueueBacklog:
 
     __slots__ = (
         "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_skip", "_pend",
-        "_page_cap", "_page_gone", "_page_wait", "_tail", "_tail_sorted", "_may_expire",
+        "_page_cap", "_page_gone", "_page_wait", "_tail", "_may_expire",
         "_nbytes", "_body_max")
 
     broker: QueueHost
@@ -111,7 +107,6 @@ class QueueBacklog:
         # one also counted in _stored_only): when they are all that is left of the backlog,
         # paging takes them from here instead of reading them back (see _maybe_page)
         self._tail: deque[Entry] = _NO_LIST
-        self._tail_sorted = True              # _tail is in ready order
         self._may_expire = False              # some entry with expires_at was added
         self._nbytes = 0                      # body bytes of the window's ready entries
         self._body_max = 0                    # largest body seen in the current stored backlog
@@ -237,57 +232,53 @@ class QueueBacklog:
 
     def _keep_tail(self, entries: list[Entry], uniform: bool) -> None:
         """Remember ``entries`` (just made stored-only, in id order) as the newest part of the
-        backlog, keeping at most a window of them, and no more than the byte budget holds at the
-        largest body seen (the oldest are forgotten, not lost)."""
-        big = max([len(e[7]) for e in entries])
+        backlog, keeping no more than the byte budget holds when each entry counts its body, at
+        the largest body seen, plus ``ENTRY_COST`` (the oldest are forgotten, not lost).
+
+        The tail stays in ready order: entries that would break it (several priorities, or
+        sorting before its last entry) are not remembered and will be read back from the store;
+        sorting or filtering an out-of-order tail would cost the whole tail (up to ~322,000
+        entries, a pause of tens of ms)."""
+        big = max(map(len, map(_BODY, entries)))
         if big > self._body_max:
             self._body_max = big
-        tail = self._tail
-        size = max(1, min(self._effective_window(), self._byte_budget() // (self._body_max or 1)))
-        if tail is _NO_LIST or tail.maxlen != size:
-            tail = self._tail = deque(tail, maxlen=size)
-        if not tail:
-            self._tail_sorted = True
-        if self._tail_sorted:
-            first = entries[0]
-            if tail:
-                last = tail[-1]
-                if first[1] > last[1] or (first[1] == last[1] and first[0] < last[0]):
-                    self._tail_sorted = False
-            if not uniform and any(e[1] != first[1] for e in entries):
-                self._tail_sorted = False
-        tail.extend(entries)
+        tail = self._tail = sized(self._tail, tail_limit(self._byte_budget(), self._body_max))
+        if stays_sorted(tail, entries, uniform):
+            tail.extend(entries)
+
+    def _tail_head(self, dropped: list[Entry]) -> None:
+        """The window evicted ``dropped`` (in reverse ready order, all sorting before the stored
+        backlog) while the remembered tail was the whole backlog: put them at the tail's head
+        when it has room, so they are not read back; otherwise the tail is no longer the whole
+        backlog and paging reads it from the store as before."""
+        limit = tail_limit(self._byte_budget(), self._body_max)
+        if len(self._tail) + len(dropped) <= limit:
+            self._tail = sized(self._tail, limit)
+            self._tail.extendleft(dropped)    # reversed: the tail stays in ready order
 
     def _swallow_tail(self) -> None:
         """The whole stored backlog is the remembered tail: move as much of it as fits into the
         window without reading it back (the rest stays the tail, and the backlog). Entries an
         uncommitted batch may hold (from the lowest hold on) stay: a put enters the window only
-        once it is stored; their commit wakes paging again (WAIT_HOLD)."""
-        tail = list(self._tail)
-        if not self._tail_sorted:
-            tail.sort(key=ready_key)
-        room = max(1, self._effective_window() - self._nready)
-        cap = self._cap() if self._pend else None
-        if cap is not None:
-            ok = bisect_left(tail, cap, key=ready_key)
-            if not ok:
-                self._page_wait = WAIT_HOLD
-                return
-            room = min(room, ok)
-        room = min(room, max(1, (self._byte_budget() - self._nbytes) // (self._body_max or 1)))
-        if len(tail) > room:
-            take = tail[:room]
-            rest = tail[room:]
+        once it is stored; their commit wakes paging again (WAIT_HOLD).
+
+        The tail may hold many windows' worth: only the entries taken are touched (popped from
+        its head), never the whole tail."""
+        tail = self._tail
+        room = min(max(1, self._effective_window() - self._nready),
+                   max(1, (self._byte_budget() - self._nbytes) // (self._body_max or 1)))
+        take = pop_head(tail, room, self._cap() if self._pend else None)
+        if not take:
+            self._page_wait = WAIT_HOLD     # the head is held by an uncommitted batch
+            return
+        if tail:
             last = take[-1]
             self._horizon = (last[1], last[0])
-            self._stored_only = len(rest)
-            self._tail = deque(rest, maxlen=self._tail.maxlen)
+            self._stored_only = len(tail)
         else:
-            take = tail
             self._backlog_clear()
-        self._tail_sorted = True
         self._page_wait = 0
-        if not self._may_expire and any([e[4] for e in take]):
+        if not self._may_expire and any(map(_EXPIRES, take)):
             self._may_expire = True
         if take[0][1] == take[-1][1]:
             self._enter(take, True)    # in ready order, one priority: appended when it can be
@@ -299,20 +290,10 @@ class QueueBacklog:
     def _trim_tail(self) -> None:
         """Forget remembered tail entries a page has read (those up to the horizon)."""
         h = self._horizon
-        tail = self._tail
         if h is None:
             self._tail = _NO_LIST
-            self._tail_sorted = True
-            return
-        hk = (-h[0], h[1])
-        if self._tail_sorted:
-            while tail and (-tail[0][1], tail[0][0]) <= hk:
-                tail.popleft()
         else:
-            keep = [e for e in tail if (-e[1], e[0]) > hk]
-            if len(keep) != len(tail):
-                tail.clear()
-                tail.extend(keep)
+            trim(self._tail, (-h[0], h[1]))
 
     def _cap(self) -> tuple[int, int] | None:
         """The lowest ready-order key an uncommitted batch of this queue may have left stored-only."""

@@ -14,7 +14,8 @@ from bisect import bisect_left
 from collections import deque
 from itertools import repeat
 
-from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP, WAIT_COMMIT, QueueBacklog, ready_key
+from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP, WAIT_COMMIT, QueueBacklog
+from mqhub.core.tail import ready_key
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry
 
@@ -183,7 +184,9 @@ class QueueWindow(QueueBacklog):
 
     def _awaiting_past_horizon(self) -> None:
         """The horizon moved back (eviction): awaiting puts that now sort after it belong to
-        the stored backlog, held back from paging until their batch is committed."""
+        the stored backlog, held back from paging until their batch is committed. While the
+        remembered tail is the whole backlog they join it (held like any uncommitted put)."""
+        whole = not self._paging and len(self._tail) == self._stored_only
         for rec in self._pend.values():
             puts = rec[4]
             if not puts:
@@ -198,6 +201,8 @@ class QueueWindow(QueueBacklog):
                 if rec[3] is None or low < rec[3]:
                     rec[3] = low
                 rec[5] += len(past)
+                if whole:
+                    self._keep_tail(past, uniform)
                 self._stored_only += len(past)
                 self._put_gen += 1
                 if len(past) < len(entries):
@@ -298,6 +303,10 @@ class QueueWindow(QueueBacklog):
         over = self._nbytes - self._byte_budget()
         volatile = self._volatile
         low: Entry | None = None
+        # the remembered tail is the whole stored backlog (or there is none): what is evicted
+        # sorts before all of it, so it can join the tail's head and the tail stays the backlog
+        whole = not self._paging and len(self._tail) == self._stored_only
+        dropped: list[Entry] = []
         for p in sorted(self._prios):
             d = self._ready[p]
             kept: list[Entry] = []
@@ -316,10 +325,13 @@ class QueueWindow(QueueBacklog):
                 self._stored_only += 1
                 self._put_gen += 1
                 low = e
+                dropped.append(e)
             if kept:
                 d.extend(reversed(kept))
             if excess <= 0 and (over <= 0 or self._nready <= 1):
                 break
+        if dropped and whole:
+            self._tail_head(dropped)
         if low is not None:
             # the horizon moves back: what was dropped can be read again (the last one dropped
             # sorts first; its put may still be uncommitted)

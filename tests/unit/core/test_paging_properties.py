@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mqhub.core.tail import ENTRY_COST, tail_limit
 from mqhub.hub import Hub
 from mqhub.store.lmdb import LmdbStore
 from mqhub.testing import CollectingTarget, memory_hub, property_examples, result_of, start_clock
@@ -35,10 +36,12 @@ op = st.one_of(
 class Harness:
     """One hub over a store that can be committed step by step and restarted."""
 
-    def __init__(self, kind: str, path: str) -> None:
+    def __init__(self, kind: str, path: str, **broker_kw: Any) -> None:
         """Open the store (``memory``: PipelinedStore; ``early``: one whose batches are readable
-        before they are confirmed; ``lmdb``: LmdbStore in ``path``)."""
+        before they are confirmed; ``lmdb``: LmdbStore in ``path``); ``broker_kw`` go to the
+        Broker (``window_bytes``)."""
         self.kind = kind
+        self.broker_kw = broker_kw
         self.path = path
         self.clock = start_clock()
         self.mem = PipelinedStore(kind == "early") if kind != "lmdb" else None
@@ -56,7 +59,7 @@ class Harness:
         else:
             store = LmdbStore(self.path, clock=self.clock, durability="none", writer="inline")
             store.open()
-        hub = memory_hub(self.clock, store=store)
+        hub = memory_hub(self.clock, store=store, **self.broker_kw)
         hub.broker.declare_queue("q", window=3)
         hub.broker.bind_queue("a", "q")
         return hub
@@ -119,9 +122,9 @@ class Harness:
         return self.deliveries
 
 
-def _run(kind: str, ops: list[Any], path: str) -> None:
+def _run(kind: str, ops: list[Any], path: str, **broker_kw: Any) -> None:
     """Apply ``ops`` and check the properties."""
-    h = Harness(kind, path)
+    h = Harness(kind, path, **broker_kw)
     published: list[bytes] = []
     seq = 0
     for name, n, m in ops:
@@ -179,3 +182,28 @@ def test_small_window_over_lmdb_with_restarts(ops: list[Any]) -> None:
     """LmdbStore grouping commits per clock turn; restarts reopen the same files."""
     with tempfile.TemporaryDirectory() as path:
         _run("lmdb", ops, path)
+
+
+#: a byte budget whose remembered tail holds 4 entries of these bodies (at most 6 bytes): the
+#: backlog outgrows it, so pages are read from the store and the tail is trimmed (the default
+#: budget remembers every entry of these runs)
+SHORT_TAIL = 4 * (ENTRY_COST + 6) + 3
+
+
+def test_short_tail_budget_holds_four_entries() -> None:
+    """The budget used below does make the tail that short."""
+    assert [tail_limit(SHORT_TAIL, n) for n in (3, 6)] == [4, 4]
+
+
+@settings(max_examples=property_examples(100), deadline=None)
+@given(st.lists(op, max_size=60))
+def test_small_window_and_short_tail_over_a_pipelined_memory_store(ops: list[Any]) -> None:
+    """As above with a 4-entry remembered tail: paging alternates store reads and the tail."""
+    _run("memory", ops, "", window_bytes=SHORT_TAIL)
+
+
+@settings(max_examples=property_examples(60), deadline=None)
+@given(st.lists(op, max_size=60))
+def test_small_window_and_short_tail_over_an_early_store(ops: list[Any]) -> None:
+    """The 4-entry tail over commits readable a step before their callbacks."""
+    _run("early", ops, "", window_bytes=SHORT_TAIL)

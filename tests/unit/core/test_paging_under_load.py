@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from mqhub.core.queue import Queue
+from mqhub.core.tail import ENTRY_COST, tail_limit
 from mqhub.hub import Hub
 from mqhub.store.memory import MemoryStore
 from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
@@ -19,11 +20,12 @@ from mqhub.testing import CollectingTarget, memory_hub, result_of, start_clock
 from .pipelined import PipelinedStore
 
 
-def _pipelined_hub(window: int = 8) -> tuple[Hub, Queue, PipelinedStore]:
-    """A hub over a :class:`PipelinedStore`, with queue ``q`` bound to ``a``."""
+def _pipelined_hub(window: int = 8, **broker_kw: Any) -> tuple[Hub, Queue, PipelinedStore]:
+    """A hub over a :class:`PipelinedStore`, with queue ``q`` bound to ``a`` (``broker_kw`` go
+    to the Broker)."""
     store = PipelinedStore()
     store.open()
-    hub = memory_hub(start_clock(), store=store)
+    hub = memory_hub(start_clock(), store=store, **broker_kw)
     q = hub.broker.declare_queue("q", window=window)
     hub.broker.bind_queue("a", "q")
     return hub, q, store
@@ -45,6 +47,17 @@ def _ack_all(q: Queue, consumer: Any) -> int:
     ids = [e[0] for e in consumer.target.entries if q.owner_of(e[0]) is consumer]
     assert q.ack(consumer, ids) == []
     return len(ids)
+
+
+def _count_reads(store: PipelinedStore) -> list[int]:
+    """Count the entries each page read of ``store`` returns (the list is filled as it reads)."""
+    read: list[int] = []
+    real = store.read_entries
+
+    def counted(*a: Any) -> Any:
+        return real(*a).addCallback(lambda page: read.append(len(page)) or page)
+    store.read_entries = counted   # type: ignore[method-assign]
+    return read
 
 
 def test_deliveries_never_pause_while_a_producer_commits_continuously() -> None:
@@ -111,9 +124,10 @@ def test_paging_reaches_the_end_with_one_batch_uncommitted() -> None:
 
 
 def test_a_backlog_bigger_than_the_tail_is_read_back_in_order() -> None:
-    """More is published beyond the window than the remembered tail holds (a window's worth):
-    the older part is read from the store, then the tail follows from memory, in order."""
-    hub, q, store = _pipelined_hub(window=4)
+    """More is published beyond the window than the remembered tail holds (its byte budget
+    here holds 4 entries): the older part is read from the store, then the tail follows from
+    memory, in order."""
+    hub, q, store = _pipelined_hub(window=4, window_bytes=4 * (ENTRY_COST + 2) + 1)
     t = CollectingTarget()
     c = q.attach(t, ready=2)
     for k in range(10):
@@ -172,3 +186,89 @@ def test_an_acked_entry_whose_delete_is_uncommitted_is_not_paged_back() -> None:
     assert sorted(t.bodies) == sorted([b"low-%d" % i for i in range(10)]
                                       + [b"hi-%d" % i for i in range(4)])
     assert q.depth == 0 and q.in_flight == 0
+
+
+def test_a_backlog_of_many_windows_is_fed_from_the_tail_without_reads() -> None:
+    """A producer far ahead of its consumer (50 windows' worth beyond the window, within the
+    byte budget): the messages come from the remembered tail, not read back from the store,
+    in order, once each; each move takes only what fits the window."""
+    hub, q, store = _pipelined_hub(window=8)
+    t = CollectingTarget()
+    c = q.attach(t, ready=3)
+    bodies = [b"m%d" % i for i in range(400)]
+    for k in range(0, 400, 10):
+        hub.broker.publish_batch("a", bodies[k:k + 10])
+        store.step()
+    assert q.depth + q.in_flight == 400
+    read = _count_reads(store)
+    for _ in range(400):
+        _ack_all(q, c)
+        store.step()
+        assert not q.over_window()
+        if not (q.depth or q.in_flight):
+            break
+    assert t.bodies == bodies
+    # only what the window evicted when it first overflowed is read back (the first two
+    # batches entered it together: 12 entries); the other 388 come from the tail (with a tail
+    # of a window's worth, as before, nearly all of them were read back)
+    assert sum(read) == 0
+    store.step()
+    store.step()
+    assert result_of(store.count_entries("q")) == 0
+
+
+def test_the_tail_is_bounded_by_the_byte_budget_counting_each_entry() -> None:
+    """The remembered tail keeps at most the budget's worth of entries (body plus ENTRY_COST
+    each); what it forgot is read back from the store, in order."""
+    budget = 20 * (ENTRY_COST + 4)
+    assert tail_limit(budget, 4) == 20
+    hub, q, store = _pipelined_hub(window=4, window_bytes=budget)
+    t = CollectingTarget()
+    c = q.attach(t, ready=1)
+    bodies = [b"%04d" % i for i in range(200)]
+    for k in range(0, 200, 20):
+        hub.broker.publish_batch("a", bodies[k:k + 20])
+        store.step()
+    read = _count_reads(store)
+    for _ in range(600):
+        _ack_all(q, c)
+        store.step()
+        if not (q.depth or q.in_flight):
+            break
+    assert t.bodies == bodies
+    # the tail remembered only the newest 20 entries at a time: most were read back, not all
+    assert 100 <= sum(read) < 200
+    store.step()
+    store.step()
+    assert result_of(store.count_entries("q")) == 0
+
+
+def test_a_publish_sorting_before_the_tail_is_read_back_in_ready_order() -> None:
+    """The tail stays in ready order: a priority-3 batch that sorts after the window (priority
+    5) but before the remembered priority-0 entries is not remembered; it is read back from
+    the store and delivered between them; nothing is lost or repeated."""
+    hub, q, store = _pipelined_hub(window=4)
+    t = CollectingTarget()
+    c = q.attach(t, ready=1)
+    high = [b"p5-%d" % i for i in range(8)]
+    low = [b"p0-%d" % i for i in range(32)]
+    hub.broker.publish_batch("a", high, priority=5)
+    store.step()
+    store.step()
+    for k in range(0, 32, 8):
+        hub.broker.publish_batch("a", low[k:k + 8])
+        store.step()
+    hub.broker.publish_batch("a", [b"p3-0", b"p3-1"], priority=3)
+    store.step()
+    store.step()
+    read = _count_reads(store)
+    for _ in range(200):
+        _ack_all(q, c)
+        store.step()
+        if not (q.depth or q.in_flight):
+            break
+    assert t.bodies == high + [b"p3-0", b"p3-1"] + low
+    assert sum(read) >= 2
+    store.step()
+    store.step()
+    assert result_of(store.count_entries("q")) == 0
