@@ -16,7 +16,7 @@ from twisted.python import usage
 
 from mqhub.discovery import Discovery, load_plugins, plugin_dirs
 from mqhub.errors import PluginError
-from mqhub.gc_tuning import tune_gc
+from mqhub.gc_tuning import tune_gc, young_sweeps
 from mqhub.hub import HubService, build_hub
 from mqhub.logs import forward_stdlib_logging
 from mqhub.plugins.builtin import BUILTIN
@@ -277,6 +277,9 @@ def makeService(options: Options) -> HubService:
     forward_stdlib_logging()
     tune_gc()
     root = build_service(options, reactor)
+    sweeps = young_sweeps(reactor)  # not a child: HubService's children are its listeners
+    reactor.callWhenRunning(sweeps.startService)
+    reactor.addSystemEventTrigger("before", "shutdown", sweeps.stopService)
     reactor.callWhenRunning(install_stop_signals, reactor)
     return root
 
