@@ -49,6 +49,15 @@ def _ack_all(q: Queue, consumer: Any) -> int:
     return len(ids)
 
 
+def _drain(q: Queue, consumer: Any, store: PipelinedStore, rounds: int) -> None:
+    """Acknowledge and commit until ``q`` holds nothing (at most ``rounds`` rounds)."""
+    for _ in range(rounds):
+        _ack_all(q, consumer)
+        store.step()
+        if not (q.depth or q.in_flight):
+            break
+
+
 def _count_reads(store: PipelinedStore) -> list[int]:
     """Count the entries each page read of ``store`` returns (the list is filled as it reads)."""
     read: list[int] = []
@@ -87,11 +96,7 @@ def test_deliveries_never_pause_while_a_producer_commits_continuously() -> None:
     assert len(t.entries) >= 4 * 120 - 8
     assert t.bodies[:200] == [b"old-%d" % i for i in range(200)]
     assert t.bodies[200:] == [b"new-%d" % i for i in range(len(t.entries) - 200)]
-    for _ in range(200):
-        _ack_all(q, c)
-        store.step()
-        if not (q.depth or q.in_flight):
-            break
+    _drain(q, c, store, 200)
     store.step()
     store.step()
     assert q.depth == 0 and q.in_flight == 0
@@ -230,11 +235,7 @@ def test_the_tail_is_bounded_by_the_byte_budget_counting_each_entry() -> None:
         hub.broker.publish_batch("a", bodies[k:k + 20])
         store.step()
     read = _count_reads(store)
-    for _ in range(600):
-        _ack_all(q, c)
-        store.step()
-        if not (q.depth or q.in_flight):
-            break
+    _drain(q, c, store, 600)
     assert t.bodies == bodies
     # the tail remembered only the newest 20 entries at a time: most were read back, not all
     assert 100 <= sum(read) < 200
@@ -262,11 +263,7 @@ def test_a_publish_sorting_before_the_tail_is_read_back_in_ready_order() -> None
     store.step()
     store.step()
     read = _count_reads(store)
-    for _ in range(200):
-        _ack_all(q, c)
-        store.step()
-        if not (q.depth or q.in_flight):
-            break
+    _drain(q, c, store, 200)
     assert t.bodies == high + [b"p3-0", b"p3-1"] + low
     assert sum(read) >= 2
     store.step()
