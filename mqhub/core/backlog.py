@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
-from mqhub.core.tail import pop_head, ready_key, sized, stays_sorted, tail_limit, trim
+from mqhub.core.tail import ENTRY_COST, pop_head, ready_key, sized, stays_sorted, tail_limit, trim
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry, EntryKey
 
@@ -71,7 +71,7 @@ class QueueBacklog:
     __slots__ = (
         "_stored_only", "_horizon", "_paging", "_unsettled", "_put_gen", "_skip", "_pend",
         "_page_cap", "_page_gone", "_page_wait", "_tail", "_may_expire",
-        "_nbytes", "_body_max")
+        "_nbytes", "_body_max", "_charged")
 
     broker: QueueHost
     name: str
@@ -110,6 +110,7 @@ class QueueBacklog:
         self._may_expire = False              # some entry with expires_at was added
         self._nbytes = 0                      # body bytes of the window's ready entries
         self._body_max = 0                    # largest body seen in the current stored backlog
+        self._charged = 0                     # bytes the tail holds in broker.tails' account
 
     def _backlog_clear(self) -> None:
         """Forget the stored backlog (the queue was emptied, or all of it was read or lost)."""
@@ -117,6 +118,7 @@ class QueueBacklog:
         self._horizon = None
         self._page_wait = 0
         self._tail = _NO_LIST
+        self._recharge()
         self._body_max = 0            # the next backlog sizes its pages afresh
 
     # hooks of the subclasses
@@ -243,8 +245,21 @@ class QueueBacklog:
         if big > self._body_max:
             self._body_max = big
         tail = self._tail = sized(self._tail, tail_limit(self._byte_budget(), self._body_max))
-        if stays_sorted(tail, entries, uniform):
+        if self._tails_allow(len(tail) + len(entries)) and stays_sorted(tail, entries, uniform):
             tail.extend(entries)
+            self._recharge()
+
+    def _tails_allow(self, n: int) -> bool:
+        """True when the broker-wide account of all tails (:class:`mqhub.core.tail.TailBudget`)
+        has room for this tail to hold ``n`` entries (beyond it, what is not remembered is
+        read back from the store)."""
+        return n * (self._body_max + ENTRY_COST) <= self.broker.tails.room(self._charged)
+
+    def _recharge(self) -> None:
+        """Bring the broker-wide account up to date with the tail's length."""
+        held = len(self._tail) * (self._body_max + ENTRY_COST) if self._tail else 0
+        self.broker.tails.used += held - self._charged
+        self._charged = held
 
     def _tail_head(self, dropped: list[Entry]) -> None:
         """The window evicted ``dropped`` (in reverse ready order, all sorting before the stored
@@ -252,9 +267,11 @@ class QueueBacklog:
         when it has room, so they are not read back; otherwise the tail is no longer the whole
         backlog and paging reads it from the store as before."""
         limit = tail_limit(self._byte_budget(), self._body_max)
-        if len(self._tail) + len(dropped) <= limit:
+        n = len(self._tail) + len(dropped)
+        if n <= limit and self._tails_allow(n):
             self._tail = sized(self._tail, limit)
             self._tail.extendleft(dropped)    # reversed: the tail stays in ready order
+            self._recharge()
 
     def _swallow_tail(self) -> None:
         """The whole stored backlog is the remembered tail: move as much of it as fits into the
@@ -268,6 +285,7 @@ class QueueBacklog:
         room = min(max(1, self._effective_window() - self._nready),
                    max(1, (self._byte_budget() - self._nbytes) // (self._body_max or 1)))
         take = pop_head(tail, room, self._cap() if self._pend else None)
+        self._recharge()
         if not take:
             self._page_wait = WAIT_HOLD     # the head is held by an uncommitted batch
             return
@@ -294,6 +312,7 @@ class QueueBacklog:
             self._tail = _NO_LIST
         else:
             trim(self._tail, (-h[0], h[1]))
+        self._recharge()
 
     def _cap(self) -> tuple[int, int] | None:
         """The lowest ready-order key an uncommitted batch of this queue may have left stored-only."""
@@ -425,6 +444,7 @@ class QueueBacklog:
                 keep = [e for e in self._tail if e[0] not in gone]
                 self._tail.clear()
                 self._tail.extend(keep)
+                self._recharge()
             if not self._stored_only:
                 self._backlog_clear()
 
@@ -549,6 +569,7 @@ class QueueBacklog:
         if not self._stored_only or self._paging:
             return None
         self._tail = _NO_LIST         # read back from the store, never taken from memory
+        self._recharge()
         self._paging = True
         after = self._horizon
 

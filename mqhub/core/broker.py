@@ -34,6 +34,7 @@ from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
 from mqhub.core.parking import PARK_CUT_PREFIX, BrokerParking
 from mqhub.core.queue import Queue
 from mqhub.core.routing import Binding, Route, Router
+from mqhub.core.tail import TAILS_BYTES, TailBudget
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
 from mqhub.store.batch import WriteBatch
 from mqhub.store.journal_recorder import NULL_RECORDER
@@ -62,16 +63,20 @@ class Broker(BrokerParking):
     """
 
     def __init__(self, store: Any, clock: Any, *, scheduler: Any = None,
-                 window: int = 10_000, window_bytes: int = WINDOW_BYTES) -> None:
+                 window: int = 10_000, window_bytes: int = WINDOW_BYTES,
+                 tails_bytes: int = TAILS_BYTES) -> None:
         """:param store: an opened IMessageStore. :param clock: IReactorTime.
         :param scheduler: the SchedulerService for durable delays and TTL sweeps (optional).
         :param window: ready entries a durable queue keeps in memory; :param window_bytes: and
         the most body bytes they may hold (the rest stays in the store, paged in as it drains).
+        :param tails_bytes: the memory all durable queues' remembered tails may hold together.
         """
         self.store = store
         self.clock = clock
         self.scheduler = scheduler
         self.window, self.window_bytes = window, window_bytes
+        #: the memory all durable queues' remembered tails hold together (core/tail.py)
+        self.tails = TailBudget(tails_bytes)
         self.ids = IdGenerator(clock)
         self.counters = Counters()  # admin/metrics totals, batch granularity (core/counters.py)
         self.journal: Any = NULL_RECORDER  # the flow journal's recorder (set by the hub)

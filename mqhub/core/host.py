@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from mqhub.core.commits import Commits
 from mqhub.core.counters import Counters
 from mqhub.core.ids import IdGenerator
+from mqhub.core.tail import TailBudget
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry
 
@@ -24,6 +25,7 @@ class QueueHost(Protocol):
     ids: IdGenerator
     window: int
     window_bytes: int
+    tails: TailBudget
     commits: Commits
     counters: Counters
     journal: Any  # mqhub.store.journal_recorder (flow journal, batch-level calls)

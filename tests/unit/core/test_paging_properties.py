@@ -160,6 +160,7 @@ def _run(kind: str, ops: list[Any], path: str, **broker_kw: Any) -> None:
     for prio, order in first.items():
         assert order == sorted(order), f"priority {prio!r} delivered out of order: {order}"
     assert result_of(h.hub.store.count_entries("q")) == 0
+    assert h.hub.broker.tails.used == 0, "the broker-wide tail account is out of balance"
 
 
 @settings(max_examples=property_examples(150), deadline=None)
@@ -207,3 +208,11 @@ def test_small_window_and_short_tail_over_a_pipelined_memory_store(ops: list[Any
 def test_small_window_and_short_tail_over_an_early_store(ops: list[Any]) -> None:
     """The 4-entry tail over commits readable a step before their callbacks."""
     _run("early", ops, "", window_bytes=SHORT_TAIL)
+
+
+@settings(max_examples=property_examples(60), deadline=None)
+@given(st.lists(op, max_size=60))
+def test_small_window_and_a_full_broker_wide_tail_account(ops: list[Any]) -> None:
+    """The broker-wide account of all tails leaves room for 3 entries: the queue's own budget
+    would remember more, the account refuses, and what is not remembered is read back."""
+    _run("memory", ops, "", tails_bytes=3 * (ENTRY_COST + 6))

@@ -269,3 +269,54 @@ def test_a_publish_sorting_before_the_tail_is_read_back_in_ready_order() -> None
     store.step()
     store.step()
     assert result_of(store.count_entries("q")) == 0
+
+
+def test_all_tails_together_stay_within_the_broker_wide_account() -> None:
+    """Two lagging queues share the broker's TailBudget: the first one's tail takes the
+    room, the second remembers nothing beyond it and reads its backlog back from the store;
+    the account never passes its limit, both deliver everything in order, and the account
+    returns to zero when the backlogs are gone."""
+    hub, q, store = _pipelined_hub(window=4)
+    q2 = hub.broker.declare_queue("q2", window=4)
+    hub.broker.bind_queue("b", "q2")
+    tails = hub.broker.tails
+    tails.limit = 30 * (ENTRY_COST + 4)
+    t, t2 = CollectingTarget(), CollectingTarget()
+    c, c2 = q.attach(t, ready=1), q2.attach(t2, ready=1)
+    bodies = [b"%04d" % i for i in range(60)]
+    for k in range(0, 60, 10):
+        hub.broker.publish_batch("a", bodies[k:k + 10])
+        store.step()
+        assert tails.used <= tails.limit
+    held_by_first = tails.used
+    assert held_by_first > 0
+    read = _count_reads(store)
+    for k in range(0, 60, 10):
+        hub.broker.publish_batch("b", bodies[k:k + 10])
+        store.step()
+        assert tails.used <= tails.limit
+    for _ in range(400):
+        _ack_all(q, c)
+        _ack_all(q2, c2)
+        store.step()
+        assert tails.used <= tails.limit
+        if not (q.depth or q.in_flight or q2.depth or q2.in_flight):
+            break
+    assert t.bodies == bodies and t2.bodies == bodies
+    assert sum(read) >= 60 - 4 - 30, "the second queue read its backlog back from the store"
+    assert tails.used == 0
+
+
+def test_a_deleted_queue_gives_its_tail_back_to_the_account() -> None:
+    """Deleting a queue whose tail holds entries frees its share of the broker-wide account."""
+    hub, q, store = _pipelined_hub(window=4)
+    q.attach(CollectingTarget(), ready=1)
+    for k in range(5):
+        hub.broker.publish_batch("a", [b"%d-%d" % (k, i) for i in range(10)])
+        store.step()
+    assert hub.broker.tails.used > 0
+    d = hub.broker.delete_queue("q")
+    store.step()
+    store.step()
+    result_of(d)
+    assert hub.broker.tails.used == 0
