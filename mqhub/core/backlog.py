@@ -103,9 +103,10 @@ class QueueBacklog:
         self._page_cap: tuple[int, int] | None = None   # holds of batches settled mid-read
         self._page_gone: list[list[EntryKey]] = _NO_LIST   # their deletes of this queue
         self._page_wait = 0                   # 0, WAIT_COMMIT or WAIT_HOLD (see _maybe_page)
-        # the latest entries put straight to the stored backlog (at most the byte budget's worth,
-        # within the broker-wide account broker.tails; each one also counted in _stored_only): when they are all that is left of the backlog,
-        # paging takes them from here instead of reading them back (see _maybe_page)
+        # the latest entries put straight to the stored backlog (at most the byte budget's
+        # worth, within the broker-wide account broker.tails; each one also counted in
+        # _stored_only): when they are all that is left of the backlog, paging takes them from
+        # here instead of reading them back (see _maybe_page)
         self._tail: deque[Entry] = _NO_LIST
         self._may_expire = False              # some entry with expires_at was added
         self._nbytes = 0                      # body bytes of the window's ready entries
