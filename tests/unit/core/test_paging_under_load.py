@@ -58,6 +58,13 @@ def _drain(q: Queue, consumer: Any, store: PipelinedStore, rounds: int) -> None:
             break
 
 
+def _publish(hub: Hub, store: PipelinedStore, address: str, bodies: list[bytes], per: int) -> None:
+    """Publish ``bodies`` to ``address`` ``per`` at a time, committing each batch."""
+    for k in range(0, len(bodies), per):
+        hub.broker.publish_batch(address, bodies[k:k + per])
+        store.step()
+
+
 def _count_reads(store: PipelinedStore) -> list[int]:
     """Count the entries each page read of ``store`` returns (the list is filled as it reads)."""
     read: list[int] = []
@@ -201,9 +208,7 @@ def test_a_backlog_of_many_windows_is_fed_from_the_tail_without_reads() -> None:
     t = CollectingTarget()
     c = q.attach(t, ready=3)
     bodies = [b"m%d" % i for i in range(400)]
-    for k in range(0, 400, 10):
-        hub.broker.publish_batch("a", bodies[k:k + 10])
-        store.step()
+    _publish(hub, store, "a", bodies, 10)
     assert q.depth + q.in_flight == 400
     read = _count_reads(store)
     for _ in range(400):
@@ -231,9 +236,7 @@ def test_the_tail_is_bounded_by_the_byte_budget_counting_each_entry() -> None:
     t = CollectingTarget()
     c = q.attach(t, ready=1)
     bodies = [b"%04d" % i for i in range(200)]
-    for k in range(0, 200, 20):
-        hub.broker.publish_batch("a", bodies[k:k + 20])
-        store.step()
+    _publish(hub, store, "a", bodies, 20)
     read = _count_reads(store)
     _drain(q, c, store, 600)
     assert t.bodies == bodies
