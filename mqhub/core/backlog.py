@@ -207,7 +207,7 @@ class QueueBacklog:
                 or self._nready > self._effective_window() // LOW_WATER
                 or self._nbytes > self._byte_budget() // LOW_WATER):
             return
-        if len(self._tail) == self._stored_only:
+        if self._tail_whole():
             if self._page_wait != WAIT_HOLD:
                 self._swallow_tail()
             return
@@ -232,6 +232,12 @@ class QueueBacklog:
         d = self.broker.store.read_entries(self.name, h, max(1, limit))
         d.addCallbacks(self._paged, self._page_failed,
                        callbackArgs=(self.incarnation, self._put_gen, max(1, limit)))
+
+    def _tail_whole(self) -> bool:
+        """True when the remembered tail is the whole stored backlog (or there is none) and no
+        page is being read: the window can be refilled from it, and what the window evicts
+        sorts before all of it."""
+        return not self._paging and len(self._tail) == self._stored_only
 
     def _keep_tail(self, entries: list[Entry], uniform: bool) -> None:
         """Remember ``entries`` (just made stored-only, in id order) as the newest part of the

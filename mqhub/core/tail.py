@@ -1,8 +1,9 @@
 """The remembered tail of a durable queue's stored backlog: its bound and the deque work on it.
 
 A queue remembers the newest entries it put straight to its stored backlog (the *tail*, a deque
-kept in ready order: entries that would break the order are not remembered); while the tail is the whole backlog the window is refilled from it
-instead of reading the entries back from the store (:mod:`mqhub.core.backlog`). These helpers
+kept in ready order: entries that would break the order are not remembered); while the tail is
+the whole backlog the window is refilled from it instead of reading the entries back from the
+store (:mod:`mqhub.core.backlog`). These helpers
 are pure: they take and return deques and entries, the queue keeps the state.
 """
 
@@ -65,10 +66,8 @@ def stays_sorted(tail: deque[Entry], entries: list[Entry], uniform: bool) -> boo
     """True when appending ``entries`` (in id order; ``uniform``: one priority) to a tail in
     ready order leaves it in ready order."""
     first = entries[0]
-    if tail:
-        last = tail[-1]
-        if first[1] > last[1] or (first[1] == last[1] and first[0] < last[0]):
-            return False
+    if tail and ready_key(first) < ready_key(tail[-1]):
+        return False
     return uniform or all(e[1] == first[1] for e in entries)
 
 
@@ -87,5 +86,5 @@ def pop_head(tail: deque[Entry], room: int, cap: tuple[int, int] | None) -> list
 def trim(tail: deque[Entry], upto: tuple[int, int]) -> None:
     """Drop the entries at the head of a tail in ready order up to the ready-order key ``upto``
     (a page read them)."""
-    while tail and (-tail[0][1], tail[0][0]) <= upto:
+    while tail and ready_key(tail[0]) <= upto:
         tail.popleft()

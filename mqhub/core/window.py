@@ -186,7 +186,7 @@ class QueueWindow(QueueBacklog):
         """The horizon moved back (eviction): awaiting puts that now sort after it belong to
         the stored backlog, held back from paging until their batch is committed. While the
         remembered tail is the whole backlog they join it (held like any uncommitted put)."""
-        whole = not self._paging and len(self._tail) == self._stored_only
+        whole = self._tail_whole()
         for rec in self._pend.values():
             puts = rec[4]
             if not puts:
@@ -305,7 +305,7 @@ class QueueWindow(QueueBacklog):
         low: Entry | None = None
         # the remembered tail is the whole stored backlog (or there is none): what is evicted
         # sorts before all of it, so it can join the tail's head and the tail stays the backlog
-        whole = not self._paging and len(self._tail) == self._stored_only
+        whole = self._tail_whole()
         dropped: list[Entry] = []
         for p in sorted(self._prios):
             d = self._ready[p]
