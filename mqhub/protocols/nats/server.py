@@ -163,9 +163,7 @@ class NatsServer(Factory):
             key = line[:sp]
             if len(heads) == 1:
                 one = heads[0]
-                table = self.one_heads.get(one[0])
-                if table is None:
-                    table = self.one_heads[one[0]] = {}
+                table = self.one_heads.setdefault(one[0], {})
                 table[key] = one[2]
                 hroutes[key] = (heads, None, one, table)
             else:
