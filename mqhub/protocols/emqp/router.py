@@ -108,7 +108,7 @@ class EmqpRouter:
         self._seal_call: Any = None
         self._heartbeat: LoopingCall | None = None
         self.stats = {"requests": 0, "dispatched": 0, "replies": 0, "retries": 0,
-                      "published": 0, "scheduled_runs": 0, "late_replies": 0}
+                      "published": 0, "scheduled_runs": 0, "late_replies": 0, "refused": 0}
         self.pubsub = PubRelay(self.broker, send_pub, self.drops, max_body, self.stats,
                                tuple(pub_bridge), self.publishers, self.clock)
         self.schedules = ScheduleFront(self.scheduler, self.schedulers, send_frontend, self.ids,
@@ -221,13 +221,18 @@ class EmqpRouter:
             d = self.broker.publish_batch(JOB_PREFIX + qname, bodies, origin="emqp",
                                           headers=headers)
         except MqhubError as exc:
+            self.stats["refused"] += len(bodies)
             log.error("eMQP: {n} jobs for queue {q} refused: {e}", n=len(bodies), q=qname, e=exc)
             return
         # a durable queue dispatches jobs once they are stored: pump again then (the core has
         # put them in the queue's window before this callback runs)
-        d.addCallbacks(lambda _: self.pump(qname),
-                       lambda f: log.failure("eMQP: storing jobs failed", f))
+        d.addCallbacks(lambda _: self.pump(qname), self._not_stored, errbackArgs=(len(bodies),))
         self.pump(qname)
+
+    def _not_stored(self, failure: Failure, n: int) -> None:
+        """A batch of ``n`` jobs failed its commit: counted as refused (no client is acked)."""
+        self.stats["refused"] += n
+        log.failure("eMQP: storing jobs failed", failure)
 
     def _inform_scheduler(self, cmd: F.Command, now: float) -> None:
         """INFORM on the frontend: an emq-scheduler announcing itself; ACK it."""
