@@ -244,3 +244,27 @@ def test_several_commit_observers_share_the_store_hook(tmp_path) -> None:
     assert len(seen["first"]) == rig.store.commits and len(seen["second"]) == before
     rig.close()
     assert not add_commit_observer(memory_hub().store, seen["first"].append)  # no commit hook
+
+
+def test_cli_stats_shows_protocol_counters() -> None:
+    """``mqhub stats`` adds a table of the protocols' own counters, a row per protocol that
+    reports any; with none there is no such table."""
+    from rich.console import Console
+
+    from mqhub.cli_admin import stats_tables
+
+    row = {"connections": 1, "published": 5, "published_rate": 0.0, "delivered": 5,
+           "delivered_rate": 0.0, "acked": 0, "acked_rate": 0.0}
+    stats = {"uptime": 3.0, "queues": 0, "depth": 0, "in_flight": 0, "dead_letters": 0,
+             "store": {"kind": "memory"},
+             "protocols": {"nsq": dict(row),
+                           "mq9": {**row, "slow_consumers": 2, "bridge_refused": 1200}}}
+    console = Console(record=True, width=200)
+    for table in stats_tables(stats):
+        console.print(table)
+    text = console.export_text()
+    assert "protocol counters" in text
+    assert "slow_consumers 2 · bridge_refused 1,200" in text
+    assert not any("nsq" in line and "·" in line for line in text.splitlines())
+    stats["protocols"] = {"nsq": row}
+    assert len(stats_tables(stats)) == 2
