@@ -3,6 +3,8 @@
 The hub's totals are kept incrementally by the core (``broker.counters``) and read only at
 scrape time; per-queue depth is capped to the deepest queues (the rest summed into
 ``queue="_other"``) so a hub with 100,000 queues does not make a 100,000-series scrape.
+A protocol's own totals (its service's ``counters()``: NATS ``slow_consumers``...) are
+``mqhub_protocol_<name>_total{protocol=...}``.
 """
 
 from __future__ import annotations
