@@ -16,8 +16,8 @@ import pytest
 
 from mqhub.protocols.nsq import codec as wire
 from tests.interop.admin_client import admin_url, call, get, queue_row, wait_for
-from tests.interop.test_admin_protocol_counters import nats_client
 from tests.interop.nsq_client import NsqSocket, ok
+from tests.interop.test_admin_protocol_counters import nats_client
 
 pytestmark = pytest.mark.interop
 
