@@ -80,7 +80,26 @@ def stats_tables(s: dict[str, Any]) -> list[Table]:
         rows.append(("store bytes", store["used_bytes"]))
     for label, value in rows:
         totals.add_row(label, f"{value:,}" if isinstance(value, int) else str(value))
-    return [protocols, totals]
+    return [protocols, *counter_table(s["protocols"]), totals]
+
+
+#: Fields of a /api/stats protocol row that the protocols table shows (the rest are counters).
+ROW_FIELDS = frozenset({"connections", "published", "published_rate", "delivered",
+                        "delivered_rate", "acked", "acked_rate"})
+
+
+def counter_table(protocols: dict[str, dict[str, Any]]) -> list[Table]:
+    """The protocols' own counters (``slow_consumers``, ``dropped``...) as one table, a row per
+    protocol that reports any (none: no table)."""
+    table = Table(title="protocol counters")
+    table.add_column("protocol")
+    table.add_column("counters")
+    for name, row in sorted(protocols.items()):
+        own = [f"{field} {value:,}" for field, value in row.items()
+               if field not in ROW_FIELDS and isinstance(value, int)]
+        if own:
+            table.add_row(name, " · ".join(own))
+    return [table] if table.row_count else []
 
 
 @click.command()

@@ -34,6 +34,10 @@ from mqhub.store.memory import MemoryStore
 
 log = Logger(namespace="mqhub.hub")
 
+#: Options of the core's paging (``twistd mqhub --window ...``) -> their Broker keyword.
+PAGING_KEYWORDS = {"window": "window", "window-bytes": "window_bytes",
+                   "tails-bytes": "tails_bytes"}
+
 
 @dataclass
 class Hub:
@@ -67,6 +71,8 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     ``journal-max-bytes`` (its retention; unset: the defaults of :mod:`mqhub.store.journal`).
     ``store-map-size`` (initial LMDB map in MiB; None: the store's default) and
     ``store-reserve`` (MiB held back for acks on a full disk; 0 or None: none).
+    ``window``, ``window-bytes`` and ``tails-bytes`` (the core's paging: ``Broker(window=...,
+    window_bytes=..., tails_bytes=...)``; unset or None: the Broker's defaults).
     The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
     """
     data_dir = options.get("data-dir", options.get("data_dir"))
@@ -82,7 +88,9 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     else:
         store = MemoryStore(clock=clock)
     scheduler = SchedulerService(store, clock)
-    broker = Broker(store, clock, scheduler=scheduler)
+    paging = {kw: int(options[key]) for key, kw in PAGING_KEYWORDS.items()
+              if options.get(key) is not None}
+    broker = Broker(store, clock, scheduler=scheduler, **paging)
     journal = None
     if data_dir is not None and (options.get("journal") or "on") != "off":
         broker.journal = JournalRecorder(clock)

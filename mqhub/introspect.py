@@ -220,6 +220,24 @@ class Inspector:
                 out.append((child.name, child))
         return out
 
+    def protocol_counters(self) -> dict[str, dict[str, int]]:
+        """Per protocol: the monotonic totals its service reports through a ``counters()``
+        method (NATS: ``slow_consumers``, ``bridge_refused``...; eMQP: ``dropped``...), whole
+        numbers only. A service whose ``counters()`` raises is logged and left out."""
+        out: dict[str, dict[str, int]] = {}
+        for child in list(self.root) if self.root is not None else []:
+            report = getattr(child, "counters", None)
+            if child.name in self.skip or not callable(report):
+                continue
+            try:
+                row = report()
+            except Exception:  # noqa: BLE001 - one protocol must not break the stats page
+                log.failure("counters of {name} failed", name=child.name)
+                continue
+            out[child.name] = {str(k): int(v) for k, v in row.items()
+                               if isinstance(v, int) and not isinstance(v, bool)}
+        return out
+
     def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, details): the store is open and every protocol listener is listening."""
         problems = []
@@ -248,17 +266,21 @@ class Inspector:
         return out
 
     def protocol_stats(self) -> dict[str, dict[str, Any]]:
-        """Per protocol: connections, published/delivered/acked totals and their rates."""
+        """Per protocol: connections, published/delivered/acked totals and their rates, then
+        the protocol's own counters (:meth:`protocol_counters`; never over those fields)."""
         now = self.now()
         totals = self.totals()
         counts = self.connection_counts()
+        own = self.protocol_counters()
         out: dict[str, dict[str, Any]] = {}
-        for name in sorted(set(totals) | set(counts)):
+        for name in sorted(set(totals) | set(counts) | set(own)):
             row: dict[str, Any] = {"connections": counts.get(name, 0)}
             for field in ("published", "delivered", "acked"):
                 n = totals.get(name, {}).get(field, 0)
                 row[field] = n
                 row[f"{field}_rate"] = round(self.protocol_rates.rate((name, field), n, now), 1)
+            for field, n in own.get(name, {}).items():
+                row.setdefault(field, n)
             out[name] = row
         return out
 

@@ -6,6 +6,7 @@ Plugin discovery happens in ``postOptions`` (never at import time), so ``--plugi
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
@@ -14,10 +15,11 @@ from typing import Any
 from twisted.logger import Logger
 from twisted.python import usage
 
+from mqhub.core.broker import Broker
 from mqhub.discovery import Discovery, load_plugins, plugin_dirs
 from mqhub.errors import PluginError
 from mqhub.gc_tuning import tune_gc, young_sweeps
-from mqhub.hub import HubService, build_hub
+from mqhub.hub import PAGING_KEYWORDS, HubService, build_hub
 from mqhub.logs import forward_stdlib_logging
 from mqhub.plugins.builtin import BUILTIN
 from mqhub.store.journal import DEFAULT_RETENTION_BYTES, DEFAULT_RETENTION_SECONDS
@@ -28,6 +30,18 @@ LOG_FORMATS = ("text", "json")
 DURABILITY_MODES = ("sync", "batch", "none")
 #: Default endpoint of the admin web listener (role admin.http).
 ADMIN_ENDPOINT = "tcp:8750:interface=127.0.0.1"
+#: Bounds of the core's paging options: option -> (lowest, highest, unit). They catch typos:
+#: a window of 10 million entries is already 1,000 times the default.
+PAGING_BOUNDS: dict[str, tuple[int, int, str]] = {
+    "window": (1, 10_000_000, "entries"),
+    "window-bytes": (64 << 10, 1 << 40, "bytes"),
+    "tails-bytes": (64 << 10, 1 << 40, "bytes"),
+}
+#: The Broker's own defaults of those settings (the options' defaults, not restated here).
+PAGING_DEFAULTS: dict[str, int] = {
+    option: inspect.signature(Broker).parameters[keyword].default
+    for option, keyword in PAGING_KEYWORDS.items()
+}
 
 
 def _split_assignment(value: str, flag: str) -> tuple[str, str]:
@@ -82,6 +96,14 @@ Examples:
          "Initial LMDB map size in MiB (default 256); the map doubles whenever it fills."],
         ["store-reserve", None, "16",
          "MiB of disk the store holds back so acks still commit when the disk fills (0: none)."],
+        ["window", None, str(PAGING_DEFAULTS["window"]),
+         "Ready entries each durable queue keeps in memory; the rest is read back from the "
+         "store as the queue drains."],
+        ["window-bytes", None, str(PAGING_DEFAULTS["window-bytes"]),
+         "Bytes of message bodies each durable queue's window may hold (plain bytes)."],
+        ["tails-bytes", None, str(PAGING_DEFAULTS["tails-bytes"]),
+         "Bytes all durable queues' remembered tails may hold together (plain bytes): the "
+         "entries a backlog need not read back from the store."],
         *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
     ]
 
@@ -146,6 +168,20 @@ Examples:
         if self[key] < minimum:
             raise usage.UsageError(f"--{key} {too_small}")
 
+    def _paging(self) -> None:
+        """Turn --window, --window-bytes and --tails-bytes into whole numbers within bounds."""
+        for option, (low, high, unit) in PAGING_BOUNDS.items():
+            value = str(self[option]).strip()
+            try:
+                number = int(value)
+            except ValueError:
+                number = low - 1
+            if not low <= number <= high:
+                raise usage.UsageError(
+                    f"--{option} expects a whole number of {unit} from {low} to {high}, "
+                    f"got {value!r}")
+            self[option] = number
+
     def postOptions(self) -> None:
         """Resolve protocol names and endpoints; reject unknown or duplicate names."""
         if self["log-format"] not in LOG_FORMATS:
@@ -163,6 +199,7 @@ Examples:
         if self["store-map-size"] is not None:
             self._mib("store-map-size", 1, "must be at least 1 (MiB)")
         self._mib("store-reserve", 0, "must not be negative")
+        self._paging()
         found = self._discover()
         available = ", ".join(found.plugins) or "none"
         requested = [n.strip() for n in self["protocols"].split(",") if n.strip()]

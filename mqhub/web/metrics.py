@@ -3,11 +3,14 @@
 The hub's totals are kept incrementally by the core (``broker.counters``) and read only at
 scrape time; per-queue depth is capped to the deepest queues (the rest summed into
 ``queue="_other"``) so a hub with 100,000 queues does not make a 100,000-series scrape.
+A protocol's own totals (its service's ``counters()``: NATS ``slow_consumers``...) are
+``mqhub_protocol_<name>_total{protocol=...}``.
 """
 
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Iterator
 from operator import attrgetter
 from typing import Any
@@ -21,6 +24,8 @@ from mqhub.introspect import Inspector, add_commit_observer
 
 #: Default number of queues exported one by one in ``mqhub_queue_depth``.
 DEFAULT_QUEUE_CAP = 500
+#: Characters a metric name may not hold (a counter's name is mapped into one).
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
 #: Buckets (seconds) of the store commit histogram.
 COMMIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                   0.25, 0.5, 1.0)
@@ -50,6 +55,7 @@ class HubCollector:
         for reason, n in sorted(ins.broker.counters.dead.items()):
             dead.add_metric([reason], n)
         yield dead
+        yield from protocol_families(ins.protocol_counters())
         conns = GaugeMetricFamily("mqhub_connections", "Open client connections, by protocol.",
                                   labels=["protocol"])
         for protocol, n in sorted(ins.connection_counts().items()):
@@ -81,6 +87,23 @@ class HubCollector:
         if "commits" in store:
             yield CounterMetricFamily("mqhub_store_commits", "Store group commits.",
                                       value=store["commits"])
+
+
+def protocol_families(counters: dict[str, dict[str, int]]) -> Iterator[CounterMetricFamily]:
+    """One ``mqhub_protocol_<name>_total`` counter family per name a protocol reports
+    (``counters()`` of its service, e.g. ``mqhub_protocol_slow_consumers_total``), labelled by
+    protocol."""
+    families: dict[str, CounterMetricFamily] = {}
+    for protocol, row in sorted(counters.items()):
+        for name, n in sorted(row.items()):
+            metric = "mqhub_protocol_" + _UNSAFE.sub("_", name)
+            fam = families.get(metric)
+            if fam is None:
+                fam = families[metric] = CounterMetricFamily(
+                    metric, f"The protocol's own {name} total (its service's counters()).",
+                    labels=["protocol"])
+            fam.add_metric([protocol], n)
+    yield from families.values()
 
 
 def build_registry(inspector: Inspector, queue_cap: int = DEFAULT_QUEUE_CAP) -> CollectorRegistry:

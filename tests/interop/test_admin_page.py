@@ -2,7 +2,7 @@
 
 NSQ creates a queue, the page shows its depth; max_attempts is set through the API; a raw NSQ
 consumer's REQ dead-letters the message; the page's Replay button puts it back and the depth
-cell changes. A screenshot is saved (docs/operations.md shows the copy in docs/images/).
+cell changes. A NATS connection shows in the protocols' counters column. A screenshot is saved (docs/operations.md shows the copy in docs/images/).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from mqhub.protocols.nsq import codec as wire
-from tests.interop.admin_client import admin_url, call, queue_row, wait_for
+from tests.interop.admin_client import admin_url, call, get, queue_row, wait_for
 from tests.interop.nsq_client import NsqSocket, ok
+from tests.interop.test_admin_protocol_counters import nats_client
 
 pytestmark = pytest.mark.interop
 
@@ -91,6 +92,11 @@ def test_page_shows_depth_dead_letter_and_replays_it(make_broker: Any, browser: 
 
     browser.get(admin_url(broker) + "/")
     wait_for(lambda: cell(browser, QUEUE, "depth") == "3", "depth 3 on the page")
+    counters = 'tr[data-protocol="mq9"] td.counters'
+    seen = get(broker, "/api/stats")["protocols"]["mq9"]["total_connections"]  # port probes
+    nats = nats_client(broker.port("mq9", "tcp"))  # counted in mq9's total_connections
+    wait_for(lambda: text(browser, counters) == f"total_connections {seen + 1}",
+             "a protocol counter on the page")
     assert cell(browser, "nsq/payments/ledger", "depth") == "1"
     assert cell(browser, QUEUE, "dead") == "0"
 
@@ -105,6 +111,7 @@ def test_page_shows_depth_dead_letter_and_replays_it(make_broker: Any, browser: 
     wait_for(lambda: cell(browser, QUEUE, "dead") == "1", "the dead letter on the page")
     assert cell(browser, QUEUE, "depth") == "2"
     consumer.close()
+    nats.close()
 
     wait_for(lambda: click_row(browser, QUEUE), "a click on the queue row")
     row = wait_for(lambda: text(browser, "#dlq tbody tr"), "the DLQ view")

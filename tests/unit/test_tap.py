@@ -95,6 +95,14 @@ def test_listen_overrides_a_role_and_the_first_role() -> None:
         (["--journal-days", "0"], "--journal-days and --journal-max-bytes must be positive"),
         (["--journal-max-bytes", "x"], "--journal-days and --journal-max-bytes must be positive"),
         (["--plugin-path", "/nonexistent/plugins"], "'/nonexistent/plugins' is not a directory"),
+        (["--window", "0"], "--window expects a whole number of entries from 1 to 10000000"),
+        (["--window", "20000000"], "--window expects a whole number of entries"),
+        (["--window", "1e3"], "--window expects a whole number of entries"),
+        (["--window-bytes", "64M"], "--window-bytes expects a whole number of bytes from 65536"),
+        (["--window-bytes", "1000"], "--window-bytes expects a whole number of bytes"),
+        (["--tails-bytes", "-1"], "--tails-bytes expects a whole number of bytes from 65536 to "
+                                  "1099511627776, got '-1'"),
+        (["--tails-bytes", ""], "--tails-bytes expects a whole number of bytes"),
     ],
 )
 def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
@@ -245,3 +253,44 @@ def test_journal_retention_defaults_come_from_the_journal(tmp_path: Path) -> Non
     for journal in (parsed, unset):
         assert journal.retention_seconds == DEFAULT_RETENTION_SECONDS
         assert journal.retention_bytes == DEFAULT_RETENTION_BYTES
+
+
+def test_paging_options_reach_the_broker(tmp_path: Path) -> None:
+    """--window, --window-bytes and --tails-bytes become the hub's Broker settings; a durable
+    queue declared on it pages with that window."""
+    options = parse(
+        "--plugin-path", str(TEST_PLUGINS), "--protocols", "echotest",
+        "--data-dir", str(tmp_path / "data"), "--durability", "none", "--no-admin",
+        "--listen", "echo=tcp:0:interface=127.0.0.1",
+        "--window", "500", "--window-bytes", "1048576", "--tails-bytes", " 2097152",
+    )
+    assert (options["window"], options["window-bytes"], options["tails-bytes"]) == \
+        (500, 1 << 20, 2 << 20)
+    broker = build_service(options, MemoryReactorClock()).hub.broker
+    assert (broker.window, broker.window_bytes, broker.tails.limit) == (500, 1 << 20, 2 << 20)
+
+    from twisted.internet.task import Clock
+
+    from mqhub.hub import build_hub
+    from mqhub.testing import settle
+
+    hub = build_hub({**dict(options), "data-dir": None}, Clock())
+    hub.store.open()
+    hub.broker.start()
+    settle(hub)
+    assert hub.broker.declare_queue("paged", tier="durable").window == 500
+
+
+def test_paging_defaults_are_the_brokers_own(tmp_path: Path) -> None:
+    """Without the options the hub's Broker has exactly the defaults Broker() has."""
+    from twisted.internet.task import Clock
+
+    from mqhub.core.broker import Broker
+    from mqhub.hub import build_hub
+    from mqhub.store.memory import MemoryStore
+
+    plain = Broker(MemoryStore(clock=Clock()), Clock())
+    for hub_options in (dict(parse("--data-dir", str(tmp_path))), {}):
+        broker = build_hub(hub_options, Clock()).broker
+        assert (broker.window, broker.window_bytes, broker.tails.limit) == \
+            (plain.window, plain.window_bytes, plain.tails.limit)

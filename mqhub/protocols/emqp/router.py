@@ -3,7 +3,8 @@
 :class:`EmqpRouter` is handed whole batches of received multipart messages per socket
 (``frontend_received``, ``backend_received``, ``pubin_received``) and sends through three
 callables, so unit tests drive it with plain lists and a ``task.Clock``. The Twisted/ZeroMQ
-glue is in :mod:`mqhub.protocols.emqp.service`.
+glue is in :mod:`mqhub.protocols.emqp.service`; answers to clients wait for the store in
+:mod:`mqhub.protocols.emqp.replies`.
 
 Jobs are durable core queue entries: eMQP queue ``Q`` is the core queue (and address)
 ``emqp.jobs.Q``. The router attaches one consumer per queue and grants it credit only for free
@@ -42,6 +43,7 @@ from mqhub.protocols.emqp.jobs import (
 )
 from mqhub.protocols.emqp.peers import PeerTable, connection_rows
 from mqhub.protocols.emqp.pubsub import PubRelay
+from mqhub.protocols.emqp.replies import StoredReplies, send_logged
 from mqhub.protocols.emqp.schedules import SCHEDULE_KEY_PREFIX, ScheduleFront
 from mqhub.protocols.emqp.workers import Routes, Worker
 from mqhub.store.records import ATTEMPTS, BODY, HEADERS, MSG_ID
@@ -104,11 +106,11 @@ class EmqpRouter:
         self._pumping = False
         self._repump: set[str] = set()
         self._sending: tuple[Worker, bytes] | None = None
-        self._post: list[Frames] = []
-        self._seal_call: Any = None
+        #: dispatch acks and results, sent once what they confirm is stored (replies.py)
+        self.replies = StoredReplies(self.broker, self.clock, send_frontend)
         self._heartbeat: LoopingCall | None = None
         self.stats = {"requests": 0, "dispatched": 0, "replies": 0, "retries": 0,
-                      "published": 0, "scheduled_runs": 0, "late_replies": 0}
+                      "published": 0, "scheduled_runs": 0, "late_replies": 0, "refused": 0}
         self.pubsub = PubRelay(self.broker, send_pub, self.drops, max_body, self.stats,
                                tuple(pub_bridge), self.publishers, self.clock)
         self.schedules = ScheduleFront(self.scheduler, self.schedulers, send_frontend, self.ids,
@@ -133,9 +135,7 @@ class EmqpRouter:
         """Stop heartbeating and detach (in-flight jobs return to their queues)."""
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
-        if self._seal_call is not None and self._seal_call.active():
-            self._seal_call.cancel()
-        self._seal_call = None
+        self.replies.cancel()
         self.pubsub.stop()
         for qname, consumer in list(self.consumers.items()):
             queue = self.broker.queue(JOB_PREFIX + qname)
@@ -221,13 +221,18 @@ class EmqpRouter:
             d = self.broker.publish_batch(JOB_PREFIX + qname, bodies, origin="emqp",
                                           headers=headers)
         except MqhubError as exc:
+            self.stats["refused"] += len(bodies)
             log.error("eMQP: {n} jobs for queue {q} refused: {e}", n=len(bodies), q=qname, e=exc)
             return
         # a durable queue dispatches jobs once they are stored: pump again then (the core has
         # put them in the queue's window before this callback runs)
-        d.addCallbacks(lambda _: self.pump(qname),
-                       lambda f: log.failure("eMQP: storing jobs failed", f))
+        d.addCallbacks(lambda _: self.pump(qname), self._not_stored, errbackArgs=(len(bodies),))
         self.pump(qname)
+
+    def _not_stored(self, failure: Failure, n: int) -> None:
+        """A batch of ``n`` jobs failed its commit: counted as refused (no client is acked)."""
+        self.stats["refused"] += n
+        log.failure("eMQP: storing jobs failed", failure)
 
     def _inform_scheduler(self, cmd: F.Command, now: float) -> None:
         """INFORM on the frontend: an emq-scheduler announcing itself; ACK it."""
@@ -285,7 +290,7 @@ class EmqpRouter:
                 log.failure("eMQP backend: handling a message failed")
         self._settle(acks, retries)
         if results:
-            self._after_commit(results)
+            self.replies.after_commit(results)
         touched: list[str] = list(retries)
         for peer in freed:
             worker = self.workers.get(peer)
@@ -377,40 +382,6 @@ class EmqpRouter:
             if consumer is not None:
                 self.stats["retries"] += len(ids)
                 consumer.queue.requeue(consumer, ids, error="job failed")
-
-    def _after_commit(self, frames: list[Frames]) -> None:
-        """Send ``frames`` to clients once every store write made so far is durable.
-
-        ``broker.barrier()`` fires once every write the core issued so far (the job's publish,
-        the ack that finishes it) is durable, without committing anything itself. A client's
-        dispatch ack therefore means "stored", and it never sees the result of a job that a
-        crash could still run again. When nothing is pending the frames go out at once;
-        otherwise the frames of a turn are sealed at the end of that turn under one barrier
-        taken then, so it covers every commit the turn issued (a barrier taken earlier, or
-        one still outstanding from an earlier turn, would not cover a later publish).
-        """
-        if self._seal_call is None:
-            if self.broker.barrier().called:
-                for msg in frames:
-                    self._safe(self.send_frontend, msg)
-                return
-            self._seal_call = self.clock.callLater(0, self._seal)
-        self._post.extend(frames)
-
-    def _seal(self) -> None:
-        """End of the turn: the frames gathered wait for a barrier over everything issued."""
-        self._seal_call = None
-        post, self._post = self._post, []
-
-        def flush(outcome: Any) -> None:
-            if isinstance(outcome, Failure):  # not stored: no ack (eMQP has no error frame)
-                log.error("eMQP: {n} client replies withheld, a store write failed: {e}",
-                          n=len(post), e=outcome.getErrorMessage())
-                return
-            for msg in post:
-                self._safe(self.send_frontend, msg)
-
-        self.broker.barrier().addBoth(flush)
 
     def _worker_leaving(self, worker: Worker, reply_kbye: bool) -> None:
         """KBYE/DISCONNECT from a worker: no new jobs; its running jobs may still reply."""
@@ -541,7 +512,7 @@ class EmqpRouter:
         if self.workers.get(worker.peer) is not worker:
             return  # unreachable: the removal already retried or finished this job
         if client:
-            self._after_commit([F.reply_ack(client, self.ids.next(), msgid)])
+            self.replies.after_commit([F.reply_ack(client, self.ids.next(), msgid)])
         self.stats["dispatched"] += 1
 
     # heartbeats ------------------------------------------------------------------------------
@@ -555,27 +526,19 @@ class EmqpRouter:
                 log.info("eMQP: worker {p} silent, removed", p=F.peer_label(worker.peer))
                 self._remove_worker(worker)
             elif not worker.leaving:
-                self._safe(self.send_backend, F.heartbeat(worker.peer, self.ids.next(), now))
+                send_logged(self.send_backend, F.heartbeat(worker.peer, self.ids.next(), now))
         for peer, seen in list(self.schedulers.items()):
             if seen < limit:
                 del self.schedulers[peer]
                 self.clients.forget(peer)
             else:
-                self._safe(self.send_frontend, F.heartbeat(peer, self.ids.next(), now))
+                send_logged(self.send_frontend, F.heartbeat(peer, self.ids.next(), now))
         self.clients.expire(now)
         self.publishers.expire(now)
 
     def peers(self) -> list[dict[str, Any]]:
         """Every peer known on the ZeroMQ sockets, as connection rows (see :mod:`.peers`)."""
         return connection_rows(self.workers, self.schedulers, self.clients, self.publishers)
-
-    @staticmethod
-    def _safe(send: Send, frames: Frames) -> None:
-        """Send, logging (not raising) a failure to reach one peer."""
-        try:
-            send(frames)
-        except Exception as exc:  # noqa: BLE001 - one unreachable peer must not stop the loop
-            log.debug("eMQP: send to {p} failed: {e}", p=F.peer_label(frames[0]), e=exc)
 
     def peer_unreachable(self, peer: bytes) -> None:
         """The backend could not route to ``peer``: the worker is gone.

@@ -285,6 +285,16 @@ class EmqpService(Service):
         r = self.router
         return row_count(r.workers, r.clients, r.publishers)
 
+    def counters(self) -> dict[str, int]:
+        """Monotonic totals the admin API and /metrics show beside published/delivered/acked
+        (:meth:`mqhub.introspect.Inspector.protocol_counters`): the router's counts, messages it
+        dropped (bad frames, unknown peers) and jobs the core refused."""
+        router = self.router
+        out = {("relayed" if name == "published" else name): n
+               for name, n in router.stats.items()}
+        out["dropped"] = router.drops.total
+        return out
+
     def _sender(self, role: str) -> Callable[[list[bytes]], None]:
         """A send function for ``role`` that drops messages while the socket is closed."""
         def send(frames: list[bytes]) -> None:

@@ -76,6 +76,19 @@ class NatsService(MultiService):
         self.addService(listener)
         self.ready: Deferred[None] = Deferred()
 
+    def counters(self) -> dict[str, int]:
+        """Monotonic totals the admin API and /metrics show beside published/delivered/acked
+        (:meth:`mqhub.introspect.Inspector.protocol_counters`), named as nats-server's
+        ``/varz`` names them where it has them; mq9's own totals are prefixed ``mq9_``."""
+        stats = self.server.stats
+        out = {"slow_consumers": stats["slow_consumers"],
+               "total_connections": stats["connections"],
+               "bridge_refused": stats["bridge_refused"]}
+        mq9 = self.server.mq9
+        if mq9 is not None:
+            out.update((f"mq9_{name}", n) for name, n in mq9.stats.items())
+        return out
+
     def startService(self) -> None:
         """Recover mailboxes, then start the listener."""
         Service.startService(self)

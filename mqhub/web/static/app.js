@@ -50,12 +50,22 @@ function fill(tableId, rows) {
   body.replaceChildren(...rows);
 }
 
+// Fields of a protocol's /api/stats row shown in their own columns; the rest are its counters.
+const ROW_FIELDS = new Set(["connections", "published", "published_rate", "delivered",
+  "delivered_rate", "acked", "acked_rate"]);
+
+function protocolCounters(p) {
+  const own = Object.entries(p).filter(([k, v]) => !ROW_FIELDS.has(k) && typeof v === "number" && v);
+  return own.length ? own.map(([k, v]) => `${k} ${fmt(v)}`).join(" · ") : "—";
+}
+
 function renderStats(s) {
   document.getElementById("uptime").textContent = "up " + Math.round(s.uptime) + " s";
   const rows = Object.entries(s.protocols).map(([name, p]) => el("tr", { "data-protocol": name },
     el("td", {}, name), el("td", {}, fmt(p.connections)), el("td", {}, fmt(p.published)),
     el("td", {}, fmt(p.published_rate)), el("td", {}, fmt(p.delivered)),
-    el("td", {}, fmt(p.delivered_rate)), el("td", {}, fmt(p.acked))));
+    el("td", {}, fmt(p.delivered_rate)), el("td", {}, fmt(p.acked)),
+    el("td", { class: "counters" }, protocolCounters(p))));
   fill("protocols", rows);
   document.getElementById("totals").textContent =
     `${fmt(s.queues)} queues · ${fmt(s.depth)} ready · ${fmt(s.in_flight)} in flight · ` +

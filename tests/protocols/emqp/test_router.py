@@ -589,3 +589,17 @@ def test_peers_lists_workers_clients_schedulers_publishers_and_forgets_them():
     for i in range(5):
         table.seen(b"%d" % i, float(i))
     assert list(table.peers) == [b"2", b"3", b"4"]
+
+
+def test_jobs_the_core_refuses_are_counted_not_acked() -> None:
+    """A REQUEST batch a full ``reject`` queue refuses is counted in ``stats["refused"]``
+    (the admin's eMQP ``refused`` counter), and is not stored."""
+    rig = Rig()
+    rig.request(b"c1", b"m1")
+    advance(rig.clock, 0.5)
+    rig.queue().configure(max_size=1, overflow="reject")
+    rig.request(b"c1", b"m2")
+    rig.request(b"c1", b"m3")
+    advance(rig.clock, 0.5)
+    assert rig.router.stats["refused"] == 2 and rig.router.stats["requests"] == 3
+    assert rig.queue().depth == 1

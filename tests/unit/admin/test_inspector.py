@@ -169,6 +169,47 @@ def test_emqp_peers_are_connections_and_workers_of_schedules() -> None:
                                            "in_flight": 0, "last_seen": rows[0]["last_seen"]}]
 
 
+class BrokenCounters(MultiService):
+    """A protocol service whose ``counters()`` fails (a bug): only it is left out."""
+
+    def counters(self) -> dict[str, int]:
+        """Fail."""
+        raise RuntimeError("counters bug")
+
+
+def test_protocol_counters_in_stats_and_metrics() -> None:
+    """A protocol service's ``counters()`` (eMQP: messages its router dropped, jobs the core
+    refused) join its /api/stats row and /metrics as ``mqhub_protocol_<name>_total``; the
+    core's own fields win over a counter of the same name; a failing service is left out."""
+    from mqhub.protocols.emqp.service import EmqpService
+
+    hub, _ = filled_hub(1)
+    root = MultiService()
+    emqp = EmqpService(hub, {}, {})  # not started: no sockets, the router is driven directly
+    emqp.setServiceParent(root)
+    broken = BrokenCounters()
+    broken.setName("broken")
+    broken.setServiceParent(root)
+    v = b"eMQP/1.0"
+    emqp.router.frontend_received([[b"\x00\x01", b"", v, b"BOGUS", b"m1"],
+                                   [b"\x00\x01", b"", v, b"REQUEST", b"m2", b"default", b"",
+                                    b"not a job"]])
+    emqp.router.backend_received([[b"jm-9", b"", v, b"READY", b"r1"]])  # an unknown worker
+    ins = Inspector(hub, root)
+    counters = ins.protocol_counters()
+    assert set(counters) == {"emqp"}
+    assert counters["emqp"]["dropped"] == 3 and counters["emqp"]["refused"] == 0
+    row = ins.stats()["protocols"]["emqp"]
+    assert row["dropped"] == 3 and row["published"] == 0 and row["relayed"] == 0
+    text = generate_latest(build_registry(ins)).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    dropped = families["mqhub_protocol_dropped"]
+    assert dropped.type == "counter"
+    assert [(s.name, s.labels, s.value) for s in dropped.samples
+            if s.name.endswith("_total")] == [("mqhub_protocol_dropped_total",
+                                                {"protocol": "emqp"}, 3.0)]
+
+
 def test_several_commit_observers_share_the_store_hook(tmp_path) -> None:
     """/metrics' histogram and other observers all see each LMDB group commit; a failing
     observer neither stops the others nor fails the commit; removal stops the calls."""
@@ -203,3 +244,27 @@ def test_several_commit_observers_share_the_store_hook(tmp_path) -> None:
     assert len(seen["first"]) == rig.store.commits and len(seen["second"]) == before
     rig.close()
     assert not add_commit_observer(memory_hub().store, seen["first"].append)  # no commit hook
+
+
+def test_cli_stats_shows_protocol_counters() -> None:
+    """``mqhub stats`` adds a table of the protocols' own counters, a row per protocol that
+    reports any; with none there is no such table."""
+    from rich.console import Console
+
+    from mqhub.cli_admin import stats_tables
+
+    row = {"connections": 1, "published": 5, "published_rate": 0.0, "delivered": 5,
+           "delivered_rate": 0.0, "acked": 0, "acked_rate": 0.0}
+    stats = {"uptime": 3.0, "queues": 0, "depth": 0, "in_flight": 0, "dead_letters": 0,
+             "store": {"kind": "memory"},
+             "protocols": {"nsq": dict(row),
+                           "mq9": {**row, "slow_consumers": 2, "bridge_refused": 1200}}}
+    console = Console(record=True, width=200)
+    for table in stats_tables(stats):
+        console.print(table)
+    text = console.export_text()
+    assert "protocol counters" in text
+    assert "slow_consumers 2 · bridge_refused 1,200" in text
+    assert not any("nsq" in line and "·" in line for line in text.splitlines())
+    stats["protocols"] = {"nsq": row}
+    assert len(stats_tables(stats)) == 2
