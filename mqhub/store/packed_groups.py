@@ -9,10 +9,10 @@ invariants in :mod:`mqhub.store.codec`; plain groups and unpacking are
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 import struct
 import sys
 from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from itertools import accumulate
 from operator import lt
