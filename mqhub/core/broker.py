@@ -363,7 +363,9 @@ class Broker(BrokerParking):
         else:
             entries = [(i, priority, 0, deliver_at, expires_at, address, headers, b, origin)
                        for i, b in zip(ids, bodies, strict=False)]
-        return self._publish(route, address, entries, persist, deliver_at, True)
+        # a run (every field but id and body shared) unless each entry has its own headers
+        return self._publish(route, address, entries, persist, deliver_at, True,
+                             n == 1 or not isinstance(headers, list))
 
     def publish_entries(self, address: str, entries: list[Entry], *,
                         persist: bool = True) -> Deferred[None]:
@@ -382,8 +384,9 @@ class Broker(BrokerParking):
         return self.commits.in_window(b, lambda: q.put(entries, b, True, self.clock.seconds()))
 
     def _publish(self, route: Route, address: str, entries: list[Entry], persist: bool,
-                 deliver_at: float, uniform: bool = False) -> Deferred[None]:
-        """Route ``entries``: queues get a copy (one WriteBatch), live targets are called."""
+                 deliver_at: float, uniform: bool = False, run: bool = False) -> Deferred[None]:
+        """Route ``entries``: queues get a copy (one WriteBatch), live targets are called
+        (``uniform`` and ``run``: see ``Queue.put``)."""
         queues = route.queues if route.park is None else (route.park,)
         n = len(entries)
         for q in queues:
@@ -409,7 +412,7 @@ class Broker(BrokerParking):
             else:
                 now = now or self.clock.seconds()
                 for q in queues:
-                    q.put(entries, batch, persist, now, uniform)
+                    q.put(entries, batch, persist, now, uniform, run)
             if deliver_at > now and (route.targets or route.groups):
                 self._later(deliver_at - now, self._deliver_live, address, entries)
             else:

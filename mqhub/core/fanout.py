@@ -38,7 +38,7 @@ class QueueFanout(QueueDelivery):
         self._fan_seq = 0
 
     def put(self, entries: list[Entry], batch: WriteBatch | None, persist: bool,
-            now: float, uniform: bool = False) -> None:
+            now: float, uniform: bool = False, run: bool = False) -> None:
         """Add entries (mqhub.core.queue)."""
         raise NotImplementedError
 

@@ -162,16 +162,18 @@ class Queue(QueueFanout):
     # -- puts ----------------------------------------------------------------------------------
 
     def put(self, entries: list[Entry], batch: WriteBatch | None, persist: bool,
-            now: float, uniform: bool = False) -> None:
+            now: float, uniform: bool = False, run: bool = False) -> None:
         """Add ``entries`` (in id order) to the queue; store writes go into ``batch``.
 
-        ``uniform`` promises every entry has the same priority and expiry (a publish batch).
+        ``uniform`` promises every entry has the same priority and expiry (a publish batch);
+        ``run`` that every field but the id and body is shared (a publish batch without
+        per-entry headers: the store need not compare the entries, ``WriteBatch.put_entries``).
         Applies the overflow policy, keeps the window within its size and dispatches. Puts
         awaiting their commit count for the overflow once committed (:meth:`_committed`): a
         refused batch never costs the queue its oldest messages.
         """
         self.message_count += len(entries)
-        self._admit(entries, batch, self.durable and persist, uniform)
+        self._admit(entries, batch, self.durable and persist, uniform, run)
         if self.max_size and self.deliverable > self.max_size:
             self._overflow(self.deliverable - self.max_size, batch, now)
         if self.durable and self.over_window():

@@ -77,11 +77,12 @@ class QueueWindow(QueueBacklog):
     # -- window -----------------------------------------------------------------------------
 
     def _admit(self, entries: list[Entry], batch: WriteBatch | None, stored: bool,
-               uniform: bool) -> None:
+               uniform: bool, run: bool = False) -> None:
         """Add ``entries`` (in id order) to the window or, past its horizon, to the stored
         backlog; their store writes (when ``stored``) go into ``batch``.
 
-        ``uniform`` promises every entry has the same priority and expiry (a publish batch).
+        ``uniform`` promises every entry has the same priority and expiry (a publish batch),
+        ``run`` every field but the id and body (passed on to the store's batch).
         Stored entries put through an uncommitted ``batch`` enter the window only once it is
         committed (:meth:`_await_commit`): none is delivered before its put is stored.
         """
@@ -91,7 +92,7 @@ class QueueWindow(QueueBacklog):
                                                  else any(e[4] for e in entries)):
             self._may_expire = True
         if stored and batch is not None:
-            batch.put_entries(self.name, entries)
+            batch.put_entries(self.name, entries, run=run)
             self._mark(batch)
         if stored and self._stored_only:
             if uniform:

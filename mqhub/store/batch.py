@@ -17,7 +17,7 @@ class WriteBatch:
     """A group of writes; plain lists keyed by queue so a commit costs one pass."""
 
     __slots__ = ("purges", "puts", "attempts", "deletes", "due_puts", "due_deletes",
-                 "meta_puts", "meta_deletes", "archive")
+                 "meta_puts", "meta_deletes", "archive", "runs")
 
     def __init__(self) -> None:
         """Start an empty batch."""
@@ -30,14 +30,27 @@ class WriteBatch:
         self.meta_puts: list[tuple[str, bytes]] = []
         self.meta_deletes: list[str] = []
         self.archive: set[str] = set()
+        #: queues whose puts in this batch are one publish run (see :meth:`put_entries`)
+        self.runs: set[str] = set()
 
-    def put_entries(self, queue: str, entries: Iterable[Entry], *, archive: bool = False) -> None:
+    def put_entries(self, queue: str, entries: Iterable[Entry], *, archive: bool = False,
+                    run: bool = False) -> None:
         """Store (or overwrite) ``entries`` on ``queue``.
 
         ``archive=True`` marks this batch's puts on ``queue`` as archive tier: the durable
-        store keeps their bodies in segment files whatever their size.
+        store keeps their bodies in segment files whatever their size. ``run=True`` promises
+        that every entry has the first one's fields except its id and body (one
+        ``Broker.publish_batch`` run), so the store need not compare them entry by entry; the
+        promise holds for the queue only while this is its only put in the batch.
         """
-        self.puts.setdefault(queue, []).extend(entries)
+        got = self.puts.get(queue)
+        if got is None:
+            self.puts[queue] = list(entries)
+            if run:
+                self.runs.add(queue)
+        else:
+            got.extend(entries)
+            self.runs.discard(queue)
         if archive:
             self.archive.add(queue)
 

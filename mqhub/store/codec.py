@@ -267,11 +267,13 @@ def count_addresses(values: Iterable[bytes]) -> dict[str, int]:
     return counts
 
 
-def encode_pack(prefix: bytes, bodies: list[bytes]) -> bytes:
-    """Return a ``packs`` value: the shared value ``prefix`` and the ``bodies`` of one run."""
+def encode_pack(prefix: bytes, bodies: list[bytes], lengths: bytes | None = None) -> bytes:
+    """Return a ``packs`` value: the shared value ``prefix`` and the ``bodies`` of one run
+    (``lengths``: their big-endian u32 length column, when the caller has packed it already)."""
     n = len(bodies)
-    return (U16.pack(len(prefix)) + prefix + U16.pack(n)
-            + struct.pack(f">{n}I", *map(len, bodies)) + b"".join(bodies))
+    if lengths is None:
+        lengths = struct.pack(f">{n}I", *map(len, bodies))
+    return U16.pack(len(prefix)) + prefix + U16.pack(n) + lengths + b"".join(bodies)
 
 
 def decode_pack(value: bytes) -> tuple[bytes, list[int]]:

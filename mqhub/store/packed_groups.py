@@ -9,20 +9,27 @@ invariants in :mod:`mqhub.store.codec`; plain groups and unpacking are
 
 from __future__ import annotations
 
+import struct
+import sys
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
+from itertools import accumulate
 from operator import lt
 from typing import Any
 
 from mqhub.store import codec, ready_groups
-from mqhub.store.codec import GROUP_MAX, HEAD_SIZE, PACK_BYTES, U64, VALUE_HEAD
-from mqhub.store.ready_groups import last_id, pack_ids, packed_bits, packed_row, seek_group
+from mqhub.store.codec import GROUP_MAX, HEAD_SIZE, PACK_BYTES, U32, U64, VALUE_HEAD
+from mqhub.store.ready_groups import last_id, packed_bits, packed_row, seek_group
 
 #: a FIN that leaves at most 1/UNPACK_SHARE of a packed group's ids live (at most 7 of 240)
 #: unpacks it: the few left get ``entries`` rows and the ``packs`` row is freed
 UNPACK_SHARE = 32
 #: the largest key a group of one (queue, priority) can have, after its 5-byte head
 _KEY_MAX_TAIL = b"\xff" * 8
+_PLUS_4 = (4).__add__
+#: ``array`` holds native-order items; the rows hold big-endian ones
+_SWAP = sys.byteorder == "little"
 
 
 def add_run(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int], prefix: bytes,
@@ -31,36 +38,56 @@ def add_run(txn: Any, ready: Any, packs: Any, head: bytes, ids: list[int], prefi
     priority) ``head`` as packed groups; return False, writing nothing, unless the ids are
     ascending, unique and above every id listed for ``head`` (then none of them has an
     ``entries`` row or a place in a group: the caller writes them the plain way instead), or
-    when ``prefix`` is too long for the ``packs`` row's u16 length (an address near 64 KiB)."""
+    when ``prefix`` is too long for the ``packs`` row's u16 length (an address near 64 KiB).
+
+    The id and body-length columns are packed once for the whole run and cut per group (one
+    ``array`` or ``struct`` call each, no per-message Python step)."""
     n = len(ids)
-    if len(prefix) > 0xFFFF:
+    if len(prefix) > 0xFFFF or not n:
         return False
-    if n > 1 and not (ids[-1] - ids[0] == n - 1 and ids == list(range(ids[0], ids[-1] + 1))
+    column = array("Q", ids)  # ids are u64 (OverflowError otherwise, as struct would raise)
+    if n > 1 and not (ids[-1] - ids[0] == n - 1
+                      and column == array("Q", range(ids[0], ids[-1] + 1))
                       or all(map(lt, ids, ids[1:]))):  # consecutive (usual) or ascending
         return False
     cur = txn.cursor(db=ready)
     if seek_group(cur, head + _KEY_MAX_TAIL) and ids[0] <= last_id(cur.value()):
         return False
+    if _SWAP:
+        column.byteswap()
+    packed_ids = column.tobytes()  # big-endian u64s, as pack_ids writes them
     sizes = list(map(len, bodies))
-    total = sum(sizes) + 4 * n  # the bodies and their length column
+    if sizes.count(sizes[0]) == n:  # one body size (the usual run)
+        lengths = U32.pack(sizes[0]) * n
+    else:
+        lengths = struct.pack(f">{n}I", *sizes)
     put = txn.put
-    if n <= GROUP_MAX and total <= PACK_BYTES:  # the usual run: one group
-        key = head + U64.pack(ids[0])
-        put(key, packed_row((1 << n) - 1, pack_ids(ids)), db=ready)
-        put(key, codec.encode_pack(prefix, bodies), db=packs)
-        return True
+    for start, end in group_spans(sizes):
+        key = head + U64.pack(ids[start])
+        put(key, packed_row((1 << (end - start)) - 1, packed_ids[8 * start:8 * end]), db=ready)
+        put(key, codec.encode_pack(prefix, bodies[start:end], lengths[4 * start:4 * end]),
+            db=packs)
+    return True
+
+
+def group_spans(sizes: list[int]) -> list[tuple[int, int]]:
+    """Cut a run of bodies of ``sizes`` into packed groups: ``(start, end)`` spans in order,
+    each the longest run from ``start`` of at most GROUP_MAX bodies whose bytes (with their
+    4-byte length column) fit PACK_BYTES, and one body at least."""
+    n = len(sizes)
+    if n and sizes.count(sizes[0]) == n:  # one body size: every group but the last is full
+        step = min(GROUP_MAX, max(1, PACK_BYTES // (sizes[0] + 4)))
+        return [(start, min(n, start + step)) for start in range(0, n, step)]
+    cut = list(accumulate(map(_PLUS_4, sizes), initial=0))  # bytes of the first i bodies
+    spans = []
     start = 0
     while start < n:
-        end = start + 1
-        size = sizes[start] + 4
-        while end < n and end - start < GROUP_MAX and size + sizes[end] + 4 <= PACK_BYTES:
-            size += sizes[end] + 4
-            end += 1
-        key = head + U64.pack(ids[start])
-        put(key, packed_row((1 << (end - start)) - 1, pack_ids(ids[start:end])), db=ready)
-        put(key, codec.encode_pack(prefix, bodies[start:end]), db=packs)
+        end = min(n, start + GROUP_MAX)
+        if cut[end] - cut[start] > PACK_BYTES:
+            end = max(start + 1, bisect_right(cut, cut[start] + PACK_BYTES, start, end) - 1)
+        spans.append((start, end))
         start = end
-    return True
+    return spans
 
 
 def take(txn: Any, ready: Any, packs: Any, entries: Any, head: bytes, ids: list[int]

@@ -39,6 +39,8 @@ from mqhub.store.records import (
     ATTEMPTS,
     BODY,
     DELIVER_AT,
+    EXPIRES_AT,
+    HEADERS,
     MAX_PRIORITY,
     MIN_PRIORITY,
     MSG_ID,
@@ -157,8 +159,9 @@ class RowWriter:
         for queue in batch.purges:
             self._purge(t, queue)
         archive = batch.archive
+        runs = batch.runs
         for queue, items in batch.puts.items():
-            self._put(t, queue, items, queue in archive)
+            self._put(t, queue, items, queue in archive, queue in runs)
         self._flush_plain(t)
         self._flush_ready(t)
         for queue, updates in batch.attempts.items():
@@ -267,8 +270,10 @@ class RowWriter:
                     self._release(t, k, v)
         return ks
 
-    def _put(self, t: TxnChanges, queue: str, items: list[Entry], archive: bool) -> None:
-        """Store entries of one queue: plain ones are gathered for :meth:`_flush_plain`."""
+    def _put(self, t: TxnChanges, queue: str, items: list[Entry], archive: bool,
+             run: bool = False) -> None:
+        """Store entries of one queue: plain ones are gathered for :meth:`_flush_plain`
+        (``run``: the items are one publish run, see ``WriteBatch.put_entries``)."""
         qid = self._qid(t, queue, True)
         assert qid is not None
         t.plain_q[U32.pack(qid)] = queue
@@ -277,7 +282,7 @@ class RowWriter:
         encode_meta = codec.encode_meta
         threshold = self._threshold
         if not archive and items:
-            fast = self._uniform_values(qid, items)
+            fast = self._run_values(items) if run else self._uniform_values(qid, items)
             if fast is not None:
                 if fast[1] and self._pack(t, queue, qid, items, fast[0]):
                     return
@@ -313,6 +318,20 @@ class RowWriter:
             plain.append((k, pre + body))
         if added:
             t.counts[queue] = self._count(t, queue) + added
+
+    def _run_values(self, items: list[Entry]) -> tuple[bytes, bool] | None:
+        """:meth:`_uniform_values` for one publish run, whose entries share every field but
+        the id and body by the batch's promise: only the first entry and the bodies' sizes
+        (one C-level pass) are checked."""
+        first = items[0]
+        if (first[EXPIRES_AT] or first[HEADERS] is not None
+                or max(map(len, map(_BODIES, items))) > self._threshold):
+            return None
+        if not MIN_PRIORITY <= first[PRIORITY] <= MAX_PRIORITY:
+            raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
+        meta = codec.encode_meta(first[ADDRESS], None, first[ORIGIN])
+        pre = VALUE_HEAD.pack(0, first[ATTEMPTS], first[DELIVER_AT], 0.0, len(meta)) + meta
+        return pre, True
 
     def _uniform_values(self, qid: int, items: list[Entry]) -> tuple[bytes, bool] | None:
         """Check for a typical publish batch: every entry small, without expiry or headers,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mqhub.errors import NoSuchQueue
@@ -32,3 +34,38 @@ def test_put_entries_reaches_one_queue_only_and_survives_restart() -> None:
     assert [(e[MSG_ID], e[ATTEMPTS], e[BODY]) for e in got][-1] == (first, 3, b"again")
     with pytest.raises(NoSuchQueue):
         hub.broker.put_entries("nope", [entry])
+
+
+def test_publish_batch_marks_its_puts_as_one_run_unless_headers_differ() -> None:
+    """The store batch of a plain publish marks each durable queue's put as one run (every
+    field but id and body shared, ``WriteBatch.put_entries(run=True)``); a publish with one
+    headers dict per message, and a prebuilt-entries publish, do not."""
+    from mqhub.store.memory import MemoryStore
+
+    runs: list[set[str]] = []
+
+    class Recording(MemoryStore):
+        """A MemoryStore noting each committed batch's runs."""
+
+        def commit(self, batch: Any) -> Any:
+            """Note ``batch.runs`` (of batches with puts), then commit."""
+            if batch.puts:
+                runs.append(set(batch.runs))
+            return super().commit(batch)
+
+    store = Recording()
+    store.open()
+    hub = memory_hub(store=store)
+    broker = hub.broker
+    for name in ("a", "b"):
+        broker.declare_queue(name)
+        broker.bind_queue("ev", name)
+    broker.publish_batch("ev", [b"one", b"two"], headers={"k": "v"})
+    settle(hub)
+    broker.publish_batch("ev", [b"one", b"two"], headers=[{"k": "1"}, {"k": "2"}])
+    settle(hub)
+    broker.publish_batch("ev", [b"one"], headers=[{"k": "1"}])
+    settle(hub)
+    result_of(broker.publish_entries("ev", list(broker.queue("a").peek(2))))
+    settle(hub)
+    assert runs == [{"a", "b"}, set(), {"a", "b"}, set()]

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqhub.store import codec, ready_groups
+from mqhub.store import codec, packed_groups, ready_groups
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import make_entry
 from tests.unit.store.conftest import Harness, open_lmdb, open_memory
@@ -62,6 +62,7 @@ def test_a_publish_run_is_one_group_and_fins_survive_a_restart(tmp_path: Any) ->
     put(h, "q", list(range(1000, 1600)), attempts=2)
     assert [(p, len(ids)) for p, ids in groups(h)] == [(True, 240), (True, 240), (True, 120)]
     assert entry_rows(h) == 0
+    assert [e[7] for e in read(h, "q")] == [b"m%d" % i for i in range(1000, 1600)]
     gone = set(range(1000, 1240)) | set(range(1300, 1600, 3)) | {1599}
     commit(h, lambda b: b.delete_entries("q", [(0, i) for i in sorted(gone, reverse=True)]))
     commit(h, lambda b: b.delete_entries("q", [(0, 1300), (0, 77), (3, 1301)]))  # repeat, missing
@@ -75,6 +76,7 @@ def test_a_publish_run_is_one_group_and_fins_survive_a_restart(tmp_path: Any) ->
     got = read(h, "q")
     assert [e[0] for e in got] == left
     assert got[0] == (left[0], 0, 2, 0.0, 0.0, "addr", None, b"m%d" % left[0], "")
+    assert [e[7] for e in got] == [b"m%d" % i for i in left]
     assert h.result(h.store.count_entries("q")) == len(left)
     commit(h, lambda b: b.delete_entries("q", [(0, i) for i in left]))
     assert h.result(h.store.queue_names()) == []
@@ -313,3 +315,35 @@ def test_pack_and_group_rows_round_trip(prefix: bytes, bodies: list[bytes], ids:
     assert ready_groups.packed_bits(row) == bits
     assert ready_groups.live_count(row) == bin(bits).count("1")
     assert ready_groups.last_id(row) == ids[-1]
+
+
+def check_spans(sizes: list[int]) -> None:
+    """``group_spans(sizes)`` covers the run in order; each group holds one body at least, at
+    most GROUP_MAX, fits PACK_BYTES (bodies plus their 4-byte length column) unless it is a
+    single body, and could not take the next body without breaking one of those bounds."""
+    spans = packed_groups.group_spans(sizes)
+    assert [s for s, _ in spans] == [0, *(e for _, e in spans)][:len(spans)]
+    assert (spans[-1][1] if spans else 0) == len(sizes)
+    for start, end in spans:
+        size = sum(sizes[start:end]) + 4 * (end - start)
+        assert 1 <= end - start <= codec.GROUP_MAX
+        assert size <= codec.PACK_BYTES or end - start == 1
+        if end < len(sizes):
+            assert (end - start == codec.GROUP_MAX
+                    or size + sizes[end] + 4 > codec.PACK_BYTES)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 64), st.integers(0, codec.PACK_BYTES + 8)),
+                max_size=1_000))
+def test_group_spans_cut_runs_into_the_longest_fitting_groups(sizes: list[int]) -> None:
+    """Runs of mixed body sizes are cut as :func:`check_spans` states."""
+    check_spans(sizes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.integers(0, 300), st.integers(0, codec.PACK_BYTES + 8)),
+       st.integers(0, 1_500))
+def test_group_spans_of_one_body_size(size: int, n: int) -> None:
+    """Runs of one body size (their own arithmetic path) are cut the same way."""
+    check_spans([size] * n)
