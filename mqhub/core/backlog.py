@@ -56,7 +56,6 @@ _NO_LIST = NO_LIST
 _ID = itemgetter(0)
 _EXPIRES = itemgetter(4)
 _BODY = itemgetter(7)
-_KEY_ID = itemgetter(1)  # the id of an (priority, id) entry key
 
 
 class QueueBacklog:
@@ -101,7 +100,7 @@ class QueueBacklog:
         # last field counts its puts that went to the stored backlog instead.
         self._pend: dict[int, list[Any]] = _NO_MAP
         self._page_cap: tuple[int, int] | None = None   # holds of batches settled mid-read
-        self._page_gone: list[list[EntryKey]] = _NO_LIST   # their deletes of this queue
+        self._page_gone: list[list[int]] = _NO_LIST   # their deletes' ids on this queue
         self._page_wait = 0                   # 0, WAIT_COMMIT or WAIT_HOLD (see _maybe_page)
         # the latest entries put straight to the stored backlog (at most the byte budget's
         # worth, within the broker-wide account broker.tails; each one also counted in
@@ -421,11 +420,11 @@ class QueueBacklog:
             for low in (rec[2], rec[3]):
                 if low is not None and (self._page_cap is None or low < self._page_cap):
                     self._page_cap = low
-            keys = rec[1].deletes.get(self.name)
-            if keys:
+            gone = rec[1].deleted_ids(self.name)
+            if gone:
                 if self._page_gone is _NO_LIST:
                     self._page_gone = []
-                self._page_gone.append(keys)
+                self._page_gone += gone
             self._page_wait = WAIT_COMMIT
         elif wait and (wait == WAIT_COMMIT or rec[2] is not None or rec[3] is not None) \
                 and self._stored_only:
@@ -465,7 +464,7 @@ class QueueBacklog:
         are dropped.
         """
         cap = self._cap_for(entries)
-        gone_keys = self._page_gone
+        gone_ids = self._page_gone
         settled_meanwhile = self._page_wait == WAIT_COMMIT
         self._paging = False
         self._page_cap = None
@@ -509,13 +508,14 @@ class QueueBacklog:
                     fresh = [e for e in fresh if e[0] not in skip]
                     self._stored_only = max(0, self._stored_only - len(gone))
             self._skip = _NO_IDS
-        if self._pend or gone_keys:
+        if self._pend or gone_ids:
             # deleted by a batch not yet committed when the page was read: never bring it back
-            dead = {k[1] for keys in gone_keys for k in keys}
+            dead: set[int] = set()
+            for gone_run in gone_ids:
+                dead.update(gone_run)
             for rec in self._pend.values():
-                keys = rec[1].deletes.get(self.name)
-                if keys:
-                    dead.update(map(_KEY_ID, keys))
+                for gone_run in rec[1].deleted_ids(self.name):
+                    dead.update(gone_run)
             if dead and not dead.isdisjoint(ids):
                 fresh = [e for e in fresh if e[0] not in dead]
         last = entries[-1]

@@ -173,8 +173,8 @@ class Commits:
         assert into is not None
         for name, items in batch.attempts.items():
             into.set_attempts(name, items)
-        for name, keys in batch.deletes.items():
-            into.delete_entries(name, keys)
+        for name, runs in batch.deletes.items():
+            into.delete_runs(name, runs)
         watchers = self._watchers.pop(id(batch), None)
         if watchers:
             self._watchers.setdefault(id(into), []).extend(watchers)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Iterable
-from itertools import repeat
 from typing import Any, cast
 
 from mqhub.core.backlog import NO_LIST, NO_MAP
@@ -406,15 +405,16 @@ class QueueDelivery(QueueWindow):
             b = WriteBatch()
             prios = self._prios
             if len(prios) == 1 and ids is not None:
-                # one priority ever entered this window: the keys need no pass over the entries
-                b.delete_entries(self.name, zip(repeat(prios[0], len(ids)), ids, strict=False))
+                # one priority ever entered this window: one run of the ids, no key per id
+                # and no pass over the entries (a copy: the batch keeps it until the commit)
+                b.delete_ids(self.name, prios[0], ids[:])
             else:
                 b.delete_entries(self.name, [(e[1], e[0]) for e in got])
             self._write(b)
         journal = self.broker.journal
         if journal.enabled:
-            # a copy of the ids: the journal keeps them until the next commit
-            journal.acked(self, got, None if ids is None else list(ids))
+            # the recorder packs (copies) the ids at once: no copy of its own
+            journal.acked(self, got, ids)
         self.broker.counters.ack(consumer.target, len(got))
         self.dispatch()
         return failed

@@ -4,13 +4,23 @@ The core fills one batch per read (or per reactor turn) and hands it to
 ``IMessageStore.commit``; the store merges every batch of a turn into one transaction.
 Operations are applied in this order: queue purges, entry puts, attempt updates, entry
 deletes, due puts, due deletes, meta puts, meta deletes. This module imports no Twisted.
+
+Entry deletes are held by columns: per queue a list of *runs* ``(priority, ids)``, one tuple
+per call, not one ``(priority, msg_id)`` key per message (an NSQ FIN of 1,000 ids is one run).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import itemgetter
 
 from mqhub.store.records import Entry, EntryKey
+
+#: ``(priority, msg_ids)``: entries of one priority deleted from a queue
+DeleteRun = tuple[int, list[int]]
+
+_KEY0 = itemgetter(0)
+_KEY1 = itemgetter(1)
 
 
 class WriteBatch:
@@ -24,7 +34,7 @@ class WriteBatch:
         self.purges: list[str] = []
         self.puts: dict[str, list[Entry]] = {}
         self.attempts: dict[str, list[tuple[int, int, int]]] = {}
-        self.deletes: dict[str, list[EntryKey]] = {}
+        self.deletes: dict[str, list[DeleteRun]] = {}
         self.due_puts: list[tuple[float, bytes, bytes]] = []
         self.due_deletes: list[bytes] = []
         self.meta_puts: list[tuple[str, bytes]] = []
@@ -59,8 +69,47 @@ class WriteBatch:
         self.attempts.setdefault(queue, []).extend(items)
 
     def delete_entries(self, queue: str, keys: Iterable[EntryKey]) -> None:
-        """Remove the entries at ``(priority, msg_id)`` keys (missing ones are ignored)."""
-        self.deletes.setdefault(queue, []).extend(keys)
+        """Remove the entries at ``(priority, msg_id)`` keys (missing ones are ignored).
+
+        The keys are stored as one run per priority (:meth:`delete_ids`).
+        """
+        runs = self.deletes.setdefault(queue, [])
+        keys = keys if isinstance(keys, list) else list(keys)
+        if not keys:
+            return
+        prios = list(map(_KEY0, keys))
+        p0 = prios[0]
+        if prios.count(p0) == len(prios):  # one priority: C-level passes only
+            runs.append((p0, list(map(_KEY1, keys))))
+            return
+        by_prio: dict[int, list[int]] = {}
+        for priority, msg_id in keys:
+            got = by_prio.get(priority)
+            if got is None:
+                by_prio[priority] = [msg_id]
+            else:
+                got.append(msg_id)
+        runs.extend(by_prio.items())
+
+    def delete_ids(self, queue: str, priority: int, ids: list[int]) -> None:
+        """Remove the entries ``ids`` of ``priority`` on ``queue`` (missing ones are ignored).
+
+        The batch keeps ``ids`` itself, not a copy: the caller must not change the list
+        afterwards. No object per id is made (the FIN path).
+        """
+        runs = self.deletes.get(queue)
+        if runs is None:
+            self.deletes[queue] = [(priority, ids)]
+        else:
+            runs.append((priority, ids))
+
+    def delete_runs(self, queue: str, runs: Iterable[DeleteRun]) -> None:
+        """Add the ``(priority, ids)`` runs of another batch's :attr:`deletes` (merging)."""
+        self.deletes.setdefault(queue, []).extend(runs)
+
+    def deleted_ids(self, queue: str) -> list[list[int]]:
+        """The id lists of every delete run of ``queue`` (priorities left out)."""
+        return list(map(_KEY1, self.deletes.get(queue, ())))
 
     def purge_queue(self, queue: str) -> None:
         """Remove every entry of ``queue`` (applied before this batch's puts)."""
@@ -90,6 +139,7 @@ class WriteBatch:
     def __len__(self) -> int:
         """Number of individual writes in the batch (for stats)."""
         return (len(self.purges) + sum(map(len, self.puts.values()))
-                + sum(map(len, self.attempts.values())) + sum(map(len, self.deletes.values()))
+                + sum(map(len, self.attempts.values()))
+                + sum(len(run[1]) for runs in self.deletes.values() for run in runs)
                 + len(self.due_puts) + len(self.due_deletes) + len(self.meta_puts)
                 + len(self.meta_deletes))

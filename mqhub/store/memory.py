@@ -119,13 +119,14 @@ class MemoryStore:
                 old = q.get(key)
                 if old is not None:
                     q[key] = old[:ATTEMPTS] + (attempts,) + old[ATTEMPTS + 1:]  # type: ignore[assignment]
-        for queue, keys in batch.deletes.items():
+        for queue, runs in batch.deletes.items():
             if queue not in self._queues:
                 continue
             q, order = self._queues[queue], self._order[queue]
-            for priority, msg_id in keys:
-                if q.pop((priority, msg_id), None) is not None:
-                    del order[bisect.bisect_left(order, (-priority, msg_id))]
+            for priority, ids in runs:
+                for msg_id in ids:
+                    if q.pop((priority, msg_id), None) is not None:
+                        del order[bisect.bisect_left(order, (-priority, msg_id))]
             if not q:
                 del self._queues[queue]
                 del self._order[queue]

@@ -21,7 +21,7 @@ from operator import itemgetter, lt
 from typing import Any
 
 from mqhub.store import codec, packed_groups, ready_groups
-from mqhub.store.batch import WriteBatch
+from mqhub.store.batch import DeleteRun, WriteBatch
 from mqhub.store.codec import (
     ENTRY_KEY,
     F64,
@@ -53,7 +53,6 @@ from mqhub.store.segments import SegmentLog
 log = logging.getLogger("mqhub.store.lmdb")
 
 _KEY0 = itemgetter(0)
-_KEY1 = itemgetter(1)
 _BODIES = itemgetter(BODY)
 
 
@@ -175,11 +174,11 @@ class RowWriter:
                     v = txn.get(k, db=entries)
                 if v is not None:
                     txn.put(k, codec.with_attempts(v, attempts), db=entries)
-        for queue, keys in batch.deletes.items():
+        for queue, runs in batch.deletes.items():
             qid = self._qid(t, queue, False)
             if qid is None:
                 continue
-            self._delete(t, queue, qid, keys)
+            self._delete(t, queue, qid, runs)
         due, due_keys = self._dbs[b"due"], self._dbs[b"due_keys"]
         for when, key, payload in batch.due_puts:
             old = txn.get(key, db=due_keys)
@@ -198,36 +197,37 @@ class RowWriter:
         for mkey in batch.meta_deletes:
             txn.delete(mkey.encode(), db=meta)
 
-    def _delete(self, t: TxnChanges, queue: str, qid: int, keys: list[tuple[int, int]]) -> None:
-        """Delete the entries at ``(priority, msg_id)`` ``keys`` of ``queue``: those live in
-        packed groups by clearing their bits, the rest by popping their ``entries`` rows."""
+    def _delete(self, t: TxnChanges, queue: str, qid: int, runs: list[DeleteRun]) -> None:
+        """Delete the entries of the ``(priority, ids)`` ``runs`` of ``queue``: those live in
+        packed groups by clearing their bits, the rest by popping their ``entries`` rows.
+
+        One run (the usual FIN batch) is used as it is; runs of one priority are joined.
+        """
         txn = t.txn
         ready = self._dbs[b"ready"]
-        by_prio: dict[int, list[int]] = {}
-        prios = list(map(_KEY0, keys))
-        p0 = prios[0] if prios else 0
-        if prios.count(p0) == len(prios):  # one priority (the usual FIN batch)
-            by_prio[p0] = list(map(_KEY1, keys))
+        if len(runs) == 1:
+            by_prio = dict(runs)
         else:
-            for priority, msg_id in keys:
-                by_prio.setdefault(priority, []).append(msg_id)
+            by_prio = {}
+            for priority, ids in runs:
+                got = by_prio.get(priority)
+                by_prio[priority] = ids if got is None else got + ids  # never extend a run
         removed = 0
-        rest: list[tuple[int, int]] = []
+        popped = 0
         for priority, ids in by_prio.items():
-            if not 0 <= priority <= 9:
+            if not MIN_PRIORITY <= priority <= MAX_PRIORITY or not ids:
                 continue
-            head = U32.pack(qid) + bytes((9 - priority,))
+            head = U32.pack(qid) + bytes((MAX_PRIORITY - priority,))
             n, left = packed_groups.take(txn, ready, self._dbs[b"packs"], self._dbs[b"entries"],
                                          head, ascending_unique(ids))
             removed += n
             if left:
-                rest += [(priority, msg_id) for msg_id in left]
-        gone = self._pop_rows(t, qid, rest) if rest else []
-        if gone:
-            for head, ids in ids_by_head(gone).items():
-                ready_groups.remove_ids(txn, ready, head, ascending_unique(ids))
-        if removed or gone:
-            t.counts[queue] = self._count(t, queue) - removed - len(gone)
+                gone = self._pop_rows(t, qid, MAX_PRIORITY - priority, left)
+                if gone:
+                    popped += len(gone)
+                    ready_groups.remove_ids(txn, ready, head, ascending_unique(gone))
+        if removed or popped:
+            t.counts[queue] = self._count(t, queue) - removed - popped
 
     def _unpack_holder(self, t: TxnChanges, k: bytes) -> bool:
         """If the ``entries`` key ``k`` names a live id of a packed group, unpack that group
@@ -248,9 +248,9 @@ class RowWriter:
                                   self._dbs[b"entries"])
         return True
 
-    def _pop_rows(self, t: TxnChanges, qid: int, keys: list[tuple[int, int]]) -> list[bytes]:
-        """Pop the ``entries`` rows of ``(priority, msg_id)`` ``keys`` of queue ``qid`` (in list
-        order: a repeated key is popped once); release what they referenced; return the keys
+    def _pop_rows(self, t: TxnChanges, qid: int, pb: int, ids: list[int]) -> list[int]:
+        """Pop the ``entries`` rows of ``ids`` of queue ``qid`` at priority byte ``pb`` (in list
+        order: a repeated id is popped once); release what they referenced; return the ids
         that were there.
 
         Keys are built in one comprehension and popped with one ``map`` (no Python loop body per
@@ -258,17 +258,18 @@ class RowWriter:
         expiry row, checked with C-level passes): 15–20 % less CPU per row than the loop.
         """
         pack = ENTRY_KEY.pack
-        ks = [pack(msg_id, qid, 9 - priority) for priority, msg_id in keys]
+        ks = [pack(msg_id, qid, pb) for msg_id in ids]
         vals = list(map(t.txn.cursor(db=self._dbs[b"entries"]).pop, ks))
         if None in vals:
-            found = [(k, v) for k, v in zip(ks, vals, strict=True) if v is not None]
-            ks = [k for k, _ in found]
-            vals = [v for _, v in found]
+            found = [(k, v, i) for k, v, i in zip(ks, vals, ids, strict=True) if v is not None]
+            ks = [k for k, _, _ in found]
+            vals = [v for _, v, _ in found]
+            ids = [i for _, _, i in found]
         if any(map(_KEY0, vals)):  # a flags byte: expiry row or segment body to release
             for k, v in zip(ks, vals, strict=True):
                 if v[0]:
                     self._release(t, k, v)
-        return ks
+        return ids
 
     def _put(self, t: TxnChanges, queue: str, items: list[Entry], archive: bool,
              run: bool = False) -> None:

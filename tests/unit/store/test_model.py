@@ -35,6 +35,10 @@ ops = st.one_of(
     st.tuples(st.just("put"), st.sampled_from(QUEUES), st.lists(entries(), max_size=6),
               st.booleans()),
     st.tuples(st.just("delete"), st.sampled_from(QUEUES), st.lists(st.tuples(prios, ids), max_size=6)),
+    # delete runs (WriteBatch.delete_ids): several of one priority in a batch, ids unsorted
+    # and repeated (delete_entries above makes runs of several priorities)
+    st.tuples(st.just("runs"), st.sampled_from(QUEUES), prios,
+              st.lists(st.lists(ids, max_size=8), max_size=3)),
     st.tuples(st.just("attempts"), st.sampled_from(QUEUES),
               st.lists(st.tuples(prios, ids, st.integers(0, 9)), max_size=4)),
     st.tuples(st.just("purge"), st.sampled_from(QUEUES)),
@@ -51,6 +55,9 @@ def to_batch(op: tuple) -> WriteBatch:
         b.put_entries(op[1], op[2], archive=op[3])
     elif kind == "delete":
         b.delete_entries(op[1], op[2])
+    elif kind == "runs":
+        for run in op[3]:
+            b.delete_ids(op[1], op[2], run)
     elif kind == "attempts":
         b.set_attempts(op[1], op[2])
     elif kind == "purge":
