@@ -27,7 +27,7 @@ class WriteBatch:
     """A group of writes; plain lists keyed by queue so a commit costs one pass."""
 
     __slots__ = ("purges", "puts", "attempts", "deletes", "due_puts", "due_deletes",
-                 "meta_puts", "meta_deletes", "archive", "runs")
+                 "meta_puts", "meta_deletes", "archive", "publish_runs")
 
     def __init__(self) -> None:
         """Start an empty batch."""
@@ -41,7 +41,7 @@ class WriteBatch:
         self.meta_deletes: list[str] = []
         self.archive: set[str] = set()
         #: queues whose puts in this batch are one publish run (see :meth:`put_entries`)
-        self.runs: set[str] = set()
+        self.publish_runs: set[str] = set()
 
     def put_entries(self, queue: str, entries: Iterable[Entry], *, archive: bool = False,
                     run: bool = False) -> None:
@@ -57,10 +57,10 @@ class WriteBatch:
         if got is None:
             self.puts[queue] = list(entries)
             if run:
-                self.runs.add(queue)
+                self.publish_runs.add(queue)
         else:
             got.extend(entries)
-            self.runs.discard(queue)
+            self.publish_runs.discard(queue)
         if archive:
             self.archive.add(queue)
 

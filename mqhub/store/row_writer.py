@@ -158,9 +158,9 @@ class RowWriter:
         for queue in batch.purges:
             self._purge(t, queue)
         archive = batch.archive
-        runs = batch.runs
+        publish_runs = batch.publish_runs
         for queue, items in batch.puts.items():
-            self._put(t, queue, items, queue in archive, queue in runs)
+            self._put(t, queue, items, queue in archive, queue in publish_runs)
         self._flush_plain(t)
         self._flush_ready(t)
         for queue, updates in batch.attempts.items():

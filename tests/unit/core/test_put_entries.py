@@ -48,9 +48,9 @@ def test_publish_batch_marks_its_puts_as_one_run_unless_headers_differ() -> None
         """A MemoryStore noting each committed batch's runs."""
 
         def commit(self, batch: Any) -> Any:
-            """Note ``batch.runs`` (of batches with puts), then commit."""
+            """Note ``batch.publish_runs`` (of batches with puts), then commit."""
             if batch.puts:
-                runs.append(set(batch.runs))
+                runs.append(set(batch.publish_runs))
             return super().commit(batch)
 
     store = Recording()

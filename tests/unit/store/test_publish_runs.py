@@ -31,9 +31,9 @@ def test_the_mark_lasts_only_while_the_run_is_the_queues_one_put() -> None:
     b.put_entries("q", run(1, 3), run=True)
     b.put_entries("r", run(10, 3), run=True)
     b.put_entries("s", run(20, 3))
-    assert b.runs == {"q", "r"}
+    assert b.publish_runs == {"q", "r"}
     b.put_entries("q", run(4, 2, "other"), run=True)
-    assert b.runs == {"r"}
+    assert b.publish_runs == {"r"}
     assert [e[0] for e in b.puts["q"]] == [1, 2, 3, 4, 5]
 
 
