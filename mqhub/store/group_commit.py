@@ -3,8 +3,9 @@
 ``submit`` queues a batch; one ``clock.callLater(0)`` per turn writes every queued batch in one
 transaction and fires their Deferreds once, after that transaction is durable in the
 configured mode (``sync``: segments then LMDB fsync'd before the Deferreds fire). The write
-runs inline in the reactor or in one pipelined writer thread; ``auto`` moves between them by
-the average commit time. A full map grows and retries; any other LMDB or OS error fails that
+runs inline in the reactor or in one pipelined writer thread; ``auto`` uses the thread from the
+start when every commit fsyncs (``sync``) and otherwise moves between them by the average
+commit time. A full map grows and retries; any other LMDB or OS error fails that
 group's Deferreds with StoreError and rolls back its segment appends; a malformed batch fails
 alone (the rest of its group is committed batch by batch).
 """
@@ -94,8 +95,9 @@ class GroupCommitter:
         self.journal: Any = None
 
     def start(self) -> None:
-        """Start the writer thread (``thread`` mode) and the periodic fsync (``batch`` mode)."""
-        if self.writer == "thread":
+        """Start the writer thread (``thread`` mode, and ``auto`` with ``sync`` durability when
+        the clock can take results back from a thread) and the periodic fsync (``batch``)."""
+        if self.writer == "thread" or (self.writer == "auto" and self._fsyncs_thread()):
             self._start_thread()
         if self.durability == "batch":
             self._sync_call = self._clock.callLater(self._batch_interval, self._periodic_sync)
@@ -147,10 +149,25 @@ class GroupCommitter:
             self._thread.start()
         self.threaded = True
 
+    def _fsyncs_thread(self) -> bool:
+        """``auto`` with ``sync`` durability keeps its commits in the thread for good, when the
+        clock can take results back from it.
+
+        An inline commit holds the reactor for its fsync, and its confirmations come back in
+        the same turn: a pipelined publisher then gets a full read in per turn while a
+        consumer gets one RDY's worth out. Measured with ``mqhub bench nsq`` (MPUB 16 B) on a
+        fresh broker: while ``auto`` was still inline (its first ~1 s, until the average commit
+        passed 2 ms) the backlog grew by ~700,000 messages, which then went through the
+        remembered tail and pages read back (docs/benchmarks-nsq.md part 9).
+        """
+        return self.durability == "sync" and (self._call_from_thread is not None
+                                              or hasattr(self._clock, "callFromThread"))
+
     def _adapt(self) -> None:
-        """``auto`` writer: follow the commit latency (moving average) between inline and thread."""
+        """``auto`` writer: follow the commit latency (moving average) between inline and thread
+        (with ``sync`` durability it stays in the thread, :meth:`_fsyncs_thread`)."""
         self.avg_commit = 0.8 * self.avg_commit + 0.2 * self.last_commit_seconds
-        if self.writer != "auto":
+        if self.writer != "auto" or self._fsyncs_thread():
             return
         if not self.threaded and self.avg_commit > self._auto_threshold:
             if self._call_from_thread is not None or hasattr(self._clock, "callFromThread"):

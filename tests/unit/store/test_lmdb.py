@@ -264,8 +264,9 @@ def test_thread_writer_pipelines_groups(tmp_path: Any) -> None:
 
 
 def test_auto_writer_moves_slow_commits_to_the_thread(tmp_path: Any) -> None:
-    """writer='auto' commits inline until the commit latency average passes its threshold,
-    then hands groups to the writer thread; with a plain Clock and no hand-back it stays inline."""
+    """writer='auto' without an fsync per commit commits inline until the commit latency
+    average passes its threshold, then hands groups to the writer thread; with a plain Clock
+    and no hand-back it stays inline (even with ``sync`` durability)."""
     plain_clock = Clock()
     plain = LmdbStore(str(tmp_path / "p"), clock=plain_clock, auto_threshold=0.0)
     plain.open()
@@ -277,7 +278,7 @@ def test_auto_writer_moves_slow_commits_to_the_thread(tmp_path: Any) -> None:
 
     results: queue.SimpleQueue[tuple[Any, tuple[Any, ...]]] = queue.SimpleQueue()
     clock = Clock()
-    store = LmdbStore(str(tmp_path / "d"), clock=clock, auto_threshold=0.0,
+    store = LmdbStore(str(tmp_path / "d"), clock=clock, auto_threshold=0.0, durability="none",
                       call_from_thread=lambda f, *a: results.put((f, a)))
     store.open()
     fired: list[object] = []
@@ -294,6 +295,30 @@ def test_auto_writer_moves_slow_commits_to_the_thread(tmp_path: Any) -> None:
     f, a = results.get(timeout=10)  # second group: committed by the thread
     f(*a)
     assert fired == [None, None]
+    store.close()
+
+
+def test_auto_writer_with_sync_durability_commits_in_the_thread_from_the_start(
+        tmp_path: Any) -> None:
+    """writer='auto' with ``sync`` durability hands every group to the writer thread from the
+    first one (an inline fsync would hold the reactor), and stays there however fast the
+    commits are."""
+    results: queue.SimpleQueue[tuple[Any, tuple[Any, ...]]] = queue.SimpleQueue()
+    clock = Clock()
+    store = LmdbStore(str(tmp_path / "d"), clock=clock, auto_threshold=1e9,
+                      call_from_thread=lambda f, *a: results.put((f, a)))
+    store.open()
+    assert store.stats()["writer_now"] == "thread"
+    fired: list[object] = []
+    for i in range(1, 4):
+        b = WriteBatch()
+        b.put_entries("q", [make_entry(i, b"m")])
+        store.commit(b).addCallback(fired.append)
+        clock.advance(0)
+        f, a = results.get(timeout=10)  # committed by the thread, handed back
+        f(*a)
+        assert fired == [None] * i
+        assert store.stats()["writer_now"] == "thread"
     store.close()
 
 
