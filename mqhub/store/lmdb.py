@@ -8,8 +8,9 @@ queued batch in one LMDB transaction and fires their Deferreds once, after that 
 durable in the configured mode. The write runs inline in the reactor (fastest when fsync is
 cheap) or in one pipelined writer thread (``writer="thread"``: the reactor keeps accepting the
 next group while the thread commits the previous one; best when fsync takes milliseconds).
-The default, ``writer="auto"``, commits inline and moves to the thread while the average
-commit takes longer than 2 ms, so a slow disk never stalls the reactor for long.
+The default, ``writer="auto"``, uses the thread from the start with ``sync`` durability (no
+fsync holds the reactor); with ``batch`` or ``none`` it commits inline and moves to the thread
+while the average commit takes longer than 2 ms, so a slow disk never stalls the reactor for long.
 
 Durability: ``sync`` fsyncs segments then LMDB on every group commit; ``batch`` commits without
 fsync and fsyncs every ``batch_interval`` seconds (confirmed writes survive a process crash, an
@@ -82,8 +83,9 @@ class LmdbStore:
         :param clock: IReactorTime used to group commits per turn and to time ``batch`` syncs.
         :param durability: ``sync``, ``batch`` or ``none``.
         :param writer: ``inline`` (commit in the reactor), ``thread`` (pipelined writer
-            thread) or ``auto`` (inline while commits are fast, the thread while their moving
-            average exceeds AUTO_THREAD_AFTER; inline when the clock has no callFromThread).
+            thread) or ``auto`` (the thread with ``sync`` durability; otherwise inline while
+            commits are fast, the thread while their moving average exceeds
+            AUTO_THREAD_AFTER; inline when the clock has no callFromThread).
         :param segment_threshold: bodies longer than this go to segment files.
         :param call_from_thread: how the writer thread hands results back (defaults to
             ``clock.callFromThread``, i.e. the reactor's).
