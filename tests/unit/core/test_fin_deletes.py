@@ -74,18 +74,25 @@ def publish(hub: Hub, priorities: list[int], n: int) -> None:
         assert result_of(d) is None
 
 
+def delivered(hub: Hub, priorities: list[int], n: int) -> tuple[Any, CollectingTarget, Any]:
+    """Queue ``q`` bound to ``a``, ``n`` messages published at each of ``priorities``, all
+    delivered to one consumer at RDY 1000 (and still stored); returns (queue, target, consumer)."""
+    q = hub.broker.declare_queue("q")
+    hub.broker.bind_queue("a", "q")
+    publish(hub, priorities, n)
+    t = CollectingTarget()
+    c = q.attach(t, ready=1000)
+    settle(hub)
+    assert len(t.entries) == len(stored(hub)) == n * len(priorities)
+    return q, t, c
+
+
 @pytest.mark.parametrize("priorities", [[0], [3, 0, 7]])
 def test_fin_deletes_exactly_the_acked_entries(hub: Hub, priorities: list[int]) -> None:
     """FINs of delivered messages (every other one, then some with an unknown id, then the
     rest): after each commit the store keeps exactly the entries not FIN'd."""
-    q = hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
-    publish(hub, priorities, 60)
-    t = CollectingTarget()
-    c = q.attach(t, ready=1000)
-    settle(hub)
+    q, t, c = delivered(hub, priorities, 60)
     left = stored(hub)
-    assert len(t.entries) == len(left) == 60 * len(priorities)
     assert len(t.batches) == 1   # one delivery: a FIN of it spans every priority
     odd = t.entries[1::2]
     for fin, unknown in ((t.entries[::2], []), (odd[:10], [12345]), (odd[10:], [])):
@@ -103,14 +110,8 @@ def test_fin_inside_delivery_is_merged_and_deletes_exactly(hub: Hub,
                                                            priorities: list[int]) -> None:
     """FINs made while a publish's batch is open (by a live subscriber of its address) join
     that batch (``commits`` merges their delete runs): exactly those entries go."""
-    q = hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
-    publish(hub, priorities, 45)
-    t = CollectingTarget()
-    c = q.attach(t, ready=1000)
-    settle(hub)
+    q, t, c = delivered(hub, priorities, 45)
     everything = stored(hub)
-    assert len(t.entries) == len(everything) == 45 * len(priorities)
     fins = [[e[0] for e in t.entries[::3]], [e[0] for e in t.entries[1::6]]]
     hub.broker.declare_queue("other")
     hub.broker.bind_queue("b", "other")   # a stored copy: the publish opens a batch
