@@ -148,7 +148,8 @@ def _paging_hub(tails_bytes: int) -> tuple[Hub, Any]:
 def test_a_fin_not_yet_committed_is_not_paged_back(tails_bytes: int) -> None:
     """Higher-priority puts move the horizon back before an in-flight entry; it is FIN'd (its
     delete run not committed yet) and the pages that still find it in the store drop it.
-    Without a remembered tail (``tails_bytes=0``) every page is read from the store."""
+    Without a remembered tail (``tails_bytes=0``) every page is read from the store; with one
+    (this test replaced test_paging_under_load's version of it) none is."""
     h, q = _paging_hub(tails_bytes)
     reads: list[int] = []
     real = h.store.read_entries

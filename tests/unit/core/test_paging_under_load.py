@@ -177,29 +177,6 @@ def test_an_uncommitted_entry_before_committed_ones_holds_the_page() -> None:
                         + [b"p0-%d" % i for i in range(6)])
 
 
-def test_an_acked_entry_whose_delete_is_uncommitted_is_not_paged_back() -> None:
-    """Higher-priority puts move the horizon back before an in-flight entry; it is acked (the
-    delete not yet committed) and the next page, which still finds it in the store, drops it."""
-    hub, q = _grouped_hub(window=4)
-    hub.broker.publish_batch("a", [b"low-%d" % i for i in range(10)])
-    hub.clock.advance(0)
-    t = CollectingTarget()
-    c = q.attach(t, ready=1)
-    assert t.bodies == [b"low-0"]
-    hub.broker.publish_batch("a", [b"hi-%d" % i for i in range(4)], priority=5)
-    hub.clock.advance(0)
-    _ack_all(q, c)                     # low-0's delete is uncommitted from here on
-    for _ in range(12):
-        _ack_all(q, c)
-    for _ in range(10):
-        hub.clock.advance(0)
-        _ack_all(q, c)
-    assert t.bodies.count(b"low-0") == 1
-    assert sorted(t.bodies) == sorted([b"low-%d" % i for i in range(10)]
-                                      + [b"hi-%d" % i for i in range(4)])
-    assert q.depth == 0 and q.in_flight == 0
-
-
 def test_a_backlog_of_many_windows_is_fed_from_the_tail_without_reads() -> None:
     """A producer far ahead of its consumer (50 windows' worth beyond the window, within the
     byte budget): the messages come from the remembered tail, not read back from the store,
