@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from mqhub.core.account import MemoryAccount
 from mqhub.core.commits import Commits
 from mqhub.core.counters import Counters
 from mqhub.core.ids import IdGenerator
-from mqhub.core.account import MemoryAccount
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry
 

@@ -95,14 +95,14 @@ def test_interleaved_drains_stay_within_the_account() -> None:
     hub = filled(20)
     queues = [hub.broker.queue(f"q{n}") for n in range(QUEUES)]
     targets = [CollectingTarget() for _ in queues]
-    consumers = [q.attach(t, ready=1) for q, t in zip(queues, targets)]
+    consumers = [q.attach(t, ready=1) for q, t in zip(queues, targets, strict=True)]
     peak = 0
     for _ in range(1000):
         settle(hub)
         peak = max(peak, hub.broker.windows.used)
         assert hub.broker.windows.used == held(hub)
         busy = False
-        for q, t, c in zip(queues, targets, consumers):
+        for q, t, c in zip(queues, targets, consumers, strict=True):
             ids = [e[0] for e in t.entries if q.owner_of(e[0]) is c]
             if ids:
                 q.ack(c, ids)
