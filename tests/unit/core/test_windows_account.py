@@ -15,6 +15,8 @@ from mqhub.core.window import WINDOW_FLOOR
 from mqhub.hub import Hub
 from mqhub.testing import CollectingTarget, memory_hub, restart_hub, result_of, settle
 
+from .test_window_bytes import drain as window_drain
+
 KIB = 1024
 BODY = 100 * KIB
 OWN = 1024 * KIB          # each window's own budget (window_bytes)
@@ -55,21 +57,18 @@ def bound(queues: int) -> int:
 def drain(hub: Hub, name: str, peaks: list[int]) -> list[int]:
     """Consume queue ``name`` one message at a time; return the numbers received in order and
     append the account's use after every step to ``peaks``."""
-    q = hub.broker.queue(name)
-    assert q is not None
-    target = CollectingTarget()
-    c = q.attach(target, ready=1)
-    for _ in range(1000):
+    return window_drain(hub, name, peaks)[0]
+
+
+def fed(hub: Hub, name: str, address: str, count: int, **settings: Any) -> Any:
+    """Queue ``name`` (declared with ``settings``) bound to ``address``, given ``count`` bodies
+    one publish and one commit at a time."""
+    hub.broker.declare_queue(name, **settings)
+    hub.broker.bind_queue(address, name)
+    for i in range(count):
+        hub.broker.publish_batch(address, [body(i)])
         settle(hub)
-        peaks.append(hub.broker.windows.used)
-        ids = [e[0] for e in target.entries if q.owner_of(e[0]) is c]
-        if ids:
-            q.ack(c, ids)
-        elif not q.depth:
-            break
-    assert q.depth == 0 and q.in_flight == 0
-    q.detach(c)
-    return [int(b[:6]) for b in target.bodies]
+    return hub.broker.queue(name)
 
 
 def test_many_queues_stay_within_the_account_and_deliver_in_order() -> None:
@@ -118,13 +117,10 @@ def test_interleaved_drains_stay_within_the_account() -> None:
 def test_deleting_and_emptying_give_the_share_back() -> None:
     """A queue's window share returns to the account when the queue is deleted or emptied;
     a queue squeezed to its floor then pages back up to its own budget as it drains."""
-    hub = filled(0, queues=3, windows_bytes=OWN + OWN // 2)
-    for n in range(3):          # one queue after the other: the first ones fill their windows
-        for i in range(30):
-            hub.broker.publish_batch(f"a{n}", [body(i)])
-        settle(hub)
+    hub = memory_hub(window_bytes=OWN, windows_bytes=OWN + OWN // 2)
+    # one queue after the other: the first ones fill their windows
+    q0, q1, q2 = (fed(hub, f"q{n}", f"a{n}", 30) for n in range(3))
     windows = hub.broker.windows
-    q0, q1, q2 = (hub.broker.queue(f"q{n}") for n in range(3))
     assert q0.window_bytes_held == 10 * BODY    # its own budget
     assert q1.window_bytes_held == 5 * BODY     # what the account had left
     assert q2.window_bytes_held == BODY         # the floor: one entry
@@ -181,18 +177,9 @@ def test_the_remembered_tail_keeps_the_queues_own_budget() -> None:
     """The account shrinks a window, not its remembered tail: with the account full, a queue's
     tail still remembers what its own ``window_bytes`` allows (bounded by ``broker.tails``)."""
     hub = memory_hub(window_bytes=OWN, windows_bytes=OWN)
-    hub.broker.declare_queue("first")
-    hub.broker.bind_queue("f", "first")
-    for i in range(12):
-        hub.broker.publish_batch("f", [body(i)])
-    settle(hub)
+    fed(hub, "first", "f", 12)
     assert hub.broker.windows.used >= OWN - BODY
-    hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
-    for i in range(8):
-        hub.broker.publish_batch("a", [body(i)])
-        settle(hub)
-    q = hub.broker.queue("q")
+    q = fed(hub, "q", "a", 8)
     assert q.in_memory == 1
     # the first queue's tail remembers 2 entries; q's at least 6 more (a shrunk budget: none)
     first_tail = 2 * (BODY + ENTRY_COST)
@@ -218,12 +205,7 @@ def test_a_window_squeezed_at_once_keeps_its_evicted_entries_in_its_tail() -> No
     """A full window squeezed to its floor at once (the account's limit was lowered) evicts
     all but one entry; they join its remembered tail, sized by the queue's own budget."""
     hub = memory_hub(window_bytes=OWN, windows_bytes=ALL)
-    hub.broker.declare_queue("q")
-    hub.broker.bind_queue("a", "q")
-    for i in range(9):
-        hub.broker.publish_batch("a", [body(i)])
-        settle(hub)
-    q = hub.broker.queue("q")
+    q = fed(hub, "q", "a", 9)
     assert q.in_memory == 9 and hub.broker.tails.used == 0
     hub.broker.windows.limit = 0
     hub.broker.publish_batch("a", [body(9)])
