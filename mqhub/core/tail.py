@@ -21,9 +21,10 @@ from mqhub.store.records import Entry
 #: holds at most the byte budget's worth when each entry counts its body plus this
 ENTRY_COST = 192
 
-#: memory all remembered tails of one broker may hold together (each tail is also bounded by
-#: the queue's own byte budget, ``window_bytes``; the account is ``broker.tails``): a queue whose tail would pass it remembers no more, and its
-#: backlog is read back from the store as before the tail grew (never lost)
+#: memory all remembered tails of one broker may hold together (the account ``broker.tails``;
+#: each tail is also bounded by the queue's own ``window_bytes``): a queue whose tail would pass
+#: it remembers no more, and its backlog is read back from the store as before the tail grew
+#: (never lost)
 TAILS_BYTES = 256 * 1024 * 1024
 
 _popleft = deque.popleft
