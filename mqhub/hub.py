@@ -36,7 +36,7 @@ log = Logger(namespace="mqhub.hub")
 
 #: Options of the core's paging (``twistd mqhub --window ...``) -> their Broker keyword.
 PAGING_KEYWORDS = {"window": "window", "window-bytes": "window_bytes",
-                   "tails-bytes": "tails_bytes"}
+                   "tails-bytes": "tails_bytes", "windows-bytes": "windows_bytes"}
 
 
 @dataclass
@@ -71,8 +71,9 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     ``journal-max-bytes`` (its retention; unset: the defaults of :mod:`mqhub.store.journal`).
     ``store-map-size`` (initial LMDB map in MiB; None: the store's default) and
     ``store-reserve`` (MiB held back for acks on a full disk; 0 or None: none).
-    ``window``, ``window-bytes`` and ``tails-bytes`` (the core's paging: ``Broker(window=...,
-    window_bytes=..., tails_bytes=...)``; unset or None: the Broker's defaults).
+    ``window``, ``window-bytes``, ``tails-bytes`` and ``windows-bytes`` (the core's paging:
+    ``Broker(window=..., window_bytes=..., tails_bytes=..., windows_bytes=...)``; unset or None:
+    the Broker's defaults).
     The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
     """
     data_dir = options.get("data-dir", options.get("data_dir"))

@@ -36,6 +36,7 @@ PAGING_BOUNDS: dict[str, tuple[int, int, str]] = {
     "window": (1, 10_000_000, "entries"),
     "window-bytes": (64 << 10, 1 << 40, "bytes"),
     "tails-bytes": (64 << 10, 1 << 40, "bytes"),
+    "windows-bytes": (64 << 10, 1 << 40, "bytes"),
 }
 #: The Broker's own defaults of those settings (the options' defaults, not restated here).
 PAGING_DEFAULTS: dict[str, int] = {
@@ -104,6 +105,9 @@ Examples:
         ["tails-bytes", None, str(PAGING_DEFAULTS["tails-bytes"]),
          "Bytes all durable queues' remembered tails may hold together (plain bytes): the "
          "entries a backlog need not read back from the store."],
+        ["windows-bytes", None, str(PAGING_DEFAULTS["windows-bytes"]),
+         "Bytes of message bodies all durable queues' windows may hold together (plain bytes): "
+         "past it a window holds only what is left (at least 64 KiB or one message)."],
         *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
     ]
 
@@ -169,7 +173,8 @@ Examples:
             raise usage.UsageError(f"--{key} {too_small}")
 
     def _paging(self) -> None:
-        """Turn --window, --window-bytes and --tails-bytes into whole numbers within bounds."""
+        """Turn --window, --window-bytes, --tails-bytes and --windows-bytes into whole numbers
+        within bounds."""
         for option, (low, high, unit) in PAGING_BOUNDS.items():
             value = str(self[option]).strip()
             try:

@@ -141,6 +141,10 @@ class QueueBacklog:
         """The window's byte budget in effect (mqhub.core.window)."""
         raise NotImplementedError
 
+    def _own_budget(self) -> int:
+        """The window's own byte budget, the remembered tail's too (mqhub.core.window)."""
+        raise NotImplementedError
+
     def _evict(self) -> None:
         """Drop the window's tail back to the stored backlog (mqhub.core.window)."""
         raise NotImplementedError
@@ -203,9 +207,12 @@ class QueueBacklog:
         the whole backlog, it moves into the window without a read (:meth:`_swallow_tail`).
         """
         if (self._paging or not self._stored_only or self.deleted
-                or self._nready > self._effective_window() // LOW_WATER
-                or self._nbytes > self._byte_budget() // LOW_WATER):
+                or self._nready > self._effective_window() // LOW_WATER):
             return
+        budget = self._byte_budget()
+        if self._nready and (self._nbytes > budget // LOW_WATER
+                             or self._nbytes + self._body_max > budget):
+            return      # past low water, or no room for the largest body (it would be evicted)
         if self._tail_whole():
             if self._page_wait != WAIT_HOLD:
                 self._swallow_tail()
@@ -226,8 +233,7 @@ class QueueBacklog:
         # bodies count too: ask for what fits the byte budget by the largest body seen (the
         # store reads by count; a page is evicted back down to the budget if it was bigger)
         big = self._body_max
-        limit = min(limit, FIRST_PAGE if not big else
-                    (self._byte_budget() - self._nbytes) // big)
+        limit = min(limit, FIRST_PAGE if not big else (budget - self._nbytes) // big)
         d = self.broker.store.read_entries(self.name, h, max(1, limit))
         d.addCallbacks(self._paged, self._page_failed,
                        callbackArgs=(self.incarnation, self._put_gen, max(1, limit)))
@@ -250,13 +256,13 @@ class QueueBacklog:
         big = max(map(len, map(_BODY, entries)))
         if big > self._body_max:
             self._body_max = big
-        tail = self._tail = sized(self._tail, tail_limit(self._byte_budget(), self._body_max))
+        tail = self._tail = sized(self._tail, tail_limit(self._own_budget(), self._body_max))
         if self._tails_allow(len(tail) + len(entries)) and stays_sorted(tail, entries, uniform):
             tail.extend(entries)
             self._recharge()
 
     def _tails_allow(self, n: int) -> bool:
-        """True when the broker-wide account of all tails (:class:`mqhub.core.tail.TailBudget`)
+        """True when the broker-wide account of all tails (``broker.tails``)
         has room for this tail to hold ``n`` entries (beyond it, what is not remembered is
         read back from the store)."""
         return n * (self._body_max + ENTRY_COST) <= self.broker.tails.room(self._charged)
@@ -272,7 +278,7 @@ class QueueBacklog:
         backlog) while the remembered tail was the whole backlog: put them at the tail's head
         when it has room, so they are not read back; otherwise the tail is no longer the whole
         backlog and paging reads it from the store as before."""
-        limit = tail_limit(self._byte_budget(), self._body_max)
+        limit = tail_limit(self._own_budget(), self._body_max)
         n = len(self._tail) + len(dropped)
         if n <= limit and self._tails_allow(n):
             self._tail = sized(self._tail, limit)
@@ -588,8 +594,7 @@ class QueueBacklog:
                 return False
             self._horizon = (page[-1][1], page[-1][0])
             self._stored_only = max(0, self._stored_only - len(page))
-            for e in page:
-                self._insert(e)
+            self._insert_many(page)
             if not self._stored_only:
                 self._horizon = None
             return True

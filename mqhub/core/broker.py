@@ -18,6 +18,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
 
+from mqhub.core.account import MemoryAccount
 from mqhub.core.address import pattern_matches, validate_address, validate_pattern
 from mqhub.core.backlog import WINDOW_BYTES
 from mqhub.core.commits import Commits
@@ -34,7 +35,8 @@ from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
 from mqhub.core.parking import PARK_CUT_PREFIX, BrokerParking
 from mqhub.core.queue import Queue
 from mqhub.core.routing import Binding, Route, Router
-from mqhub.core.tail import TAILS_BYTES, TailBudget
+from mqhub.core.tail import TAILS_BYTES
+from mqhub.core.window import WINDOW_FLOOR, WINDOWS_BYTES
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
 from mqhub.store.batch import WriteBatch
 from mqhub.store.journal_recorder import NULL_RECORDER
@@ -64,19 +66,23 @@ class Broker(BrokerParking):
 
     def __init__(self, store: Any, clock: Any, *, scheduler: Any = None,
                  window: int = 10_000, window_bytes: int = WINDOW_BYTES,
-                 tails_bytes: int = TAILS_BYTES) -> None:
+                 tails_bytes: int = TAILS_BYTES, windows_bytes: int = WINDOWS_BYTES) -> None:
         """:param store: an opened IMessageStore. :param clock: IReactorTime.
         :param scheduler: the SchedulerService for durable delays and TTL sweeps (optional).
         :param window: ready entries a durable queue keeps in memory; :param window_bytes: and
         the most body bytes they may hold (the rest stays in the store, paged in as it drains).
         :param tails_bytes: the memory all durable queues' remembered tails may hold together.
+        :param windows_bytes: the body bytes all durable queues' windows may hold together (a
+        window's budget shrinks to what is left, never below ``WINDOW_FLOOR``).
         """
         self.store = store
         self.clock = clock
         self.scheduler = scheduler
         self.window, self.window_bytes = window, window_bytes
         #: the memory all durable queues' remembered tails hold together (core/tail.py)
-        self.tails = TailBudget(tails_bytes)
+        self.tails = MemoryAccount(tails_bytes)
+        #: the body bytes all durable queues' windows hold together (core/window.py)
+        self.windows = MemoryAccount(windows_bytes, WINDOW_FLOOR)
         self.ids = IdGenerator(clock)
         self.counters = Counters()  # admin/metrics totals, batch granularity (core/counters.py)
         self.journal: Any = NULL_RECORDER  # the flow journal's recorder (set by the hub)

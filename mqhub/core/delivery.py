@@ -175,6 +175,8 @@ class QueueDelivery(QueueWindow):
                 if not self.consumers or self.paused or self.deleted:
                     break
                 self._dispatch_round()
+                if not self._nready and self._stored_only:
+                    self._again = True   # refill here: one loop, not one recursion per window
         finally:
             self._dispatching = False
         if self._stored_only:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from mqhub.core.account import MemoryAccount
 from mqhub.core.commits import Commits
 from mqhub.core.counters import Counters
 from mqhub.core.ids import IdGenerator
-from mqhub.core.tail import TailBudget
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry
 
@@ -25,7 +25,8 @@ class QueueHost(Protocol):
     ids: IdGenerator
     window: int
     window_bytes: int
-    tails: TailBudget
+    tails: MemoryAccount
+    windows: MemoryAccount
     commits: Commits
     counters: Counters
     journal: Any  # mqhub.store.journal_recorder (flow journal, batch-level calls)

@@ -21,27 +21,13 @@ from mqhub.store.records import Entry
 #: holds at most the byte budget's worth when each entry counts its body plus this
 ENTRY_COST = 192
 
-#: memory all remembered tails of one broker may hold together (each tail is also bounded by
-#: the queue's byte budget): a queue whose tail would pass it remembers no more, and its
-#: backlog is read back from the store as before the tail grew (never lost)
+#: memory all remembered tails of one broker may hold together (the account ``broker.tails``;
+#: each tail is also bounded by the queue's own ``window_bytes``): a queue whose tail would pass
+#: it remembers no more, and its backlog is read back from the store as before the tail grew
+#: (never lost)
 TAILS_BYTES = 256 * 1024 * 1024
 
 _popleft = deque.popleft
-
-
-class TailBudget:
-    """The broker-wide account of the memory its queues' remembered tails hold."""
-
-    __slots__ = ("limit", "used")
-
-    def __init__(self, limit: int = TAILS_BYTES) -> None:
-        """Allow ``limit`` bytes (entries counted as in :func:`tail_limit`) across all tails."""
-        self.limit = limit
-        self.used = 0
-
-    def room(self, held: int) -> int:
-        """Bytes a tail now charged ``held`` may grow to (its own charge included)."""
-        return self.limit - self.used + held
 
 
 def ready_key(entry: Entry) -> tuple[int, int]:

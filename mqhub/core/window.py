@@ -24,6 +24,16 @@ _NO_IDS = NO_IDS
 _NO_LIST = NO_LIST
 _POPLEFT = deque.popleft
 
+#: default body bytes all durable queues' windows may hold together (Broker ``windows_bytes``,
+#: the account ``broker.windows``): four full windows of the default ``window_bytes``, as much
+#: as all remembered tails together (``TAILS_BYTES``); past it a window's byte budget shrinks
+#: to what is left and the rest of its backlog stays in the store
+WINDOWS_BYTES = 256 << 20
+#: the least byte budget a window keeps when the broker-wide account is full (or its own
+#: ``window_bytes`` when that is smaller): a page of small bodies (4096 of 16 B) still fits,
+#: and a window always keeps at least one entry, however big, so every queue keeps moving
+WINDOW_FLOOR = 64 << 10
+
 
 class QueueWindow(QueueBacklog):
     """Ready window of a queue (see the module docstring)."""
@@ -43,7 +53,7 @@ class QueueWindow(QueueBacklog):
         for d in self._ready.values():
             d.clear()
         self._nready = 0
-        self._nbytes = 0
+        self._held(-self._nbytes)
         self._volatile = _NO_IDS
         for rec in self._pend.values():
             rec[4] = None
@@ -136,7 +146,7 @@ class QueueWindow(QueueBacklog):
                     e[1] == p for e in entries)):
                 d.extend(entries)
                 self._nready += len(entries)
-                self._nbytes += sum([len(e[7]) for e in entries])
+                self._held(sum([len(e[7]) for e in entries]))
             else:
                 self._insert_many(entries)
 
@@ -223,8 +233,21 @@ class QueueWindow(QueueBacklog):
             self._prios.sort(reverse=True)
         return d
 
+    def _held(self, delta: int) -> None:
+        """The window's body bytes changed by ``delta``: count it, and for a durable queue charge
+        it to the broker-wide account of all windows (``broker.windows``). The one place both
+        change, once per batch-level change (never per entry), so they cannot drift apart."""
+        self._nbytes += delta
+        if self.durable:
+            self.broker.windows.used += delta
+
     def _insert(self, entry: Entry) -> None:
         """Insert one entry at its place by msg_id within its priority (cold path: requeue)."""
+        self._place(entry)
+        self._held(len(entry[7]))
+
+    def _place(self, entry: Entry) -> None:
+        """Put one entry at its place in its priority's deque and count it (not its bytes)."""
         d = self._deque(entry[1])
         mid = entry[0]
         if not d or d[-1][0] < mid:
@@ -233,16 +256,17 @@ class QueueWindow(QueueBacklog):
             ids = [e[0] for e in d]
             d.insert(bisect_left(ids, mid), entry)
         self._nready += 1
-        self._nbytes += len(entry[7])
 
     def _insert_many(self, entries: list[Entry]) -> None:
         """Insert entries at their places: one merge per priority, not one search per entry."""
+        if not entries:
+            return
+        self._held(sum([len(e[7]) for e in entries]))
         if len(entries) < 8:
             for e in entries:
-                self._insert(e)
+                self._place(e)
             return
         by_prio: dict[int, list[Entry]] = {}
-        self._nbytes += sum([len(e[7]) for e in entries])
         for e in entries:
             by_prio.setdefault(e[1], []).append(e)
         for p, group in by_prio.items():
@@ -280,10 +304,26 @@ class QueueWindow(QueueBacklog):
         """Window size; a bounded queue keeps its whole content in memory."""
         return max(self.window, self.max_size) if self.max_size else self.window
 
-    def _byte_budget(self) -> int:
-        """Body bytes the window may hold (the broker's ``window_bytes``); a bounded queue
-        keeps its whole content in memory."""
+    def _own_budget(self) -> int:
+        """Body bytes the window may hold by its own setting (the broker's ``window_bytes``; a
+        bounded queue keeps its whole content in memory). The remembered tail is sized by it,
+        never by the shrunk budget: the tails have their own broker-wide account."""
         return self.broker.window_bytes if not self.max_size else 1 << 62
+
+    def _byte_budget(self) -> int:
+        """Body bytes the window may hold now: its own budget, shrunk to what the broker-wide
+        account of all windows has left (its own charge included), never below the account's
+        floor (:data:`WINDOW_FLOOR`, or the own budget when smaller). A bounded queue keeps its
+        rule: its charge counts in the account, its window is not shrunk by it."""
+        if self.max_size:
+            return 1 << 62
+        own = self.broker.window_bytes
+        windows = self.broker.windows
+        room = windows.limit - windows.used + self._nbytes
+        if room >= own:
+            return own
+        floor = windows.floor if windows.floor < own else own
+        return room if room > floor else floor
 
     def over_window(self) -> bool:
         """True when the window holds more entries, or more body bytes, than it may."""
@@ -308,6 +348,7 @@ class QueueWindow(QueueBacklog):
         # sorts before all of it, so it can join the tail's head and the tail stays the backlog
         whole = self._tail_whole()
         dropped: list[Entry] = []
+        freed = 0
         for p in sorted(self._prios):
             d = self._ready[p]
             kept: list[Entry] = []
@@ -319,7 +360,7 @@ class QueueWindow(QueueBacklog):
                 excess -= 1
                 size = len(e[7])
                 over -= size
-                self._nbytes -= size
+                freed += size
                 if size > self._body_max:
                     self._body_max = size
                 self._nready -= 1
@@ -331,6 +372,8 @@ class QueueWindow(QueueBacklog):
                 d.extend(reversed(kept))
             if excess <= 0 and (over <= 0 or self._nready <= 1):
                 break
+        if freed:
+            self._held(-freed)
         if dropped and whole:
             self._tail_head(dropped)
         if low is not None:
@@ -368,7 +411,7 @@ class QueueWindow(QueueBacklog):
             if len(out) >= n:
                 break
         self._nready -= len(out)
-        self._nbytes -= sum([len(e[7]) for e in out])
+        self._held(-sum([len(e[7]) for e in out]))
         if self._volatile and out:
             self._volatile.difference_update([e[0] for e in out])
         return out
@@ -383,7 +426,7 @@ class QueueWindow(QueueBacklog):
             if len(out) >= n:
                 break
         self._nready -= len(out)
-        self._nbytes -= sum([len(e[7]) for e in out])
+        self._held(-sum([len(e[7]) for e in out]))
         if self._volatile and out:
             self._volatile.difference_update([e[0] for e in out])
         return out

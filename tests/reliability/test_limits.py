@@ -221,6 +221,46 @@ def test_big_bodies_to_a_stalled_consumer(broker: BrokerProcess) -> None:
     stalled.close()
 
 
+#: --window-bytes, --windows-bytes, --tails-bytes of the many-queues run below (MiB): twelve
+#: windows of 32 MiB (384 MiB, what the broker held before the windows shared an account) could
+#: not fit the bound with the tails; 64 MiB for all windows and 64 MiB for all tails do
+MANY_QUEUES_PAGING = (32, 64, 64)
+
+
+def test_big_bodies_into_many_queues(make_broker: Callable[..., BrokerProcess]) -> None:
+    """NSQ PUBs of 1 MiB into 12 topics of one channel each, nobody consuming: 40 each, 480 MiB
+    in all; each PUB waits for its OK. All windows together hold at most ``--windows-bytes`` (plus
+    one body per queue), so the broker's memory does not grow with the number of queues.
+
+    Regression: each queue's window was bounded (``window_bytes``) but the windows had no global
+    cap, so twelve of them held 12 x 32 MiB here (peak anonymous RSS 493 MiB, over the bound;
+    174 MiB with the account).
+    """
+    window, windows, tails = (str(m << 20) for m in MANY_QUEUES_PAGING)
+    broker = make_broker(["nsq"], extra_args=[
+        "--durability", "none", "--window-bytes", window, "--windows-bytes", windows,
+        "--tails-bytes", tails])
+    bystander = Bystander(broker)
+    topics = [f"big{n}" for n in range(12)]
+    for topic in topics:
+        ok(broker, f"/topic/create?topic={topic}")
+        ok(broker, f"/channel/create?topic={topic}&channel=c")
+    producer = NsqSocket(broker.port("nsq", "tcp"))
+    body = b"b" * (1 << 20)
+    peak = 0.0
+    for i in range(40):
+        for topic in topics:
+            producer.send(wire.encode_pub(topic, b"%06d" % i + body[6:]))
+            producer.read_until(lambda fs: wire.Response(b"OK") in fs, "the PUB's OK")
+        peak = max(peak, rss_mib(broker))
+    for topic in topics:
+        assert channel_stats(broker, topic, "c")["depth"] == 40
+    assert peak < RSS_BOUND_MIB, f"broker RSS {peak:.0f} MiB after 12 x 40 bodies of 1 MiB"
+    print(f"NSQ 12 queues x 40 x 1 MiB: peak broker RSS {peak:.0f} MiB")
+    bystander.check()
+    producer.close()
+
+
 def test_big_emqp_jobs_sent_without_waiting(broker: BrokerProcess) -> None:
     """300 eMQP jobs of 2 MiB (600 MiB) sent at full speed, never waiting for an ACK, to a
     queue whose worker took one and never answers.

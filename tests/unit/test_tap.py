@@ -103,6 +103,9 @@ def test_listen_overrides_a_role_and_the_first_role() -> None:
         (["--tails-bytes", "-1"], "--tails-bytes expects a whole number of bytes from 65536 to "
                                   "1099511627776, got '-1'"),
         (["--tails-bytes", ""], "--tails-bytes expects a whole number of bytes"),
+        (["--windows-bytes", "65535"], "--windows-bytes expects a whole number of bytes from "
+                                       "65536 to 1099511627776, got '65535'"),
+        (["--windows-bytes", "256MiB"], "--windows-bytes expects a whole number of bytes"),
     ],
 )
 def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
@@ -256,18 +259,20 @@ def test_journal_retention_defaults_come_from_the_journal(tmp_path: Path) -> Non
 
 
 def test_paging_options_reach_the_broker(tmp_path: Path) -> None:
-    """--window, --window-bytes and --tails-bytes become the hub's Broker settings; a durable
-    queue declared on it pages with that window."""
+    """--window, --window-bytes, --tails-bytes and --windows-bytes become the hub's Broker
+    settings; a durable queue declared on it pages with that window."""
     options = parse(
         "--plugin-path", str(TEST_PLUGINS), "--protocols", "echotest",
         "--data-dir", str(tmp_path / "data"), "--durability", "none", "--no-admin",
         "--listen", "echo=tcp:0:interface=127.0.0.1",
         "--window", "500", "--window-bytes", "1048576", "--tails-bytes", " 2097152",
+        "--windows-bytes", "3145728 ",
     )
-    assert (options["window"], options["window-bytes"], options["tails-bytes"]) == \
-        (500, 1 << 20, 2 << 20)
+    assert (options["window"], options["window-bytes"], options["tails-bytes"],
+            options["windows-bytes"]) == (500, 1 << 20, 2 << 20, 3 << 20)
     broker = build_service(options, MemoryReactorClock()).hub.broker
-    assert (broker.window, broker.window_bytes, broker.tails.limit) == (500, 1 << 20, 2 << 20)
+    assert (broker.window, broker.window_bytes, broker.tails.limit, broker.windows.limit) == \
+        (500, 1 << 20, 2 << 20, 3 << 20)
 
     from twisted.internet.task import Clock
 
@@ -292,5 +297,6 @@ def test_paging_defaults_are_the_brokers_own(tmp_path: Path) -> None:
     plain = Broker(MemoryStore(clock=Clock()), Clock())
     for hub_options in (dict(parse("--data-dir", str(tmp_path))), {}):
         broker = build_hub(hub_options, Clock()).broker
-        assert (broker.window, broker.window_bytes, broker.tails.limit) == \
-            (plain.window, plain.window_bytes, plain.tails.limit)
+        assert (broker.window, broker.window_bytes, broker.tails.limit, broker.windows.limit,
+                broker.windows.floor) == (plain.window, plain.window_bytes, plain.tails.limit,
+                                          plain.windows.limit, plain.windows.floor)

@@ -252,10 +252,10 @@ def test_a_publish_sorting_before_the_tail_is_read_back_in_ready_order() -> None
 
 
 def test_all_tails_together_stay_within_the_broker_wide_account() -> None:
-    """Two lagging queues share the broker's TailBudget: the first one's tail takes the
-    room, the second remembers nothing beyond it and reads its backlog back from the store;
-    the account never passes its limit, both deliver everything in order, and the account
-    returns to zero when the backlogs are gone."""
+    """Two lagging queues share the broker-wide account of the tails (``broker.tails``): the
+    first one's tail takes the room, the second remembers nothing beyond it and reads its
+    backlog back from the store; the account never passes its limit, both deliver everything
+    in order, and the account returns to zero when the backlogs are gone."""
     hub, q, store = _pipelined_hub(window=4)
     q2 = hub.broker.declare_queue("q2", window=4)
     hub.broker.bind_queue("b", "q2")

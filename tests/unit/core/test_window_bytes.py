@@ -23,9 +23,10 @@ def fill(hub: Hub, count: int, size: int, per_publish: int = 1) -> None:
         settle(hub)
 
 
-def drain(hub: Hub) -> tuple[list[int], int]:
-    """Consume queue ``q`` one message at a time; return (numbers received, peak window bytes)."""
-    q = hub.broker.queue("q")
+def drain(hub: Hub, name: str = "q", account: list[int] | None = None) -> tuple[list[int], int]:
+    """Consume queue ``name`` one message at a time; return (numbers received, peak window
+    bytes); with ``account``, append the use of the broker-wide windows' account at each step."""
+    q = hub.broker.queue(name)
     assert q is not None
     target = CollectingTarget()
     c = q.attach(target, ready=1)
@@ -33,12 +34,15 @@ def drain(hub: Hub) -> tuple[list[int], int]:
     for _ in range(1000):
         settle(hub)
         peak = max(peak, q.window_bytes_held)
+        if account is not None:
+            account.append(hub.broker.windows.used)
         ids = [e[0] for e in target.entries if q.owner_of(e[0]) is c]
         if ids:
             q.ack(c, ids)
         elif not q.depth:
             break
     assert q.depth == 0 and q.in_flight == 0
+    q.detach(c)
     return [int(b[:6]) for b in target.bodies], peak
 
 
