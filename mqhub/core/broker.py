@@ -344,10 +344,7 @@ class Broker(BrokerParking):
                       expires_at: float = 0.0, deliver_at: float = 0.0,
                       persist: bool = True) -> Deferred[None]:
         """Publish ``bodies`` to ``address``; fire when every store write is durable."""
-        route = self.routes.get(address)
-        if route is None:
-            validate_address(address)
-            route = self.router.route(address)
+        route = self.route(address)
         n = len(bodies)
         if not n:
             return succeed(None)
@@ -376,8 +373,7 @@ class Broker(BrokerParking):
     def publish_entries(self, address: str, entries: list[Entry], *,
                         persist: bool = True) -> Deferred[None]:
         """Publish prebuilt entry tuples (replays, moves) to ``address``."""
-        validate_address(address)
-        route = self.router.route(address)
+        route = self.route(address)
         deliver_at = max((e[3] for e in entries), default=0.0)
         return self._publish(route, address, entries, persist, deliver_at)
 
