@@ -4,7 +4,7 @@ The broker keeps two: ``broker.tails`` (the remembered tails of the stored backl
 :mod:`mqhub.core.tail`) and ``broker.windows`` (the body bytes of the ready windows,
 :mod:`mqhub.core.window`). Each queue charges its own holding per batch-level change, so the
 account's ``used`` is the sum of the queues' charges; a queue asks :meth:`MemoryAccount.room`
-how far its holding may grow (a window computes the same inline: it asks once per batch).
+how far its holding may grow.
 """
 
 from __future__ import annotations

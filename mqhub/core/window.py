@@ -315,15 +315,14 @@ class QueueWindow(QueueBacklog):
         account of all windows has left (its own charge included), never below the account's
         floor (:data:`WINDOW_FLOOR`, or the own budget when smaller). A bounded queue keeps its
         rule: its charge counts in the account, its window is not shrunk by it."""
+        own = self._own_budget()
         if self.max_size:
-            return 1 << 62
-        own = self.broker.window_bytes
+            return own
         windows = self.broker.windows
-        room = windows.limit - windows.used + self._nbytes
+        room = windows.room(self._nbytes)
         if room >= own:
             return own
-        floor = windows.floor if windows.floor < own else own
-        return room if room > floor else floor
+        return max(room, min(windows.floor, own))
 
     def over_window(self) -> bool:
         """True when the window holds more entries, or more body bytes, than it may."""
