@@ -285,7 +285,7 @@ class Queue(QueueFanout):
                 d.extend(keep)
         if expired:
             self._nready -= len(expired)
-            self._held(-sum([len(e[7]) for e in expired]))
+            self._held_less(expired)
             self._expire(expired, now)
         return scanned
 
@@ -338,7 +338,7 @@ class Queue(QueueFanout):
     def _removed_from_window(self, removed: list[Entry], gone: set[int]) -> None:
         """Account for ``removed`` entries taken out of the window, delete their stored rows."""
         self._nready -= len(removed)
-        self._held(-sum([len(e[7]) for e in removed]))
+        self._held_less(removed)
         stored = [e for e in removed if e[0] not in self._volatile]
         if self._volatile:
             self._volatile.difference_update(gone)

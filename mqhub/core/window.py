@@ -13,6 +13,7 @@ import heapq
 from bisect import bisect_left
 from collections import deque
 from itertools import repeat
+from operator import itemgetter
 
 from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP, WAIT_COMMIT, QueueBacklog
 from mqhub.core.tail import ready_key
@@ -23,6 +24,7 @@ _NO_MAP = NO_MAP
 _NO_IDS = NO_IDS
 _NO_LIST = NO_LIST
 _POPLEFT = deque.popleft
+_BODY = itemgetter(7)
 
 #: default body bytes all durable queues' windows may hold together (Broker ``windows_bytes``,
 #: the account ``broker.windows``): four full windows of the default ``window_bytes``, as much
@@ -146,7 +148,7 @@ class QueueWindow(QueueBacklog):
                     e[1] == p for e in entries)):
                 d.extend(entries)
                 self._nready += len(entries)
-                self._held(sum([len(e[7]) for e in entries]))
+                self._held_more(entries)
             else:
                 self._insert_many(entries)
 
@@ -241,6 +243,14 @@ class QueueWindow(QueueBacklog):
         if self.durable:
             self.broker.windows.used += delta
 
+    def _held_more(self, entries: list[Entry]) -> None:
+        """``entries`` entered the window: :meth:`_held` their body bytes."""
+        self._held(sum(map(len, map(_BODY, entries))))
+
+    def _held_less(self, entries: list[Entry]) -> None:
+        """``entries`` left the window: :meth:`_held` minus their body bytes."""
+        self._held(-sum(map(len, map(_BODY, entries))))
+
     def _insert(self, entry: Entry) -> None:
         """Insert one entry at its place by msg_id within its priority (cold path: requeue)."""
         self._place(entry)
@@ -261,7 +271,7 @@ class QueueWindow(QueueBacklog):
         """Insert entries at their places: one merge per priority, not one search per entry."""
         if not entries:
             return
-        self._held(sum([len(e[7]) for e in entries]))
+        self._held_more(entries)
         if len(entries) < 8:
             for e in entries:
                 self._place(e)
@@ -410,7 +420,7 @@ class QueueWindow(QueueBacklog):
             if len(out) >= n:
                 break
         self._nready -= len(out)
-        self._held(-sum([len(e[7]) for e in out]))
+        self._held_less(out)
         if self._volatile and out:
             self._volatile.difference_update([e[0] for e in out])
         return out
@@ -425,7 +435,7 @@ class QueueWindow(QueueBacklog):
             if len(out) >= n:
                 break
         self._nready -= len(out)
-        self._held(-sum([len(e[7]) for e in out]))
+        self._held_less(out)
         if self._volatile and out:
             self._volatile.difference_update([e[0] for e in out])
         return out
