@@ -74,6 +74,10 @@ class GroupCommitter:
         self._batch_interval = batch_interval
         self._auto_threshold = auto_threshold
         self._call_from_thread = call_from_thread
+        #: results can be handed back from a writer thread (else commits stay inline)
+        self._can_thread = call_from_thread is not None or hasattr(clock, "callFromThread")
+        #: ``auto`` keeps every commit in the thread (see :meth:`start`)
+        self._auto_thread = writer == "auto" and durability == "sync" and self._can_thread
         self._lock_fd = segment_lock_fd
         self.pending: Group = []
         self._flush_call: Any = None
@@ -96,8 +100,16 @@ class GroupCommitter:
 
     def start(self) -> None:
         """Start the writer thread (``thread`` mode, and ``auto`` with ``sync`` durability when
-        the clock can take results back from a thread) and the periodic fsync (``batch``)."""
-        if self.writer == "thread" or (self.writer == "auto" and self._fsyncs_thread()):
+        the clock can take results back from a thread) and the periodic fsync (``batch``).
+
+        ``auto`` with ``sync`` keeps its commits in the thread for good: an inline commit holds
+        the reactor for its fsync, and its confirmations come back in the same turn, so a
+        pipelined publisher gets a full read in per turn while a consumer gets one RDY's worth
+        out. Measured with ``mqhub bench nsq`` (MPUB 16 B) on a fresh broker: while ``auto``
+        was still inline (its first ~1 s, until the average commit passed 2 ms) the backlog
+        grew by ~700,000 messages, which then went through the remembered tail and pages read
+        back (docs/benchmarks-nsq.md part 9)."""
+        if self.writer == "thread" or self._auto_thread:
             self._start_thread()
         if self.durability == "batch":
             self._sync_call = self._clock.callLater(self._batch_interval, self._periodic_sync)
@@ -149,28 +161,14 @@ class GroupCommitter:
             self._thread.start()
         self.threaded = True
 
-    def _fsyncs_thread(self) -> bool:
-        """``auto`` with ``sync`` durability keeps its commits in the thread for good, when the
-        clock can take results back from it.
-
-        An inline commit holds the reactor for its fsync, and its confirmations come back in
-        the same turn: a pipelined publisher then gets a full read in per turn while a
-        consumer gets one RDY's worth out. Measured with ``mqhub bench nsq`` (MPUB 16 B) on a
-        fresh broker: while ``auto`` was still inline (its first ~1 s, until the average commit
-        passed 2 ms) the backlog grew by ~700,000 messages, which then went through the
-        remembered tail and pages read back (docs/benchmarks-nsq.md part 9).
-        """
-        return self.durability == "sync" and (self._call_from_thread is not None
-                                              or hasattr(self._clock, "callFromThread"))
-
     def _adapt(self) -> None:
         """``auto`` writer: follow the commit latency (moving average) between inline and thread
-        (with ``sync`` durability it stays in the thread, :meth:`_fsyncs_thread`)."""
+        (with ``sync`` durability it stays in the thread, :meth:`start`)."""
         self.avg_commit = 0.8 * self.avg_commit + 0.2 * self.last_commit_seconds
-        if self.writer != "auto" or self._fsyncs_thread():
+        if self.writer != "auto" or self._auto_thread:
             return
         if not self.threaded and self.avg_commit > self._auto_threshold:
-            if self._call_from_thread is not None or hasattr(self._clock, "callFromThread"):
+            if self._can_thread:
                 log.info("store commits average %.1f ms: moving them to the writer thread",
                          self.avg_commit * 1000)
                 self._start_thread()
