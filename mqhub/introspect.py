@@ -214,27 +214,26 @@ class Inspector:
         """(protocol, service) of each protocol service that tracks its own peers: it has a
         ``peers()`` method, and may have ``peer_count()`` (counted without building the rows:
         eMQP's can hold 20,000, which took about 11 ms to build)."""
-        out = []
-        for child in list(self.root) if self.root is not None else []:
-            if child.name not in self.skip and callable(getattr(child, "peers", None)):
-                out.append((child.name, child))
-        return out
+        return self._services_with("peers")
+
+    def _services_with(self, method: str) -> list[tuple[str, Any]]:
+        """(protocol, service) of each protocol service (skipped ones left out) that has a
+        callable ``method``."""
+        return [(child.name, child) for child in (list(self.root) if self.root is not None else [])
+                if child.name not in self.skip and callable(getattr(child, method, None))]
 
     def protocol_counters(self) -> dict[str, dict[str, int]]:
         """Per protocol: the monotonic totals its service reports through a ``counters()``
         method (NATS: ``slow_consumers``, ``bridge_refused``...; eMQP: ``dropped``...), whole
         numbers only. A service whose ``counters()`` raises is logged and left out."""
         out: dict[str, dict[str, int]] = {}
-        for child in list(self.root) if self.root is not None else []:
-            report = getattr(child, "counters", None)
-            if child.name in self.skip or not callable(report):
-                continue
+        for name, service in self._services_with("counters"):
             try:
-                row = report()
+                row = service.counters()
             except Exception:  # noqa: BLE001 - one protocol must not break the stats page
-                log.failure("counters of {name} failed", name=child.name)
+                log.failure("counters of {name} failed", name=name)
                 continue
-            out[child.name] = {str(k): int(v) for k, v in row.items()
+            out[name] = {str(k): int(v) for k, v in row.items()
                                if isinstance(v, int) and not isinstance(v, bool)}
         return out
 
