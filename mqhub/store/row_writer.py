@@ -120,6 +120,15 @@ def _note_new(t: TxnChanges, keys: list[bytes]) -> None:
             got += ids
 
 
+def _shared_prefix(first: Entry) -> bytes:
+    """The value prefix (head and meta) that every entry of a uniform batch shares with
+    ``first`` (no expiry, no headers); raises ValueError for a priority outside the range."""
+    if not MIN_PRIORITY <= first[PRIORITY] <= MAX_PRIORITY:
+        raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
+    meta = codec.encode_meta(first[ADDRESS], None, first[ORIGIN])
+    return VALUE_HEAD.pack(0, first[ATTEMPTS], first[DELIVER_AT], 0.0, len(meta)) + meta
+
+
 class RowWriter:
     """Applies WriteBatches to the index rows inside one write transaction (a TxnChanges)."""
 
@@ -328,11 +337,7 @@ class RowWriter:
         if (first[EXPIRES_AT] or first[HEADERS] is not None
                 or max(map(len, map(_BODIES, items))) > self._threshold):
             return None
-        if not MIN_PRIORITY <= first[PRIORITY] <= MAX_PRIORITY:
-            raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
-        meta = codec.encode_meta(first[ADDRESS], None, first[ORIGIN])
-        pre = VALUE_HEAD.pack(0, first[ATTEMPTS], first[DELIVER_AT], 0.0, len(meta)) + meta
-        return pre, True
+        return _shared_prefix(first), True
 
     def _uniform_values(self, qid: int, items: list[Entry]) -> tuple[bytes, bool] | None:
         """Check for a typical publish batch: every entry small, without expiry or headers,
@@ -353,11 +358,7 @@ class RowWriter:
                 one_prio = False
                 if not MIN_PRIORITY <= prio <= MAX_PRIORITY:
                     raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
-        if not MIN_PRIORITY <= p0 <= MAX_PRIORITY:
-            raise ValueError(f"priority is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
-        meta = codec.encode_meta(first[ADDRESS], None, first[ORIGIN])
-        pre = VALUE_HEAD.pack(0, first[ATTEMPTS], first[DELIVER_AT], 0.0, len(meta)) + meta
-        return pre, one_prio
+        return _shared_prefix(first), one_prio
 
     def _pack(self, t: TxnChanges, queue: str, qid: int, items: list[Entry], prefix: bytes
               ) -> bool:
