@@ -9,7 +9,7 @@ load on the machine matters less) and reported as the best of ``--reps`` runs:
   to one consumer and one ``ack`` of all 300 ids, 300 times (counters bumped once per batch).
 
 Compare two checkouts by running it under each (``PYTHONPATH=/path/to/other/checkout``),
-alternating; docs/benchmarks.md has the A/B against the tree before the counters.
+alternating; benchmarks/results/README.md has the A/B against the tree before the counters.
 
     python benchmarks/counters_bench.py [--reps 15]
     mqhub bench counters

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--durability", default="sync", choices=["sync", "batch", "none"],
                         help="store mode of the mqhub the benchmark starts itself")
     parser.add_argument("--journal", default="on", choices=["on", "off"],
-                        help="the broker's flow journal (measure both: docs/benchmarks.md)")
+                        help="the broker's flow journal (measure both: benchmarks/results/README.md)")
     parser.add_argument("--sizes", default="16,1024", help="comma-separated body sizes")
     parser.add_argument("--modes", default="pub,mpub", help="comma-separated: pub, mpub")
     parser.add_argument("--base-tree", default="",

@@ -8,13 +8,13 @@ per 600 messages, walking every young container each time (and the whole heap no
 Measured in the server under ``mqhub bench nsq`` (MPUB 16 B): 1,250 young and 4 full
 collections in a 4 s run, about 0.5 µs of the 3.5 µs of server CPU per message; with
 ``threshold0`` at 50,000 one or none ran and the server spent 2.8–2.9 µs per message
-(docs/benchmarks-nsq.md). Reference cycles are still collected, only later: the threshold
+(benchmarks/results/nsq.md). Reference cycles are still collected, only later: the threshold
 counts live growth, so the collector runs when 50,000 more containers stay alive than died.
 
 That count is net of frees, and the frees of old objects count too: a queue whose consumer
 acknowledges (frees) old entries as fast as its producer adds new ones keeps the count near
 zero while the young generation grows without a collection. With the core's remembered tail
-holding up to ~322,000 entries of 16 B (docs/benchmarks-nsq.md part 7), one young collection
+holding up to ~322,000 entries of 16 B (benchmarks/results/nsq.md part 7), one young collection
 then walked ~330,000 new objects in one go: 37-44 ms with the reactor stopped, and the longest
 gap between two deliveries in ``mqhub bench fairness`` went from 9-19 ms to 52-81 ms. A young
 collection every ``SWEEP_INTERVAL`` seconds (:func:`young_sweeps`) bounds the young generation

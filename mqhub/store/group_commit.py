@@ -108,7 +108,7 @@ class GroupCommitter:
         out. Measured with ``mqhub bench nsq`` (MPUB 16 B) on a fresh broker: while ``auto``
         was still inline (its first ~1 s, until the average commit passed 2 ms) the backlog
         grew by ~700,000 messages, which then went through the remembered tail and pages read
-        back (docs/benchmarks-nsq.md part 9)."""
+        back (benchmarks/results/nsq.md part 9)."""
         if self.writer == "thread" or self._auto_thread:
             self._start_thread()
         if self.durability == "batch":

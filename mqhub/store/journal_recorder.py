@@ -8,7 +8,7 @@ that are still in the CPU cache; the others cost O(1): the recorder keeps a refe
 batch's entry list and turns it into columns only when the store's group commit asks for
 the chunk (:meth:`JournalRecorder.take_chunk`, called inside the write transaction, in the
 writer thread, where reading every entry back from memory cost about three times as much:
-docs/benchmarks-nsq.md). Memory-tier traffic
+benchmarks/results/nsq.md). Memory-tier traffic
 (NATS core, mq9 notify, memory queues, live subscribers) is only counted, per address and
 second, never per message.
 

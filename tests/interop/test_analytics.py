@@ -72,7 +72,7 @@ def _emqp_side(frontend: str) -> None:
     """Three eventmq jobs on queue 'default' with no worker: they stay stored."""
     from eventmq.client.messages import defer_job
 
-    from tests.protocols.emqp.interop_support import Client
+    from tests.unit.protocols.emqp.interop_support import Client
 
     client = Client(frontend)
     try:

@@ -16,7 +16,7 @@ from twisted.internet.defer import Deferred
 
 from mqhub.store.memory import MemoryStore
 from mqhub.testing import memory_hub, start_clock
-from tests.protocols.emqp.helpers import Rig, V, job
+from tests.unit.protocols.emqp.helpers import Rig, V, job
 
 
 class HeldStore(MemoryStore):

@@ -16,7 +16,7 @@ import pytest
 
 from mqhub.protocols.nsq import codec as w
 from mqhub.protocols.nsq import snappy
-from tests.protocols.nsq.harness import Harness
+from tests.unit.protocols.nsq.harness import Harness
 
 
 def deflate_client(h: Harness) -> tuple[Any, Any, Any]:

@@ -456,7 +456,7 @@ def test_vibemq_subscriber_that_never_reads(mq_broker: BrokerProcess) -> None:
     """A VibeMQ subscriber that never reads nor acks, an unbounded queue, Publish frames at full
     speed: bounded RSS (deliveries wait in the queue, not in the connection's write buffer;
     publishes awaiting their commit pause the producer's reads: before that bound this scenario
-    grew the broker to 1.9 GiB in 30 s, see tests/protocols/vibemq/test_server.py)."""
+    grew the broker to 1.9 GiB in 30 s, see tests/unit/protocols/vibemq/test_server.py)."""
     from mqhub.protocols.vibemq import codec as vc
     from mqhub.protocols.vibemq.options import QueueOptions
     from tests.interop.vibemq_client import SocketClient

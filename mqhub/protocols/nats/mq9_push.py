@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: dispatch until the push after their commit (then acked), so this bounds nothing a read did
 #: not already hold; a small limit (it was 65,536) let a fast publisher's backlog spill out of
 #: the queue's window into the store, to be read back page by page (the before profile in
-#: docs/benchmarks-nats.md: a quarter of the server's time)
+#: benchmarks/results/nats.md: a quarter of the server's time)
 PUSH_BATCH = 1 << 20
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mqhub.protocols.emqp.peers import PeerTable
 from mqhub.protocols.emqp.workers import Routes, Worker
 from mqhub.testing import property_examples
-from tests.protocols.emqp.helpers import Rig, V
+from tests.unit.protocols.emqp.helpers import Rig, V
 
 PEERS = [b"a", b"b", b"c", b"d"]
 #: one frontend message: a valid HEARTBEAT, REQUEST, DISCONNECT or KBYE, or a malformed one

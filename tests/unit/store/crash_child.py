@@ -1,6 +1,6 @@
 """Child process for the crash and snapshot tests: appends and deletes as fast as it can.
 
-Usage: ``python -m tests.store.crash_child DATA_DIR FIRST_ID DURABILITY WRITER``.
+Usage: ``python -m tests.unit.store.crash_child DATA_DIR FIRST_ID DURABILITY WRITER``.
 Every turn it commits a few batches (like several connections in one read). It prints
 ``P queue lo hi`` once puts of ids ``lo..hi-1`` are confirmed, ``d queue lo hi`` before it
 commits a delete of that range, and ``D queue lo hi`` once the delete is confirmed.

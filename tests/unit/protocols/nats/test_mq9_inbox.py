@@ -14,7 +14,7 @@ from mqhub.protocols.nats.mq9 import mailbox_queues
 from mqhub.protocols.nats.mq9_push import render_plain
 from mqhub.protocols.nats.server import NatsServer
 from mqhub.testing import result_of
-from tests.protocols.nats.helpers import Client, make_mq9_server, request
+from tests.unit.protocols.nats.helpers import Client, make_mq9_server, request
 
 PRIOS = ("urgent", "normal", "notify")
 

@@ -6,7 +6,7 @@ import pytest
 
 from mqhub.protocols.emqp import frames as F
 from mqhub.testing import CollectingTarget, advance, restart_hub, result_of
-from tests.protocols.emqp.helpers import Rig, V, job
+from tests.unit.protocols.emqp.helpers import Rig, V, job
 
 
 def test_inform_gets_ack_and_immediate_heartbeat():

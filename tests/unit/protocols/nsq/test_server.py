@@ -16,7 +16,7 @@ from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.server import render_messages
 from mqhub.protocols.nsq.topics import queue_name, topic_address
 from mqhub.testing import advance
-from tests.protocols.nsq.harness import Harness
+from tests.unit.protocols.nsq.harness import Harness
 
 OK = w.Response(b"OK")
 

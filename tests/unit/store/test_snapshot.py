@@ -17,8 +17,8 @@ from mqhub.store.lmdb import LmdbStore
 from mqhub.store.records import BODY, MSG_ID, make_entry
 from mqhub.store.snapshot import take_snapshot
 from mqhub.store.snapshot_reader import SnapshotReader
-from tests.store.child import ROOT, StoreChild
-from tests.store.crash_child import body_for
+from tests.unit.store.child import ROOT, StoreChild
+from tests.unit.store.crash_child import body_for
 
 
 def test_snapshot_while_writing_matches_its_manifest(tmp_path: Any) -> None:

@@ -13,7 +13,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from mqhub.protocols.nsq import codec as w
 from mqhub.protocols.nsq.http import NsqHttpResource
 from mqhub.testing import advance
-from tests.protocols.nsq.harness import Harness
+from tests.unit.protocols.nsq.harness import Harness
 
 
 def call(h: Harness, method: bytes, path: bytes, args: dict[str, str] | None = None,

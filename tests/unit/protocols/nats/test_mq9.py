@@ -10,7 +10,7 @@ from mqhub.protocols.nats.mq9 import mailbox_queue, mailbox_queues
 from mqhub.protocols.nats.mq9_common import sub_pattern
 from mqhub.protocols.nats.server import NatsServer
 from mqhub.testing import result_of
-from tests.protocols.nats.helpers import Client, make_hub, make_mq9_server, request
+from tests.unit.protocols.nats.helpers import Client, make_hub, make_mq9_server, request
 
 
 def create(c: Client, **req: object) -> dict:

@@ -11,7 +11,7 @@ import pytest
 from mqhub.protocols.vibemq import codec as c
 from mqhub.protocols.vibemq.options import QueueOptions
 from tests.interop.vibemq_client import ConnectionFailed, VibeError, new_id
-from tests.protocols.vibemq.harness import Harness, write_users
+from tests.unit.protocols.vibemq.harness import Harness, write_users
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from mqhub.protocols.nats.output import MAX_IOV, remainder, send_chunks
 from mqhub.protocols.nats.reads import frame_completion
 from mqhub.protocols.nats.server import NatsServer
 from mqhub.testing import take_output
-from tests.protocols.nats.helpers import Client, make_server
+from tests.unit.protocols.nats.helpers import Client, make_server
 
 SUBJECTS = ["mx.a", "mx.b", "mx.c.d", "mx.e"]
 #: 0 B, small, around the run path's 512 B frame limit, larger than one 4 KiB read

@@ -18,7 +18,7 @@ from mqhub.protocols.nats.service import build_server
 from mqhub.store.codec import MAX_META
 from mqhub.store.lmdb import LmdbStore
 from mqhub.testing import memory_hub, refusing_hub, result_of, settle, start_clock
-from tests.protocols.nats.helpers import Client
+from tests.unit.protocols.nats.helpers import Client
 
 #: a header block whose stored form is over an entry's meta field (NATS allows it: < max_payload)
 BIG = codec.build_headers({"X-Big": "v" * (MAX_META + 100)})

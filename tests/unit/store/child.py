@@ -9,17 +9,17 @@ import threading
 import time
 from collections.abc import Callable
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 class StoreChild:
-    """A running ``tests.store.crash_child`` with its output lines collected by a thread."""
+    """A running ``tests.unit.store.crash_child`` with its output lines collected by a thread."""
 
     def __init__(self, data_dir: str, first_id: int, durability: str = "sync",
                  writer: str = "inline") -> None:
         """Start the child."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.store.crash_child", data_dir, str(first_id),
+            [sys.executable, "-m", "tests.unit.store.crash_child", data_dir, str(first_id),
              durability, writer],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.lines: list[str] = []

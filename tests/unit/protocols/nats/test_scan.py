@@ -18,7 +18,7 @@ from mqhub.protocols.nats import codec, scan
 from mqhub.protocols.nats.codec import OP_ERROR, OP_MSG, NatsParser
 from mqhub.protocols.nats.heads import route_heads
 from mqhub.protocols.nats.scan import SCAN_CHUNK, SCAN_LIMIT, HeadScanner, frame_pattern
-from tests.protocols.nats.helpers import Client, make_server
+from tests.unit.protocols.nats.helpers import Client, make_server
 
 
 def test_pattern_frames_exactly_the_canonical_sizes_up_to_its_limit() -> None:

@@ -10,7 +10,7 @@ from mqhub.protocols.nats.codec import OP_HMSG, OP_MSG
 from mqhub.protocols.nats.service import build_server
 from mqhub.store.records import HEADERS, ORIGIN
 from mqhub.testing import CollectingTarget, memory_hub, result_of
-from tests.protocols.nats.helpers import Client
+from tests.unit.protocols.nats.helpers import Client
 
 
 def make() -> tuple:

@@ -7,7 +7,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mqhub.protocols.nats.sizes import MAX_DIGITS, size_of
-from tests.protocols.nats.helpers import Client, make_server
+from tests.unit.protocols.nats.helpers import Client, make_server
 
 #: how a size is written on the line: plain, zero-padded, signed, or with a stray character
 FORMS = st.sampled_from(["{}", "00{}", "+{}", "{}_0", "{} ", "0x{}", "{}\t", "{:012d}"])

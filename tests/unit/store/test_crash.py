@@ -10,8 +10,8 @@ from twisted.internet.task import Clock
 from mqhub.store.lmdb import LmdbStore
 from mqhub.store.records import BODY, MSG_ID
 from mqhub.testing import result_of
-from tests.store.child import StoreChild
-from tests.store.crash_child import body_for
+from tests.unit.store.child import StoreChild
+from tests.unit.store.crash_child import body_for
 
 MODES = [("sync", "inline"), ("sync", "thread"), ("batch", "inline"), ("sync", "auto"),
          ("none", "inline")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.protocols.emqp.helpers import Rig, V, job
+from tests.unit.protocols.emqp.helpers import Rig, V, job
 
 COMMANDS = [b"INFORM", b"READY", b"REQUEST", b"REPLY", b"HEARTBEAT", b"SCHEDULE", b"UNSCHEDULE",
             b"DISCONNECT", b"KBYE", b"PUBLISH", b"ACK", b"BOGUS"]

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import OP_ERR, OP_HMSG, OP_MSG, OP_OK, OP_PING, OP_PONG
-from tests.protocols.nats.helpers import Client, make_mq9_server, make_server
+from tests.unit.protocols.nats.helpers import Client, make_mq9_server, make_server
 
 
 def test_info_first_with_required_fields() -> None:

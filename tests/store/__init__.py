@@ -1,1 +1,0 @@
-"""Crash-recovery and snapshot tests of the durable store (real child processes)."""
