@@ -13,7 +13,13 @@ import pytest
 import zmq
 
 from tests.interop.admin_client import get, wait_for
-from tests.unit.protocols.emqp.interop_support import Client, JobEnv, job_body, raw_dealer, wait_until
+from tests.unit.protocols.emqp.interop_support import (
+    Client,
+    JobEnv,
+    job_body,
+    raw_dealer,
+    wait_until,
+)
 
 V = b"eMQP/1.0"
 
