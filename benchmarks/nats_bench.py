@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="run only the figures whose name contains this")
     ap.add_argument("--base-tree", default="",
                     help="also run the mqhub of this source tree, alternating (same-run A/B)")
-    args = ap.parse_args(argv)
+    args = _common.parse_args(ap, argv, {"scale": 0.01, "rounds": 1})
     work = tempfile.mkdtemp(prefix="nats-bench-")
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
     rates: dict[tuple[str, str], list[float]] = {}

@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the mqhub of this source tree, alternating with this "
                              "one per scenario (figures suffixed _base): a same-run A/B")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the scenarios (A/B pairs)")
-    args = parser.parse_args(argv)
+    args = _common.parse_args(parser, argv, {"duration": 0.3, "sizes": "16"})
     if args.base_tree and args.address:
         parser.error("--base-tree runs its own servers: no --address")
     if args.base_tree:

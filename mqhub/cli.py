@@ -29,7 +29,7 @@ def main() -> None:
     """mqhub: operate a multi-protocol message hub (run the broker with `twistd -n mqhub`)."""
 
 
-def _bench_names() -> list[str]:
+def bench_names() -> list[str]:
     """Names of the benchmarks/NAME_bench.py scripts in the source tree."""
     return sorted(p.name[: -len("_bench.py")] for p in BENCH_DIR.glob("*_bench.py"))
 
@@ -43,7 +43,7 @@ def _bench_names() -> list[str]:
 @click.pass_context
 def bench(ctx: click.Context, name: str | None, args: tuple[str, ...]) -> None:
     """Run benchmarks/NAME_bench.py with ARGS (no NAME: list the benchmarks)."""
-    names = _bench_names()
+    names = bench_names()
     if name is None or name in ("-h", "--help"):
         click.echo(ctx.get_help())
         click.echo("\nbenchmarks: " + (", ".join(names) or "none yet"))
