@@ -19,7 +19,7 @@ from mqhub.core.broker import Broker
 from mqhub.discovery import Discovery, load_plugins, plugin_dirs
 from mqhub.errors import PluginError
 from mqhub.gc_tuning import tune_gc, young_sweeps
-from mqhub.hub import PAGING_KEYWORDS, HubService, build_hub
+from mqhub.hub import PAGING_KEYWORDS, HubService, StartFailed, build_hub
 from mqhub.logs import forward_stdlib_logging
 from mqhub.plugins.builtin import BUILTIN
 from mqhub.store.journal import DEFAULT_RETENTION_BYTES, DEFAULT_RETENTION_SECONDS
@@ -311,6 +311,8 @@ def install_stop_signals(reactor: Any) -> None:
 def makeService(options: Options) -> HubService:
     """twistd entry point: :func:`build_service` with the global reactor.
 
+    A protocol that refuses to be built (a bad setting, a missing certificate) ends the
+    process at once with status 1 and one line on stderr (the log has not begun yet).
     Also routes the stdlib ``logging`` of mqhub's core, scheduler and store into twistd's log
     and sets the process's garbage collector for batch work (:mod:`mqhub.gc_tuning`).
     """
@@ -318,7 +320,11 @@ def makeService(options: Options) -> HubService:
 
     forward_stdlib_logging()
     tune_gc()
-    root = build_service(options, reactor)
+    try:
+        root = build_service(options, reactor)
+    except StartFailed as exc:
+        sys.stderr.write(f"mqhub could not start: {exc}\n")
+        raise SystemExit(1) from None
     sweeps = young_sweeps(reactor)  # not a child: HubService's children are its listeners
     reactor.callWhenRunning(sweeps.startService)
     reactor.addSystemEventTrigger("before", "shutdown", sweeps.stopService)
@@ -329,8 +335,8 @@ def makeService(options: Options) -> HubService:
 def build_service(options: Options, reactor: Any) -> HubService:
     """Build the HubService: the hub, then one service per chosen protocol (nothing started).
 
-    A plugin that raises PluginError (or anything else) while being built is logged in one
-    line and left out; the others are still served.
+    :raises StartFailed: when a plugin raises PluginError while being built (a protocol the
+        operator asked for that would not be served).
     """
     for file_name, error in options.discovery.failures if options.discovery else []:
         log.error("plugin {file} failed to load: {error}", file=file_name, error=error)
@@ -351,11 +357,7 @@ def build_service(options: Options, reactor: Any) -> HubService:
         try:
             service = plugin.make_service(hub, endpoints, dict(options))
         except PluginError as exc:
-            log.error("{name}: {error}", name=plugin.name, error=exc)
-            continue
-        except Exception:
-            log.failure("protocol {name} could not be built", name=plugin.name)
-            continue
+            raise StartFailed(f"{plugin.name}: {exc}") from exc
         root.add_listener(plugin.name, service)
     add_admin_services(root, hub, options)
     return root
