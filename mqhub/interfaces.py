@@ -21,6 +21,9 @@ class IProtocolPlugin(IPlugin):
     """A wire protocol mqhub can serve; found with ``getPlugins(IProtocolPlugin, mqhub.plugins)``.
 
     Providers are tiny descriptors: importing one must not import the protocol's server code.
+    A provider may also have ``settings``: ``"module:Class"`` of a dataclass whose fields are its
+    ``--option NAME.KEY=VALUE`` keys (and its ``[NAME]`` section in the config file; see
+    :mod:`mqhub.plugin_settings`). Without it, any key is passed to the plugin unchecked.
     """
 
     name = Attribute("Lowercase word used in --protocols and --listen NAME.ROLE=ENDPOINT.")

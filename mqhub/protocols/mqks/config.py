@@ -25,9 +25,14 @@ class MqksConfig:
     ``--mqks-eval off|stats`` (default ``off``; ``--option mqks.eval=`` works too).
     """
 
+    #: unacknowledged messages per consumer
     prefetch: int = 1000
+    #: longest request line (bytes)
     max_line: int = DEFAULT_MAX_LINE
+    #: _eval: off (every _eval is an error) or stats (a fixed table of read-only stats; also
+    #: --mqks-eval)
     eval: str = "off"
+    #: ready messages a queue keeps in memory before the rest is read back from the store
     window: int = 50_000
 
     @classmethod

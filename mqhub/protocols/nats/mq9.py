@@ -49,6 +49,7 @@ from mqhub.protocols.nats.mq9_broadcast import (
     PersistedBroadcasts,
 )
 from mqhub.protocols.nats.mq9_common import (
+    DEFAULT_MAX_MAILBOXES,
     MAILBOX,
     OP_BROADCAST,
     OP_PONG,
@@ -73,9 +74,6 @@ log = Logger()
 
 DEFAULT_MAILBOX_TTL = 86400
 QUERY_LIMIT = 1000
-#: live mailboxes by default: an empty one costs ~5.2 KB of RAM (three core queues, their
-#: bindings and records; docs/core-api.md "Memory"), so 250,000 stay near 1.2 GiB
-DEFAULT_MAX_MAILBOXES = 250_000
 
 META_MAILBOX = "mq9/mb/"
 

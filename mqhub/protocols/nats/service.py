@@ -10,16 +10,12 @@ from twisted.logger import Logger
 
 from mqhub.errors import PluginError
 from mqhub.listener import ListenerService
+from mqhub.plugin_settings import apply_settings
 from mqhub.protocols.nats.bridge import CoreBridge
-from mqhub.protocols.nats.mq9 import DEFAULT_MAX_MAILBOXES, Mq9
+from mqhub.protocols.nats.mq9 import Mq9
 from mqhub.protocols.nats.server import NatsServer, NatsSettings
 
 log = Logger()
-
-#: plugin option -> NatsSettings keyword (values arrive as strings)
-_OPTIONS = ("max_payload", "max_pending", "ping_interval", "ping_max", "auth_timeout", "token",
-            "user", "password", "server_name", "max_control_line", "stall_bytes",
-            "write_deadline")
 
 
 def tls_context(cert: str, key: str | None) -> Any:
@@ -35,28 +31,22 @@ def tls_context(cert: str, key: str | None) -> Any:
 
 
 def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
-    """Build the NatsServer, its mq9 layer and (when the hub has a core) the core bridge."""
-    kw: dict[str, Any] = {k: plugin_options[k] for k in _OPTIONS if k in plugin_options}
-    if "pass" in plugin_options:
-        kw["password"] = plugin_options["pass"]
-    if "auth_token" in plugin_options:       # CONNECT's own field name, accepted as well
-        kw["token"] = plugin_options["auth_token"]
-    if plugin_options.get("tls_cert"):
+    """Build the NatsServer, its mq9 layer and (when the hub has a core) the core bridge.
+
+    :raises PluginError: on an unknown option, a bad value or a TLS certificate that cannot
+        be loaded.
+    """
+    settings = apply_settings(NatsSettings(), plugin_options, "mq9")
+    if settings.tls_cert:
         try:
-            kw["tls_context"] = tls_context(plugin_options["tls_cert"],
-                                            plugin_options.get("tls_key"))
+            settings.tls_context = tls_context(settings.tls_cert, settings.tls_key)
         except Exception as exc:
             raise PluginError(f"mq9: cannot load TLS certificate: {exc}") from exc
-    try:
-        settings = NatsSettings(**kw)
-    except (TypeError, ValueError) as exc:
-        raise PluginError(f"mq9: bad option: {exc}") from exc
     server = NatsServer(hub, settings)
     broker = getattr(hub, "broker", None)
     server.mq9 = Mq9(server, hub.store, hub.clock, broker,
-                     sweep_interval=float(plugin_options.get("sweep_interval", 1.0)),
-                     max_unread=int(plugin_options.get("max_unread", 1_000_000)),
-                     max_mailboxes=int(plugin_options.get("max_mailboxes", DEFAULT_MAX_MAILBOXES)))
+                     sweep_interval=settings.sweep_interval, max_unread=settings.max_unread,
+                     max_mailboxes=settings.max_mailboxes)
     if broker is not None:
         server.bridge = CoreBridge(server, broker)
         # NATS moves its own traffic: the admin counters read these totals (core/counters.py)

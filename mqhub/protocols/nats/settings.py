@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.mq9_common import BROADCAST as BROADCAST_PREFIX
+from mqhub.protocols.nats.mq9_common import DEFAULT_MAX_MAILBOXES
 from mqhub.protocols.nats.mq9_common import PREFIX as MQ9_PREFIX
 
 __all__ = ["NatsSettings", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
@@ -29,26 +31,53 @@ WIRE_ERRORS: dict[str, str | None] = {
 READ_SIZE = 256 * 1024
 
 
+@dataclass
 class NatsSettings:
-    """Server settings (from plugin options), with nats-server's defaults."""
+    """Server settings, nats-server's defaults: every ``--option nats.KEY=VALUE`` (``[nats]`` in
+    the config file; ``mq9`` is the same plugin) is a field here (:mod:`mqhub.plugin_settings`).
+    ``host``, ``port`` and ``tls_context`` are set by the service, not options."""
 
-    def __init__(self, **kw: Any) -> None:
-        """Accept keyword overrides of the defaults below."""
-        self.max_payload: int = int(kw.get("max_payload", codec.DEFAULT_MAX_PAYLOAD))
-        self.max_control_line: int = int(kw.get("max_control_line", codec.MAX_CONTROL_LINE))
-        self.max_pending: int = int(kw.get("max_pending", 64 * 1024 * 1024))
-        self.stall_bytes: int = int(kw.get("stall_bytes", 8 * 1024 * 1024))
-        self.write_deadline: float = float(kw.get("write_deadline", 10.0))
-        self.ping_interval: float = float(kw.get("ping_interval", 120.0))
-        self.ping_max: int = int(kw.get("ping_max", 2))
-        self.auth_timeout: float = float(kw.get("auth_timeout", 2.0))
-        self.token: str | None = kw.get("token") or None
-        self.user: str | None = kw.get("user") or None
-        self.password: str | None = kw.get("password") or kw.get("pass") or None
-        self.tls_context: Any = kw.get("tls_context")
-        self.server_name: str = kw.get("server_name") or "mqhub"
-        self.host: str = kw.get("host", "127.0.0.1")
-        self.port: int = int(kw.get("port", 4222))
+    #: largest message payload a client may publish (bytes; INFO max_payload)
+    max_payload: int = codec.DEFAULT_MAX_PAYLOAD
+    #: longest protocol line (bytes)
+    max_control_line: int = codec.MAX_CONTROL_LINE
+    #: output bytes a client may have pending before it is cut as a slow consumer
+    max_pending: int = 64 * 1024 * 1024
+    #: output bytes past which the connection's writes wait for the socket (at most 3/4 of
+    #: max_pending)
+    stall_bytes: int = 8 * 1024 * 1024
+    #: seconds a client's pending output may wait for its socket before it is cut
+    write_deadline: float = 10.0
+    #: seconds between server PINGs (0 = none)
+    ping_interval: float = 120.0
+    #: unanswered PINGs before the client is cut
+    ping_max: int = 2
+    #: seconds a client has to send CONNECT when authentication is required
+    auth_timeout: float = 2.0
+    #: clients must send this auth_token (also as auth_token)
+    token: str | None = None
+    #: clients must send this user (with password)
+    user: str | None = None
+    #: the password of user (also as pass)
+    password: str | None = None
+    #: server_name in INFO
+    server_name: str = "mqhub"
+    #: PEM certificate (and key) for TLS after INFO
+    tls_cert: str | None = None
+    #: PEM key when it is not in the tls_cert file
+    tls_key: str | None = None
+    #: mq9: seconds between mailbox expiry sweeps
+    sweep_interval: float = 1.0
+    #: mq9: unread messages one mailbox may hold
+    max_unread: int = 1_000_000
+    #: mq9: live mailboxes at most (an empty one costs ~5.2 KB of RAM)
+    max_mailboxes: int = DEFAULT_MAX_MAILBOXES
+    tls_context: Any = field(default=None, init=False, repr=False)
+    host: str = field(default="127.0.0.1", init=False)
+    port: int = field(default=4222, init=False)
+
+    #: other names accepted for some keys (CONNECT's own field names)
+    ALIASES: ClassVar[dict[str, str]] = {"pass": "password", "auth_token": "token"}
 
     @property
     def auth_required(self) -> bool:
