@@ -127,7 +127,7 @@ def test_a_refused_protocol_setting_stops_the_start(tmp_path: Path) -> None:
     status, out = failed_start(["--protocols", "nsq", "--option", "nsq.max_rdy_count=lots"],
                                tmp_path)
     assert status == 1, out
-    assert "mqhub could not start: nsq: nsq: option max_rdy_count expects a number" in \
+    assert "mqhub could not start: nsq: option max_rdy_count expects a number" in \
         one_line(out, "could not start")
     assert "mqhub ready" not in out and not (tmp_path / "data" / "store").exists()
 

@@ -32,7 +32,7 @@ class EmqpSettings:
     #: messages the frontend buffers from one client before TCP holds it back
     receive_hwm: int = FRONTEND_HWM
     #: comma-separated hub address patterns whose messages go out on PUB
-    pub_bridge: str = ""
+    pub_bridge: str | None = None
     #: ZeroMQ certificate with the server's secret key: every eMQP socket speaks CURVE
     curve_secret_file: str | None = None
     #: with curve_secret_file: directory of the client public certificates let in

@@ -37,20 +37,20 @@ class NatsSettings:
     the config file; ``mq9`` is the same plugin) is a field here (:mod:`mqhub.plugin_settings`).
     ``host``, ``port`` and ``tls_context`` are set by the service, not options."""
 
-    #: largest message payload a client may publish (bytes; INFO max_payload)
+    #: largest PUB payload (HPUB: headers + payload), in bytes; announced in INFO
     max_payload: int = codec.DEFAULT_MAX_PAYLOAD
     #: longest protocol line (bytes)
     max_control_line: int = codec.MAX_CONTROL_LINE
-    #: output bytes a client may have pending before it is cut as a slow consumer
+    #: bytes that may pile up for one subscriber before it is closed as a slow consumer
     max_pending: int = 64 * 1024 * 1024
-    #: output bytes past which the connection's writes wait for the socket (at most 3/4 of
-    #: max_pending)
+    #: backed-up bytes at which publishers stop being read (capped at 75 % of max_pending)
     stall_bytes: int = 8 * 1024 * 1024
-    #: seconds a client's pending output may wait for its socket before it is cut
+    #: seconds a subscriber may stay backed up past stall_bytes before it is closed as a slow
+    #: consumer
     write_deadline: float = 10.0
     #: seconds between server PINGs (0 = none)
     ping_interval: float = 120.0
-    #: unanswered PINGs before the client is cut
+    #: unanswered PINGs after which the connection closes ('Stale Connection')
     ping_max: int = 2
     #: seconds a client has to send CONNECT when authentication is required
     auth_timeout: float = 2.0
@@ -62,15 +62,16 @@ class NatsSettings:
     password: str | None = None
     #: server_name in INFO
     server_name: str = "mqhub"
-    #: PEM certificate (and key) for TLS after INFO
+    #: PEM certificate (and key): INFO says tls_required and the connection upgrades to TLS
+    #: right after INFO
     tls_cert: str | None = None
     #: PEM key when it is not in the tls_cert file
     tls_key: str | None = None
-    #: mq9: seconds between mailbox expiry sweeps
+    #: mq9: seconds between TTL sweeps
     sweep_interval: float = 1.0
-    #: mq9: unread messages one mailbox may hold
+    #: mq9: unread messages a mailbox holds; beyond it INBOX publishes get an error
     max_unread: int = 1_000_000
-    #: mq9: live mailboxes at most (an empty one costs ~5.2 KB of RAM)
+    #: mq9: live mailboxes; beyond it CREATE replies {"error":"too many mailboxes"}
     max_mailboxes: int = DEFAULT_MAX_MAILBOXES
     tls_context: Any = field(default=None, init=False, repr=False)
     host: str = field(default="127.0.0.1", init=False)
