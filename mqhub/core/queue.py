@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Consumer", "Queue", "MAX_ATTEMPTS_HEADER", "OVERFLOW_POLICIES", "MODES",
            "NOT_IN_FLIGHT", "NOT_OWNER"]
 
-OVERFLOW_POLICIES = ("drop_oldest", "reject", "dead_letter")
+OVERFLOW_POLICIES = ("drop_oldest", "reject", "dead_letter", "dead_letter_new")
 MODES = ("competing", "fanout")
 _MEM_DEAD_LIMIT = 10_000
 _NO_MAP = NO_MAP
@@ -173,6 +173,12 @@ class Queue(QueueFanout):
         refused batch never costs the queue its oldest messages.
         """
         self.message_count += len(entries)
+        if self.overflow == "dead_letter_new" and self.max_size and len(entries) > self.room():
+            keep = max(0, self.room())
+            self._refuse(entries[keep:], batch, now)
+            entries = entries[:keep]
+            if not entries:
+                return
         self._admit(entries, batch, self.durable and persist, uniform, run)
         if self.max_size and self.deliverable > self.max_size:
             self._overflow(self.deliverable - self.max_size, batch, now)
@@ -226,6 +232,20 @@ class Queue(QueueFanout):
         dead = [to_dead(e, self.name, reason, error, now) for e in entries]
         if self.durable and batch is not None:
             batch.delete_entries(self.name, [(e[1], e[0]) for e in entries])
+            batch.put_entries(dlq_name(self.name), dead)
+            self._mark(batch)
+        else:
+            self.keep_memory_dead_letters(dead)
+
+    def _refuse(self, entries: list[Entry], batch: WriteBatch | None, now: float) -> None:
+        """Overflow policy ``dead_letter_new``: ``entries`` that do not fit go straight to the
+        dead letters (reason ``overflow``), in the put's own batch; the queue keeps its
+        messages (RabbitMQ's ``reject-publish-dlx``, VibeMQ's RedirectToDlq)."""
+        self.broker.counters.dead_lettered(REASON_OVERFLOW, len(entries))
+        self.broker.journal.dead_lettered(self, entries, REASON_OVERFLOW)
+        self.dead_letter_count += len(entries)
+        dead = [to_dead(e, self.name, REASON_OVERFLOW, "queue full", now) for e in entries]
+        if self.durable and batch is not None:
             batch.put_entries(dlq_name(self.name), dead)
             self._mark(batch)
         else:
