@@ -8,7 +8,10 @@ bytes; closed files older than ``retention_seconds`` or beyond ``retention_bytes
 
 Consistency with the LMDB index: :meth:`Journal.write` runs inside the store's write
 transaction, appends the chunk and puts ``journal_end = (file, offset)`` in the ``sys``
-sub-database of that same transaction. Bytes past the committed ``journal_end`` (a failed or
+sub-database of that same transaction. A transaction that stores a durable publish always
+carries its ``published`` record (the recorder has it before the batch reaches the store), so
+a message is never confirmed before its event is in the journal; the other events (deliveries,
+acks...) ride with the next due chunk (``max_rows`` or ``max_delay``). Bytes past the committed ``journal_end`` (a failed or
 interrupted commit) are cut before the next append, and a snapshot copies exactly up to the
 ``journal_end`` its read transaction sees. A torn tail (``kill -9`` mid-write) is truncated
 on open by the segment scan. Journal appends are not fsynced per commit: they survive a
@@ -59,9 +62,10 @@ class Journal:
                  now: Callable[[], float] = time.time) -> None:
         """Configure; nothing is opened until :meth:`open`.
 
-        :param max_rows: / :param max_delay: a group commit appends a chunk only when this
-            many rows wait or ``max_delay`` seconds passed since the last chunk (or the
-            recorder forces one): the per-chunk cost is paid once per many commits.
+        :param max_rows: / :param max_delay: a group commit appends a chunk only when a
+            durable publish waits, this many rows wait or ``max_delay`` seconds passed since
+            the last chunk (or the recorder forces one): acks and deliveries pay the per-chunk
+            cost once per many commits.
         """
         self.directory = os.path.join(store_dir, JOURNAL_DIR)
         self.lock_path = os.path.join(store_dir, JOURNAL_LOCK)
@@ -109,8 +113,8 @@ class Journal:
             self._cut_to_committed(txn, sysdb)
         rec = self.recorder
         now = self._now()
-        if not self._inflight and not rec.force and rec.rows < self.max_rows \
-                and now - self._last_chunk < self.max_delay:
+        if not self._inflight and not rec.force and not rec.published_waiting \
+                and rec.rows < self.max_rows and now - self._last_chunk < self.max_delay:
             return  # not due: these records ride with a later commit
         self._last_chunk = now
         if self._inflight and self._mark is not None:

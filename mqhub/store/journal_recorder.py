@@ -129,6 +129,9 @@ class JournalRecorder(NullRecorder):
         #: rows recorded since the last chunk, and whether the next commit must take a chunk
         self.rows = 0
         self.force = False
+        #: a durable publish waits: the commit that stores it must carry its record (a
+        #: confirmed message always has its ``published`` event, kill -9 included)
+        self.published_waiting = False
         self.dropped_batches = 0
         self.chunks = 0
 
@@ -171,6 +174,7 @@ class JournalRecorder(NullRecorder):
         durable = tuple(q.name for q in queues if q.durable) if persist else ()
         live = len(route.targets) + len(route.groups)
         if durable:
+            self.published_waiting = True
             if uniform:
                 # one origin and priority: pack the columns now, while the new entries are
                 # in the cache (the writer would read each one back from memory)
@@ -258,6 +262,7 @@ class JournalRecorder(NullRecorder):
             counters, self._counters = self._counters, {}
             self.rows = 0
             self.force = False
+            self.published_waiting = False
         self._took = True
         if not pending and not counters:
             return None
