@@ -102,6 +102,10 @@ def start_mqhub(protocols: str, listens: Sequence[str], data_dir: str | os.PathL
                               "--data-dir", str(data_dir), "--durability", durability]
     for listen in listens:
         cmd += ["--listen", listen]
+    if not any(listen.startswith("admin") for listen in listens):
+        # no admin listener unless asked for: its default port may be taken on a shared
+        # machine, and a listener that cannot bind stops the start
+        cmd.append("--no-admin")
     cmd += list(extra)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
