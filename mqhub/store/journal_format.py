@@ -59,6 +59,11 @@ _COUNTER_CODES = tuple(_U64 if code == "Q" else code for _, code in COUNTER_COLU
 _HEAD = _U8.pack(VERSION)
 
 
+def _empty(codes: tuple[str, ...]) -> tuple[array[int], ...]:
+    """One empty array per typecode."""
+    return tuple([array(code) for code in codes])
+
+
 class ChunkError(ValueError):
     """A journal chunk does not decode (wrong version or lengths)."""
 
@@ -72,9 +77,9 @@ class ChunkBuilder:
         """Start an empty chunk."""
         self.strings: list[str] = [""]
         self._index: dict[str, int] = {"": 0}
-        self.runs = tuple(map(array, _RUN_CODES))
-        self.rows = tuple(map(array, _ROW_ARRAY_CODES))
-        self.counters = tuple(map(array, _COUNTER_CODES))
+        self.runs = _empty(_RUN_CODES)
+        self.rows = _empty(_ROW_ARRAY_CODES)
+        self.counters = _empty(_COUNTER_CODES)
 
     def string(self, text: str) -> int:
         """Return the index of ``text`` in the string table (adding it once)."""

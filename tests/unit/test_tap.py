@@ -225,26 +225,15 @@ def test_optparameters_is_a_plain_extensible_list() -> None:
 def test_build_service_refuses_to_start_without_a_requested_protocol(tmp_path: Path) -> None:
     """A plugin raising PluginError while being built stops the start (StartFailed names it);
     without it, the others become listener children."""
-    options = parse(
-        "--plugin-path", str(TEST_PLUGINS),
-        "--protocols", "echotest,refusetest",
-        "--data-dir", str(tmp_path / "data"),
-        "--durability", "none",
-        "--listen", "echo=tcp:0:interface=127.0.0.1",
-        "--no-admin",
-    )
+    def options_for(protocols: str) -> Options:
+        return parse("--plugin-path", str(TEST_PLUGINS), "--protocols", protocols,
+                     "--data-dir", str(tmp_path / "data"), "--durability", "none",
+                     "--listen", "echo=tcp:0:interface=127.0.0.1", "--no-admin")
+
     reactor = MemoryReactorClock()
     with pytest.raises(StartFailed, match="refusetest: protocol refusetest is not implemented"):
-        build_service(options, reactor)
-    options = parse(
-        "--plugin-path", str(TEST_PLUGINS),
-        "--protocols", "echotest",
-        "--data-dir", str(tmp_path / "data"),
-        "--durability", "none",
-        "--listen", "echo=tcp:0:interface=127.0.0.1",
-        "--no-admin",
-    )
-    root = build_service(options, reactor)
+        build_service(options_for("echotest,refusetest"), reactor)
+    root = build_service(options_for("echotest"), reactor)
     assert isinstance(root, HubService)
     assert [child.name for child in root] == ["echotest"]
     assert root.hub.reactor is reactor
