@@ -21,6 +21,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from mqhub.errors import InvalidName, MqhubError, NoSuchQueue
+from mqhub.history import History
 from mqhub.introspect import Inspector, clamp
 
 log = Logger()
@@ -50,11 +51,15 @@ class ApiResource(Resource):
 
     isLeaf = True
 
-    def __init__(self, inspector: Inspector, token: str | None = None) -> None:
-        """:param token: the admin token state changes need (None: none needed)."""
+    def __init__(self, inspector: Inspector, token: str | None = None,
+                 history: History | None = None) -> None:
+        """:param token: the admin token state changes need (None: none needed).
+        :param history: what ``/api/history`` and a queue's detail read (None: 404 / no series).
+        """
         super().__init__()
         self.inspector = inspector
         self.token = token
+        self.history = history
         self.routes: dict[tuple[bytes, str], Callable[..., Any]] = {
             (b"GET", "healthz"): self.get_health,
             (b"GET", "stats"): self.get_stats,
@@ -67,6 +72,7 @@ class ApiResource(Resource):
             (b"GET", "schedules"): self.get_schedules,
             (b"GET", "dlq"): self.get_dlq,
             (b"POST", "dlq"): self.post_dlq,
+            (b"GET", "history"): self.get_history,
         }
 
     # plumbing ----------------------------------------------------------------------------
@@ -193,6 +199,9 @@ class ApiResource(Resource):
             detail = self.inspector.queue_detail(rest[0])
             if detail is None:
                 raise ApiError(404, f"no such queue: {rest[0]}")
+            if self.history is not None:
+                self.history.watch(rest[0])
+                detail["history"] = self.history.queue_history(rest[0], _arg(request, "window", "10m"))
             return detail
         return self.inspector.queue_page(_arg(request, "offset", "0"), _arg(request, "limit", "50"),
                                          _arg(request, "sort", "name"), _arg(request, "q"))
@@ -220,6 +229,13 @@ class ApiResource(Resource):
         else:
             raise ApiError(404, "queue actions: pause, resume, purge")
         return {"queue": name, "paused": queue.paused}
+
+    def get_history(self, request: Any, rest: list[str]) -> Any:
+        """/api/history?series=a,b&window=10m|24h (docs/operations.md)."""
+        if self.history is None:
+            raise ApiError(404, "no history on this listener")
+        series = [s.strip() for s in _arg(request, "series").split(",")]
+        return self.history.read(_arg(request, "window", "10m"), series)
 
     def get_addresses(self, request: Any, rest: list[str]) -> Any:
         """/api/addresses."""

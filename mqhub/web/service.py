@@ -9,6 +9,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 from twisted.web.static import File
 
+from mqhub.history import History
 from mqhub.introspect import Inspector
 from mqhub.listener import ListenerService
 from mqhub.web.api import ApiResource
@@ -17,6 +18,9 @@ from mqhub.web.metrics import DEFAULT_QUEUE_CAP, MetricsResource, build_registry
 #: The admin listener's default endpoint (``--listen admin.http=ENDPOINT`` changes it).
 DEFAULT_ENDPOINT = "tcp:8750:interface=127.0.0.1"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+#: The chart library's files, installed from npm by ``make web`` (mqhub/web/package.json) and
+#: served as /static/vendor/* by this listener (no CDN: the page works offline).
+VENDOR_DIR = Path(__file__).resolve().parent / "node_modules" / "uplot" / "dist"
 
 
 def read_token(path: str) -> str:
@@ -32,23 +36,43 @@ def read_token(path: str) -> str:
 
 
 class QuietSite(Site):
-    """A Site without a per-request access log line (the page polls every few seconds)."""
+    """A Site without a per-request access log line (the page polls every few seconds).
+
+    :ivar history: sampled while the site listens (None: no history).
+    """
+
+    history: History | None = None
 
     def log(self, request: Any) -> None:
         """Log nothing per request."""
 
+    def startFactory(self) -> None:
+        """Listening: start sampling the history."""
+        super().startFactory()
+        if self.history is not None:
+            self.history.start()
+
+    def stopFactory(self) -> None:
+        """No longer listening: stop sampling."""
+        if self.history is not None:
+            self.history.stop()
+        super().stopFactory()
+
 
 def build_site(inspector: Inspector, token: str | None = None,
-               queue_cap: int = DEFAULT_QUEUE_CAP) -> Site:
+               queue_cap: int = DEFAULT_QUEUE_CAP, history: History | None = None) -> Site:
     """The Site: ``/`` (page), ``/static/*``, ``/api/*``, ``/healthz``, ``/metrics``."""
     root = Resource()
-    api = ApiResource(inspector, token)
+    api = ApiResource(inspector, token, history=history)
     root.putChild(b"", File(str(STATIC_DIR / "index.html"), defaultType="text/html"))
-    root.putChild(b"static", File(str(STATIC_DIR)))
+    static = File(str(STATIC_DIR))
+    static.putChild(b"vendor", File(str(VENDOR_DIR)))
+    root.putChild(b"static", static)
     root.putChild(b"api", api)
     root.putChild(b"healthz", api)
     root.putChild(b"metrics", MetricsResource(build_registry(inspector, queue_cap)))
     site = QuietSite(root)
+    site.history = history
     site.displayTracebacks = False
     site.noisy = False
     return site
@@ -58,8 +82,10 @@ def make_admin_service(hub: Any, root: Any, endpoint: str = DEFAULT_ENDPOINT,
                        token: str | None = None, queue_cap: int = DEFAULT_QUEUE_CAP) -> ListenerService:
     """The admin ListenerService (built, not started) over ``hub`` and its HubService ``root``."""
     inspector = Inspector(hub, root)
-    service = ListenerService(endpoint, build_site(inspector, token, queue_cap),
+    history = History(inspector)
+    service = ListenerService(endpoint, build_site(inspector, token, queue_cap, history),
                               reactor=hub.reactor)
     service.setName("admin")
     service.inspector = inspector  # type: ignore[attr-defined]
+    service.history = history  # type: ignore[attr-defined]
     return service
