@@ -174,7 +174,7 @@ class Scan:
     #: bounded min-heaps of (score, name, figures) of the busiest and the deepest queues
     busiest: list[tuple[float, str, tuple[float, ...]]] = field(default_factory=list)
     deepest: list[tuple[float, str, tuple[float, ...]]] = field(default_factory=list)
-    #: figures of the queues tracked or watched while they were read
+    #: figures of the queues that were tracked (watched ones included) when read
     kept: dict[str, tuple[float, ...]] = field(default_factory=dict)
     queue_count: int = 0
 
@@ -315,39 +315,60 @@ class History:
     # queues -------------------------------------------------------------------------------
 
     def _advance_scan(self, t: float) -> None:
-        """Scan the next slice of queues; at the end of a pass choose the tracked queues."""
+        """Scan the next slice of queues; at the end of a pass choose the tracked queues.
+
+        The loop is the one place whose cost grows with the number of queues: figures are
+        summed in locals, and a queue is ranked only when it beats the smallest of a full
+        ranking (most queues of a big hub are idle and cost four attribute reads).
+        """
         scan = self._scan
         if scan is None:
             scan = self._scan = Scan(iter(self.inspector.broker.queues()), t)
         period = scan.started - self._last_scan if self._last_scan is not None else 0.0
         half = max(1, self.top // 2)
-        sums, counts, tracked, watched = scan.sums, self._counts, self.tracked, self.watched
+        size = 2 * half
+        counts, tracked, kept = self._counts, self.tracked, scan.kept
         busiest, deepest = scan.busiest, scan.deepest
-        read = 0
+        busy_floor = busiest[0][0] if len(busiest) >= size else 0.0
+        deep_floor = deepest[0][0] if len(deepest) >= size else 0.0
+        depth_sum = in_flight_sum = rate_sum = dead_sum = 0.0
+        read = live = 0
         for q in islice(scan.queues, self.scan_slice):
             read += 1
             if q.deleted:
                 continue
+            live += 1
             depth, in_flight, total, dead = _QUEUE_FIGURES(q)
             name = q.name
+            depth_sum += depth
+            in_flight_sum += in_flight
+            dead_sum += dead
             rate = 0.0
-            if total:  # counts are kept in place (one dict) for the queues that had traffic
-                before = counts.get(name, total)
-                counts[name] = total
-                if period > 0:
-                    rate = max(0, total - before) / period
-            figures = (float(depth), float(in_flight), round(rate, 2), float(dead))
-            sums["queue_depth"] += depth
-            sums["queue_in_flight"] += in_flight
-            sums["queue_rate"] += figures[2]
-            sums["queue_dead"] += dead
-            scan.queue_count += 1
-            if name in tracked or name in watched:
-                scan.kept[name] = figures
-            if rate > 0:
-                _push(busiest, 2 * half, (rate, name, figures))
-            if depth > 0:
-                _push(deepest, 2 * half, (float(depth), name, figures))
+            if total:  # counts are kept (in place, one dict) for queues that had traffic
+                before = counts.get(name)
+                if before != total:
+                    counts[name] = total
+                    if before is not None and period > 0 and total > before:
+                        rate = (total - before) / period
+                        rate_sum += rate
+            if rate > busy_floor or depth > deep_floor or name in tracked:
+                figures = (float(depth), float(in_flight), round(rate, 2), float(dead))
+                if name in tracked:
+                    kept[name] = figures
+                if rate > busy_floor:
+                    _push(busiest, size, (rate, name, figures))
+                    if len(busiest) >= size:
+                        busy_floor = busiest[0][0]
+                if depth > deep_floor:
+                    _push(deepest, size, (float(depth), name, figures))
+                    if len(deepest) >= size:
+                        deep_floor = deepest[0][0]
+        sums = scan.sums
+        sums["queue_depth"] += depth_sum
+        sums["queue_in_flight"] += in_flight_sum
+        sums["queue_rate"] += rate_sum
+        sums["queue_dead"] += dead_sum
+        scan.queue_count += live
         if read == self.scan_slice:
             return  # more queues to read next step
         self._finish_scan(scan, half)
