@@ -18,7 +18,11 @@ import pytest
 
 from tests.interop.admin_client import admin_url, get, wait_for
 from tests.interop.nsq_client import NsqSocket, ok
-from tests.interop.test_admin_page import browser, click_row  # noqa: F401 - the fixture
+from tests.interop.test_admin_page import (  # noqa: F401 - browser is a fixture
+    browser,
+    click_row,
+    orders_and_payments,
+)
 
 pytestmark = pytest.mark.interop
 
@@ -84,11 +88,7 @@ def newest_sample(broker: Any) -> float:
 def test_history_charts_match_the_api_update_and_follow_a_queue(make_broker: Any, browser: Any,  # noqa: F811
                                                                 tmp_path: Path) -> None:
     """Issue 25's Done-when scenario in Chromium."""
-    broker = make_broker(["nsq", "mq9"], extra_args=["--durability", "none"])
-    ok(broker, "/topic/create?topic=orders")
-    ok(broker, "/channel/create?topic=orders&channel=archive")
-    ok(broker, "/topic/create?topic=payments")
-    ok(broker, "/channel/create?topic=payments&channel=ledger")
+    broker = orders_and_payments(make_broker)
     browser.get(admin_url(broker) + "/")
     wait_for(lambda: set(CHARTS) <= set(charts(browser)), "every chart drawn")
     paint = browser.execute_script(
@@ -106,8 +106,9 @@ def test_history_charts_match_the_api_update_and_follow_a_queue(make_broker: Any
     wait_for(lambda: abs(published_since(get(broker, "/api/history?series=published"), "nsq",
                                          since) - 510) < 1,
              "the history to account for every published message", timeout=15)
-    doc = wait_for(lambda: (lambda d: d if charts(browser)["rates"]["t"][-1] >= d["t"][-1] else None)(
-        get(broker, "/api/history")), "the page to show the newest sample")
+    doc = get(broker, "/api/history")
+    wait_for(lambda: charts(browser)["rates"]["t"][-1] >= doc["t"][-1],
+             "the page to show the API's newest sample")
     drawn = charts(browser)
     assert sum(plotted_matches_api(drawn[name], doc) for name in CHARTS) > 100
     rates = drawn["rates"]

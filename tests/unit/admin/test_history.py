@@ -28,6 +28,14 @@ def tick(hub: Any, history: History, seconds: float = 1.0) -> None:
     hub.clock.advance(seconds)
 
 
+def take(hub: Any, q: Any, ready: int) -> tuple[Any, list[int]]:
+    """Attach an NSQ consumer with ``ready`` credit to ``q``: (consumer, ids delivered)."""
+    target = CollectingTarget(protocol_name="nsq")
+    consumer = q.attach(target, ready=ready)
+    settle(hub)
+    return consumer, [e[0] for e in target.entries]
+
+
 def series(history: History, family: str, label: str, window: str = "10m") -> list[Any]:
     """One series of the history's API document."""
     return history.read(window, [family])["series"][family].get(label, [])
@@ -156,10 +164,8 @@ def test_a_watched_queue_shows_its_depth_rise_and_fall() -> None:
     for _ in range(3):
         hub.broker.publish_batch("q011", [b"w"] * 4, origin="nsq")
         tick(hub, history)
-    target = CollectingTarget(protocol_name="nsq")
-    consumer = q.attach(target, ready=100)
-    settle(hub)
-    q.ack(consumer, [e[0] for e in target.entries])
+    consumer, ids = take(hub, q, 100)
+    q.ack(consumer, ids)
     tick(hub, history)
     tick(hub, history)
     doc = history.queue_history("q011")
@@ -182,10 +188,8 @@ def test_process_memory_commit_latency_and_dead_letters() -> None:
     hub.broker.bind_queue("jobs", "jobs")
     hub.broker.publish_batch("jobs", [b"a", b"b"], origin="nsq")
     tick(hub, history)
-    target = CollectingTarget(protocol_name="nsq")
-    consumer = q.attach(target, ready=2)
-    settle(hub)
-    q.requeue(consumer, [e[0] for e in target.entries])
+    consumer, ids = take(hub, q, 2)
+    q.requeue(consumer, ids)
     tick(hub, history)
     doc = history.read("10m", ["process", "store", "dead_lettered", "totals"])["series"]
     assert doc["process"]["rss_bytes"] == [123456.0] * 3
