@@ -1,7 +1,8 @@
 """`mqhub bench history`: what the admin history costs with many queues (issue 25's targets).
 
-1. **Memory**: a hub with ``--queues`` (100,000) queues, every one holding a message (so every
-   queue has a count in the scan: the worst case), ``--watched`` queues watched from the admin
+1. **Memory**: a hub with ``--queues`` (100,000) queues, every one holding a message and having
+   taken a million (so every queue has a count in the scan, each its own int object: the worst
+   case), ``--watched`` queues watched from the admin
    page and a moving set of busy queues (so the top queues churn). The History samples on a
    Clock for ``--minutes`` (≥ 2, so the 24h ring has series too); tracemalloc counts what lines
    of ``mqhub/history.py`` allocated and still hold.
@@ -81,6 +82,8 @@ def memory_and_cost(args: argparse.Namespace) -> None:
     clock.advance(1_800_000_000)
     started = time.perf_counter()
     hub = build(args.queues, clock)
+    for i, q in enumerate(hub.broker.queues()):  # long-lived queues: counts past the small ints
+        q.message_count += 1_000_000 + i
     print(f"history_setup_{args.queues}_queues {time.perf_counter() - started:.1f} s", flush=True)
     tracemalloc.start(1)
     history = History(Inspector(hub))

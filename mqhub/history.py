@@ -51,7 +51,7 @@ MAX_WATCHED = 10
 #: Seconds a watched queue stays tracked after its detail was last read.
 WATCH_SECONDS = 600.0
 #: Queues read per step by the scan of the untracked ones.
-SCAN_SLICE = 5000
+SCAN_SLICE = 2000
 #: The label of the sum over the untracked queues.
 OTHER = "_other"
 #: Windows the API serves, and the ring each reads.
