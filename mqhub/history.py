@@ -163,6 +163,18 @@ class Timeline:
         return (len(self.series) + 1) * self.size * 8
 
 
+class CommitStats:
+    """The store's group commits during one step: how many, their seconds, the longest."""
+
+    __slots__ = ("count", "seconds", "longest")
+
+    def __init__(self) -> None:
+        """No commit yet."""
+        self.count = 0
+        self.seconds = 0.0
+        self.longest = 0.0
+
+
 @dataclass
 class Scan:
     """One pass over every queue, a slice a step, ranking them and summing the untracked."""
@@ -214,7 +226,7 @@ class History:
         self._last_scan: float | None = None
         self._other: dict[str, float] = {}
         self._queue_total = 0
-        self._commits = [0, 0.0, 0.0]  # count, seconds, max seconds (since the last sample)
+        self._commits = CommitStats()  # since the last sample
         self._loop: LoopingCall | None = None
 
     # running ------------------------------------------------------------------------------
@@ -247,10 +259,10 @@ class History:
     def observe_commit(self, seconds: float) -> None:
         """A store commit took ``seconds`` (a commit observer; may run in the writer thread)."""
         c = self._commits
-        c[0] += 1
-        c[1] += seconds
-        if seconds > c[2]:
-            c[2] = seconds
+        c.count += 1
+        c.seconds += seconds
+        if seconds > c.longest:
+            c.longest = seconds
 
     def watch(self, name: str) -> None:
         """Track queue ``name`` for the next ``WATCH_SECONDS`` (its detail is being looked at)."""
@@ -305,12 +317,11 @@ class History:
     def _process(self, sample: dict[Key, float], dt: float) -> None:
         """Process memory and the store commits since the previous sample."""
         sample[("process", "rss_bytes")] = self.memory()
-        c, self._commits = self._commits, [0, 0.0, 0.0]
-        count, seconds, longest = c
-        if count:
-            sample[("store", "commit_ms_mean")] = round(seconds / count * 1000.0, 3)
-            sample[("store", "commit_ms_max")] = round(longest * 1000.0, 3)
-        sample[("store", "commits")] = round(count / dt, 2) if dt > 0 else 0.0
+        c, self._commits = self._commits, CommitStats()
+        if c.count:
+            sample[("store", "commit_ms_mean")] = round(c.seconds / c.count * 1000.0, 3)
+            sample[("store", "commit_ms_max")] = round(c.longest * 1000.0, 3)
+        sample[("store", "commits")] = round(c.count / dt, 2) if dt > 0 else 0.0
 
     # queues -------------------------------------------------------------------------------
 
@@ -432,11 +443,12 @@ class History:
                                      strict=True):
                 sample[(family, name)] = float(value)
                 totals[family] += value
-        if self._last_scan is not None:
-            for family, value in self._other.items():
-                sample[(family, OTHER)] = value
-                totals[family] += value
-            sample[("totals", "queues")] = float(self._queue_total)
+        if self._last_scan is None:
+            return  # no pass over every queue yet: no _other, no totals
+        for family, value in self._other.items():
+            sample[(family, OTHER)] = value
+            totals[family] += value
+        sample[("totals", "queues")] = float(self._queue_total)
         sample[("totals", "depth")] = totals["queue_depth"]
         sample[("totals", "in_flight")] = totals["queue_in_flight"]
         sample[("totals", "dead_letters")] = totals["queue_dead"]
