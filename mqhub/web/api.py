@@ -50,16 +50,14 @@ class ApiResource(Resource):
     """``/api/*`` and ``/healthz``: a leaf resource routing on the path itself."""
 
     isLeaf = True
+    #: what ``/api/history`` and a queue's detail read (None: 404, and no series in the detail)
+    history: History | None = None
 
-    def __init__(self, inspector: Inspector, token: str | None = None,
-                 history: History | None = None) -> None:
-        """:param token: the admin token state changes need (None: none needed).
-        :param history: what ``/api/history`` and a queue's detail read (None: 404 / no series).
-        """
+    def __init__(self, inspector: Inspector, token: str | None = None) -> None:
+        """:param token: the admin token state changes need (None: none needed)."""
         super().__init__()
         self.inspector = inspector
         self.token = token
-        self.history = history
         self.routes: dict[tuple[bytes, str], Callable[..., Any]] = {
             (b"GET", "healthz"): self.get_health,
             (b"GET", "stats"): self.get_stats,
@@ -72,8 +70,8 @@ class ApiResource(Resource):
             (b"GET", "schedules"): self.get_schedules,
             (b"GET", "dlq"): self.get_dlq,
             (b"POST", "dlq"): self.post_dlq,
-            (b"GET", "history"): self.get_history,
         }
+        self.routes[(b"GET", "history")] = self.get_history
 
     # plumbing ----------------------------------------------------------------------------
 

@@ -36,15 +36,13 @@ def read_token(path: str) -> str:
 
 
 class QuietSite(Site):
-    """A Site without a per-request access log line (the page polls every few seconds).
-
-    :ivar history: sampled while the site listens (None: no history).
-    """
-
-    history: History | None = None
+    """A Site without a per-request access log line (the page polls every few seconds)."""
 
     def log(self, request: Any) -> None:
         """Log nothing per request."""
+
+    #: the hub's history (mqhub/history.py), sampled while the site listens
+    history: History | None = None
 
     def startFactory(self) -> None:
         """Listening: start sampling the history."""
@@ -60,10 +58,10 @@ class QuietSite(Site):
 
 
 def build_site(inspector: Inspector, token: str | None = None,
-               queue_cap: int = DEFAULT_QUEUE_CAP, history: History | None = None) -> Site:
+               queue_cap: int = DEFAULT_QUEUE_CAP) -> Site:
     """The Site: ``/`` (page), ``/static/*``, ``/api/*``, ``/healthz``, ``/metrics``."""
     root = Resource()
-    api = ApiResource(inspector, token, history=history)
+    api = ApiResource(inspector, token)
     root.putChild(b"", File(str(STATIC_DIR / "index.html"), defaultType="text/html"))
     static = File(str(STATIC_DIR))
     static.putChild(b"vendor", File(str(VENDOR_DIR)))
@@ -72,9 +70,9 @@ def build_site(inspector: Inspector, token: str | None = None,
     root.putChild(b"healthz", api)
     root.putChild(b"metrics", MetricsResource(build_registry(inspector, queue_cap)))
     site = QuietSite(root)
-    site.history = history
     site.displayTracebacks = False
     site.noisy = False
+    site.history = api.history = History(inspector)  # charts of the page and /api/history
     return site
 
 
@@ -82,10 +80,9 @@ def make_admin_service(hub: Any, root: Any, endpoint: str = DEFAULT_ENDPOINT,
                        token: str | None = None, queue_cap: int = DEFAULT_QUEUE_CAP) -> ListenerService:
     """The admin ListenerService (built, not started) over ``hub`` and its HubService ``root``."""
     inspector = Inspector(hub, root)
-    history = History(inspector)
-    service = ListenerService(endpoint, build_site(inspector, token, queue_cap, history),
+    service = ListenerService(endpoint, build_site(inspector, token, queue_cap),
                               reactor=hub.reactor)
     service.setName("admin")
     service.inspector = inspector  # type: ignore[attr-defined]
-    service.history = history  # type: ignore[attr-defined]
+    service.history = service.factory.history  # type: ignore[attr-defined]
     return service

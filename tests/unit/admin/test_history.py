@@ -203,7 +203,8 @@ def test_history_api_and_queue_detail() -> None:
     are 400; a queue's detail carries its own series."""
     hub = hub_with_queues(3)
     history = History(Inspector(hub))
-    api = ApiResource(Inspector(hub), history=history)
+    api = ApiResource(Inspector(hub))
+    api.history = history
     history.start()
     for _ in range(3):
         hub.broker.publish_batch("q001", [b"m"] * 3, origin="nsq")
