@@ -14,7 +14,7 @@
    Chromium: the page's ``mqhub-charts-drawn`` performance mark and first-contentful-paint, in
    ms after the navigation started.
 
-    python benchmarks/history_bench.py [--queues 100000] [--loads 10] [--no-browser]
+    python benchmarks/history_bench.py [--queues 100000] [--loads 10] [--no-browser] [--quick]
     mqhub bench history
 """
 
@@ -219,7 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--loads", type=int, default=10, help="page loads in Chromium")
     p.add_argument("--no-browser", action="store_true", help="skip the first-paint part")
     p.add_argument("--only-browser", action="store_true", help="only the first-paint part")
+    p.add_argument("--quick", action="store_true",
+                   help="2,000 queues, one page load: shows the benchmark works; figures mean nothing")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.quick:
+        args.queues, args.minutes, args.loads = min(args.queues, 2000), 2.05, 1
     if not args.only_browser:
         memory_and_cost(args)
     if args.no_browser:
