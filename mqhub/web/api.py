@@ -21,6 +21,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from mqhub.errors import InvalidName, MqhubError, NoSuchQueue
+from mqhub.history import History
 from mqhub.introspect import Inspector, clamp
 
 log = Logger()
@@ -49,6 +50,8 @@ class ApiResource(Resource):
     """``/api/*`` and ``/healthz``: a leaf resource routing on the path itself."""
 
     isLeaf = True
+    #: what ``/api/history`` and a queue's detail read (None: 404, and no series in the detail)
+    history: History | None = None
 
     def __init__(self, inspector: Inspector, token: str | None = None) -> None:
         """:param token: the admin token state changes need (None: none needed)."""
@@ -68,6 +71,7 @@ class ApiResource(Resource):
             (b"GET", "dlq"): self.get_dlq,
             (b"POST", "dlq"): self.post_dlq,
         }
+        self.routes[(b"GET", "history")] = self.get_history
 
     # plumbing ----------------------------------------------------------------------------
 
@@ -193,6 +197,9 @@ class ApiResource(Resource):
             detail = self.inspector.queue_detail(rest[0])
             if detail is None:
                 raise ApiError(404, f"no such queue: {rest[0]}")
+            if self.history is not None:
+                self.history.watch(rest[0])
+                detail["history"] = self.history.queue_history(rest[0], _arg(request, "window", "10m"))
             return detail
         return self.inspector.queue_page(_arg(request, "offset", "0"), _arg(request, "limit", "50"),
                                          _arg(request, "sort", "name"), _arg(request, "q"))
@@ -220,6 +227,13 @@ class ApiResource(Resource):
         else:
             raise ApiError(404, "queue actions: pause, resume, purge")
         return {"queue": name, "paused": queue.paused}
+
+    def get_history(self, request: Any, rest: list[str]) -> Any:
+        """/api/history?series=a,b&window=10m|24h (docs/operations.md)."""
+        if self.history is None:
+            raise ApiError(404, "no history on this listener")
+        series = [s.strip() for s in _arg(request, "series").split(",")]
+        return self.history.read(_arg(request, "window", "10m"), series)
 
     def get_addresses(self, request: Any, rest: list[str]) -> Any:
         """/api/addresses."""

@@ -9,6 +9,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 from twisted.web.static import File
 
+from mqhub.history import History
 from mqhub.introspect import Inspector
 from mqhub.listener import ListenerService
 from mqhub.web.api import ApiResource
@@ -17,6 +18,9 @@ from mqhub.web.metrics import DEFAULT_QUEUE_CAP, MetricsResource, build_registry
 #: The admin listener's default endpoint (``--listen admin.http=ENDPOINT`` changes it).
 DEFAULT_ENDPOINT = "tcp:8750:interface=127.0.0.1"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+#: The chart library's files, installed from npm by ``make web`` (mqhub/web/package.json) and
+#: served as /static/vendor/* by this listener (no CDN: the page works offline).
+VENDOR_DIR = Path(__file__).resolve().parent / "node_modules" / "uplot" / "dist"
 
 
 def read_token(path: str) -> str:
@@ -37,6 +41,21 @@ class QuietSite(Site):
     def log(self, request: Any) -> None:
         """Log nothing per request."""
 
+    #: the hub's history (mqhub/history.py), sampled while the site listens
+    history: History | None = None
+
+    def startFactory(self) -> None:
+        """Listening: start sampling the history."""
+        super().startFactory()
+        if self.history is not None:
+            self.history.start()
+
+    def stopFactory(self) -> None:
+        """No longer listening: stop sampling."""
+        if self.history is not None:
+            self.history.stop()
+        super().stopFactory()
+
 
 def build_site(inspector: Inspector, token: str | None = None,
                queue_cap: int = DEFAULT_QUEUE_CAP) -> Site:
@@ -44,13 +63,16 @@ def build_site(inspector: Inspector, token: str | None = None,
     root = Resource()
     api = ApiResource(inspector, token)
     root.putChild(b"", File(str(STATIC_DIR / "index.html"), defaultType="text/html"))
-    root.putChild(b"static", File(str(STATIC_DIR)))
+    static = File(str(STATIC_DIR))
+    static.putChild(b"vendor", File(str(VENDOR_DIR)))
+    root.putChild(b"static", static)
     root.putChild(b"api", api)
     root.putChild(b"healthz", api)
     root.putChild(b"metrics", MetricsResource(build_registry(inspector, queue_cap)))
     site = QuietSite(root)
     site.displayTracebacks = False
     site.noisy = False
+    site.history = api.history = History(inspector)  # charts of the page and /api/history
     return site
 
 
@@ -62,4 +84,5 @@ def make_admin_service(hub: Any, root: Any, endpoint: str = DEFAULT_ENDPOINT,
                               reactor=hub.reactor)
     service.setName("admin")
     service.inspector = inspector  # type: ignore[attr-defined]
+    service.history = service.factory.history  # type: ignore[attr-defined]
     return service
