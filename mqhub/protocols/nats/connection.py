@@ -4,7 +4,9 @@ The Twisted side of :class:`mqhub.protocols.nats.server.NatsServer`: CONNECT and
 per-connection rules (verbose, pedantic, echo, headers, no_responders), the fused fast loop over
 the codec's ``route_pubs``, and the output path: each read's output is written straight to the
 socket while Twisted holds none of it (:mod:`mqhub.protocols.nats.output`), with the
-slow-consumer accounting of nats-server (max_pending, write deadline).
+slow-consumer rule of nats-server: output that waits for a subscriber is bounded by
+``max_pending`` bytes and by ``write_deadline`` seconds of being backed up; past either the
+subscriber is cut at once. Publishers are never paused for a subscriber.
 """
 
 from __future__ import annotations
@@ -159,9 +161,6 @@ class NatsConnection(Protocol):
         self.out.clear()
         self.held.clear()
         self._cancel_deadline()
-        srv.uncongest(self)
-        if self in srv.stalled:
-            srv.stalled.remove(self)
 
     def close(self, text: str | None) -> None:
         """Send ``-ERR 'text'`` (unless None) with pending output, then close."""
@@ -180,14 +179,16 @@ class NatsConnection(Protocol):
         self.transport.unregisterProducer()
         self.transport.loseConnection()
 
-    # producer (slow-consumer accounting) ------------------------------------------------------
+    # producer (the slow-consumer rule) ---------------------------------------------------------
 
     def pauseProducing(self) -> None:
-        """The transport's buffer is full: start counting what piles up."""
-        self.paused = True
+        """The transport's buffer is full: count what piles up, start the write deadline."""
+        if not self.paused:
+            self.paused = True
+            self._arm_deadline()
 
     def resumeProducing(self) -> None:
-        """The transport drained: send what was held, let stalled publishers go on."""
+        """The transport drained: send what was held."""
         self.paused = False
         self.paused_bytes = 0
         self._cancel_deadline()
@@ -195,7 +196,12 @@ class NatsConnection(Protocol):
             held, self.held = self.held, []
             # what the socket refuses of it is backed up again and counts toward max_pending
             self.paused_bytes = self._send_direct(held)
-        self.server.uncongest(self)
+
+    def _arm_deadline(self) -> None:
+        """Backed up from now: a slow consumer unless it drains within the write deadline."""
+        if self._deadline is None and self.server.settings.write_deadline > 0:
+            self._deadline = self.server.clock.callLater(
+                self.server.settings.write_deadline, self._deadline_passed)
 
     def _cancel_deadline(self) -> None:
         """Forget a pending write-deadline check."""
@@ -213,12 +219,8 @@ class NatsConnection(Protocol):
             return
         if self.paused:
             self.paused_bytes += len(data)
-            if self.paused_bytes > self.server.stall_bytes and self not in self.server.congested:
-                self.server.congested.add(self)
-                self._deadline = self.server.clock.callLater(
-                    self.server.settings.write_deadline, self._deadline_passed)
             if self.paused_bytes > self.server.settings.max_pending:
-                self.slow_consumer("max_pending exceeded")
+                self.slow_consumer(f"MaxPending of {self.server.settings.max_pending} exceeded")
                 return
             if self.sock is not None:
                 self.held.append(data)
@@ -246,19 +248,24 @@ class NatsConnection(Protocol):
         if data:
             self.transport.write(data)
             self.transport.producerPaused = True
-            self.paused = True
+            if not self.paused:
+                self.paused = True
+                self._arm_deadline()
         return len(data)
 
     def _deadline_passed(self) -> None:
         """Backed up for a whole write deadline: a slow consumer (nats-server's WriteDeadline)."""
         self._deadline = None
-        if self.connected and self.paused and self in self.server.congested:
-            self.slow_consumer("write deadline exceeded")
+        if self.connected and self.paused:
+            self.slow_consumer(f"WriteDeadline of {self.server.settings.write_deadline:g}s "
+                               f"exceeded with {self.paused_bytes} bytes pending")
 
     def slow_consumer(self, why: str) -> None:
-        """Close this subscriber without -ERR, as nats-server does, and free stalled publishers."""
+        """Cut this subscriber at once, without -ERR, as nats-server does (logged once: the
+        connection is closing and is never cut twice); its pending output is dropped."""
         self.server.stats["slow_consumers"] += 1
-        log.warn("nats: slow consumer cid={cid} closed: {why}", cid=self.cid, why=why)
+        log.warn("nats: Slow Consumer Detected: {why}; closing cid={cid} {peer} name={name!r}",
+                 cid=self.cid, why=why, peer=self.peer_host, name=self.name)
         self.closing = True
         abort = getattr(self.transport, "abortConnection", None)
         if abort is not None:
@@ -295,7 +302,6 @@ class NatsConnection(Protocol):
             srv.changed()
         parser = self.parser
         parser.receive_data(data)
-        srv.fed_congested = False
         before = srv.stats["in_msgs"]
         try:
             if self.fast:
@@ -306,11 +312,6 @@ class NatsConnection(Protocol):
             srv.end_turn()
             if srv.journal is not None and srv.stats["in_msgs"] != before:
                 srv.journal.traffic("*", "nats-core", srv.stats["in_msgs"] - before, len(data))
-        if srv.fed_congested:
-            # this read fed a backed-up subscriber: stop reading this publisher for a while
-            srv.fed_congested = False
-            if self.connected and self not in srv.congested:
-                srv.stall(self)
 
     def _fast_loop(self, parser: NatsParser) -> None:
         """Alternate the codec's fused PUB fast path with one-event steps for everything else."""
