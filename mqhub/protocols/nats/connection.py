@@ -20,7 +20,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mqhub.listener import set_read_size
+from mqhub.listener import set_no_delay, set_read_size
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import (
     OP_CONNECT,
@@ -127,6 +127,7 @@ class NatsConnection(Protocol):
         self.peer_host = getattr(peer, "host", "") or ""
         # bigger reads = bigger groups per store commit for mq9, fewer turns for core
         set_read_size(self.transport, READ_SIZE)
+        set_no_delay(self.transport)    # a reply then a PONG must not wait for Nagle
         try:
             self.transport.registerProducer(self, True)
         except Exception:  # pragma: no cover - transports without producer support
