@@ -62,6 +62,7 @@ def test_every_tcp_listener_sets_tcp_nodelay(make_broker: Callable[..., BrokerPr
     broker = make_broker(["nsq", "nats", "emqp", "mqks", "vibemq", "redis"],
                          plugin_paths=[EXAMPLE_PLUGINS], extra_args=["--durability", "none"])
     assert broker.process is not None
+    pid = broker.process.pid
     roles = sorted(broker.ports)
     assert len(roles) >= 8
     checked = []
@@ -69,7 +70,7 @@ def test_every_tcp_listener_sets_tcp_nodelay(make_broker: Callable[..., BrokerPr
         client = socket.create_connection((HOST, broker.port(protocol, role)), timeout=5)
         try:
             mine = client.getsockname()
-            theirs = wait_until(lambda: broker_socket(broker.process.pid, mine),  # type: ignore[union-attr]
+            theirs = wait_until(lambda mine=mine: broker_socket(pid, mine),
                                 f"the broker's socket of {protocol}.{role}")
             with theirs:
                 assert theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0, \
