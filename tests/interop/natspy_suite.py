@@ -228,8 +228,8 @@ def shim_args(argv: list[str]) -> tuple[list[str], int | None, int]:
     if "--config" in flags or "-c" in flags:
         conf = parse_conf(Path(flags.get("--config") or flags["-c"]).read_text())
     host = flags.get("-a") or flags.get("--addr") or "127.0.0.1"
-    port = int(flags.get("-p") or flags.get("--port") or conf.get("port") or 4222)
-    mport = flags.get("-m") or flags.get("--http_port") or conf.get("http_port")
+    port = int(str(flags.get("-p") or flags.get("--port") or conf.get("port") or 4222))
+    mport = str(flags.get("-m") or flags.get("--http_port") or conf.get("http_port") or "") or None
     options: dict[str, object] = {}
     auth = conf.get("authorization")
     if isinstance(auth, dict):
@@ -258,9 +258,10 @@ def shim_args(argv: list[str]) -> tuple[list[str], int | None, int]:
     ws = conf.get("websocket")
     if isinstance(ws, dict) and _mqhub_has("websocket"):
         args += ["--listen", f"nats.ws=tcp:{ws.get('port', 8080)}:interface={host}"]
-    for key, value in options.items():
-        if value is not None and value is not False:
-            args += ["--option", f"nats.{key}={str(value).lower() if value is True else value}"]
+    for key, setting in options.items():
+        if setting is not None and setting is not False:
+            text = "true" if setting is True else str(setting)
+            args += ["--option", f"nats.{key}={text}"]
     return args, (None if mport is None or serves_monitor else int(mport)), port
 
 

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_every_tcp_listener_sets_tcp_nodelay(make_broker: Callable[..., BrokerPr
         client = socket.create_connection((HOST, broker.port(protocol, role)), timeout=5)
         try:
             mine = client.getsockname()
-            theirs = wait_until(lambda mine=mine: broker_socket(pid, mine),
+            theirs = wait_until(partial(broker_socket, pid, mine),
                                 f"the broker's socket of {protocol}.{role}")
             with theirs:
                 assert theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0, \

@@ -1,8 +1,9 @@
 """One NATS client connection and its subscriptions: parse each read, route PUBs, write output.
 
 The Twisted side of :class:`mqhub.protocols.nats.server.NatsServer`: CONNECT and auth, the
-per-connection rules (verbose, pedantic, echo, headers, no_responders), the fused fast loop over
-the codec's ``route_pubs``, and the output path: each read's output is written straight to the
+per-connection rules (verbose, pedantic, echo, headers, no_responders), the fast loop that takes
+turns between the router (:mod:`mqhub.protocols.nats.router`) and the parser's events, and the
+output path: each read's output is written straight to the
 socket while Twisted holds none of it (:mod:`mqhub.protocols.nats.output`), with the
 slow-consumer rule of nats-server: output that waits for a subscriber is bounded by
 ``max_pending`` bytes and by ``write_deadline`` seconds of being backed up; past either the
@@ -39,6 +40,7 @@ from mqhub.protocols.nats.codec import (
 from mqhub.protocols.nats.host import NatsHost
 from mqhub.protocols.nats.mq9_common import sub_pattern
 from mqhub.protocols.nats.output import direct_socket, remainder, send_chunks
+from mqhub.protocols.nats.router import PubRouter
 from mqhub.protocols.nats.settings import (
     CRLF,
     MQ9_PREFIX,
@@ -88,6 +90,7 @@ class NatsConnection(Protocol):
         s = server.settings
         self.parser = NatsParser(server=True, max_payload=s.max_payload,
                                  max_control_line=s.max_control_line)
+        self.router = PubRouter(self.parser)
         self.out: list[bytes] = []
         self.subs: dict[str, Subscription] = {}
         self.connected = False       # transport open
@@ -306,7 +309,7 @@ class NatsConnection(Protocol):
         before = srv.stats["in_msgs"]
         try:
             if self.fast:
-                self._fast_loop(parser)
+                self._fast_loop(self.router)
             else:
                 self._general(parser.events(), 0)
         finally:
@@ -314,17 +317,17 @@ class NatsConnection(Protocol):
             if srv.journal is not None and srv.stats["in_msgs"] != before:
                 srv.journal.traffic("*", "nats-core", srv.stats["in_msgs"] - before, len(data))
 
-    def _fast_loop(self, parser: NatsParser) -> None:
-        """Alternate the codec's fused PUB fast path with one-event steps for everything else."""
+    def _fast_loop(self, router: PubRouter) -> None:
+        """Alternate the router's PUB fast path with one-event steps for everything else."""
         srv = self.server
         routes = srv.routes
         dirty = srv.dirty
         stats = srv.stats
         head_routes = srv.head_routes
         while self.fast:
-            stats["in_msgs"] += parser.route_pubs(routes, dirty, head_routes)
-            stats["out_msgs"] += parser.last_sent
-            events = parser.slow_run(routes, head_routes)
+            stats["in_msgs"] += router.route_pubs(routes, dirty, head_routes)
+            stats["out_msgs"] += router.last_sent
+            events = router.slow_run(routes, head_routes)
             if not events:
                 return
             for i, ev in enumerate(events):
@@ -336,7 +339,7 @@ class NatsConnection(Protocol):
                 else:
                     self._general([ev], 0)
         if not self.closing:
-            self._general(parser.events(), 0)
+            self._general(router.parser.events(), 0)
 
     def _fast_pub(self, hit: tuple, payload: bytes) -> None:
         """Route one PUB by its cached route (fast-loop misses: queue groups, mq9, foreign...;

@@ -5,7 +5,7 @@ a PUB looks up its *route* by the raw control line (cached until any subscriptio
 the "epoch"); a route holds, per receiving subscription, the prebuilt ``MSG subj sid n``
 line and the receiver's output list, so delivering is two list appends (prefix, then
 payload and CRLF as one slice); a run of identical frames is one block per receiver (see
-``NatsParser.route_pubs``). Every connection touched during a read gets one write at the end
+``PubRouter.route_pubs`` (router.py)). Every connection touched during a read gets one write at the end
 of that read, straight to its socket while Twisted holds none of its output (see
 :mod:`mqhub.protocols.nats.connection`, which holds the per-connection protocol).
 
