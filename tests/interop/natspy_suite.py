@@ -129,9 +129,8 @@ def bin_dir(work: Path, server: str) -> Path:
     if server == "nats-server":
         exe.symlink_to(nats_server_binary())
     else:
-        root = Path(__file__).resolve().parents[2]
-        exe.write_text(f"#!/bin/sh\ncd {root} && exec {sys.executable} -m tests.interop.natspy_suite"
-                       f" shim \"$@\"\n")
+        # run from the test's own directory: configuration files name paths relative to it
+        exe.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} shim \"$@\"\n")
         exe.chmod(0o755)
     return where
 
@@ -276,16 +275,17 @@ def _ready_probe(http_port: int, nats_port: int, host: str, parent: int) -> None
     """Answer GET /varz with 200 once ``nats_port`` accepts, until ``parent`` is gone."""
 
     class Probe(http.server.BaseHTTPRequestHandler):
-        """200 ``{}`` when the broker listens, else 503."""
+        """200 ``{}`` once the broker listens; before that the connection is closed unanswered
+        (nats.py's launcher retries on an error, at most 100 times, but forever on a non-200)."""
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             """Readiness only: monitoring itself is mqhub's to serve."""
             try:
                 socket.create_connection((host, nats_port), timeout=0.2).close()
-                code = 200
             except OSError:
-                code = 503
-            self.send_response(code)
+                self.close_connection = True
+                return
+            self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
             self.wfile.write(b"{}")
