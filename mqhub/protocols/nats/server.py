@@ -70,6 +70,9 @@ class NatsServer(Factory):
         self.mq9: Any = None
         self.bridge: Any = None
         self.core_epoch = -1
+        #: seconds to stop reading the publisher of this read (a subscriber it fed is near its
+        #: budget: the fast-producer stall, see connection.py); 0 for none
+        self.stall_for = 0.0
         #: bridge_refused: NATS messages a foreign binding matched that the core did not keep
         self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0,
                       "bridge_refused": 0}
