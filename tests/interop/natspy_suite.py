@@ -310,6 +310,7 @@ def _ready_probe(http_port: int, nats_port: int, host: str, parent: int) -> None
 
 def shim(argv: list[str]) -> None:
     """Become ``twistd -n mqhub`` with nats-server's flags translated (``nats-server`` shim)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))    # this tree's mqhub
     args, probe_port, port = shim_args(argv)
     data = tempfile.mkdtemp(prefix="natspy-mqhub-")
     if probe_port is not None:
