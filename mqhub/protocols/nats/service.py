@@ -18,8 +18,7 @@ log = Logger()
 
 #: plugin option -> NatsSettings keyword (values arrive as strings)
 _OPTIONS = ("max_payload", "max_pending", "ping_interval", "ping_max", "auth_timeout", "token",
-            "user", "password", "server_name", "max_control_line", "stall_bytes",
-            "write_deadline")
+            "user", "password", "server_name", "max_control_line", "write_deadline")
 
 
 def tls_context(cert: str, key: str | None) -> Any:

@@ -9,7 +9,7 @@ from mqhub.protocols.nats.mq9_common import BROADCAST as BROADCAST_PREFIX
 from mqhub.protocols.nats.mq9_common import PREFIX as MQ9_PREFIX
 
 __all__ = ["NatsSettings", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
-           "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK"]
+           "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK", "STALL_MIN", "STALL_MAX"]
 
 CRLF = b"\r\n"
 SERVER_VERSION = "2.10.0"
@@ -27,6 +27,11 @@ WIRE_ERRORS: dict[str, str | None] = {
 
 #: bytes read per turn: bigger reads = bigger mq9 groups per store commit, fewer turns for core
 READ_SIZE = 256 * 1024
+#: seconds a publisher is not read after a read that left a subscriber above 3/4 of its
+#: ``max_pending`` (from STALL_MIN at half the budget up to STALL_MAX at all of it), as
+#: nats-server's fast-producer stall (2–5 ms)
+STALL_MIN = 0.002
+STALL_MAX = 0.005
 
 
 class NatsSettings:
@@ -37,7 +42,6 @@ class NatsSettings:
         self.max_payload: int = int(kw.get("max_payload", codec.DEFAULT_MAX_PAYLOAD))
         self.max_control_line: int = int(kw.get("max_control_line", codec.MAX_CONTROL_LINE))
         self.max_pending: int = int(kw.get("max_pending", 64 * 1024 * 1024))
-        self.stall_bytes: int = int(kw.get("stall_bytes", 8 * 1024 * 1024))
         self.write_deadline: float = float(kw.get("write_deadline", 10.0))
         self.ping_interval: float = float(kw.get("ping_interval", 120.0))
         self.ping_max: int = int(kw.get("ping_max", 2))
