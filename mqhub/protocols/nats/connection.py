@@ -9,7 +9,6 @@ slow-consumer accounting of nats-server (max_pending, write deadline).
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from twisted.internet.interfaces import IPushProducer
@@ -20,6 +19,15 @@ from zope.interface import implementer
 
 from mqhub.listener import set_read_size
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.auth import (
+    ANONYMOUS,
+    AUTH_EXPIRED,
+    AUTH_VIOLATION,
+    AuthError,
+    Credentials,
+    Principal,
+    new_nonce,
+)
 from mqhub.protocols.nats.codec import (
     OP_CONNECT,
     OP_ERR,
@@ -89,7 +97,11 @@ class NatsConnection(Protocol):
         self.out: list[bytes] = []
         self.subs: dict[str, Subscription] = {}
         self.connected = False       # transport open
-        self.authed = not s.auth_required
+        self.authed = not server.auth.required
+        #: who authenticated (rights and expiry; :mod:`mqhub.protocols.nats.auth`)
+        self.principal: Principal = ANONYMOUS
+        #: the INFO nonce an nkey/JWT client signs (None when no signature check is configured)
+        self.nonce: str | None = new_nonce() if server.auth.needs_nonce else None
         self.got_connect = False
         self.verbose = True
         self.pedantic = True
@@ -111,6 +123,7 @@ class NatsConnection(Protocol):
         self._pinger: LoopingCall | None = None
         self._auth_timer: Any = None
         self._deadline: Any = None
+        self._expiry: Any = None
         self.closing = False
 
     # lifecycle ---------------------------------------------------------------------------
@@ -132,8 +145,10 @@ class NatsConnection(Protocol):
         s = srv.settings
         if s.tls_context is None:
             self.sock = direct_socket(self.transport)
+        elif s.tls_handshake_first:       # TLS before INFO: INFO is the first encrypted bytes
+            self.transport.startTLS(s.tls_context)
         self.write_out(codec.encode_info(srv.info(self)))
-        if s.tls_context is not None:
+        if s.tls_context is not None and not s.tls_handshake_first:
             self.transport.startTLS(s.tls_context)
         if s.ping_interval > 0:
             self._pinger = LoopingCall(self._ping)
@@ -153,6 +168,8 @@ class NatsConnection(Protocol):
             self._pinger.stop()
         if self._auth_timer is not None and self._auth_timer.active():
             self._auth_timer.cancel()
+        if self._expiry is not None and self._expiry.active():
+            self._expiry.cancel()
         subs, self.subs = self.subs, {}
         for sub in subs.values():
             srv.remove_sub(sub)
@@ -282,6 +299,19 @@ class NatsConnection(Protocol):
         if not self.authed:
             self.close("Authentication Timeout")
 
+    def _credentials_expired(self) -> None:
+        """The principal's credentials (a user JWT's ``exp``) ran out while connected."""
+        self._expiry = None
+        self.close(AUTH_EXPIRED)
+
+    def tls_subject(self) -> str | None:
+        """The RFC 4514 subject of a verified client certificate, or None."""
+        get = getattr(self.transport, "getPeerCertificate", None)
+        cert = get() if get is not None else None
+        if cert is None:
+            return None
+        return str(cert.to_cryptography().subject.rfc4514_string())
+
     # input -------------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
@@ -387,7 +417,8 @@ class NatsConnection(Protocol):
                 if not self._publish(hit[1], hit[2], ev[2], ev[3], None):
                     continue
             elif op == OP_SUB:
-                self._sub(ev[1], ev[2], ev[3])
+                if not self._sub(ev[1], ev[2], ev[3]):
+                    continue
             elif op == OP_UNSUB:
                 self._unsub(ev[1], ev[2])
             elif op == OP_PING:
@@ -416,7 +447,7 @@ class NatsConnection(Protocol):
     def _update_fast(self) -> None:
         """Choose the fast loop when no per-connection rule applies to publishes."""
         self.fast = (self.authed and self.got_connect and not self.verbose and not self.pedantic
-                     and self.echo and not self.closing)
+                     and self.echo and not self.closing and not self.principal.restricted)
 
     def _connect(self, opts: dict[str, Any]) -> bool:
         """Apply CONNECT options and check credentials; return False when closed."""
@@ -436,20 +467,30 @@ class NatsConnection(Protocol):
         self.name = str(opts.get("name", ""))
         self.lang = str(opts.get("lang", ""))
         self.version = str(opts.get("version", ""))
-        if s.auth_required and not self.authed:
-            if s.token:
-                ok = secrets.compare_digest(str(opts.get("auth_token", "")), s.token)
-            else:
-                ok = (secrets.compare_digest(str(opts.get("user", "")), s.user or "")
-                      and secrets.compare_digest(str(opts.get("pass", "")), s.password or ""))
-            if not ok:
-                self.close("Authorization Violation")
-                return False
-            self.authed = True
-            if self._auth_timer is not None and self._auth_timer.active():
-                self._auth_timer.cancel()
+        if not self.authed and not self._authenticate(opts):
+            return False
         self.got_connect = True
         self._update_fast()
+        return True
+
+    def _authenticate(self, opts: dict[str, Any]) -> bool:
+        """Turn CONNECT's credentials into this connection's principal; False when closed."""
+        srv = self.server
+        creds = Credentials(opts, self.nonce, self.tls_subject())
+        try:
+            principal = srv.auth.authenticate(creds, srv.clock.seconds())
+        except AuthError as exc:
+            log.info("nats: cid={cid} from {peer} refused: {why}", cid=self.cid,
+                     peer=self.peer_host, why=str(exc))
+            self.close(AUTH_VIOLATION)
+            return False
+        self.principal = principal
+        self.authed = True
+        if self._auth_timer is not None and self._auth_timer.active():
+            self._auth_timer.cancel()
+        if principal.expires is not None:
+            self._expiry = srv.clock.callLater(
+                max(0.0, principal.expires - srv.clock.seconds()), self._credentials_expired)
         return True
 
     def _publish(self, subject: str, reply: str | None, hdr: bytes | None, payload: bytes,
@@ -458,6 +499,10 @@ class NatsConnection(Protocol):
         srv = self.server
         if self.pedantic and not codec.valid_publish_subject(subject):
             self.out_ctl(codec.encode_err("Invalid Publish Subject"))
+            return False
+        rights = self.principal.publish
+        if rights is not None and not rights.permits(subject):
+            self.out_ctl(codec.encode_err(f'Permissions Violation for Publish to "{subject}"'))
             return False
         if hit is not None and self.echo:
             self._fast_pub(hit, payload)
@@ -472,13 +517,21 @@ class NatsConnection(Protocol):
             srv.no_responders(self, subject, reply)
         return True
 
-    def _sub(self, subject: str, queue: str | None, sid: str) -> None:
-        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server)."""
+    def _sub(self, subject: str, queue: str | None, sid: str) -> bool:
+        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server);
+        False when the principal may not subscribe (refused with an -ERR, no +OK)."""
         if sid in self.subs:
-            return
+            return True
+        rights = self.principal.subscribe
+        if rights is not None and not rights.permits(subject):
+            using = f' using queue "{queue}"' if queue else ""
+            self.out_ctl(codec.encode_err(
+                f'Permissions Violation for Subscription to "{subject}"{using}'))
+            return False
         sub = Subscription(self, sub_pattern(subject), queue, sid, subject)
         self.subs[sid] = sub
         self.server.add_sub(sub)
+        return True
 
     def _unsub(self, sid: str, max_msgs: int | None) -> None:
         """Remove a subscription now, or after ``max_msgs`` total deliveries."""

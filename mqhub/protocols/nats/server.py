@@ -23,6 +23,7 @@ from typing import Any
 from twisted.internet.protocol import Factory
 
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.auth import Authenticator, shared_secret_checks
 from mqhub.protocols.nats.connection import NatsConnection, Subscription
 from mqhub.protocols.nats.scan import frame_pattern
 from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-exported)
@@ -49,11 +50,21 @@ class NatsServer(Factory):
 
     protocol = None  # buildProtocol is overridden
 
-    def __init__(self, hub: Any, settings: NatsSettings | None = None) -> None:
-        """Build empty state; nothing listens until a port uses this factory."""
+    def __init__(self, hub: Any, settings: NatsSettings | None = None,
+                 auth: Authenticator | None = None) -> None:
+        """Build empty state; nothing listens until a port uses this factory.
+
+        :param auth: the credential checks (default: the settings' token or user/password).
+        """
         self.hub = hub
         self.clock = hub.clock
         self.settings = settings or NatsSettings()
+        self.auth = auth or Authenticator(
+            shared_secret_checks(self.settings.token, self.settings.user, self.settings.password))
+        #: lame-duck mode: new INFOs say ``ldm`` (:mod:`mqhub.lameduck`)
+        self.lame_duck = False
+        #: when the server was built (POSIX seconds; /varz ``start``)
+        self.started = self.clock.seconds()
         frame_pattern(self.settings.max_payload)   # compiled now (~0.1 s), not in the first read
         self.sublist = Sublist()
         self.routes: dict[bytes, tuple] = {}
@@ -98,10 +109,16 @@ class NatsServer(Factory):
             "port": s.port, "headers": True, "max_payload": s.max_payload,
             "client_id": conn.cid, "client_ip": conn.peer_host,
         }
-        if s.auth_required:
+        if self.auth.required:
             info["auth_required"] = True
+        if conn.nonce is not None:
+            info["nonce"] = conn.nonce
         if s.tls_context is not None:
             info["tls_required"] = True
+            if s.tls_verify:
+                info["tls_verify"] = True
+        if self.lame_duck:
+            info["ldm"] = True
         return info
 
     # subscriptions ------------------------------------------------------------------------

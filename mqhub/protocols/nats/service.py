@@ -10,28 +10,61 @@ from twisted.logger import Logger
 
 from mqhub.errors import PluginError
 from mqhub.listener import ListenerService
+from mqhub.protocols.nats.auth import (
+    AuthError,
+    Authenticator,
+    JwtCheck,
+    NkeyCheck,
+    Principal,
+    load_resolver_preload,
+    shared_secret_checks,
+)
 from mqhub.protocols.nats.bridge import CoreBridge
 from mqhub.protocols.nats.mq9 import DEFAULT_MAX_MAILBOXES, Mq9
 from mqhub.protocols.nats.server import NatsServer, NatsSettings
+from mqhub.tls import TlsConfigError, server_context
 
 log = Logger()
 
 #: plugin option -> NatsSettings keyword (values arrive as strings)
 _OPTIONS = ("max_payload", "max_pending", "ping_interval", "ping_max", "auth_timeout", "token",
             "user", "password", "server_name", "max_control_line", "stall_bytes",
-            "write_deadline")
+            "write_deadline", "tls_verify", "tls_handshake_first")
 
 
-def tls_context(cert: str, key: str | None) -> Any:
-    """A server TLS context from PEM files (key may be inside the cert file)."""
-    from twisted.internet import ssl
+def build_auth(options: dict[str, Any]) -> Authenticator:
+    """The credential checks the options configure (see docs/protocols/nats.md, Security).
 
-    with open(cert, "rb") as f:
-        pem = f.read()
-    if key:
-        with open(key, "rb") as f:
-            pem += b"\n" + f.read()
-    return ssl.PrivateCertificate.loadPEM(pem).options()
+    ``operator`` (operator JWT files, comma-separated) with ``resolver_preload`` (account
+    JWTs) is operator mode, as nats-server's ``resolver: MEMORY``: JWTs only. Otherwise
+    ``nkeys`` (comma-separated public user keys) and the single ``token`` or ``user`` and
+    ``password`` may be combined.
+    """
+    operators = [p.strip() for p in str(options.get("operator") or "").split(",") if p.strip()]
+    if operators:
+        resolver = str(options.get("resolver") or "MEMORY").upper()
+        if resolver != "MEMORY":
+            raise PluginError(f"mq9: resolver {resolver!r} is not supported (only MEMORY)")
+        preload = options.get("resolver_preload")
+        try:
+            tokens = []
+            for path in operators:
+                with open(path, encoding="utf-8") as f:
+                    tokens.append(f.read().strip())
+            accounts = load_resolver_preload(preload) if preload else {}
+        except (OSError, ValueError, AuthError) as exc:
+            raise PluginError(f"mq9: cannot load the operator or account JWTs: {exc}") from exc
+        return Authenticator([JwtCheck(tokens, accounts)])
+    checks = shared_secret_checks(options.get("token") or options.get("auth_token"),
+                                  options.get("user"),
+                                  options.get("password") or options.get("pass"))
+    keys = [k.strip() for k in str(options.get("nkeys") or "").split(",") if k.strip()]
+    if keys:
+        bad = [k for k in keys if not k.startswith("U")]
+        if bad:
+            raise PluginError(f"mq9: nkeys must be public user keys (U...), got {bad[0]!r}")
+        checks.insert(0, NkeyCheck({k: Principal(k) for k in keys}))
+    return Authenticator(checks)
 
 
 def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
@@ -41,17 +74,20 @@ def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
         kw["password"] = plugin_options["pass"]
     if "auth_token" in plugin_options:       # CONNECT's own field name, accepted as well
         kw["token"] = plugin_options["auth_token"]
-    if plugin_options.get("tls_cert"):
-        try:
-            kw["tls_context"] = tls_context(plugin_options["tls_cert"],
-                                            plugin_options.get("tls_key"))
-        except Exception as exc:
-            raise PluginError(f"mq9: cannot load TLS certificate: {exc}") from exc
     try:
         settings = NatsSettings(**kw)
     except (TypeError, ValueError) as exc:
         raise PluginError(f"mq9: bad option: {exc}") from exc
-    server = NatsServer(hub, settings)
+    if plugin_options.get("tls_cert"):
+        try:
+            settings.tls_context = server_context(
+                plugin_options["tls_cert"], plugin_options.get("tls_key"),
+                plugin_options.get("tls_ca"), settings.tls_verify)
+        except TlsConfigError as exc:
+            raise PluginError(f"mq9: {exc}") from exc
+    elif settings.tls_verify or settings.tls_handshake_first:
+        raise PluginError("mq9: tls_verify and tls_handshake_first need tls_cert")
+    server = NatsServer(hub, settings, build_auth(plugin_options))
     broker = getattr(hub, "broker", None)
     server.mq9 = Mq9(server, hub.store, hub.clock, broker,
                      sweep_interval=float(plugin_options.get("sweep_interval", 1.0)),

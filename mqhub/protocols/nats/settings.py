@@ -29,6 +29,18 @@ WIRE_ERRORS: dict[str, str | None] = {
 READ_SIZE = 256 * 1024
 
 
+def _flag(value: Any) -> bool:
+    """A boolean option given as a bool or as text (true/false, yes/no, on/off, 1/0)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
 class NatsSettings:
     """Server settings (from plugin options), with nats-server's defaults."""
 
@@ -46,6 +58,10 @@ class NatsSettings:
         self.user: str | None = kw.get("user") or None
         self.password: str | None = kw.get("password") or kw.get("pass") or None
         self.tls_context: Any = kw.get("tls_context")
+        #: client certificates are required and checked against the CA (INFO ``tls_verify``)
+        self.tls_verify: bool = _flag(kw.get("tls_verify", False))
+        #: TLS starts at once, before INFO (nats-server's ``handshake_first``)
+        self.tls_handshake_first: bool = _flag(kw.get("tls_handshake_first", False))
         self.server_name: str = kw.get("server_name") or "mqhub"
         self.host: str = kw.get("host", "127.0.0.1")
         self.port: int = int(kw.get("port", 4222))
