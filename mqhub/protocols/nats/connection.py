@@ -451,7 +451,6 @@ class NatsConnection(Protocol):
 
     def _connect(self, opts: dict[str, Any]) -> bool:
         """Apply CONNECT options and check credentials; return False when closed."""
-        s = self.server.settings
         proto = opts.get("protocol", 0)
         if not isinstance(proto, int) or proto < 0 or proto > 1:
             self.close("invalid client protocol")

@@ -11,8 +11,8 @@ from twisted.logger import Logger
 from mqhub.errors import PluginError
 from mqhub.listener import ListenerService
 from mqhub.protocols.nats.auth import (
-    AuthError,
     Authenticator,
+    AuthError,
     JwtCheck,
     NkeyCheck,
     Principal,

@@ -9,6 +9,7 @@ from pathlib import Path
 import nkeys
 import pytest
 
+from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.auth import (
     Authenticator,
     AuthError,
@@ -21,7 +22,6 @@ from mqhub.protocols.nats.auth import (
     covers,
     overlaps,
 )
-from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import OP_ERR, OP_MSG
 from mqhub.protocols.nats.server import NatsServer, NatsSettings
 from tests.interop.nats_keys import Operator, keypair
