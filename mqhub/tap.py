@@ -232,7 +232,8 @@ Examples:
                 raise usage.UsageError(f"--listen: unknown protocol {name!r}; available: {available}")
             if canonical not in endpoints:
                 raise usage.UsageError(f"--listen: protocol {name!r} is not enabled")
-            roles = list(found.plugins[canonical].default_endpoints)
+            plugin = found.plugins[canonical]
+            roles = [*plugin.default_endpoints, *getattr(plugin, "optional_roles", ())]
             if role is None:
                 role = roles[0]
             if role not in roles:

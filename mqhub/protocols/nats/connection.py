@@ -125,6 +125,14 @@ class NatsConnection(Protocol):
         self._deadline: Any = None
         self._expiry: Any = None
         self.closing = False
+        #: monitoring (/connz): when it connected and last read, PUBs in, wire bytes in and out
+        self.start = server.clock.seconds()
+        self.last_activity = self.start
+        self.in_msgs = 0
+        self.in_bytes = 0
+        self.out_bytes = 0
+        #: set by the WebSocket listener for its connections (/connz ``type``)
+        self.websocket = False
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -164,6 +172,9 @@ class NatsConnection(Protocol):
         self.connected = False
         srv = self.server
         srv.connections.pop(self.cid, None)
+        # wire bytes of closed connections (the open ones are summed by /varz)
+        srv.stats["in_bytes"] += self.in_bytes
+        srv.stats["out_bytes"] += self.out_bytes
         if self._pinger is not None and self._pinger.running:
             self._pinger.stop()
         if self._auth_timer is not None and self._auth_timer.active():
@@ -228,6 +239,7 @@ class NatsConnection(Protocol):
         """Write delivery output, closing the connection when it is a slow consumer."""
         if self.closing:
             return
+        self.out_bytes += len(data)
         if self.paused:
             self.paused_bytes += len(data)
             if self.paused_bytes > self.server.stall_bytes and self not in self.server.congested:
@@ -327,6 +339,8 @@ class NatsConnection(Protocol):
         parser.receive_data(data)
         srv.fed_congested = False
         before = srv.stats["in_msgs"]
+        self.in_bytes += len(data)
+        self.last_activity = srv.clock.seconds()
         try:
             if self.fast:
                 self._fast_loop(parser)
@@ -334,6 +348,7 @@ class NatsConnection(Protocol):
                 self._general(parser.events(), 0)
         finally:
             srv.end_turn()
+            self.in_msgs += srv.stats["in_msgs"] - before
             if srv.journal is not None and srv.stats["in_msgs"] != before:
                 srv.journal.traffic("*", "nats-core", srv.stats["in_msgs"] - before, len(data))
         if srv.fed_congested:

@@ -87,8 +87,11 @@ class NatsServer(Factory):
         #: a subscriber with this much output waiting stalls its publishers (nats-server: 75 %)
         self.stall_bytes = min(int(self.settings.max_pending * 0.75), self.settings.stall_bytes)
         #: bridge_refused: NATS messages a foreign binding matched that the core did not keep
+        #: in_bytes/out_bytes: wire bytes of connections already closed (see monitor.py);
+        #: sub_inserts/sub_removes: trie changes (/subsz)
         self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0,
-                      "bridge_refused": 0}
+                      "bridge_refused": 0, "in_bytes": 0, "out_bytes": 0, "sub_inserts": 0,
+                      "sub_removes": 0}
         #: the flow journal's recorder: NATS core PUBs are counted per read (docs/analytics.md)
         self.journal = getattr(hub.broker, "journal", None)
 
@@ -138,6 +141,7 @@ class NatsServer(Factory):
             self.mq9.subscribe(sub)
             return
         self.sublist.insert(sub)
+        self.stats["sub_inserts"] += 1
         self.changed()
         if self.bridge is not None:
             self.bridge.bind(sub)
@@ -150,6 +154,7 @@ class NatsServer(Factory):
             self.mq9.unsubscribe(sub)
             return
         if self.sublist.remove(sub):
+            self.stats["sub_removes"] += 1
             self.changed()
         if self.bridge is not None:
             self.bridge.unbind(sub)

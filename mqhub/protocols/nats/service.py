@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.logger import Logger
 
 from mqhub.errors import PluginError
@@ -102,14 +102,21 @@ def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
 
 
 class NatsService(MultiService):
-    """Recovers mq9 from the store, then listens; stops listening, then commits mq9."""
+    """Recovers mq9 from the store, then listens; stops listening, then commits mq9.
 
-    def __init__(self, server: NatsServer, listener: ListenerService) -> None:
-        """Own ``listener`` as the only child."""
+    :ivar listener: the client port (role ``tcp``).
+    :ivar extra: the optional listeners (``monitor``, ``ws``), started and stopped with it.
+    """
+
+    def __init__(self, server: NatsServer, listener: ListenerService,
+                 extra: list[ListenerService] | None = None) -> None:
+        """Own ``listener`` and the ``extra`` listeners as children."""
         super().__init__()
         self.server = server
         self.listener = listener
-        self.addService(listener)
+        self.extra = list(extra or ())
+        for child in (listener, *self.extra):
+            self.addService(child)
         self.ready: Deferred[None] = Deferred()
 
     def counters(self) -> dict[str, int]:
@@ -126,23 +133,26 @@ class NatsService(MultiService):
         return out
 
     def startService(self) -> None:
-        """Recover mailboxes, then start the listener."""
+        """Recover mailboxes, then start the listeners."""
         Service.startService(self)
         d = maybeDeferred(self.server.mq9.start)
 
         def go(_: Any) -> None:
             """Recovered: listen (unless stopped meanwhile) and report readiness."""
             if self.running:
-                self.listener.startService()
+                for child in (self.listener, *self.extra):
+                    child.startService()
             self.ready.callback(None)
 
         d.addCallback(go)
         d.addErrback(lambda f: log.failure("mq9: recovery failed", f))
 
     def stopService(self) -> Deferred[None]:
-        """Stop the listener (closing connections), then flush mq9's pending writes."""
+        """Stop the listeners (closing connections), then flush mq9's pending writes."""
         Service.stopService(self)
-        d = maybeDeferred(self.listener.stopService) if self.listener.running else succeed(None)
+        running = [c for c in (self.listener, *self.extra) if c.running]
+        d: Deferred[Any] = DeferredList([maybeDeferred(c.stopService) for c in running],
+                                        consumeErrors=True)
         d.addBoth(lambda _: self.server.mq9.stop())
         return d
 
@@ -160,14 +170,55 @@ def own_options(options: dict[str, Any]) -> dict[str, Any]:
     return mine
 
 
-def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> NatsService:
-    """Build (not start) the NATS/mq9 service listening on ``endpoints["tcp"]``."""
-    server = build_server(hub, own_options(options))
-    endpoint = endpoints.get("tcp") or "tcp:4222:interface=127.0.0.1"
+def _port_of(endpoint: str, default: int) -> int:
+    """The port number of a ``tcp:PORT:...`` / ``ssl:PORT:...`` endpoint string."""
     try:
-        server.settings.port = int(endpoint.split(":")[1])
+        return int(endpoint.split(":")[1])
     except (IndexError, ValueError):
-        pass
+        return default
+
+
+def _monitor_listener(hub: Any, server: NatsServer, endpoint: str, client: ListenerService,
+                      websocket: dict[str, Any]) -> ListenerService:
+    """The nats-server compatible monitoring listener (role ``monitor``)."""
+    from twisted.web.server import Site
+
+    from mqhub.protocols.nats.monitor import MonitorResource
+
+    resource = MonitorResource(server, lambda: client.port is not None, lambda: websocket)
+    resource.http = ("127.0.0.1", _port_of(endpoint, 0))
+    site = Site(resource)
+    site.noisy = False
+    listener = ListenerService(endpoint, site, reactor=getattr(hub, "reactor", None))
+    listener.setName("mq9-monitor")
+
+    def bound(port: Any) -> Any:
+        """Report the bound address in /varz (``http_host``, ``http_port``)."""
+        host = port.getHost()
+        resource.http = (getattr(host, "host", "127.0.0.1"), int(getattr(host, "port", 0)))
+        return port
+
+    listener.listening.addCallback(bound)
+    listener.listening.addErrback(lambda f: None)
+    return listener
+
+
+def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> NatsService:
+    """Build (not start) the NATS/mq9 service listening on ``endpoints["tcp"]``, with the
+    monitoring (``monitor``) and WebSocket (``ws``) listeners when those roles are given."""
+    mine = own_options(options)
+    server = build_server(hub, mine)
+    endpoint = endpoints.get("tcp") or "tcp:4222:interface=127.0.0.1"
+    server.settings.port = _port_of(endpoint, server.settings.port)
     listener = ListenerService(endpoint, server, reactor=getattr(hub, "reactor", None))
     listener.setName("mq9-tcp")
-    return NatsService(server, listener)
+    extra: list[ListenerService] = []
+    websocket: dict[str, Any] = {}
+    if endpoints.get("ws"):
+        from mqhub.protocols.nats.websocket import websocket_listener
+
+        ws, websocket = websocket_listener(hub, server, endpoints["ws"], mine)
+        extra.append(ws)
+    if endpoints.get("monitor"):
+        extra.append(_monitor_listener(hub, server, endpoints["monitor"], listener, websocket))
+    return NatsService(server, listener, extra)
