@@ -151,13 +151,14 @@ class NatsConnection(Protocol):
         except Exception:  # pragma: no cover - transports without producer support
             pass
         s = srv.settings
-        if s.tls_context is None:
+        tls = None if self.websocket else s.tls_context   # WebSocket has its own TLS
+        if tls is None:
             self.sock = direct_socket(self.transport)
         elif s.tls_handshake_first:       # TLS before INFO: INFO is the first encrypted bytes
-            self.transport.startTLS(s.tls_context)
+            self.transport.startTLS(tls)
         self.write_out(codec.encode_info(srv.info(self)))
-        if s.tls_context is not None and not s.tls_handshake_first:
-            self.transport.startTLS(s.tls_context)
+        if tls is not None and not s.tls_handshake_first:
+            self.transport.startTLS(tls)
         if s.ping_interval > 0:
             self._pinger = LoopingCall(self._ping)
             self._pinger.clock = srv.clock

@@ -116,7 +116,7 @@ class NatsServer(Factory):
             info["auth_required"] = True
         if conn.nonce is not None:
             info["nonce"] = conn.nonce
-        if s.tls_context is not None:
+        if s.tls_context is not None and not conn.websocket:
             info["tls_required"] = True
             if s.tls_verify:
                 info["tls_verify"] = True

@@ -8,7 +8,7 @@ from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.mq9_common import BROADCAST as BROADCAST_PREFIX
 from mqhub.protocols.nats.mq9_common import PREFIX as MQ9_PREFIX
 
-__all__ = ["NatsSettings", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
+__all__ = ["NatsSettings", "flag", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
            "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK"]
 
 CRLF = b"\r\n"
@@ -29,7 +29,7 @@ WIRE_ERRORS: dict[str, str | None] = {
 READ_SIZE = 256 * 1024
 
 
-def _flag(value: Any) -> bool:
+def flag(value: Any) -> bool:
     """A boolean option given as a bool or as text (true/false, yes/no, on/off, 1/0)."""
     if isinstance(value, bool):
         return value
@@ -59,9 +59,9 @@ class NatsSettings:
         self.password: str | None = kw.get("password") or kw.get("pass") or None
         self.tls_context: Any = kw.get("tls_context")
         #: client certificates are required and checked against the CA (INFO ``tls_verify``)
-        self.tls_verify: bool = _flag(kw.get("tls_verify", False))
+        self.tls_verify: bool = flag(kw.get("tls_verify", False))
         #: TLS starts at once, before INFO (nats-server's ``handshake_first``)
-        self.tls_handshake_first: bool = _flag(kw.get("tls_handshake_first", False))
+        self.tls_handshake_first: bool = flag(kw.get("tls_handshake_first", False))
         self.server_name: str = kw.get("server_name") or "mqhub"
         self.host: str = kw.get("host", "127.0.0.1")
         self.port: int = int(kw.get("port", 4222))
