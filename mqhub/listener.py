@@ -137,6 +137,16 @@ class ListenerService(Service):
         self.listening.errback(failure)
         self.listening.addErrback(lambda _: None)
 
+    def stop_accepting(self) -> Deferred[Any]:
+        """Stop listening but keep the open connections (lame-duck mode); stopService later
+        still closes them."""
+        port, self.port = self.port, None
+        if port is None:
+            return succeed(None)
+        self.log.info("{name} stopped accepting on {endpoint}", name=self.name,
+                      endpoint=self.endpoint)
+        return maybeDeferred(port.stopListening)
+
     @property
     def connections(self) -> list[Any]:
         """The protocols of the open connections."""

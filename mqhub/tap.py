@@ -20,6 +20,8 @@ from mqhub.discovery import Discovery, load_plugins, plugin_dirs
 from mqhub.errors import PluginError
 from mqhub.gc_tuning import tune_gc, young_sweeps
 from mqhub.hub import PAGING_KEYWORDS, HubService, build_hub
+from mqhub.lameduck import DEFAULT_DURATION, DEFAULT_GRACE, LameDuck
+from mqhub.lameduck import install_signal as install_lame_duck_signal
 from mqhub.logs import forward_stdlib_logging
 from mqhub.plugins.builtin import BUILTIN
 from mqhub.store.journal import DEFAULT_RETENTION_BYTES, DEFAULT_RETENTION_SECONDS
@@ -89,6 +91,10 @@ Examples:
         ["manhole-keys", None, None,
          "OpenSSH authorized_keys file of the keys that may log in to the manhole."],
         ["journal", None, "on", "Flow journal for analytics (docs/analytics.md): on or off."],
+        ["lame-duck-duration", None, "120",
+         "Seconds lame-duck mode (SIGUSR2, mqhub lameduck) takes to close every client."],
+        ["lame-duck-grace", None, "10",
+         "Seconds lame-duck mode waits before it starts closing clients."],
         ["journal-days", None, f"{DEFAULT_RETENTION_SECONDS / 86400.0:g}",
          "Delete closed journal files older than this many days."],
         ["journal-max-bytes", None, str(DEFAULT_RETENTION_BYTES),
@@ -204,6 +210,14 @@ Examples:
         if self["store-map-size"] is not None:
             self._mib("store-map-size", 1, "must be at least 1 (MiB)")
         self._mib("store-reserve", 0, "must not be negative")
+        try:
+            for key in ("lame-duck-duration", "lame-duck-grace"):
+                self[key] = float(self[key])
+                if self[key] < 0:
+                    raise ValueError
+        except ValueError:
+            raise usage.UsageError(
+                "--lame-duck-duration and --lame-duck-grace must be seconds >= 0") from None
         self._paging()
         found = self._discover()
         available = ", ".join(found.plugins) or "none"
@@ -324,6 +338,7 @@ def makeService(options: Options) -> HubService:
     reactor.callWhenRunning(sweeps.startService)
     reactor.addSystemEventTrigger("before", "shutdown", sweeps.stopService)
     reactor.callWhenRunning(install_stop_signals, reactor)
+    reactor.callWhenRunning(install_lame_duck_signal, reactor, root.lame_duck)
     return root
 
 
@@ -347,6 +362,9 @@ def build_service(options: Options, reactor: Any) -> HubService:
             reactor.callWhenRunning(reactor.stop)
 
     root = HubService(hub, on_start_failure=stop_reactor)
+    root.lame_duck = LameDuck(root, reactor, reactor.stop,
+                              duration=float(options.get("lame-duck-duration", DEFAULT_DURATION)),
+                              grace=float(options.get("lame-duck-grace", DEFAULT_GRACE)))
     for plugin in options["plugins"]:
         endpoints = options["endpoints"][plugin.name]
         try:

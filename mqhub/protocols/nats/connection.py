@@ -209,6 +209,10 @@ class NatsConnection(Protocol):
         self.transport.unregisterProducer()
         self.transport.loseConnection()
 
+    def lame_duck_close(self) -> None:
+        """Closed by the hub's lame-duck mode: pending output first, no -ERR (as nats-server)."""
+        self.close(None)
+
     # producer (slow-consumer accounting) ------------------------------------------------------
 
     def pauseProducing(self) -> None:

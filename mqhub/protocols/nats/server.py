@@ -124,6 +124,15 @@ class NatsServer(Factory):
             info["ldm"] = True
         return info
 
+    def enter_lame_duck(self) -> None:
+        """Lame-duck mode: INFO says ``ldm`` from now on; every client gets one INFO now (nats.py
+        and nats.go then call their lame-duck callback and look for another server)."""
+        self.lame_duck = True
+        for conn in list(self.connections.values()):
+            if conn.connected and not conn.closing:
+                conn.out_ctl(codec.encode_info(self.info(conn)))
+        self.flush()
+
     # subscriptions ------------------------------------------------------------------------
 
     def changed(self) -> None:

@@ -132,6 +132,10 @@ class NatsService(MultiService):
             out.update((f"mq9_{name}", n) for name, n in mq9.stats.items())
         return out
 
+    def lame_duck(self) -> None:
+        """Hub lame-duck mode: every client gets ``INFO {"ldm": true}`` (see mqhub.lameduck)."""
+        self.server.enter_lame_duck()
+
     def startService(self) -> None:
         """Recover mailboxes, then start the listeners."""
         Service.startService(self)

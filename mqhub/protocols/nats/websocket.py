@@ -130,6 +130,13 @@ class NatsWebSocket(WebSocketServerProtocol):
         if self.nats is not None:
             self.nats.dataReceived(payload)
 
+    def lame_duck_close(self) -> None:
+        """Closed by the hub's lame-duck mode: the NATS connection closes, then the WebSocket."""
+        if self.nats is not None:
+            self.nats.close(None)
+        else:
+            self.sendClose(1001)
+
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         """The WebSocket closed: the NATS connection is gone."""
         conn, self.nats = self.nats, None

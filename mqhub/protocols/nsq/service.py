@@ -54,6 +54,11 @@ class NsqService(ProtocolService):
         """The HTTP port (for /info and /lookup): the bound one once listening."""
         return self.ports["http"]
 
+    def lame_duck(self) -> None:
+        """Hub lame-duck mode: every subscribed consumer enters CLOSE_WAIT (see mqhub.lameduck)."""
+        for client in list(self.factory.clients):
+            client.close_wait()
+
     def recover(self) -> Any:
         """Load the NSQ topics before anything listens."""
         return self.registry.load()
