@@ -7,6 +7,8 @@ http://127.0.0.1:8750, or ``$MQHUB_ADMIN_URL``) and print rich tables, or JSON w
 from __future__ import annotations
 
 import json
+import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -43,7 +45,7 @@ def call(url: str, path: str, method: str = "GET", body: Any = None,
                 headers["Authorization"] = "Bearer " + f.readline().strip()
     req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10, context=https_context(url)) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as err:
         try:
@@ -54,6 +56,19 @@ def call(url: str, path: str, method: str = "GET", body: Any = None,
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise click.ClickException(f"cannot reach {url}: {reason}") from None
+
+
+def https_context(url: str) -> ssl.SSLContext | None:
+    """For an https:// admin URL: trust ``$MQHUB_ADMIN_CA`` (else the system's CAs) and
+    present ``$MQHUB_ADMIN_CERT`` (+ ``$MQHUB_ADMIN_KEY``) to a listener that verifies
+    clients (``--admin-tls-verify``)."""
+    if not url.startswith("https:"):
+        return None
+    ctx = ssl.create_default_context(cafile=os.environ.get("MQHUB_ADMIN_CA") or None)
+    cert = os.environ.get("MQHUB_ADMIN_CERT")
+    if cert:
+        ctx.load_cert_chain(cert, os.environ.get("MQHUB_ADMIN_KEY") or None)
+    return ctx
 
 
 def print_json(data: Any) -> None:

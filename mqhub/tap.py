@@ -87,6 +87,11 @@ Examples:
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
         ["admin-token", None, None,
          "File whose first line is the admin API token state changes must carry."],
+        ["admin-tls-cert", None, None,
+         "PEM certificate (and key) making the admin listener HTTPS."],
+        ["admin-tls-key", None, None, "PEM key when not in the --admin-tls-cert file."],
+        ["admin-tls-ca", None, None,
+         "PEM CA certificates admin clients' certificates must chain to (--admin-tls-verify)."],
         ["manhole", None, None, "Endpoint of the SSH manhole (off unless given)."],
         ["manhole-keys", None, None,
          "OpenSSH authorized_keys file of the keys that may log in to the manhole."],
@@ -119,6 +124,8 @@ Examples:
 
     optFlags: list[list[Any]] = [
         ["no-admin", None, "Do not serve the admin page, JSON API and /metrics (admin.http)."],
+        ["admin-tls-verify", None, "Admin HTTPS clients must present a certificate signed by "
+         "--admin-tls-ca."],
     ]
 
     def __init__(self) -> None:
@@ -273,6 +280,19 @@ Examples:
         from mqhub.web.service import read_token
 
         self["admin_token_value"] = None
+        self["admin_tls"] = None
+        if self["admin-tls-cert"]:
+            from mqhub.tls import TlsConfigError, server_context
+
+            try:
+                self["admin_tls"] = server_context(
+                    self["admin-tls-cert"], self["admin-tls-key"], self["admin-tls-ca"],
+                    bool(self["admin-tls-verify"]))
+            except TlsConfigError as exc:
+                raise usage.UsageError(f"--admin-tls-cert: {exc}") from None
+        elif self["admin-tls-verify"] or self["admin-tls-key"] or self["admin-tls-ca"]:
+            raise usage.UsageError("--admin-tls-key, --admin-tls-ca and --admin-tls-verify "
+                                   "need --admin-tls-cert")
         if self["admin-token"]:
             try:
                 self["admin_token_value"] = read_token(self["admin-token"])
@@ -390,7 +410,7 @@ def add_admin_services(root: HubService, hub: Any, options: Options) -> None:
 
         root.add_listener("admin", make_admin_service(
             hub, root, options.get("admin_endpoint") or ADMIN_ENDPOINT,
-            token=options.get("admin_token_value")))
+            token=options.get("admin_token_value"), tls=options.get("admin_tls")))
     if options.get("manhole"):
         from mqhub.manhole import make_manhole_service
 

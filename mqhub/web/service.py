@@ -55,11 +55,20 @@ def build_site(inspector: Inspector, token: str | None = None,
 
 
 def make_admin_service(hub: Any, root: Any, endpoint: str = DEFAULT_ENDPOINT,
-                       token: str | None = None, queue_cap: int = DEFAULT_QUEUE_CAP) -> ListenerService:
-    """The admin ListenerService (built, not started) over ``hub`` and its HubService ``root``."""
+                       token: str | None = None, queue_cap: int = DEFAULT_QUEUE_CAP,
+                       tls: Any = None) -> ListenerService:
+    """The admin ListenerService (built, not started) over ``hub`` and its HubService ``root``.
+
+    :param tls: a server TLS context (:func:`mqhub.tls.server_context`, possibly verifying
+        client certificates): the listener then speaks HTTPS on ``endpoint``.
+    """
     inspector = Inspector(hub, root)
-    service = ListenerService(endpoint, build_site(inspector, token, queue_cap),
-                              reactor=hub.reactor)
+    site: Any = build_site(inspector, token, queue_cap)
+    if tls is not None:
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+
+        site = TLSMemoryBIOFactory(tls, False, site)
+    service = ListenerService(endpoint, site, reactor=hub.reactor)
     service.setName("admin")
     service.inspector = inspector  # type: ignore[attr-defined]
     return service
