@@ -27,7 +27,6 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from mqhub.introspect import walk_listeners
 from mqhub.listener import ListenerService
 
 __all__ = ["LameDuck", "DEFAULT_DURATION", "DEFAULT_GRACE", "OBSERVER_LISTENERS",
@@ -71,6 +70,8 @@ class LameDuck:
 
     def _client_listeners(self) -> list[ListenerService]:
         """Every protocol listener that accepts clients (observers left out)."""
+        from mqhub.introspect import walk_listeners  # the admin stack's module: load late
+
         return [ls for _, ls in walk_listeners(self.root) if ls.name not in OBSERVER_LISTENERS]
 
     def _open_connections(self) -> list[Any]:

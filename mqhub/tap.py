@@ -276,9 +276,7 @@ Examples:
 
     def _check_admin(self) -> None:
         """Read the admin token and validate the manhole settings (refusing a bad start)."""
-        from mqhub.manhole import ManholeError, check_config
-        from mqhub.web.service import read_token
-
+        # imported only when used: twisted.conch and the web stack cost startup time
         self["admin_token_value"] = None
         self["admin_tls"] = None
         if self["admin-tls-cert"]:
@@ -294,11 +292,15 @@ Examples:
             raise usage.UsageError("--admin-tls-key, --admin-tls-ca and --admin-tls-verify "
                                    "need --admin-tls-cert")
         if self["admin-token"]:
+            from mqhub.web.service import read_token
+
             try:
                 self["admin_token_value"] = read_token(self["admin-token"])
             except (OSError, ValueError) as exc:
                 raise usage.UsageError(f"--admin-token: {exc}") from None
         if self["manhole"]:
+            from mqhub.manhole import ManholeError, check_config
+
             try:
                 check_config(self["manhole"], self["manhole-keys"])
             except ManholeError as exc:

@@ -25,7 +25,6 @@ from twisted.internet.protocol import Factory
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.auth import Authenticator, shared_secret_checks
 from mqhub.protocols.nats.connection import NatsConnection, Subscription
-from mqhub.protocols.nats.scan import frame_pattern
 from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-exported)
     BROADCAST_PREFIX,
     CRLF,
@@ -65,7 +64,6 @@ class NatsServer(Factory):
         self.lame_duck = False
         #: when the server was built (POSIX seconds; /varz ``start``)
         self.started = self.clock.seconds()
-        frame_pattern(self.settings.max_payload)   # compiled now (~0.1 s), not in the first read
         self.sublist = Sublist()
         self.routes: dict[bytes, tuple] = {}
         self.sroutes: dict[tuple[str, str | None], tuple] = {}
