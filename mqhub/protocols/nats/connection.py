@@ -1,10 +1,13 @@
 """One NATS client connection and its subscriptions: parse each read, route PUBs, write output.
 
 The Twisted side of :class:`mqhub.protocols.nats.server.NatsServer`: CONNECT and auth, the
-per-connection rules (verbose, pedantic, echo, headers, no_responders), the fused fast loop over
-the codec's ``route_pubs``, and the output path: each read's output is written straight to the
+per-connection rules (verbose, pedantic, echo, headers, no_responders), the fast loop that takes
+turns between the router (:mod:`mqhub.protocols.nats.router`) and the parser's events, and the
+output path: each read's output is written straight to the
 socket while Twisted holds none of it (:mod:`mqhub.protocols.nats.output`), with the
-slow-consumer accounting of nats-server (max_pending, write deadline).
+slow-consumer rule of nats-server: output that waits for a subscriber is bounded by
+``max_pending`` bytes and by ``write_deadline`` seconds of being backed up; past either the
+subscriber is cut at once. Publishers are never paused for a subscriber.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mqhub.listener import set_read_size
+from mqhub.listener import set_no_delay, set_read_size
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.auth import (
     ANONYMOUS,
@@ -45,6 +48,7 @@ from mqhub.protocols.nats.codec import (
 from mqhub.protocols.nats.host import NatsHost
 from mqhub.protocols.nats.mq9_common import sub_pattern
 from mqhub.protocols.nats.output import direct_socket, remainder, send_chunks
+from mqhub.protocols.nats.router import PubRouter
 from mqhub.protocols.nats.settings import (
     CRLF,
     MQ9_PREFIX,
@@ -94,6 +98,7 @@ class NatsConnection(Protocol):
         s = server.settings
         self.parser = NatsParser(server=True, max_payload=s.max_payload,
                                  max_control_line=s.max_control_line)
+        self.router = PubRouter(self.parser)
         self.out: list[bytes] = []
         self.subs: dict[str, Subscription] = {}
         self.connected = False       # transport open
@@ -146,6 +151,7 @@ class NatsConnection(Protocol):
         self.peer_host = getattr(peer, "host", "") or ""
         # bigger reads = bigger groups per store commit for mq9, fewer turns for core
         set_read_size(self.transport, READ_SIZE)
+        set_no_delay(self.transport)    # a reply then a PONG must not wait for Nagle
         try:
             self.transport.registerProducer(self, True)
         except Exception:  # pragma: no cover - transports without producer support
@@ -188,9 +194,6 @@ class NatsConnection(Protocol):
         self.out.clear()
         self.held.clear()
         self._cancel_deadline()
-        srv.uncongest(self)
-        if self in srv.stalled:
-            srv.stalled.remove(self)
 
     def close(self, text: str | None) -> None:
         """Send ``-ERR 'text'`` (unless None) with pending output, then close."""
@@ -213,14 +216,16 @@ class NatsConnection(Protocol):
         """Closed by the hub's lame-duck mode: pending output first, no -ERR (as nats-server)."""
         self.close(None)
 
-    # producer (slow-consumer accounting) ------------------------------------------------------
+    # producer (the slow-consumer rule) ---------------------------------------------------------
 
     def pauseProducing(self) -> None:
-        """The transport's buffer is full: start counting what piles up."""
-        self.paused = True
+        """The transport's buffer is full: count what piles up, start the write deadline."""
+        if not self.paused:
+            self.paused = True
+            self._arm_deadline()
 
     def resumeProducing(self) -> None:
-        """The transport drained: send what was held, let stalled publishers go on."""
+        """The transport drained: send what was held."""
         self.paused = False
         self.paused_bytes = 0
         self._cancel_deadline()
@@ -228,7 +233,12 @@ class NatsConnection(Protocol):
             held, self.held = self.held, []
             # what the socket refuses of it is backed up again and counts toward max_pending
             self.paused_bytes = self._send_direct(held)
-        self.server.uncongest(self)
+
+    def _arm_deadline(self) -> None:
+        """Backed up from now: a slow consumer unless it drains within the write deadline."""
+        if self._deadline is None and self.server.settings.write_deadline > 0:
+            self._deadline = self.server.clock.callLater(
+                self.server.settings.write_deadline, self._deadline_passed)
 
     def _cancel_deadline(self) -> None:
         """Forget a pending write-deadline check."""
@@ -247,12 +257,8 @@ class NatsConnection(Protocol):
         self.out_bytes += len(data)
         if self.paused:
             self.paused_bytes += len(data)
-            if self.paused_bytes > self.server.stall_bytes and self not in self.server.congested:
-                self.server.congested.add(self)
-                self._deadline = self.server.clock.callLater(
-                    self.server.settings.write_deadline, self._deadline_passed)
             if self.paused_bytes > self.server.settings.max_pending:
-                self.slow_consumer("max_pending exceeded")
+                self.slow_consumer(f"MaxPending of {self.server.settings.max_pending} exceeded")
                 return
             if self.sock is not None:
                 self.held.append(data)
@@ -280,19 +286,24 @@ class NatsConnection(Protocol):
         if data:
             self.transport.write(data)
             self.transport.producerPaused = True
-            self.paused = True
+            if not self.paused:
+                self.paused = True
+                self._arm_deadline()
         return len(data)
 
     def _deadline_passed(self) -> None:
         """Backed up for a whole write deadline: a slow consumer (nats-server's WriteDeadline)."""
         self._deadline = None
-        if self.connected and self.paused and self in self.server.congested:
-            self.slow_consumer("write deadline exceeded")
+        if self.connected and self.paused:
+            self.slow_consumer(f"WriteDeadline of {self.server.settings.write_deadline:g}s "
+                               f"exceeded with {self.paused_bytes} bytes pending")
 
     def slow_consumer(self, why: str) -> None:
-        """Close this subscriber without -ERR, as nats-server does, and free stalled publishers."""
+        """Cut this subscriber at once, without -ERR, as nats-server does (logged once: the
+        connection is closing and is never cut twice); its pending output is dropped."""
         self.server.stats["slow_consumers"] += 1
-        log.warn("nats: slow consumer cid={cid} closed: {why}", cid=self.cid, why=why)
+        log.warn("nats: Slow Consumer Detected: {why}; closing cid={cid} {peer} name={name!r}",
+                 cid=self.cid, why=why, peer=self.peer_host, name=self.name)
         self.closing = True
         abort = getattr(self.transport, "abortConnection", None)
         if abort is not None:
@@ -342,13 +353,12 @@ class NatsConnection(Protocol):
             srv.changed()
         parser = self.parser
         parser.receive_data(data)
-        srv.fed_congested = False
         before = srv.stats["in_msgs"]
         self.in_bytes += len(data)
         self.last_activity = srv.clock.seconds()
         try:
             if self.fast:
-                self._fast_loop(parser)
+                self._fast_loop(self.router)
             else:
                 self._general(parser.events(), 0)
         finally:
@@ -356,23 +366,18 @@ class NatsConnection(Protocol):
             self.in_msgs += srv.stats["in_msgs"] - before
             if srv.journal is not None and srv.stats["in_msgs"] != before:
                 srv.journal.traffic("*", "nats-core", srv.stats["in_msgs"] - before, len(data))
-        if srv.fed_congested:
-            # this read fed a backed-up subscriber: stop reading this publisher for a while
-            srv.fed_congested = False
-            if self.connected and self not in srv.congested:
-                srv.stall(self)
 
-    def _fast_loop(self, parser: NatsParser) -> None:
-        """Alternate the codec's fused PUB fast path with one-event steps for everything else."""
+    def _fast_loop(self, router: PubRouter) -> None:
+        """Alternate the router's PUB fast path with one-event steps for everything else."""
         srv = self.server
         routes = srv.routes
         dirty = srv.dirty
         stats = srv.stats
         head_routes = srv.head_routes
         while self.fast:
-            stats["in_msgs"] += parser.route_pubs(routes, dirty, head_routes)
-            stats["out_msgs"] += parser.last_sent
-            events = parser.slow_run(routes, head_routes)
+            stats["in_msgs"] += router.route_pubs(routes, dirty, head_routes)
+            stats["out_msgs"] += router.last_sent
+            events = router.slow_run(routes, head_routes)
             if not events:
                 return
             for i, ev in enumerate(events):
@@ -384,7 +389,7 @@ class NatsConnection(Protocol):
                 else:
                     self._general([ev], 0)
         if not self.closing:
-            self._general(parser.events(), 0)
+            self._general(router.parser.events(), 0)
 
     def _fast_pub(self, hit: tuple, payload: bytes) -> None:
         """Route one PUB by its cached route (fast-loop misses: queue groups, mq9, foreign...;

@@ -37,10 +37,6 @@ class NatsHost(Protocol[C, S_contra]):
     dirty: list[C]
     routes: dict[bytes, tuple]
     head_routes: dict[bytes, tuple]
-    congested: set[C]
-    stalled: list[C]
-    stall_bytes: int
-    fed_congested: bool
     core_epoch: int
     bridge: Any
     mq9: Any
@@ -71,12 +67,6 @@ class NatsHost(Protocol[C, S_contra]):
 
     def no_responders(self, pub: C, subject: str, reply: str) -> None:
         """Send ``pub`` the 503 no-responders status."""
-
-    def stall(self, conn: C) -> None:
-        """Stop reading from a publisher."""
-
-    def uncongest(self, conn: C) -> None:
-        """``conn`` drained or left."""
 
     def end_turn(self) -> None:
         """Finish one read."""

@@ -5,7 +5,7 @@ a PUB looks up its *route* by the raw control line (cached until any subscriptio
 the "epoch"); a route holds, per receiving subscription, the prebuilt ``MSG subj sid n``
 line and the receiver's output list, so delivering is two list appends (prefix, then
 payload and CRLF as one slice); a run of identical frames is one block per receiver (see
-``NatsParser.route_pubs``). Every connection touched during a read gets one write at the end
+``PubRouter.route_pubs`` (router.py)). Every connection touched during a read gets one write at the end
 of that read, straight to its socket while Twisted holds none of its output (see
 :mod:`mqhub.protocols.nats.connection`, which holds the per-connection protocol).
 
@@ -79,11 +79,6 @@ class NatsServer(Factory):
         self.mq9: Any = None
         self.bridge: Any = None
         self.core_epoch = -1
-        self.congested: set[NatsConnection] = set()
-        self.fed_congested = False
-        self.stalled: list[NatsConnection] = []
-        #: a subscriber with this much output waiting stalls its publishers (nats-server: 75 %)
-        self.stall_bytes = min(int(self.settings.max_pending * 0.75), self.settings.stall_bytes)
         #: bridge_refused: NATS messages a foreign binding matched that the core did not keep
         #: in_bytes/out_bytes: wire bytes of connections already closed (see monitor.py);
         #: sub_inserts/sub_removes: trie changes (/subsz)
@@ -339,23 +334,6 @@ class NatsServer(Factory):
                 data = b"".join(out)
                 out.clear()
                 conn.write_out(data)
-                if conn.paused and self.congested and conn in self.congested:
-                    self.fed_congested = True
-
-    def stall(self, conn: NatsConnection) -> None:
-        """Stop reading from a publisher while some subscriber's output is backed up."""
-        if conn not in self.stalled:
-            self.stalled.append(conn)
-            conn.transport.pauseProducing()
-
-    def uncongest(self, conn: NatsConnection) -> None:
-        """``conn`` drained (or left): when nobody is backed up, resume stalled publishers."""
-        self.congested.discard(conn)
-        if not self.congested and self.stalled:
-            stalled, self.stalled = self.stalled, []
-            for pub in stalled:
-                if pub.connected:
-                    pub.transport.resumeProducing()
 
     def end_turn(self) -> None:
         """Finish one read: let mq9 commit its group, then write all output."""

@@ -32,8 +32,8 @@ WARM_UP_DELAY = 0.05
 
 #: plugin option -> NatsSettings keyword (values arrive as strings)
 _OPTIONS = ("max_payload", "max_pending", "ping_interval", "ping_max", "auth_timeout", "token",
-            "user", "password", "server_name", "max_control_line", "stall_bytes",
-            "write_deadline", "tls_verify", "tls_handshake_first")
+            "user", "password", "server_name", "max_control_line", "write_deadline",
+            "tls_verify", "tls_handshake_first")
 
 
 def build_auth(options: dict[str, Any]) -> Authenticator:

@@ -49,7 +49,6 @@ class NatsSettings:
         self.max_payload: int = int(kw.get("max_payload", codec.DEFAULT_MAX_PAYLOAD))
         self.max_control_line: int = int(kw.get("max_control_line", codec.MAX_CONTROL_LINE))
         self.max_pending: int = int(kw.get("max_pending", 64 * 1024 * 1024))
-        self.stall_bytes: int = int(kw.get("stall_bytes", 8 * 1024 * 1024))
         self.write_deadline: float = float(kw.get("write_deadline", 10.0))
         self.ping_interval: float = float(kw.get("ping_interval", 120.0))
         self.ping_max: int = int(kw.get("ping_max", 2))
