@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 __all__ = ["AuthError", "Permissions", "Principal", "ANONYMOUS", "Credentials",
            "CredentialCheck", "TokenCheck", "PasswordCheck", "NkeyCheck", "JwtCheck",
-           "Authenticator", "shared_secret_checks", "decode_jwt", "load_resolver_preload", "covers", "overlaps",
+           "Authenticator", "shared_secret_checks", "users_checks", "decode_jwt", "load_resolver_preload", "covers", "overlaps",
            "new_nonce"]
 
 #: nats-server's -ERR text for every failed login (it never says which part was wrong)
@@ -199,10 +199,12 @@ class TokenCheck:
 
 @dataclass
 class PasswordCheck:
-    """nats-server's ``authorization { user, password }``: one user and password."""
+    """nats-server's ``authorization { user, password }`` or ``users = [...]``.
 
-    user: str
-    password: str
+    :param users: user name -> (password, principal).
+    """
+
+    users: dict[str, tuple[str, Principal]]
     needs_nonce: bool = False
 
     def claims(self, creds: Credentials) -> bool:
@@ -210,12 +212,11 @@ class PasswordCheck:
         return True
 
     def authenticate(self, creds: Credentials, now: float) -> Principal:
-        """Compare user and password in constant time (both, always)."""
-        user_ok = _same(creds.get("user"), self.user)
-        pass_ok = _same(creds.get("pass"), self.password)
-        if not (user_ok and pass_ok):
-            raise AuthError("bad user or password")
-        return Principal(self.user)
+        """Compare the password in constant time (against a dummy for an unknown user)."""
+        password, principal = self.users.get(creds.get("user"), ("\0unknown", None))
+        if not _same(creds.get("pass"), password) or principal is None:
+            raise AuthError(f"bad user or password for {creds.get('user')!r}")
+        return principal
 
 
 def _decode_sig(sig: str) -> bytes:
@@ -422,8 +423,55 @@ def shared_secret_checks(token: str | None, user: str | None,
     if token:
         return [TokenCheck(token)]
     if user:
-        return [PasswordCheck(user, password or "")]
+        return [PasswordCheck({user: (password or "", Principal(user))})]
     return []
+
+
+def _rights(block: Any) -> Permissions | None:
+    """One direction of nats-server's ``permissions``: a list (allowed subjects) or
+    ``{allow: [...], deny: [...]}``."""
+    if isinstance(block, list):
+        return Permissions(tuple(str(s) for s in block))
+    if isinstance(block, dict):
+        return Permissions.from_claim(block)
+    if block is None:
+        return None
+    raise ValueError(f"permissions must be a list or an allow/deny object, got {block!r}")
+
+
+def users_checks(entries: list[Any]) -> list[CredentialCheck]:
+    """Checks for nats-server's ``users = [...]`` entries: ``{"nkey": "U..."}`` or
+    ``{"user": ..., "password": ...}``, each with optional ``permissions`` (``publish`` and
+    ``subscribe``, as lists or allow/deny objects).
+
+    :raises ValueError: on an entry that is neither kind or malformed permissions.
+    """
+    nkey_users: dict[str, Principal] = {}
+    password_users: dict[str, tuple[str, Principal]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise ValueError(f"a user must be an object, got {entry!r}")
+        perms = entry.get("permissions") or {}
+        if not isinstance(perms, dict):
+            raise ValueError(f"permissions must be an object, got {perms!r}")
+        pub, sub = _rights(perms.get("publish")), _rights(perms.get("subscribe"))
+        if entry.get("nkey"):
+            key = str(entry["nkey"])
+            if not key.startswith("U"):
+                raise ValueError(f"nkey users need public user keys (U...), got {key!r}")
+            nkey_users[key] = Principal(key, pub, sub)
+        elif entry.get("user"):
+            name = str(entry["user"])
+            password_users[name] = (str(entry.get("password") or entry.get("pass") or ""),
+                                    Principal(name, pub, sub))
+        else:
+            raise ValueError(f"a user needs nkey or user, got {entry!r}")
+    checks: list[CredentialCheck] = []
+    if nkey_users:
+        checks.append(NkeyCheck(nkey_users))
+    if password_users:
+        checks.append(PasswordCheck(password_users))
+    return checks
 
 
 def new_nonce() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from twisted.application.service import MultiService, Service
@@ -14,10 +15,9 @@ from mqhub.protocols.nats.auth import (
     Authenticator,
     AuthError,
     JwtCheck,
-    NkeyCheck,
-    Principal,
     load_resolver_preload,
     shared_secret_checks,
+    users_checks,
 )
 from mqhub.protocols.nats.bridge import CoreBridge
 from mqhub.protocols.nats.mq9 import DEFAULT_MAX_MAILBOXES, Mq9
@@ -39,35 +39,50 @@ _OPTIONS = ("max_payload", "max_pending", "ping_interval", "ping_max", "auth_tim
 def build_auth(options: dict[str, Any]) -> Authenticator:
     """The credential checks the options configure (see docs/protocols/nats.md, Security).
 
-    ``operator`` (operator JWT files, comma-separated) with ``resolver_preload`` (account
-    JWTs) is operator mode, as nats-server's ``resolver: MEMORY``: JWTs only. Otherwise
-    ``nkeys`` (comma-separated public user keys) and the single ``token`` or ``user`` and
-    ``password`` may be combined.
+    ``operator`` (operator JWTs or their files, comma-separated) with ``resolver_preload``
+    (account JWTs) is operator mode, as nats-server's ``resolver: MEMORY``: JWTs only.
+    Otherwise ``nkeys`` (comma-separated public user keys), ``users`` (a JSON file of
+    nats-server's ``users = [...]`` entries with permissions) and the single ``token`` or
+    ``user``/``password`` may be combined (a token wins over passwords, as in nats-server).
     """
     operators = [p.strip() for p in str(options.get("operator") or "").split(",") if p.strip()]
-    if operators:
+    if operators:   # operator mode: JWT users only
         resolver = str(options.get("resolver") or "MEMORY").upper()
         if resolver != "MEMORY":
             raise PluginError(f"mq9: resolver {resolver!r} is not supported (only MEMORY)")
         preload = options.get("resolver_preload")
         try:
             tokens = []
-            for path in operators:
-                with open(path, encoding="utf-8") as f:
+            for item in operators:
+                if item.startswith("eyJ") and item.count(".") == 2:   # the JWT itself
+                    tokens.append(item)
+                    continue
+                with open(item, encoding="utf-8") as f:
                     tokens.append(f.read().strip())
             accounts = load_resolver_preload(preload) if preload else {}
         except (OSError, ValueError, AuthError) as exc:
             raise PluginError(f"mq9: cannot load the operator or account JWTs: {exc}") from exc
         return Authenticator([JwtCheck(tokens, accounts)])
-    checks = shared_secret_checks(options.get("token") or options.get("auth_token"),
-                                  options.get("user"),
-                                  options.get("password") or options.get("pass"))
+    token = options.get("token") or options.get("auth_token")
+    checks = shared_secret_checks(token, None, None)
     keys = [k.strip() for k in str(options.get("nkeys") or "").split(",") if k.strip()]
-    if keys:
-        bad = [k for k in keys if not k.startswith("U")]
-        if bad:
-            raise PluginError(f"mq9: nkeys must be public user keys (U...), got {bad[0]!r}")
-        checks.insert(0, NkeyCheck({k: Principal(k) for k in keys}))
+    entries: list[Any] = [{"nkey": k} for k in keys]
+    if options.get("user") and not token:      # the single user joins the users file's
+        entries.append({"user": options["user"],
+                        "password": options.get("password") or options.get("pass") or ""})
+    if options.get("users"):
+        try:
+            with open(options["users"], encoding="utf-8") as f:
+                listed = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise PluginError(f"mq9: cannot read the users file: {exc}") from exc
+        if not isinstance(listed, list):
+            raise PluginError("mq9: the users file must hold a JSON list of users")
+        entries += listed
+    try:
+        checks += users_checks(entries)
+    except ValueError as exc:
+        raise PluginError(f"mq9: {exc}") from exc
     return Authenticator(checks)
 
 
