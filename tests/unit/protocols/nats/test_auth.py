@@ -21,6 +21,7 @@ from mqhub.protocols.nats.auth import (
     TokenCheck,
     covers,
     overlaps,
+    users_checks,
 )
 from mqhub.protocols.nats.codec import OP_ERR, OP_MSG
 from mqhub.protocols.nats.server import NatsServer, NatsSettings
@@ -124,3 +125,25 @@ def test_connection_rights_and_expiry_on_the_wire(tmp_path: Path) -> None:
     c = Client(srv, handshake=False)
     c.send(codec.encode_connect({"jwt": token, "sig": sign(seed, "other"), "protocol": 1}))
     assert c.events() == [(OP_ERR, "Authorization Violation")] and c.closed
+
+
+def test_users_file_entries_with_permissions() -> None:
+    """nats-server's users = [...]: nkey and password users, permissions as lists or
+    allow/deny objects; unknown users and bad passwords are refused alike."""
+    seed, pub = keypair(nkeys.PREFIX_BYTE_USER)
+    auth = Authenticator(users_checks([
+        {"nkey": pub, "permissions": {"publish": ["help", "_INBOX.>"],
+                                      "subscribe": {"allow": ["help"], "deny": ["foo"]}}},
+        {"user": "a", "password": "pa"}]))
+    nkey_user = auth.authenticate(Credentials({"nkey": pub, "sig": sign(seed, "n")}, "n"), 0)
+    assert nkey_user.publish is not None and nkey_user.publish.permits("_INBOX.x")
+    assert not nkey_user.publish.permits("bar")
+    assert nkey_user.subscribe is not None and not nkey_user.subscribe.permits("foo")
+    assert auth.authenticate(Credentials({"user": "a", "pass": "pa"}, "n"), 0).name == "a"
+    for creds in ({"user": "a", "pass": "no"}, {"user": "b", "pass": "pa"}, {}):
+        with pytest.raises(AuthError):
+            auth.authenticate(Credentials(creds, "n"), 0)
+    for bad in ([{"nkey": "SUABC"}], [{"permissions": {}}], [{"user": "x", "permissions": 3}],
+                ["x"]):
+        with pytest.raises(ValueError):
+            users_checks(bad)
