@@ -26,14 +26,18 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def jwt(signer_seed: bytes, claims: dict[str, Any]) -> str:
-    """A NATS JWT (ed25519-nkey) of ``claims`` signed by ``signer_seed``; iss/iat/jti filled."""
+def jwt(signer_seed: bytes, claims: dict[str, Any], version: int = 2) -> str:
+    """A NATS JWT of ``claims`` signed by ``signer_seed``; iss/iat/jti filled. Version 2
+    (``ed25519-nkey``) signs ``header.payload``; version 1 (``ed25519``, a top-level ``type``
+    in the claims) signs the encoded payload alone."""
     kp = nkeys.from_seed(bytearray(signer_seed))
     body = {"jti": _b64(os.urandom(12)), "iat": int(time.time()),
             "iss": kp.public_key.decode(), **claims}
-    head = _b64(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode())
-    signed = f"{head}.{_b64(json.dumps(body).encode())}"
-    return f"{signed}.{_b64(kp.sign(signed.encode()))}"
+    alg = "ed25519-nkey" if version == 2 else "ed25519"
+    head = _b64(json.dumps({"typ": "JWT", "alg": alg}).encode())
+    payload = _b64(json.dumps(body).encode())
+    signed = f"{head}.{payload}" if version == 2 else payload
+    return f"{head}.{payload}.{_b64(kp.sign(signed.encode()))}"
 
 
 class Operator:

@@ -290,7 +290,11 @@ class NkeyCheck:
 
 
 def decode_jwt(token: str) -> tuple[dict[str, Any], bytes, bytes]:
-    """Split a NATS JWT into (claims, signed part, signature) without checking anything."""
+    """Split a NATS JWT into (claims, signed part, signature) without checking anything.
+
+    Version 2 JWTs (``nats.version`` 2) sign ``header.payload``; version 1 JWTs (a top-level
+    ``type``, as nats.py's test fixtures still use) sign the encoded payload alone.
+    """
     parts = token.strip().split(".")
     if len(parts) != 3:
         raise AuthError("not a JWT")
@@ -304,7 +308,15 @@ def decode_jwt(token: str) -> tuple[dict[str, Any], bytes, bytes]:
         raise AuthError("malformed JWT")
     if header.get("alg") not in ("ed25519-nkey", "ed25519"):
         raise AuthError(f"unsupported JWT algorithm {header.get('alg')!r}")
+    if claims.get("type"):          # version 1
+        return claims, parts[1].encode(), signature
     return claims, f"{parts[0]}.{parts[1]}".encode(), signature
+
+
+def _kind(claims: Mapping[str, Any]) -> str:
+    """A JWT's claim type (``user``, ``account``, ``operator``): top-level in version 1,
+    under ``nats`` in version 2."""
+    return str(claims.get("type") or (claims.get("nats") or {}).get("type") or "")
 
 
 def _b64url(text: str) -> bytes:
@@ -377,7 +389,7 @@ class JwtCheck:
             raise AuthError("operator mode needs a user JWT")
         user, _, _ = decode_jwt(token)
         nats = user.get("nats") or {}
-        if nats.get("type", "user") != "user":
+        if _kind(user) not in ("user", ""):
             raise AuthError("not a user JWT")
         account_key = str(nats.get("issuer_account") or user.get("iss", ""))
         account_jwt = self.accounts.get(account_key)

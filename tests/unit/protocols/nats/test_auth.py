@@ -25,7 +25,7 @@ from mqhub.protocols.nats.auth import (
 )
 from mqhub.protocols.nats.codec import OP_ERR, OP_MSG
 from mqhub.protocols.nats.server import NatsServer, NatsSettings
-from tests.interop.nats_keys import Operator, keypair
+from tests.interop.nats_keys import Operator, jwt, keypair
 from tests.unit.protocols.nats.helpers import Client, make_hub
 
 
@@ -147,3 +147,25 @@ def test_users_file_entries_with_permissions() -> None:
                 ["x"]):
         with pytest.raises(ValueError):
             users_checks(bad)
+
+
+def test_version_1_jwts_as_nats_py_fixtures_use() -> None:
+    """Version 1 JWTs (top-level type, the payload alone signed) are verified too; a version 1
+    signature over header.payload is not accepted."""
+    op_seed, op_pub = keypair(nkeys.PREFIX_BYTE_OPERATOR)
+    acc_seed, acc_pub = keypair(nkeys.PREFIX_BYTE_ACCOUNT)
+    user_seed, user_pub = keypair(nkeys.PREFIX_BYTE_USER)
+    operator = jwt(op_seed, {"sub": op_pub, "type": "operator"}, version=1)
+    account = jwt(op_seed, {"sub": acc_pub, "type": "account", "nats": {}}, version=1)
+    user = jwt(acc_seed, {"sub": user_pub, "name": "v1", "type": "user",
+                          "nats": {"pub": {"allow": ["a"]}, "sub": {}}}, version=1)
+    check = JwtCheck([operator], {acc_pub: account})
+    creds = Credentials({"jwt": user, "sig": sign(user_seed, "n")}, "n")
+    principal = check.authenticate(creds, 0)
+    assert principal.name == "v1" and principal.publish is not None
+    assert principal.subscribe is None            # an empty block limits nothing
+    head, payload, _ = user.split(".")
+    wrong = nkeys.from_seed(bytearray(acc_seed)).sign(f"{head}.{payload}".encode())
+    forged = f"{head}.{payload}.{base64.urlsafe_b64encode(wrong).rstrip(b'=').decode()}"
+    with pytest.raises(AuthError, match="signature"):
+        check.authenticate(Credentials({"jwt": forged, "sig": sign(user_seed, "n")}, "n"), 0)
