@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.protocol import Factory
-
-from mqhub.listener import ListenerService
+from mqhub.listener import DeferredFactory, ListenerService, build_soon
 
 #: The admin listener's default endpoint (``--listen admin.http=ENDPOINT`` changes it).
 DEFAULT_ENDPOINT = "tcp:8750:interface=127.0.0.1"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-#: seconds after its port is bound that the admin site is built (its web stack imported):
-#: the protocol ports answer their first clients first (issue 28, fast start)
-BUILD_DELAY = 0.05
 
 
 def read_token(path: str) -> str:
@@ -60,51 +54,14 @@ def build_site(inspector: Any, token: str | None = None, queue_cap: int | None =
     return site
 
 
-class DeferredSite(Factory):
-    """The admin listener's factory: the Site is built on :meth:`ensure` (called shortly after
-    the port is bound, or by the first connection), so importing twisted.web, prometheus_client
-    and the introspection code does not hold up the protocol ports at startup."""
-
-    noisy = False
-
-    def __init__(self, build: Callable[[], Any]) -> None:
-        """Build the site with ``build()`` when first needed."""
-        self.build = build
-        self.site: Any = None
-        self.started = False
-
-    def ensure(self) -> Any:
-        """The Site, built now if it was not yet."""
-        if self.site is None:
-            self.site = self.build()
-            if self.started:
-                self.site.doStart()
-        return self.site
-
-    def doStart(self) -> None:
-        """The port is listening."""
-        self.started = True
-        if self.site is not None:
-            self.site.doStart()
-
-    def doStop(self) -> None:
-        """The port stopped."""
-        self.started = False
-        if self.site is not None:
-            self.site.doStop()
-
-    def buildProtocol(self, addr: Any) -> Any:
-        """A protocol of the (built) Site."""
-        return self.ensure().buildProtocol(addr)
-
-
 def make_admin_service(hub: Any, root: Any, endpoint: str = DEFAULT_ENDPOINT,
                        token: str | None = None, queue_cap: int | None = None,
                        tls: Any = None) -> ListenerService:
     """The admin ListenerService (built, not started) over ``hub`` and its HubService ``root``.
 
-    The site itself is built :data:`BUILD_DELAY` seconds after the port is bound
-    (:class:`DeferredSite`); ``service.inspector`` is its Inspector once built.
+    The site itself is built shortly after the port is bound
+    (:class:`mqhub.listener.DeferredFactory`); ``service.inspector`` is its Inspector once
+    built.
 
     :param tls: a server TLS context (:func:`mqhub.tls.server_context`, possibly verifying
         client certificates): the listener then speaks HTTPS on ``endpoint``.
@@ -119,7 +76,7 @@ def make_admin_service(hub: Any, root: Any, endpoint: str = DEFAULT_ENDPOINT,
         service.inspector = inspector
         return build_site(inspector, token, queue_cap)
 
-    deferred = DeferredSite(build)
+    deferred = DeferredFactory(build)
     factory: Any = deferred
     if tls is not None:
         from twisted.protocols.tls import TLSMemoryBIOFactory
@@ -128,11 +85,5 @@ def make_admin_service(hub: Any, root: Any, endpoint: str = DEFAULT_ENDPOINT,
     service = ListenerService(endpoint, factory, reactor=hub.reactor)
     service.setName("admin")
     service.site = deferred
-
-    def bound(port: Any) -> Any:
-        """Build the site soon, in a later reactor turn than the protocol ports' start."""
-        hub.reactor.callLater(BUILD_DELAY, deferred.ensure)
-        return port
-
-    service.listening.addCallback(bound)
+    build_soon(service, deferred, hub.reactor)
     return service

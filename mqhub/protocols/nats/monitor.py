@@ -302,20 +302,21 @@ class MonitorResource(Resource):
 
     :param server: the NATS server whose state is shown.
     :param listening: whether the client port accepts now (for ``/healthz``).
-    :param http: (host, port) of this monitoring listener, filled once it is bound.
     :param websocket: the ``/varz`` ``websocket`` block (empty without a ws listener).
+    :param http: (host, port) of this monitoring listener (known once it is bound).
     """
 
     isLeaf = True
 
     def __init__(self, server: NatsServer, listening: Callable[[], bool],
-                 websocket: Callable[[], dict[str, Any]]) -> None:
+                 websocket: Callable[[], dict[str, Any]],
+                 http: Callable[[], tuple[str, int]]) -> None:
         """Serve ``server``'s state."""
         super().__init__()
         self.nats = server
         self.listening = listening
         self.websocket = websocket
-        self.http: tuple[str, int] = ("127.0.0.1", 0)
+        self.http = http
         self.requests: dict[str, int] = {}
         self.cpu = CpuMeter()
 
@@ -328,7 +329,7 @@ class MonitorResource(Resource):
         status = 200
         try:
             if path == "/varz":
-                doc: Any = varz(self.nats, self.http, self._count(path), self.cpu.read(),
+                doc: Any = varz(self.nats, self.http(), self._count(path), self.cpu.read(),
                                 self.websocket())
             elif path == "/connz":
                 doc = connz(self.nats, args)

@@ -10,7 +10,7 @@ from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.logger import Logger
 
 from mqhub.errors import PluginError
-from mqhub.listener import ListenerService
+from mqhub.listener import DeferredFactory, ListenerService, build_soon
 from mqhub.protocols.nats.auth import (
     Authenticator,
     AuthError,
@@ -23,6 +23,7 @@ from mqhub.protocols.nats.bridge import CoreBridge
 from mqhub.protocols.nats.mq9 import DEFAULT_MAX_MAILBOXES, Mq9
 from mqhub.protocols.nats.scan import frame_pattern
 from mqhub.protocols.nats.server import NatsServer, NatsSettings
+from mqhub.protocols.nats.settings import flag
 from mqhub.tls import TlsConfigError, server_context
 
 log = Logger()
@@ -211,27 +212,99 @@ def _port_of(endpoint: str, default: int) -> int:
 
 def _monitor_listener(hub: Any, server: NatsServer, endpoint: str, client: ListenerService,
                       websocket: dict[str, Any]) -> ListenerService:
-    """The nats-server compatible monitoring listener (role ``monitor``)."""
-    from twisted.web.server import Site
+    """The nats-server compatible monitoring listener (role ``monitor``); its site (twisted.web
+    and :mod:`mqhub.protocols.nats.monitor`) is built on the first request or just after the
+    port is bound."""
+    http = {"addr": ("127.0.0.1", _port_of(endpoint, 0))}
 
-    from mqhub.protocols.nats.monitor import MonitorResource
+    def build() -> Any:
+        """The monitoring Site."""
+        from twisted.web.server import Site
 
-    resource = MonitorResource(server, lambda: client.port is not None, lambda: websocket)
-    resource.http = ("127.0.0.1", _port_of(endpoint, 0))
-    site = Site(resource)
-    site.noisy = False
-    listener = ListenerService(endpoint, site, reactor=getattr(hub, "reactor", None))
+        from mqhub.protocols.nats.monitor import MonitorResource
+
+        site = Site(MonitorResource(server, lambda: client.port is not None,
+                                    lambda: websocket, lambda: http["addr"]))
+        site.noisy = False
+        return site
+
+    factory = DeferredFactory(build)
+    listener = ListenerService(endpoint, factory, reactor=getattr(hub, "reactor", None))
     listener.setName("mq9-monitor")
 
     def bound(port: Any) -> Any:
         """Report the bound address in /varz (``http_host``, ``http_port``)."""
         host = port.getHost()
-        resource.http = (getattr(host, "host", "127.0.0.1"), int(getattr(host, "port", 0)))
+        http["addr"] = (getattr(host, "host", "127.0.0.1"), int(getattr(host, "port", 0)))
         return port
 
     listener.listening.addCallback(bound)
-    listener.listening.addErrback(lambda f: None)
+    build_soon(listener, factory, hub.clock)
     return listener
+
+
+#: interfaces a plain ws:// listener may bind without ``ws_no_tls``
+LOOPBACK = ("127.", "localhost", "::1", "[::1]")
+
+
+def _interface(endpoint: str) -> str | None:
+    """The ``interface=`` of a Twisted endpoint string, or None (every interface)."""
+    for part in endpoint.split(":")[2:]:
+        if part.startswith("interface="):
+            return part[len("interface="):]
+    return None
+
+
+def websocket_listener(hub: Any, server: NatsServer, endpoint: str,
+                       options: dict[str, Any]) -> tuple[ListenerService, dict[str, Any]]:
+    """The WebSocket listener (role ``ws``) and the ``/varz`` ``websocket`` block describing it.
+
+    TLS comes from an ``ssl:`` endpoint or the ``ws_tls_cert``/``ws_tls_key`` (``ws_tls_ca``,
+    ``ws_tls_verify``) options; as nats-server, plain ``ws://`` needs ``ws_no_tls=true`` unless
+    it binds the loopback interface. autobahn (:mod:`mqhub.protocols.nats.websocket`) is
+    imported on the first connection or just after the port is bound.
+
+    :raises PluginError: on unusable TLS files, or plain ``ws://`` off loopback without
+        ``ws_no_tls``.
+    """
+    try:
+        no_tls = flag(options.get("ws_no_tls", False))
+        compression = flag(options.get("ws_compression", False))
+        verify = flag(options.get("ws_tls_verify", False))
+    except ValueError as exc:
+        raise PluginError(f"mq9: bad websocket option: {exc}") from exc
+
+    def build() -> Any:
+        """The autobahn factory carrying NATS."""
+        from mqhub.protocols.nats.websocket import NatsWebSocketFactory
+
+        return NatsWebSocketFactory(server, compression)
+
+    deferred = DeferredFactory(build)
+    factory: Any = deferred
+    tls = endpoint.startswith("ssl:")
+    if options.get("ws_tls_cert"):
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+
+        try:
+            context = server_context(options["ws_tls_cert"], options.get("ws_tls_key"),
+                                     options.get("ws_tls_ca"), verify)
+        except TlsConfigError as exc:
+            raise PluginError(f"mq9: websocket {exc}") from exc
+        factory = TLSMemoryBIOFactory(context, False, deferred)
+        tls = True
+    interface = _interface(endpoint)
+    if not tls and not no_tls and not (interface or "").startswith(LOOPBACK):
+        raise PluginError("mq9: a websocket listener off the loopback interface needs TLS "
+                          "(ws_tls_cert) or ws_no_tls=true, as nats-server's no_tls")
+    listener = ListenerService(endpoint, factory, reactor=getattr(hub, "reactor", None))
+    listener.setName("mq9-ws")
+    build_soon(listener, deferred, hub.clock)
+    block: dict[str, Any] = {"host": interface or "0.0.0.0", "port": _port_of(endpoint, 0),
+                             "no_tls": not tls, "compression": compression}
+    if tls and verify:
+        block["tls_verify"] = True
+    return listener, block
 
 
 def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> NatsService:
@@ -246,8 +319,6 @@ def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -
     extra: list[ListenerService] = []
     websocket: dict[str, Any] = {}
     if endpoints.get("ws"):
-        from mqhub.protocols.nats.websocket import websocket_listener
-
         ws, websocket = websocket_listener(hub, server, endpoints["ws"], mine)
         extra.append(ws)
     if endpoints.get("monitor"):

@@ -8,9 +8,9 @@ whose transport is a :class:`WebSocketStream`: every write of the connection (on
 turn) is one binary message, every message from the client (binary or text) is stream input.
 No subprotocol is needed (browsers' ``nats.ws`` and nats.py send none).
 
-TLS: a ``ssl:`` endpoint, or the ``ws_tls_cert``/``ws_tls_key`` (``ws_tls_ca``,
-``ws_tls_verify``) options. Like nats-server, plain ``ws://`` needs ``ws_no_tls=true`` unless
-the endpoint binds the loopback interface (mqhub's default).
+The listener itself (options, TLS, the no_tls rule) is built by
+:func:`mqhub.protocols.nats.service.websocket_listener`, which imports this module (and
+autobahn) only when the first WebSocket client connects or shortly after the port is bound.
 """
 
 from __future__ import annotations
@@ -20,24 +20,18 @@ from typing import Any
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.compress import PerMessageDeflateOffer, PerMessageDeflateOfferAccept
 from twisted.logger import Logger
-from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 
-from mqhub.errors import PluginError
-from mqhub.listener import ListenerService
 from mqhub.protocols.nats.connection import NatsConnection
 from mqhub.protocols.nats.server import NatsServer
-from mqhub.protocols.nats.settings import flag
-from mqhub.tls import TlsConfigError, server_context
 
-__all__ = ["WebSocketStream", "NatsWebSocket", "websocket_listener", "MAX_MESSAGE"]
+__all__ = ["WebSocketStream", "NatsWebSocket", "NatsWebSocketFactory", "MAX_MESSAGE"]
 
 log = Logger()
 
 #: the largest WebSocket message a client may send (the NATS connection's own limits apply
 #: inside it; this bounds what autobahn buffers while reassembling one message)
 MAX_MESSAGE = 64 * 1024 * 1024
-LOOPBACK = ("127.", "localhost", "::1", "[::1]")
 
 
 class WebSocketStream:
@@ -175,54 +169,3 @@ class NatsWebSocketFactory(WebSocketServerFactory):
         proto = NatsWebSocket()
         proto.factory = self
         return proto
-
-
-def _is_loopback(endpoint: str) -> bool:
-    """Whether a ``tcp:`` endpoint string binds only the loopback interface."""
-    for part in endpoint.split(":")[2:]:
-        if part.startswith("interface="):
-            return part[len("interface="):].startswith(LOOPBACK)
-    return False
-
-
-def websocket_listener(hub: Any, server: NatsServer, endpoint: str,
-                       options: dict[str, Any]) -> tuple[ListenerService, dict[str, Any]]:
-    """The WebSocket listener (role ``ws``) and the ``/varz`` ``websocket`` block describing it.
-
-    :raises PluginError: on unusable TLS files, or plain ``ws://`` on a non-loopback interface
-        without ``ws_no_tls=true``.
-    """
-    try:
-        no_tls = flag(options.get("ws_no_tls", False))
-        compression = flag(options.get("ws_compression", False))
-        verify = flag(options.get("ws_tls_verify", False))
-    except ValueError as exc:
-        raise PluginError(f"mq9: bad websocket option: {exc}") from exc
-    factory: Any = NatsWebSocketFactory(server, compression)
-    tls = endpoint.startswith("ssl:")
-    if options.get("ws_tls_cert"):
-        try:
-            context = server_context(options["ws_tls_cert"], options.get("ws_tls_key"),
-                                     options.get("ws_tls_ca"), verify)
-        except TlsConfigError as exc:
-            raise PluginError(f"mq9: websocket {exc}") from exc
-        factory = TLSMemoryBIOFactory(context, False, factory)
-        tls = True
-    if not tls and not no_tls and not _is_loopback(endpoint):
-        raise PluginError("mq9: a websocket listener off the loopback interface needs TLS "
-                          "(ws_tls_cert) or ws_no_tls=true, as nats-server's no_tls")
-    listener = ListenerService(endpoint, factory, reactor=getattr(hub, "reactor", None))
-    listener.setName("mq9-ws")
-    host = "127.0.0.1"
-    for part in endpoint.split(":")[2:]:
-        if part.startswith("interface="):
-            host = part[len("interface="):]
-    try:
-        port = int(endpoint.split(":")[1])
-    except (IndexError, ValueError):
-        port = 0
-    block: dict[str, Any] = {"host": host, "port": port, "no_tls": not tls,
-                             "compression": compression}
-    if tls and verify:
-        block["tls_verify"] = True
-    return listener, block
