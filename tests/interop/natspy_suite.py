@@ -23,7 +23,7 @@ fetched ``nats/src`` first on PYTHONPATH, so the tests run against the library t
     python -m tests.interop.natspy_suite [--source DIR] [--work DIR] [--server mqhub]
         [--files test_client.py,...] [--markdown]
 
-Prints per file: passed/failed for nats-server and for mqhub (``--markdown``: the table of
+Prints per file: passed/failed/skipped for nats-server and for mqhub (``--markdown``: the table of
 docs/protocols/nats.md). Exit status 0 unless the runner itself failed.
 """
 
@@ -370,6 +370,7 @@ def _ready_probe(http_port: int, nats_port: int, host: str, parent: int) -> None
 
 def shim(argv: list[str]) -> None:
     """Become ``twistd -n mqhub`` with nats-server's flags translated (``nats-server`` shim)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))    # this tree's mqhub
     data = tempfile.mkdtemp(prefix="natspy-mqhub-")
     args, probe_port, port = shim_args(argv, Path(data))
     if probe_port is not None:
@@ -394,8 +395,8 @@ def test_files(tree: Path, chosen: list[str] | None) -> list[str]:
 
 
 def run_suite(python: Path, tree: Path, work: Path, server: str, files: list[str]
-              ) -> dict[str, tuple[int, int]]:
-    """Run ``files`` with ``server`` as nats-server; per file (passed, failed)."""
+              ) -> dict[str, tuple[int, int, int]]:
+    """Run ``files`` with ``server`` as nats-server; per file (passed, failed, skipped)."""
     path = bin_dir(work, server)
     if server == "mqhub":
         # as an installed package is: with PYTHONDONTWRITEBYTECODE set, every broker start of
@@ -414,45 +415,47 @@ def run_suite(python: Path, tree: Path, work: Path, server: str, files: list[str
     return tally(report, files)
 
 
-def tally(report: Path, files: list[str]) -> dict[str, tuple[int, int]]:
-    """(passed, failed) per file from a junit report (errors and failures count as failed)."""
-    out = {f: (0, 0) for f in files}
+def tally(report: Path, files: list[str]) -> dict[str, tuple[int, int, int]]:
+    """(passed, failed, skipped) per file from a junit report (errors count as failed)."""
+    out = {f: (0, 0, 0) for f in files}
     if not report.exists():
         return out
     for case in ET.parse(report).getroot().iter("testcase"):
-        name = (case.get("file") or case.get("classname", "").replace(".", "/") + ".py")
-        parts = name.replace("/", ".").split(".")     # test_client must not take test_client_v2's
-        base = next((f for f in files if f[:-3] in parts), None)
-        if base is None:
+        # classname is the test's dotted module and class, e.g. nats.tests.test_client.ClientTest
+        module = next((part for part in case.get("classname", "").split(".")
+                       if part.startswith("test_")), "")
+        base = module + ".py"
+        if base not in out:
             continue
-        passed, failed = out[base]
+        passed, failed, skipped = out[base]
         if case.find("skipped") is not None:
-            continue
-        if case.find("failure") is not None or case.find("error") is not None:
+            skipped += 1
+        elif case.find("failure") is not None or case.find("error") is not None:
             failed += 1
         else:
             passed += 1
-        out[base] = (passed, failed)
+        out[base] = (passed, failed, skipped)
     return out
 
 
-def table(results: dict[str, dict[str, tuple[int, int]]], files: list[str], markdown: bool) -> str:
+def table(results: dict[str, dict[str, tuple[int, int, int]]], files: list[str],
+          markdown: bool) -> str:
     """The per-file result table (plain text or markdown)."""
     servers = list(results)
     lines = []
     if markdown:
-        lines.append("| file | " + " | ".join(f"{s} passed / failed" for s in servers) + " |")
+        lines.append("| file | " + " | ".join(f"{s} passed / failed / skipped" for s in servers)
+                     + " |")
         lines.append("| --- |" + " --- |" * len(servers))
     rows = files + ["total"]
     for f in rows:
         cells = []
         for s in servers:
             if f == "total":
-                p = sum(v[0] for v in results[s].values())
-                x = sum(v[1] for v in results[s].values())
+                counts = tuple(sum(v[i] for v in results[s].values()) for i in range(3))
             else:
-                p, x = results[s][f]
-            cells.append(f"{p} / {x}")
+                counts = results[s][f]
+            cells.append(" / ".join(map(str, counts)))
         if markdown:
             lines.append(f"| {f} | " + " | ".join(cells) + " |")
         else:

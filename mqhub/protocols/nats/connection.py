@@ -7,7 +7,10 @@ output path: each read's output is written straight to the
 socket while Twisted holds none of it (:mod:`mqhub.protocols.nats.output`), with the
 slow-consumer rule of nats-server: output that waits for a subscriber is bounded by
 ``max_pending`` bytes and by ``write_deadline`` seconds of being backed up; past either the
-subscriber is cut at once. Publishers are never paused for a subscriber.
+subscriber is cut at once. A publisher whose read left a subscriber above 3/4 of its budget
+is not read for a few milliseconds (nats-server's fast-producer stall, 2–5 ms): a reader
+that is only briefly behind catches up instead of being cut, while one that stopped reading
+reaches its budget within a fraction of a second; nobody else waits.
 """
 
 from __future__ import annotations
@@ -53,12 +56,24 @@ from mqhub.protocols.nats.settings import (
     CRLF,
     MQ9_PREFIX,
     READ_SIZE,
+    STALL_MAX,
+    STALL_MIN,
     WIRE_ERRORS,
 )
 
 __all__ = ["NatsConnection", "Subscription"]
 
 log = Logger()
+
+
+def stall_duration(pending: int, budget: int) -> float:
+    """How long a publisher is not read after feeding a subscriber with ``pending`` of its
+    ``budget`` bytes waiting: :data:`STALL_MIN`, growing past half the budget, at most
+    :data:`STALL_MAX` (nats-server's fast-producer stall)."""
+    half = budget // 2
+    if pending <= half:
+        return STALL_MIN
+    return min(STALL_MAX, STALL_MIN + (STALL_MAX - STALL_MIN) * (pending - half) / max(half, 1))
 
 
 class Subscription:
@@ -129,6 +144,7 @@ class NatsConnection(Protocol):
         self._auth_timer: Any = None
         self._deadline: Any = None
         self._expiry: Any = None
+        self._stall: Any = None          # the timer that reads this publisher again
         self.closing = False
         #: monitoring (/connz): when it connected and last read, PUBs in, wire bytes in and out
         self.start = server.clock.seconds()
@@ -194,6 +210,8 @@ class NatsConnection(Protocol):
         self.out.clear()
         self.held.clear()
         self._cancel_deadline()
+        if self._stall is not None and self._stall.active():
+            self._stall.cancel()
 
     def close(self, text: str | None) -> None:
         """Send ``-ERR 'text'`` (unless None) with pending output, then close."""
@@ -257,9 +275,13 @@ class NatsConnection(Protocol):
         self.out_bytes += len(data)
         if self.paused:
             self.paused_bytes += len(data)
-            if self.paused_bytes > self.server.settings.max_pending:
-                self.slow_consumer(f"MaxPending of {self.server.settings.max_pending} exceeded")
+            budget = self.server.settings.max_pending
+            if self.paused_bytes > budget:
+                self.slow_consumer(f"MaxPending of {budget} exceeded")
                 return
+            if self.paused_bytes * 4 > budget * 3:
+                self.server.stall_for = max(self.server.stall_for,
+                                            stall_duration(self.paused_bytes, budget))
             if self.sock is not None:
                 self.held.append(data)
                 return
@@ -356,6 +378,7 @@ class NatsConnection(Protocol):
         before = srv.stats["in_msgs"]
         self.in_bytes += len(data)
         self.last_activity = srv.clock.seconds()
+        srv.stall_for = 0.0
         try:
             if self.fast:
                 self._fast_loop(self.router)
@@ -366,6 +389,16 @@ class NatsConnection(Protocol):
             self.in_msgs += srv.stats["in_msgs"] - before
             if srv.journal is not None and srv.stats["in_msgs"] != before:
                 srv.journal.traffic("*", "nats-core", srv.stats["in_msgs"] - before, len(data))
+        if srv.stall_for and self._stall is None and self.connected and not self.closing:
+            # this read left a subscriber near its budget: let it catch up (fast-producer stall)
+            self.transport.pauseProducing()
+            self._stall = srv.clock.callLater(srv.stall_for, self._unstall)
+
+    def _unstall(self) -> None:
+        """The fast-producer stall is over: read this publisher again."""
+        self._stall = None
+        if self.connected and not self.closing:
+            self.transport.resumeProducing()
 
     def _fast_loop(self, router: PubRouter) -> None:
         """Alternate the router's PUB fast path with one-event steps for everything else."""

@@ -38,6 +38,7 @@ class NatsHost(Protocol[C, S_contra]):
     routes: dict[bytes, tuple]
     head_routes: dict[bytes, tuple]
     core_epoch: int
+    stall_for: float
     bridge: Any
     mq9: Any
     journal: Any

@@ -79,6 +79,9 @@ class NatsServer(Factory):
         self.mq9: Any = None
         self.bridge: Any = None
         self.core_epoch = -1
+        #: seconds to stop reading the publisher of this read (a subscriber it fed is near its
+        #: budget: the fast-producer stall, see connection.py); 0 for none
+        self.stall_for = 0.0
         #: bridge_refused: NATS messages a foreign binding matched that the core did not keep
         #: in_bytes/out_bytes: wire bytes of connections already closed (see monitor.py);
         #: sub_inserts/sub_removes: trie changes (/subsz)

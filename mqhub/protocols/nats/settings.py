@@ -9,7 +9,7 @@ from mqhub.protocols.nats.mq9_common import BROADCAST as BROADCAST_PREFIX
 from mqhub.protocols.nats.mq9_common import PREFIX as MQ9_PREFIX
 
 __all__ = ["NatsSettings", "flag", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
-           "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK"]
+           "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK", "STALL_MIN", "STALL_MAX"]
 
 CRLF = b"\r\n"
 SERVER_VERSION = "2.10.0"
@@ -27,6 +27,11 @@ WIRE_ERRORS: dict[str, str | None] = {
 
 #: bytes read per turn: bigger reads = bigger mq9 groups per store commit, fewer turns for core
 READ_SIZE = 256 * 1024
+#: seconds a publisher is not read after a read that left a subscriber above 3/4 of its
+#: ``max_pending`` (from STALL_MIN at half the budget up to STALL_MAX at all of it), as
+#: nats-server's fast-producer stall (2–5 ms)
+STALL_MIN = 0.002
+STALL_MAX = 0.005
 
 
 def flag(value: Any) -> bool:

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import OP_ERR, OP_HMSG, OP_MSG, OP_OK, OP_PING, OP_PONG
+from mqhub.protocols.nats.settings import STALL_MAX
 from tests.unit.protocols.nats.helpers import Client, make_mq9_server, make_server
 
 
@@ -279,14 +280,23 @@ def test_closing_connection_drops_its_subscriptions() -> None:
     assert not pub.closed
 
 
-def test_publishers_are_never_paused_for_a_backed_up_subscriber() -> None:
-    """A backed-up subscriber below max_pending keeps its output; the publisher is still read."""
+def test_a_publisher_feeding_a_subscriber_near_its_budget_pauses_for_milliseconds() -> None:
+    """Under 3/4 of max_pending the publisher is read on; above, it is not read for at most
+    STALL_MAX seconds (nats-server's fast-producer stall), and nobody else is held."""
     srv = make_server(max_pending=1_000_000)
-    sub, pub = Client(srv), Client(srv)
+    sub, other_sub, pub, bystander = Client(srv), Client(srv), Client(srv), Client(srv)
     sub.send(b"SUB s 1\r\n")
+    other_sub.send(b"SUB calm 1\r\n")
     sub.proto.pauseProducing()
-    pub.send(codec.encode_pub("s", b"x" * 1000) * 800)      # ~ 800 KB, under max_pending
-    assert pub.transport.producerState == "producing" and not sub.closed
+    pub.send(codec.encode_pub("s", b"x" * 1000) * 500)      # ~ 500 KB: under 3/4
+    assert pub.transport.producerState == "producing"
+    pub.send(codec.encode_pub("s", b"x" * 1000) * 300)      # ~ 800 KB: over 3/4
+    assert pub.transport.producerState == "paused" and not sub.closed
+    bystander.send(codec.encode_pub("calm", b"fine"))
+    assert bystander.transport.producerState == "producing"
+    assert other_sub.events()[-1][4] == b"fine"
+    srv.clock.advance(STALL_MAX)
+    assert pub.transport.producerState == "producing"
     sub.proto.resumeProducing()
     assert len(sub.events()) == 800
 
@@ -442,6 +452,7 @@ def test_a_slow_consumer_is_cut_at_once_and_the_publisher_goes_on() -> None:
     feeder.send(codec.encode_pub("busy", b"x" * 1000) * 800)
     feeder.send(codec.encode_pub("busy", b"x" * 1000) * 800)    # 1.6 MB > max_pending
     assert slow.closed and srv.stats["slow_consumers"] == 1
+    srv.clock.advance(STALL_MAX)                  # at most a fast-producer stall
     feeder.send(codec.encode_pub("busy", b"fine"))
     assert feeder.transport.producerState == "producing" and not feeder.closed
     assert srv.stats["slow_consumers"] == 1
