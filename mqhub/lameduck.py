@@ -14,8 +14,8 @@ Protocol services take part through two optional methods:
 - ``lame_duck_close()`` on a connection protocol: close it gracefully (default:
   ``transport.loseConnection()``).
 
-The admin listener, the manhole and monitoring listeners keep serving until the final stop, so
-the operator can watch the clients leave.
+Observer listeners (``ListenerService(observer=True)``: the admin listener, the manhole, NATS
+monitoring) keep serving until the final stop, so the operator can watch the clients leave.
 """
 
 from __future__ import annotations
@@ -29,16 +29,13 @@ from twisted.logger import Logger
 
 from mqhub.listener import ListenerService
 
-__all__ = ["LameDuck", "DEFAULT_DURATION", "DEFAULT_GRACE", "OBSERVER_LISTENERS",
-           "install_signal"]
+__all__ = ["LameDuck", "DEFAULT_DURATION", "DEFAULT_GRACE", "install_signal"]
 
 log = Logger(namespace="mqhub.lameduck")
 
 #: nats-server's defaults: lame_duck_duration 2m, lame_duck_grace_period 10s
 DEFAULT_DURATION = 120.0
 DEFAULT_GRACE = 10.0
-#: listeners that keep serving during lame duck (operators watch the hub through them)
-OBSERVER_LISTENERS = frozenset({"admin", "manhole", "mq9-monitor"})
 #: at most this many closing rounds over the closing window
 MAX_ROUNDS = 100
 
@@ -72,7 +69,7 @@ class LameDuck:
         """Every protocol listener that accepts clients (observers left out)."""
         from mqhub.introspect import walk_listeners  # the admin stack's module: load late
 
-        return [ls for _, ls in walk_listeners(self.root) if ls.name not in OBSERVER_LISTENERS]
+        return [ls for _, ls in walk_listeners(self.root) if not ls.observer]
 
     def _open_connections(self) -> list[Any]:
         """The open client connections of every client listener."""

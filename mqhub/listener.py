@@ -91,13 +91,18 @@ class ListenerService(Service):
         factory: Any,
         reactor: Any = None,
         drain_timeout: float = 2.0,
+        observer: bool = False,
     ) -> None:
         """:param endpoint: a Twisted server endpoint string, e.g. ``tcp:4150:interface=127.0.0.1``.
         :param reactor: the reactor to listen with (``hub.reactor``). The global reactor is
             never used: a hub without a reactor (unit tests) builds listeners but cannot start them.
         :param drain_timeout: seconds to wait for connections to close before aborting them.
+        :param observer: an operator's surface (admin, manhole, NATS monitoring), not a
+            protocol's clients: it keeps serving in lame-duck mode and its connections are not
+            counted as the protocol's.
         """
         self.endpoint = endpoint
+        self.observer = observer
         self.factory = factory
         self._reactor = reactor
         self.drain_timeout = drain_timeout

@@ -82,7 +82,7 @@ def make_admin_service(hub: Any, root: Any, endpoint: str = DEFAULT_ENDPOINT,
         from twisted.protocols.tls import TLSMemoryBIOFactory
 
         factory = TLSMemoryBIOFactory(tls, False, deferred)
-    service = ListenerService(endpoint, factory, reactor=hub.reactor)
+    service = ListenerService(endpoint, factory, reactor=hub.reactor, observer=True)
     service.setName("admin")
     service.site = deferred
     build_soon(service, deferred, hub.reactor)

@@ -30,9 +30,10 @@ class Conn:
 class Listener(ListenerService):
     """A listener with given connections and no socket."""
 
-    def __init__(self, name: str, conns: list[Conn], log: list[str]) -> None:
+    def __init__(self, name: str, conns: list[Conn], log: list[str],
+                 observer: bool = False) -> None:
         """Serve ``conns``."""
-        super().__init__("tcp:0", None)
+        super().__init__("tcp:0", None, observer=observer)
         self.setName(name)
         self.conns = conns
         self.log = log
@@ -72,8 +73,8 @@ def test_lame_duck_schedule() -> None:
     root = MultiService()
     nats = [Conn(log, f"n{i}") for i in range(4)]
     Protocol("mq9", log, Listener("mq9-tcp", nats, log),
-             Listener("mq9-monitor", [], log)).setServiceParent(root)
-    admin = Listener("admin", [Conn(log, "browser")], log)
+             Listener("mq9-monitor", [], log, observer=True)).setServiceParent(root)
+    admin = Listener("admin", [Conn(log, "browser")], log, observer=True)
     admin.setServiceParent(root)
     lame = LameDuck(root, clock, lambda: log.append("stop"), duration=10, grace=2)
     status = lame.start()

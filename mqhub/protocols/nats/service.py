@@ -229,7 +229,8 @@ def _monitor_listener(hub: Any, server: NatsServer, endpoint: str, client: Liste
         return site
 
     factory = DeferredFactory(build)
-    listener = ListenerService(endpoint, factory, reactor=getattr(hub, "reactor", None))
+    listener = ListenerService(endpoint, factory, reactor=getattr(hub, "reactor", None),
+                               observer=True)
     listener.setName("mq9-monitor")
 
     def bound(port: Any) -> Any:
