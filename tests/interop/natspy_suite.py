@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import glob
 import http.server
+import json
 import os
 import shutil
 import socket
@@ -203,8 +204,43 @@ def parse_conf(text: str) -> dict[str, object]:
     return block(0)[0]
 
 
-def shim_args(argv: list[str]) -> tuple[list[str], int | None, int]:
-    """Translate nats-server flags into ``twistd mqhub`` arguments.
+def go_seconds(value: object) -> float:
+    """A nats-server duration (``30s``, ``2m``, ``500ms``, ``1m30s`` or seconds) in seconds."""
+    text = str(value).strip()
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    total, number = 0.0, ""
+    i = 0
+    while i < len(text):
+        if text[i].isdigit() or text[i] == ".":
+            number += text[i]
+            i += 1
+            continue
+        unit = "ms" if text.startswith("ms", i) else text[i]
+        total += float(number) * units[unit]
+        number = ""
+        i += len(unit)
+    return total + (float(number) if number else 0.0)
+
+
+def conf_users(conf: dict[str, object]) -> list[object]:
+    """nats-server's users (``authorization { users }`` and every account's ``users``) that
+    carry an nkey or a user name, as mqhub's ``nats.users`` JSON file lists them."""
+    found: list[object] = []
+    auth = conf.get("authorization")
+    blocks = [auth] if isinstance(auth, dict) else []
+    accounts = conf.get("accounts")
+    if isinstance(accounts, dict):
+        blocks += [a for a in accounts.values() if isinstance(a, dict)]
+    for block in blocks:
+        users = block.get("users")
+        if isinstance(users, list):
+            found += [u for u in users if isinstance(u, dict) and (u.get("nkey") or u.get("user"))]
+    return found
+
+
+def shim_args(argv: list[str], scratch: Path | None = None) -> tuple[list[str], int | None, int]:
+    """Translate nats-server flags into ``twistd mqhub`` arguments (``scratch``: where files
+    made from the configuration go, e.g. its users and its account JWTs).
 
     Returns (twistd mqhub arguments, monitoring port or None, NATS port).
     """
@@ -249,14 +285,38 @@ def shim_args(argv: list[str]) -> tuple[list[str], int | None, int]:
                          ("verify", "tls_verify"), ("handshake_first", "tls_handshake_first")):
             if src in tls:
                 options[key] = tls[src]
+    scratch = scratch or Path(tempfile.mkdtemp(prefix="natspy-shim-"))
+    users = conf_users(conf)
+    if users:
+        (scratch / "users.json").write_text(json.dumps(users))
+        options["users"] = str(scratch / "users.json")
+    if conf.get("operator"):
+        options["operator"] = conf["operator"]
+        options["resolver"] = conf.get("resolver") or "MEMORY"
+        preload = conf.get("resolver_preload")
+        if isinstance(preload, dict):
+            (scratch / "accounts.json").write_text(json.dumps(preload))
+            options["resolver_preload"] = str(scratch / "accounts.json")
     args = ["--protocols", "nats", "--no-admin", "--journal", "off", "--durability", "none",
             "--listen", f"nats.tcp=tcp:{port}:interface={host}"]
+    for src, flag in (("lame_duck_duration", "--lame-duck-duration"),
+                      ("lame_duck_grace_period", "--lame-duck-grace")):
+        if src in conf:
+            args += [flag, f"{go_seconds(conf[src]):g}"]
     serves_monitor = _mqhub_has("monitor")
     if mport is not None and serves_monitor:
         args += ["--listen", f"nats.monitor=tcp:{mport}:interface={host}"]
     ws = conf.get("websocket")
     if isinstance(ws, dict) and _mqhub_has("websocket"):
         args += ["--listen", f"nats.ws=tcp:{ws.get('port', 8080)}:interface={host}"]
+        ws_tls = ws.get("tls")
+        if isinstance(ws_tls, dict):
+            for src, key in (("cert_file", "ws_tls_cert"), ("key_file", "ws_tls_key"),
+                             ("ca_file", "ws_tls_ca"), ("verify", "ws_tls_verify")):
+                if src in ws_tls:
+                    options[key] = ws_tls[src]
+        if ws.get("no_tls"):
+            options["ws_no_tls"] = True
     for key, setting in options.items():
         if setting is not None and setting is not False:
             text = "true" if setting is True else str(setting)
@@ -311,8 +371,8 @@ def _ready_probe(http_port: int, nats_port: int, host: str, parent: int) -> None
 def shim(argv: list[str]) -> None:
     """Become ``twistd -n mqhub`` with nats-server's flags translated (``nats-server`` shim)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))    # this tree's mqhub
-    args, probe_port, port = shim_args(argv)
     data = tempfile.mkdtemp(prefix="natspy-mqhub-")
+    args, probe_port, port = shim_args(argv, Path(data))
     if probe_port is not None:
         parent = os.getpid()
         if os.fork() == 0:
@@ -338,6 +398,12 @@ def run_suite(python: Path, tree: Path, work: Path, server: str, files: list[str
               ) -> dict[str, tuple[int, int, int]]:
     """Run ``files`` with ``server`` as nats-server; per file (passed, failed, skipped)."""
     path = bin_dir(work, server)
+    if server == "mqhub":
+        # as an installed package is: with PYTHONDONTWRITEBYTECODE set, every broker start of
+        # the suite would otherwise compile mqhub again (and miss reconnect windows)
+        root = Path(__file__).resolve().parents[2]
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "mqhub")],
+                       check=False, stdout=subprocess.DEVNULL)
     report = work / f"junit-{server}.xml"
     env = dict(os.environ, PATH=f"{path}{os.pathsep}{os.environ.get('PATH', '')}",
                PYTHONPATH=str(tree / "nats" / "src"))

@@ -15,7 +15,6 @@ reaches its budget within a fraction of a second; nobody else waits.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from twisted.internet.interfaces import IPushProducer
@@ -26,6 +25,15 @@ from zope.interface import implementer
 
 from mqhub.listener import set_no_delay, set_read_size
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.auth import (
+    ANONYMOUS,
+    AUTH_EXPIRED,
+    AUTH_VIOLATION,
+    AuthError,
+    Credentials,
+    Principal,
+    new_nonce,
+)
 from mqhub.protocols.nats.codec import (
     OP_CONNECT,
     OP_ERR,
@@ -109,7 +117,11 @@ class NatsConnection(Protocol):
         self.out: list[bytes] = []
         self.subs: dict[str, Subscription] = {}
         self.connected = False       # transport open
-        self.authed = not s.auth_required
+        self.authed = not server.auth.required
+        #: who authenticated (rights and expiry; :mod:`mqhub.protocols.nats.auth`)
+        self.principal: Principal = ANONYMOUS
+        #: the INFO nonce an nkey/JWT client signs (None when no signature check is configured)
+        self.nonce: str | None = new_nonce() if server.auth.needs_nonce else None
         self.got_connect = False
         self.verbose = True
         self.pedantic = True
@@ -131,8 +143,17 @@ class NatsConnection(Protocol):
         self._pinger: LoopingCall | None = None
         self._auth_timer: Any = None
         self._deadline: Any = None
+        self._expiry: Any = None
         self._stall: Any = None          # the timer that reads this publisher again
         self.closing = False
+        #: monitoring (/connz): when it connected and last read, PUBs in, wire bytes in and out
+        self.start = server.clock.seconds()
+        self.last_activity = self.start
+        self.in_msgs = 0
+        self.in_bytes = 0
+        self.out_bytes = 0
+        #: set by the WebSocket listener for its connections (/connz ``type``)
+        self.websocket = False
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -152,11 +173,14 @@ class NatsConnection(Protocol):
         except Exception:  # pragma: no cover - transports without producer support
             pass
         s = srv.settings
-        if s.tls_context is None:
+        tls = None if self.websocket else s.tls_context   # WebSocket has its own TLS
+        if tls is None:
             self.sock = direct_socket(self.transport)
+        elif s.tls_handshake_first:       # TLS before INFO: INFO is the first encrypted bytes
+            self.transport.startTLS(tls)
         self.write_out(codec.encode_info(srv.info(self)))
-        if s.tls_context is not None:
-            self.transport.startTLS(s.tls_context)
+        if tls is not None and not s.tls_handshake_first:
+            self.transport.startTLS(tls)
         if s.ping_interval > 0:
             self._pinger = LoopingCall(self._ping)
             self._pinger.clock = srv.clock
@@ -171,10 +195,15 @@ class NatsConnection(Protocol):
         self.connected = False
         srv = self.server
         srv.connections.pop(self.cid, None)
+        # wire bytes of closed connections (the open ones are summed by /varz)
+        srv.stats["in_bytes"] += self.in_bytes
+        srv.stats["out_bytes"] += self.out_bytes
         if self._pinger is not None and self._pinger.running:
             self._pinger.stop()
         if self._auth_timer is not None and self._auth_timer.active():
             self._auth_timer.cancel()
+        if self._expiry is not None and self._expiry.active():
+            self._expiry.cancel()
         subs, self.subs = self.subs, {}
         for sub in subs.values():
             srv.remove_sub(sub)
@@ -200,6 +229,10 @@ class NatsConnection(Protocol):
         # a registered producer would keep a draining transport open (Twisted's rule)
         self.transport.unregisterProducer()
         self.transport.loseConnection()
+
+    def lame_duck_close(self) -> None:
+        """Closed by the hub's lame-duck mode: pending output first, no -ERR (as nats-server)."""
+        self.close(None)
 
     # producer (the slow-consumer rule) ---------------------------------------------------------
 
@@ -239,6 +272,7 @@ class NatsConnection(Protocol):
         """Write delivery output, closing the connection when it is a slow consumer."""
         if self.closing:
             return
+        self.out_bytes += len(data)
         if self.paused:
             self.paused_bytes += len(data)
             budget = self.server.settings.max_pending
@@ -315,6 +349,19 @@ class NatsConnection(Protocol):
         if not self.authed:
             self.close("Authentication Timeout")
 
+    def _credentials_expired(self) -> None:
+        """The principal's credentials (a user JWT's ``exp``) ran out while connected."""
+        self._expiry = None
+        self.close(AUTH_EXPIRED)
+
+    def tls_subject(self) -> str | None:
+        """The RFC 4514 subject of a verified client certificate, or None."""
+        get = getattr(self.transport, "getPeerCertificate", None)
+        cert = get() if get is not None else None
+        if cert is None:
+            return None
+        return str(cert.to_cryptography().subject.rfc4514_string())
+
     # input -------------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
@@ -329,6 +376,8 @@ class NatsConnection(Protocol):
         parser = self.parser
         parser.receive_data(data)
         before = srv.stats["in_msgs"]
+        self.in_bytes += len(data)
+        self.last_activity = srv.clock.seconds()
         srv.stall_for = 0.0
         try:
             if self.fast:
@@ -337,6 +386,7 @@ class NatsConnection(Protocol):
                 self._general(parser.events(), 0)
         finally:
             srv.end_turn()
+            self.in_msgs += srv.stats["in_msgs"] - before
             if srv.journal is not None and srv.stats["in_msgs"] != before:
                 srv.journal.traffic("*", "nats-core", srv.stats["in_msgs"] - before, len(data))
         if srv.stall_for and self._stall is None and self.connected and not self.closing:
@@ -425,7 +475,8 @@ class NatsConnection(Protocol):
                 if not self._publish(hit[1], hit[2], ev[2], ev[3], None):
                     continue
             elif op == OP_SUB:
-                self._sub(ev[1], ev[2], ev[3])
+                if not self._sub(ev[1], ev[2], ev[3]):
+                    continue
             elif op == OP_UNSUB:
                 self._unsub(ev[1], ev[2])
             elif op == OP_PING:
@@ -454,11 +505,10 @@ class NatsConnection(Protocol):
     def _update_fast(self) -> None:
         """Choose the fast loop when no per-connection rule applies to publishes."""
         self.fast = (self.authed and self.got_connect and not self.verbose and not self.pedantic
-                     and self.echo and not self.closing)
+                     and self.echo and not self.closing and not self.principal.restricted)
 
     def _connect(self, opts: dict[str, Any]) -> bool:
         """Apply CONNECT options and check credentials; return False when closed."""
-        s = self.server.settings
         proto = opts.get("protocol", 0)
         if not isinstance(proto, int) or proto < 0 or proto > 1:
             self.close("invalid client protocol")
@@ -474,20 +524,30 @@ class NatsConnection(Protocol):
         self.name = str(opts.get("name", ""))
         self.lang = str(opts.get("lang", ""))
         self.version = str(opts.get("version", ""))
-        if s.auth_required and not self.authed:
-            if s.token:
-                ok = secrets.compare_digest(str(opts.get("auth_token", "")), s.token)
-            else:
-                ok = (secrets.compare_digest(str(opts.get("user", "")), s.user or "")
-                      and secrets.compare_digest(str(opts.get("pass", "")), s.password or ""))
-            if not ok:
-                self.close("Authorization Violation")
-                return False
-            self.authed = True
-            if self._auth_timer is not None and self._auth_timer.active():
-                self._auth_timer.cancel()
+        if not self.authed and not self._authenticate(opts):
+            return False
         self.got_connect = True
         self._update_fast()
+        return True
+
+    def _authenticate(self, opts: dict[str, Any]) -> bool:
+        """Turn CONNECT's credentials into this connection's principal; False when closed."""
+        srv = self.server
+        creds = Credentials(opts, self.nonce, self.tls_subject())
+        try:
+            principal = srv.auth.authenticate(creds, srv.clock.seconds())
+        except AuthError as exc:
+            log.info("nats: cid={cid} from {peer} refused: {why}", cid=self.cid,
+                     peer=self.peer_host, why=str(exc))
+            self.close(AUTH_VIOLATION)
+            return False
+        self.principal = principal
+        self.authed = True
+        if self._auth_timer is not None and self._auth_timer.active():
+            self._auth_timer.cancel()
+        if principal.expires is not None:
+            self._expiry = srv.clock.callLater(
+                max(0.0, principal.expires - srv.clock.seconds()), self._credentials_expired)
         return True
 
     def _publish(self, subject: str, reply: str | None, hdr: bytes | None, payload: bytes,
@@ -496,6 +556,10 @@ class NatsConnection(Protocol):
         srv = self.server
         if self.pedantic and not codec.valid_publish_subject(subject):
             self.out_ctl(codec.encode_err("Invalid Publish Subject"))
+            return False
+        rights = self.principal.publish
+        if rights is not None and not rights.permits(subject):
+            self.out_ctl(codec.encode_err(f'Permissions Violation for Publish to "{subject}"'))
             return False
         if hit is not None and self.echo:
             self._fast_pub(hit, payload)
@@ -510,13 +574,21 @@ class NatsConnection(Protocol):
             srv.no_responders(self, subject, reply)
         return True
 
-    def _sub(self, subject: str, queue: str | None, sid: str) -> None:
-        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server)."""
+    def _sub(self, subject: str, queue: str | None, sid: str) -> bool:
+        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server);
+        False when the principal may not subscribe (refused with an -ERR, no +OK)."""
         if sid in self.subs:
-            return
+            return True
+        rights = self.principal.subscribe
+        if rights is not None and not rights.permits(subject):
+            using = f' using queue "{queue}"' if queue else ""
+            self.out_ctl(codec.encode_err(
+                f'Permissions Violation for Subscription to "{subject}"{using}'))
+            return False
         sub = Subscription(self, sub_pattern(subject), queue, sid, subject)
         self.subs[sid] = sub
         self.server.add_sub(sub)
+        return True
 
     def _unsub(self, sid: str, max_msgs: int | None) -> None:
         """Remove a subscription now, or after ``max_msgs`` total deliveries."""

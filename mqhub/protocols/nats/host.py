@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, TypeVar
 
+from mqhub.protocols.nats.auth import Authenticator
 from mqhub.protocols.nats.settings import NatsSettings
 
 __all__ = ["NatsHost"]
@@ -27,6 +28,8 @@ class NatsHost(Protocol[C, S_contra]):
     """The members of ``NatsServer`` that a connection reads, writes or calls."""
 
     settings: NatsSettings
+    #: turns CONNECT credentials into a principal (:class:`mqhub.protocols.nats.auth.Authenticator`)
+    auth: Authenticator
     clock: Any
     stats: dict[str, int]
     connections: dict[int, C]

@@ -23,8 +23,8 @@ from typing import Any
 from twisted.internet.protocol import Factory
 
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.auth import Authenticator, shared_secret_checks
 from mqhub.protocols.nats.connection import NatsConnection, Subscription
-from mqhub.protocols.nats.scan import frame_pattern
 from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-exported)
     BROADCAST_PREFIX,
     CRLF,
@@ -49,12 +49,21 @@ class NatsServer(Factory):
 
     protocol = None  # buildProtocol is overridden
 
-    def __init__(self, hub: Any, settings: NatsSettings | None = None) -> None:
-        """Build empty state; nothing listens until a port uses this factory."""
+    def __init__(self, hub: Any, settings: NatsSettings | None = None,
+                 auth: Authenticator | None = None) -> None:
+        """Build empty state; nothing listens until a port uses this factory.
+
+        :param auth: the credential checks (default: the settings' token or user/password).
+        """
         self.hub = hub
         self.clock = hub.clock
         self.settings = settings or NatsSettings()
-        frame_pattern(self.settings.max_payload)   # compiled now (~0.1 s), not in the first read
+        self.auth = auth or Authenticator(
+            shared_secret_checks(self.settings.token, self.settings.user, self.settings.password))
+        #: lame-duck mode: new INFOs say ``ldm`` (:mod:`mqhub.lameduck`)
+        self.lame_duck = False
+        #: when the server was built (POSIX seconds; /varz ``start``)
+        self.started = self.clock.seconds()
         self.sublist = Sublist()
         self.routes: dict[bytes, tuple] = {}
         self.sroutes: dict[tuple[str, str | None], tuple] = {}
@@ -74,8 +83,11 @@ class NatsServer(Factory):
         #: budget: the fast-producer stall, see connection.py); 0 for none
         self.stall_for = 0.0
         #: bridge_refused: NATS messages a foreign binding matched that the core did not keep
+        #: in_bytes/out_bytes: wire bytes of connections already closed (see monitor.py);
+        #: sub_inserts/sub_removes: trie changes (/subsz)
         self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0,
-                      "bridge_refused": 0}
+                      "bridge_refused": 0, "in_bytes": 0, "out_bytes": 0, "sub_inserts": 0,
+                      "sub_removes": 0}
         #: the flow journal's recorder: NATS core PUBs are counted per read (docs/analytics.md)
         self.journal = getattr(hub.broker, "journal", None)
 
@@ -96,11 +108,26 @@ class NatsServer(Factory):
             "port": s.port, "headers": True, "max_payload": s.max_payload,
             "client_id": conn.cid, "client_ip": conn.peer_host,
         }
-        if s.auth_required:
+        if self.auth.required:
             info["auth_required"] = True
-        if s.tls_context is not None:
+        if conn.nonce is not None:
+            info["nonce"] = conn.nonce
+        if s.tls_context is not None and not conn.websocket:
             info["tls_required"] = True
+            if s.tls_verify:
+                info["tls_verify"] = True
+        if self.lame_duck:
+            info["ldm"] = True
         return info
+
+    def enter_lame_duck(self) -> None:
+        """Lame-duck mode: INFO says ``ldm`` from now on; every client gets one INFO now (nats.py
+        and nats.go then call their lame-duck callback and look for another server)."""
+        self.lame_duck = True
+        for conn in list(self.connections.values()):
+            if conn.connected and not conn.closing:
+                conn.out_ctl(codec.encode_info(self.info(conn)))
+        self.flush()
 
     # subscriptions ------------------------------------------------------------------------
 
@@ -119,6 +146,7 @@ class NatsServer(Factory):
             self.mq9.subscribe(sub)
             return
         self.sublist.insert(sub)
+        self.stats["sub_inserts"] += 1
         self.changed()
         if self.bridge is not None:
             self.bridge.bind(sub)
@@ -131,6 +159,7 @@ class NatsServer(Factory):
             self.mq9.unsubscribe(sub)
             return
         if self.sublist.remove(sub):
+            self.stats["sub_removes"] += 1
             self.changed()
         if self.bridge is not None:
             self.bridge.unbind(sub)
