@@ -102,10 +102,9 @@ def start_mqhub(protocols: str, listens: Sequence[str], data_dir: str | os.PathL
                               "--data-dir", str(data_dir), "--durability", durability]
     for listen in listens:
         cmd += ["--listen", listen]
-    if not any(listen.startswith("admin") for listen in listens):
-        # no admin listener unless asked for: its default port may be taken on a shared
-        # machine, and a listener that cannot bind stops the start
-        cmd.append("--no-admin")
+    if not any(listen.startswith("admin") for listen in listens) and "--no-admin" not in extra:
+        # its own admin port: side-by-side servers (and other users' brokers) never share 8750
+        cmd += ["--listen", f"admin.http=tcp:{free_port()}:interface=127.0.0.1"]
     cmd += list(extra)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

@@ -414,6 +414,11 @@ def render(options: usage.Options, plugins: Sequence[Any], values: dict[str, Any
     lines += ["", "# Where each listener binds (--listen NAME.ROLE=ENDPOINT). Entries of protocols",
               "# that are not enabled are ignored.", f"[{LISTEN}]"]
     lines += [f"{toml_key(key)} = {toml_value(endpoint)}" for key, endpoint in listen.items()]
+    off = [f"{p.name}.{role}" for p in plugins for role in getattr(p, "optional_roles", ())
+           if f"{p.name}.{role}" not in listen]
+    if off:
+        lines.append("# Roles that are off unless given an endpoint:")
+        lines += [f"# {toml_key(key)} = ..." for key in off]
     for plugin in plugins:
         cls = settings_class(plugin)
         aliases = f" (also [{'], ['.join(plugin.aliases)}])" if plugin.aliases else ""

@@ -155,7 +155,8 @@ class Inspector:
         """``(protocol, listener)`` for every protocol listener (admin surfaces excluded)."""
         if self.root is None:
             return []
-        return [(n, ls) for n, ls in walk_listeners(self.root) if n not in self.skip]
+        return [(n, ls) for n, ls in walk_listeners(self.root)
+                if n not in self.skip and not ls.observer]
 
     def protocols(self) -> list[str]:
         """Names of the protocol services the hub runs."""
@@ -231,7 +232,7 @@ class Inspector:
         """(healthy, details): the store is open and every protocol listener is listening.
 
         ``listener_states`` names every listener (the admin and manhole ones too) with its
-        state (``listening``, ``starting``, ``failed``, ``stopped``) and endpoint; a service
+        state (``listening``, ``starting``, ``failed``, ``draining``, ``stopped``) and endpoint; a service
         that binds its own sockets (eMQP) is listed under its name.
         """
         problems = []

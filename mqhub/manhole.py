@@ -200,6 +200,6 @@ def make_manhole_service(hub: Any, root: Any, endpoint: str, key_file: str | Non
     authorized = check_config(endpoint, key_file)
     inspector = Inspector(hub, root)
     service = ListenerService(endpoint, make_manhole_factory(hub, inspector, authorized),
-                              reactor=hub.reactor)
+                              reactor=hub.reactor, observer=True)
     service.setName("manhole")
     return service

@@ -22,6 +22,7 @@ from typing import Any
 from mqhub.errors import PluginError
 
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
 #: a field line of a class body (``name: type = default``) and a ``#:`` help comment line
 _FIELD = re.compile(r"^\s+(\w+)\s*:")
 _HELP = re.compile(r"^\s+#:\s?(.*)$")
@@ -39,6 +40,22 @@ class Setting:
     help: str
 
 
+def flag(value: Any) -> bool:
+    """A boolean option given as a bool or as text (true/false, yes/no, on/off, 1/0; empty is
+    false).
+
+    :raises ValueError: on any other text (a typo must not switch a feature off silently).
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
 def _aliases(config: Any) -> Mapping[str, str]:
     """Other accepted names of the settings' keys (alias -> field), from ``ALIASES``."""
     return getattr(config, "ALIASES", None) or {}
@@ -47,11 +64,12 @@ def _aliases(config: Any) -> Mapping[str, str]:
 def apply_settings(config: Any, raw: Mapping[str, Any], plugin: str) -> Any:
     """Set each ``raw`` key (dashes allowed for underscores) on the dataclass ``config``.
 
-    A value is converted to the type of the field's current value: bool (``1/true/yes/on``),
-    int, float, or str (empty = None). Keys listed in the class's ``ALIASES`` (alias -> field)
+    A value is converted to the type of the field's current value: bool (:func:`flag`), int,
+    float, or str (empty = None). Keys listed in the class's ``ALIASES`` (alias -> field)
     are accepted too. Returns ``config``.
 
-    :raises PluginError: on an unknown key or a value that is not a number where one is needed.
+    :raises PluginError: on an unknown key, or a value that is not a number or a boolean where
+        one is needed.
     """
     names = {f.name for f in fields(config) if f.init}
     aliases = _aliases(config)
@@ -63,7 +81,7 @@ def apply_settings(config: Any, raw: Mapping[str, Any], plugin: str) -> Any:
         default = getattr(config, key)
         try:
             if isinstance(default, bool):
-                parsed: Any = value if isinstance(value, bool) else str(value).lower() in _TRUE
+                parsed: Any = flag(value)
             elif isinstance(default, int):
                 parsed = int(value)
             elif isinstance(default, float):
@@ -71,7 +89,8 @@ def apply_settings(config: Any, raw: Mapping[str, Any], plugin: str) -> Any:
             else:
                 parsed = None if value in (None, "") else str(value)
         except ValueError:
-            raise PluginError(f"{plugin}: option {key} expects a number, got {value!r}") from None
+            wanted = "true or false" if isinstance(default, bool) else "a number"
+            raise PluginError(f"{plugin}: option {key} expects {wanted}, got {value!r}") from None
         setattr(config, key, parsed)
     return config
 

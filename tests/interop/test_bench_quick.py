@@ -19,8 +19,9 @@ from mqhub.cli import bench_names
 pytestmark = pytest.mark.interop
 
 MQHUB = Path(sys.executable).parent / "mqhub"
-#: a figure line: ``<figure> <number> ...`` (slow_consumer prints a table whose rows match too)
-FIGURE = re.compile(r"^[A-Za-z][\w.-]* +-?[\d.]+", re.M)
+#: a figure line: ``<figure> <number> ...`` (slow_consumer prints a table whose rows match
+#: too), or ``<name words> median <number>`` (startup)
+FIGURE = re.compile(r"^[A-Za-z][\w.-]* +-?[\d.]+|^[A-Za-z][\w.() -]*? median +[\d.]+", re.M)
 
 
 def test_every_benchmark_is_found() -> None:

@@ -116,7 +116,7 @@ def test_config_check_prints_the_effective_configuration(tmp_path: Path) -> None
     ("[nsq]\nmax_rdy = 1\n", ":2: nsq.max_rdy: unknown nsq option"),
     ('durability = "fast"\n', ":1: --durability must be one of"),
     ('protocols = "nats"\n[nats]\ntls_cert = "/no/such.pem"\n',
-     "mq9: cannot load TLS certificate"),
+     "mq9: cannot load TLS files: [Errno 2] No such file or directory"),
 ])
 def test_config_check_refuses_bad_files(tmp_path: Path, text: str, message: str) -> None:
     """Unknown keys, bad values and settings the protocol itself refuses (a missing

@@ -11,6 +11,7 @@ import pytest
 from twisted.python import usage
 
 from mqhub import config
+from mqhub.errors import PluginError
 from mqhub.plugin_settings import apply_settings, describe, settings_class
 from mqhub.plugins.builtin import BUILTIN
 from mqhub.tap import Options
@@ -72,6 +73,44 @@ write_deadline = 2
         "mq9": {"token": "s3cret", "write_deadline": 2}}
 
 
+def test_nats_security_websocket_monitoring_and_lame_duck_keys(tmp_path: Path) -> None:
+    """natsfeat's settings are NatsSettings fields (typed in the file, strict booleans on the
+    command line), its optional roles (monitor, ws) are --listen roles in the file and on the
+    command line, and the lame-duck and admin TLS options are top-level keys."""
+    options = parse(tmp_path, """
+protocols = "nats"
+lame-duck-duration = 30
+lame-duck-grace = 2.5
+admin-tls-verify = false
+[listen]
+"nats.monitor" = "tcp:8222:interface=127.0.0.1"
+[nats]
+tls_ca = "ca.pem"
+tls_verify = true
+tls_handshake_first = true
+nkeys = "UA,UB"
+users = "users.json"
+operator = "op.jwt"
+resolver_preload = "accounts.json"
+ws_no_tls = true
+ws_compression = true
+""", "--listen", "nats.ws=tcp:8080:interface=127.0.0.1", "--option", "nats.ws_tls_verify=yes")
+    assert options["endpoints"]["mq9"] == {"tcp": "tcp:4222:interface=127.0.0.1",
+                                           "monitor": "tcp:8222:interface=127.0.0.1",
+                                           "ws": "tcp:8080:interface=127.0.0.1"}
+    assert (options["lame-duck-duration"], options["lame-duck-grace"]) == (30.0, 2.5)
+    cls = settings_class(next(p for p in BUILTIN if p.name == "mq9"))
+    assert cls is not None
+    settings = apply_settings(cls(), options["plugin_options"]["mq9"], "mq9")
+    assert (settings.tls_verify, settings.tls_handshake_first, settings.ws_tls_verify,
+            settings.ws_no_tls, settings.ws_compression) == (True, True, True, True, True)
+    assert (settings.tls_ca, settings.nkeys, settings.users, settings.operator,
+            settings.resolver_preload, settings.resolver) == (
+        "ca.pem", "UA,UB", "users.json", "op.jwt", "accounts.json", "MEMORY")
+    with pytest.raises(PluginError, match="option tls_verify expects true or false"):
+        apply_settings(cls(), {"tls_verify": "maybe"}, "mq9")
+
+
 def test_the_command_line_overrides_the_file(tmp_path: Path) -> None:
     """Values, endpoints and protocol settings given on the command line win, wherever they
     stand relative to --config; what the command line leaves alone comes from the file."""
@@ -110,6 +149,9 @@ msg_timeout = 1000
     ('[nsq]\nmax_rdy_count = "many"',
      "mqhub.toml:3: nsq.max_rdy_count: expects a whole number, got 'many'"),
     ('[nats]\nwrite_deadline = true', "mqhub.toml:3: nats.write_deadline: expects a number"),
+    ('[nats]\ntls_verify = "maybe"', "mqhub.toml:3: nats.tls_verify: expects true or false"),
+    ('[listen]\n"nats.mon" = "tcp:1"',
+     "mqhub.toml:3: listen.nats.mon: --listen: mq9 has no role 'mon'; roles: tcp, monitor, ws"),
     ('[nsq]\nhostname = 5', "mqhub.toml:3: nsq.hostname: expects a string, got 5"),
     ('[listen]\n"nsq.nope" = "tcp:1"', "mqhub.toml:3: listen.nsq.nope: --listen: nsq has no role"),
     ('[listen.redis]\ntcp = "tcp:1"', "mqhub.toml:3: listen.redis.tcp: --listen: unknown protocol"),
@@ -178,6 +220,8 @@ def test_the_example_names_every_option_and_setting_with_its_help() -> None:
     for plugin in BUILTIN:
         for role, endpoint in plugin.default_endpoints.items():
             assert data["listen"][f"{plugin.name}.{role}"] == endpoint
+        for role in plugin.optional_roles:
+            assert f'# "{plugin.name}.{role}" = ...' in lines
 
 
 def test_the_example_reads_back_as_the_defaults(tmp_path: Path) -> None:

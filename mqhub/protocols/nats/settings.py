@@ -11,7 +11,7 @@ from mqhub.protocols.nats.mq9_common import DEFAULT_MAX_MAILBOXES
 from mqhub.protocols.nats.mq9_common import PREFIX as MQ9_PREFIX
 
 __all__ = ["NatsSettings", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
-           "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK"]
+           "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK", "STALL_MIN", "STALL_MAX"]
 
 CRLF = b"\r\n"
 SERVER_VERSION = "2.10.0"
@@ -29,6 +29,11 @@ WIRE_ERRORS: dict[str, str | None] = {
 
 #: bytes read per turn: bigger reads = bigger mq9 groups per store commit, fewer turns for core
 READ_SIZE = 256 * 1024
+#: seconds a publisher is not read after a read that left a subscriber above 3/4 of its
+#: ``max_pending`` (from STALL_MIN at half the budget up to STALL_MAX at all of it), as
+#: nats-server's fast-producer stall (2–5 ms)
+STALL_MIN = 0.002
+STALL_MAX = 0.005
 
 
 @dataclass
@@ -41,12 +46,11 @@ class NatsSettings:
     max_payload: int = codec.DEFAULT_MAX_PAYLOAD
     #: longest protocol line (bytes)
     max_control_line: int = codec.MAX_CONTROL_LINE
-    #: bytes that may pile up for one subscriber before it is closed as a slow consumer
+    #: bytes of output that may wait for one connection (nats-server's max_pending); one byte
+    #: more and it is cut as a slow consumer
     max_pending: int = 64 * 1024 * 1024
-    #: backed-up bytes at which publishers stop being read (capped at 75 % of max_pending)
-    stall_bytes: int = 8 * 1024 * 1024
-    #: seconds a subscriber may stay backed up past stall_bytes before it is closed as a slow
-    #: consumer
+    #: seconds a connection may stay backed up (its socket refusing output) before it is cut as
+    #: a slow consumer (nats-server's write_deadline); 0 turns the deadline off
     write_deadline: float = 10.0
     #: seconds between server PINGs (0 = none)
     ping_interval: float = 120.0
@@ -60,6 +64,18 @@ class NatsSettings:
     user: str | None = None
     #: the password of user (also as pass)
     password: str | None = None
+    #: comma-separated public nkeys (U...) of users who sign the INFO nonce with their seed
+    nkeys: str | None = None
+    #: JSON file of nats-server's users = [...] entries (nkey or user/password users, each with
+    #: optional publish/subscribe permissions)
+    users: str | None = None
+    #: operator JWTs or their files (comma-separated): operator mode, JWT users only
+    operator: str | None = None
+    #: the account resolver of operator mode; only nats-server's MEMORY is supported
+    resolver: str = "MEMORY"
+    #: account JWTs: a JSON object {"A...": "<jwt>"} (nats-server's resolver_preload) or a
+    #: directory of *.jwt files
+    resolver_preload: str | None = None
     #: server_name in INFO
     server_name: str = "mqhub"
     #: PEM certificate (and key): INFO says tls_required and the connection upgrades to TLS
@@ -67,6 +83,24 @@ class NatsSettings:
     tls_cert: str | None = None
     #: PEM key when it is not in the tls_cert file
     tls_key: str | None = None
+    #: PEM CA certificates client certificates must chain to (with tls_verify)
+    tls_ca: str | None = None
+    #: clients must present a certificate signed by a tls_ca CA (INFO says tls_verify)
+    tls_verify: bool = False
+    #: TLS starts at once, before INFO (nats-server's handshake_first)
+    tls_handshake_first: bool = False
+    #: WebSocket listener (--listen nats.ws=...): PEM certificate (and key) for wss://
+    ws_tls_cert: str | None = None
+    #: WebSocket listener: PEM key when it is not in the ws_tls_cert file
+    ws_tls_key: str | None = None
+    #: WebSocket listener: PEM CA certificates client certificates must chain to
+    ws_tls_ca: str | None = None
+    #: WebSocket listener: clients must present a certificate signed by a ws_tls_ca CA
+    ws_tls_verify: bool = False
+    #: WebSocket listener: allow plain ws:// off the loopback interface (nats-server's no_tls)
+    ws_no_tls: bool = False
+    #: WebSocket listener: accept permessage-deflate (nats-server's compression)
+    ws_compression: bool = False
     #: mq9: seconds between TTL sweeps
     sweep_interval: float = 1.0
     #: mq9: unread messages a mailbox holds; beyond it INBOX publishes get an error

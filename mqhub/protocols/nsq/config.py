@@ -56,6 +56,11 @@ class NsqConfig:
     tls_key: str | None = None
     #: refuse clients that do not upgrade to TLS (accepted, not enforced yet: docs/protocols/nsq.md)
     tls_required: bool = False
+    #: CA certificates (PEM) client certificates must chain to (nsqd's --tls-root-ca-file)
+    tls_ca: str | None = None
+    #: require and verify a client certificate after tls_v1 (nsqd's
+    #: --tls-client-auth-policy=require-verify)
+    tls_verify: bool = False
     #: JSON secrets file; clients must AUTH (also --nsq-auth-secrets; docs/protocols/nsq.md)
     auth_secrets: str | None = None
     #: address the HTTP API and /lookup announce for this node
