@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from bisect import bisect_left
 from collections import deque
-from operator import itemgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 from mqhub.core.account import MemoryAccount
@@ -26,6 +25,7 @@ from mqhub.core.empty import NO_IDS, NO_LIST, NO_MAP
 from mqhub.core.ids import IdGenerator
 from mqhub.core.tail import ENTRY_COST, pop_head, ready_key, sized, stays_sorted, tail_limit, trim
 from mqhub.interfaces import IMessageStore
+from mqhub.records import MSG_ID, PRIORITY, get_body, get_key, get_msg_id
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry, EntryKey
 
@@ -49,10 +49,6 @@ FIRST_PAGE = 64
 WAIT_COMMIT = 1
 WAIT_HOLD = 2
 
-#: an entry's id, expiry and body (column reads over a page, in C: no Python loop per entry)
-_ID = itemgetter(0)
-_EXPIRES = itemgetter(4)
-_BODY = itemgetter(7)
 
 
 class PendingBatch:
@@ -175,15 +171,16 @@ class Backlog:
         h = self.horizon
         if h is None:
             return self.stored_only > 0
-        p = entry[1]
-        return p < h[0] or (p == h[0] and entry[0] > h[1])
+        p = entry[PRIORITY]
+        priority, msg_id = h
+        return p < priority or (p == priority and entry[MSG_ID] > msg_id)
 
     def awaiting(self) -> int:
         """Puts of uncommitted batches that wait to enter the window."""
         if not self._pending:
             return 0
-        return sum([len(p[0]) for rec in self._pending.values() if rec.awaiting
-                    for p in rec.awaiting])
+        return sum([len(entries) for rec in self._pending.values() if rec.awaiting
+                    for entries, _ in rec.awaiting])
 
     @property
     def pending(self) -> bool:
@@ -267,7 +264,7 @@ class Backlog:
 
     def refused(self, rec: PendingBatch) -> None:
         """``rec``'s batch was refused by the store: its puts are not kept."""
-        n = sum(len(p[0]) for p in rec.awaiting) if rec.awaiting else 0
+        n = sum(len(entries) for entries, _ in rec.awaiting) if rec.awaiting else 0
         log.warning("%s: %d message(s) refused by the store are not kept", self.name,
                     n + rec.stored_only)
         if rec.stored_only:
@@ -275,8 +272,8 @@ class Backlog:
             self.stored_only = max(0, self.stored_only - rec.stored_only)
             self.put_gen += 1
             if self._tail:
-                gone = {e[0] for e in rec.batch.puts.get(self.name, ())}
-                keep = [e for e in self._tail if e[0] not in gone]
+                gone = {e[MSG_ID] for e in rec.batch.puts.get(self.name, ())}
+                keep = [e for e in self._tail if e[MSG_ID] not in gone]
                 self._tail.clear()
                 self._tail.extend(keep)
                 self._recharge()
@@ -335,10 +332,10 @@ class Backlog:
         if uniform:
             # one priority and fresh (largest) ids: the first entry decides for the batch
             keep = [] if self.after_horizon(entries[0]) else entries
-            key = None if keep else (-entries[0][1], entries[0][0])
+            key = None if keep else ready_key(entries[0])
         else:
             keep = [e for e in entries if not self.after_horizon(e)]
-            key = min(((-e[1], e[0]) for e in entries if self.after_horizon(e)), default=None)
+            key = min((ready_key(e) for e in entries if self.after_horizon(e)), default=None)
         if key is not None:
             if batch is not None:
                 self._hold(batch, key)
@@ -373,12 +370,12 @@ class Backlog:
             taken: list[Entry] = []
             kept: list[tuple[list[Entry], bool]] = []
             for entries, uniform in puts:
-                hit = [e for e in entries if e[0] in wanted]
+                hit = [e for e in entries if e[MSG_ID] in wanted]
                 if not hit:
                     kept.append((entries, uniform))
                     continue
                 taken.extend(hit)
-                rest = [e for e in entries if e[0] not in wanted]   # a new list: it is shared
+                rest = [e for e in entries if e[MSG_ID] not in wanted]   # a new list: it is shared
                 if rest:
                     kept.append((rest, uniform))
             if taken:
@@ -392,13 +389,13 @@ class Backlog:
         remains a prefix and nothing is read twice); return the others, for the window."""
         back: list[Entry] = []
         for e in entries:
-            if self.stored_only and e[0] not in volatile and self.after_horizon(e):
+            if self.stored_only and e[MSG_ID] not in volatile and self.after_horizon(e):
                 self.stored_only += 1
                 self.put_gen += 1
                 if self.page_wait == WAIT_COMMIT:
                     self.page_wait = 0
                 if self._pending:
-                    self.hold_all((-e[1], e[0]))
+                    self.hold_all(ready_key(e))
             else:
                 back.append(e)
         return back
@@ -408,7 +405,7 @@ class Backlog:
         """The window dropped ``dropped`` (last in ready order first) to the backlog and now
         ends at ``horizon``; ``whole``: the remembered tail was the whole backlog before."""
         if dropped:
-            big = max(map(len, map(_BODY, dropped)))
+            big = max(map(len, map(get_body, dropped)))
             if big > self.body_max:
                 self.body_max = big
             self.stored_only += len(dropped)
@@ -421,7 +418,7 @@ class Backlog:
             if self.page_wait == WAIT_COMMIT:
                 self.page_wait = 0
             if self._pending:
-                self.hold_all((-low[1], low[0]))
+                self.hold_all(ready_key(low))
         self.horizon = horizon
         if self._pending:
             self._awaiting_past_horizon(tail_budget)
@@ -450,8 +447,8 @@ class Backlog:
                 self.stored_only += len(past)
                 self.put_gen += 1
                 if len(past) < len(entries):
-                    ids = {e[0] for e in past}
-                    kept.append(([e for e in entries if e[0] not in ids], uniform))
+                    ids = set(map(get_msg_id, past))
+                    kept.append(([e for e in entries if e[MSG_ID] not in ids], uniform))
             rec.awaiting = kept or None
 
     # -- the remembered tail -------------------------------------------------------------------
@@ -471,7 +468,7 @@ class Backlog:
         sorting before its last entry) are not remembered and will be read back from the store;
         sorting or filtering an out-of-order tail would cost the whole tail (up to ~322,000
         entries, a pause of tens of ms)."""
-        big = max(map(len, map(_BODY, entries)))
+        big = max(map(len, map(get_body, entries)))
         if big > self.body_max:
             self.body_max = big
         tail = self._tail = sized(self._tail, tail_limit(budget, self.body_max))
@@ -516,7 +513,7 @@ class Backlog:
             return take
         if tail:
             last = take[-1]
-            self.horizon = (last[1], last[0])
+            self.horizon = get_key(last)
             self.stored_only = len(tail)
         else:
             self.clear()
@@ -585,8 +582,8 @@ class Backlog:
             return _NOTHING
         short = len(entries) < asked
         cut = False
-        if cap is not None and entries and (-entries[-1][1], entries[-1][0]) >= cap:
-            entries = [e for e in entries if (-e[1], e[0]) < cap]
+        if cap is not None and entries and ready_key(entries[-1]) >= cap:
+            entries = [e for e in entries if ready_key(e) < cap]
             short = False
             cut = True
             if not entries:
@@ -601,20 +598,20 @@ class Backlog:
                 return PageResult(NO_LIST, 0.05, False)
             return PageResult(NO_LIST, self._wait_or_retry(WAIT_COMMIT, settled_meanwhile),
                               False)
-        ids = list(map(_ID, entries))
+        ids = list(map(get_msg_id, entries))
         # the usual page shares no id with the in-flight / claimed maps: test that in C and
         # keep the page as it is; filter entry by entry only when some id is shared
         if (inflight and not inflight.keys().isdisjoint(ids)) or (
                 claimed and not claimed.keys().isdisjoint(ids)):
-            fresh = [e for e in entries if e[0] not in inflight and e[0] not in claimed]
+            fresh = [e for e in entries if e[MSG_ID] not in inflight and e[MSG_ID] not in claimed]
         else:
             fresh = entries
         if self._skip:
             skip = self._skip
             if not skip.isdisjoint(ids):
-                gone = [e for e in fresh if e[0] in skip]
+                gone = [e for e in fresh if e[MSG_ID] in skip]
                 if gone:
-                    fresh = [e for e in fresh if e[0] not in skip]
+                    fresh = [e for e in fresh if e[MSG_ID] not in skip]
                     self.stored_only = max(0, self.stored_only - len(gone))
             self._skip = NO_IDS
         if self._pending or gone_ids:
@@ -623,12 +620,12 @@ class Backlog:
             for gone_run in gone_ids:
                 dead.update(gone_run)
             if dead and not dead.isdisjoint(ids):
-                fresh = [e for e in fresh if e[0] not in dead]
+                fresh = [e for e in fresh if e[MSG_ID] not in dead]
         last = entries[-1]
-        self.horizon = (last[1], last[0])
+        self.horizon = get_key(last)
         self._ids.observe(max(ids))
         if fresh:
-            big = max(map(len, map(_BODY, fresh)))
+            big = max(map(len, map(get_body, fresh)))
             if big > self.body_max:
                 self.body_max = big
         self.stored_only = max(0, self.stored_only - len(fresh))
@@ -689,7 +686,7 @@ class Backlog:
             self.stored_only = 0
             self.horizon = None
             return False
-        self.horizon = (page[-1][1], page[-1][0])
+        self.horizon = get_key(page[-1])
         self.stored_only = max(0, self.stored_only - len(page))
         if not self.stored_only:
             self.horizon = None

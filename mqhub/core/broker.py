@@ -47,6 +47,7 @@ from mqhub.core.tail import TAILS_BYTES
 from mqhub.core.window import WINDOW_FLOOR, WINDOWS_BYTES
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
 from mqhub.interfaces import IBinding, ICore, IQueue
+from mqhub.records import DELIVER_AT, MSG_ID, get_msg_id
 from mqhub.store.batch import WriteBatch
 from mqhub.store.codec import encode_meta
 from mqhub.store.journal_recorder import NULL_RECORDER, NullRecorder
@@ -452,7 +453,7 @@ class Broker:
                         persist: bool = True) -> Deferred[None]:
         """Publish prebuilt entry tuples (replays, moves) to ``address``."""
         route = self.route(address)
-        deliver_at = max((e[3] for e in entries), default=0.0)
+        deliver_at = max((e[DELIVER_AT] for e in entries), default=0.0)
         return self._publish(route, address, entries, persist, deliver_at)
 
     def entry_fits(self, address: str, headers: dict[str, str] | None, origin: str) -> bool:
@@ -564,7 +565,7 @@ class Broker:
         """List up to ``limit`` dead letters of the queue, oldest first, after msg id ``after``."""
         q = self._get(queue_name)
         if not q.durable:
-            items = [e for e in q.memory_dead_letters() if after is None or e[0] > after][:limit]
+            items = [e for e in q.memory_dead_letters() if after is None or e[MSG_ID] > after][:limit]
             return succeed([DeadLetter.from_entry(e, queue_name) for e in items])
         d = self.store.read_entries(dlq_name(queue_name),
                                     None if after is None else (0, after), limit)
@@ -577,15 +578,15 @@ class Broker:
         q = self._get(queue_name)
         wanted = None if msg_ids is None else set(msg_ids)
         dead = yield all_dead_letters(self.store, q)
-        chosen = [e for e in dead if wanted is None or e[0] in wanted]
+        chosen = [e for e in dead if wanted is None or e[MSG_ID] in wanted]
         if not chosen:
             return 0
         b = WriteBatch()
         if q.durable:
-            b.delete_entries(dlq_name(queue_name), [(0, e[0]) for e in chosen])
+            b.delete_entries(dlq_name(queue_name), [(0, e[MSG_ID]) for e in chosen])
         else:
-            ids = {e[0] for e in chosen}
-            q.keep_memory_dead_letters([e for e in q.memory_dead_letters() if e[0] not in ids],
+            ids = set(map(get_msg_id, chosen))
+            q.keep_memory_dead_letters([e for e in q.memory_dead_letters() if e[MSG_ID] not in ids],
                                        replace=True)
         entries = sorted((from_dead(e) for e in chosen), key=entry_order)
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
@@ -599,17 +600,17 @@ class Broker:
         q = self._get(queue_name)
         dead = yield all_dead_letters(self.store, q)
         wanted = None if msg_ids is None else set(msg_ids)
-        chosen = [e for e in dead if wanted is None or e[0] in wanted]
+        chosen = [e for e in dead if wanted is None or e[MSG_ID] in wanted]
         if q.durable:
             b = WriteBatch()
             if wanted is None:
                 b.purge_queue(dlq_name(queue_name))
             else:
-                b.delete_entries(dlq_name(queue_name), [(0, e[0]) for e in chosen])
+                b.delete_entries(dlq_name(queue_name), [(0, e[MSG_ID]) for e in chosen])
             yield self.commits.commit(b)
         else:
-            ids = {e[0] for e in chosen}
-            q.keep_memory_dead_letters([e for e in q.memory_dead_letters() if e[0] not in ids],
+            ids = set(map(get_msg_id, chosen))
+            q.keep_memory_dead_letters([e for e in q.memory_dead_letters() if e[MSG_ID] not in ids],
                                        replace=True)
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
         return len(chosen)

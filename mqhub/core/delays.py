@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from mqhub.core.commits import Commits
 from mqhub.core.counters import Counters
+from mqhub.records import MSG_ID
 from mqhub.store import due_rows
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry, entry_order
@@ -107,7 +108,7 @@ class Delays:
             prefix = DUE_PREFIX + queue.name.encode() + b"/"
             inc = queue.incarnation
             for e in entries:
-                batch.put_due(when, prefix + e[0].to_bytes(8, "big"),
+                batch.put_due(when, prefix + e[MSG_ID].to_bytes(8, "big"),
                               due_rows.encode_queue_row(inc, e))
             self._clock.callLater(0, self._scheduler.note_due, when)
         else:
@@ -129,7 +130,7 @@ class Delays:
         marks = tuple((q.name, q.incarnation) for q in queues)
         if persist and self._scheduler is not None and any(q.durable for q in queues):
             for e in entries:
-                batch.put_due(when, ADDRESS_DUE_PREFIX + e[0].to_bytes(8, "big"),
+                batch.put_due(when, ADDRESS_DUE_PREFIX + e[MSG_ID].to_bytes(8, "big"),
                               due_rows.encode_address_row(address, marks, e))
             self._clock.callLater(0, self._scheduler.note_due, when)
         else:
@@ -276,7 +277,7 @@ class Delays:
                 q.deferred = max(0, q.deferred - n)
         cut = self.cuts.get(address)
         if cut is not None and PARK_PREFIX + address in counted:
-            entries = [e for e in entries if e[0] >= cut]
+            entries = [e for e in entries if e[MSG_ID] >= cut]
             if not entries:
                 return
         route = self._route(address)

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from mqhub.core.consumer import Consumer
 from mqhub.core.empty import NO_LIST, NO_MAP
+from mqhub.records import MSG_ID, get_msg_id
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry, entry_order
 
@@ -129,7 +130,7 @@ class Fanout:
     def spread(self, entries: list[Entry], now: float) -> None:
         """Hand every sub-queue a copy of ``entries`` (refcounted here)."""
         links = list(self.links)
-        ids = [e[0] for e in entries]
+        ids = list(map(get_msg_id, entries))
         self.claimed.update(zip(ids, entries, strict=False))
         self._refs.update(dict.fromkeys(ids, len(links)))
         for link in links:
@@ -141,7 +142,7 @@ class Fanout:
         """``link``'s sub-queue is finished with ``entries``: release the copies."""
         finished: list[Entry] = []
         for e in entries:
-            mid = e[0]
+            mid = e[MSG_ID]
             if mid not in link.open:
                 continue
             link.open.discard(mid)

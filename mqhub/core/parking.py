@@ -26,7 +26,7 @@ from mqhub.core.delays import PARK_PREFIX, Delays, Timers
 from mqhub.core.ids import IdGenerator
 from mqhub.core.queue import Queue
 from mqhub.core.routing import Router
-from mqhub.records import validate_address
+from mqhub.records import get_key, validate_address
 from mqhub.store.batch import WriteBatch
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ class Parking:
 
         def move() -> None:
             if entries:
-                b.delete_entries(q.name, [(e[1], e[0]) for e in entries])
+                b.delete_entries(q.name, list(map(get_key, entries)))
                 for dest in dests:
                     dest.put(entries, b, True, now)
                 moving_now[address] = moving_now.get(address, 0) + 1

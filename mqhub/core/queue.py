@@ -26,6 +26,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred
@@ -47,23 +48,32 @@ from mqhub.core.window import ReadyWindow
 from mqhub.errors import InvalidName, NoSuchQueue
 from mqhub.interfaces import IConsumer, IMessageStore, IQueue
 from mqhub.records import (
+    ATTEMPTS,
+    EXPIRES_AT,
+    HEADERS,
     MAX_ATTEMPTS_HEADER,
     MODES,
+    MSG_ID,
     NOT_IN_FLIGHT,
     NOT_OWNER,
     OVERFLOW_POLICIES,
+    PRIORITY,
     REASON_EXPIRED,
     REASON_MAX_ATTEMPTS,
     REASON_OVERFLOW,
     REASON_REJECTED,
     TIER_DURABLE,
     TIER_MEMORY,
+    get_key,
+    get_msg_id,
 )
 from mqhub.store.batch import WriteBatch
 from mqhub.store.journal_recorder import NullRecorder
 from mqhub.store.records import Entry
 
 log = logging.getLogger(__name__)
+#: an entry's ``(priority, msg_id, attempts)``, what ``WriteBatch.set_attempts`` takes
+_KEY_ATTEMPTS = itemgetter(PRIORITY, MSG_ID, ATTEMPTS)
 
 __all__ = ["Consumer", "Queue", "QueueContext", "MAX_ATTEMPTS_HEADER", "OVERFLOW_POLICIES",
            "MODES", "NOT_IN_FLIGHT", "NOT_OWNER", "SETTINGS_PREFIX"]
@@ -71,7 +81,6 @@ __all__ = ["Consumer", "Queue", "QueueContext", "MAX_ATTEMPTS_HEADER", "OVERFLOW
 #: store meta key prefix of a durable queue's settings (``q/<name>``, JSON; read on recovery)
 SETTINGS_PREFIX = "q/"
 _MEM_DEAD_LIMIT = 10_000
-_EXPIRES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,8 +374,8 @@ class Queue:
         committed (the backlog keeps them meanwhile): none is delivered before its put is stored.
         """
         n = len(entries)
-        if not self.may_expire and entries and (entries[0][_EXPIRES] if uniform
-                                                else any(e[_EXPIRES] for e in entries)):
+        if not self.may_expire and entries and (entries[0][EXPIRES_AT] if uniform
+                                                else any(e[EXPIRES_AT] for e in entries)):
             self.may_expire = True
         b = self.backlog
         if stored and batch is not None:
@@ -409,7 +418,7 @@ class Queue:
         else:
             self.dropped_count += len(victims)
             if self.durable and batch is not None:
-                batch.delete_entries(self.name, [(e[1], e[0]) for e in victims])
+                batch.delete_entries(self.name, list(map(get_key, victims)))
                 self._mark(batch)
 
     def insert_ready(self, entries: list[Entry]) -> None:
@@ -511,9 +520,9 @@ class Queue:
         take = b.take_tail(room)
         if not take:
             return
-        if not self.may_expire and any(e[_EXPIRES] for e in take):
+        if not self.may_expire and any(e[EXPIRES_AT] for e in take):
             self.may_expire = True
-        if take[0][1] == take[-1][1]:
+        if take[0][PRIORITY] == take[-1][PRIORITY]:
             ready.enter(take, True)    # in ready order, one priority: appended when it can be
         else:
             ready.insert(take)
@@ -531,11 +540,11 @@ class Queue:
                         not self.deleted and incarnation == self.incarnation, inflight, claimed)
         fresh = result.fresh
         if fresh:
-            if not self.may_expire and any(e[_EXPIRES] for e in fresh):
+            if not self.may_expire and any(e[EXPIRES_AT] for e in fresh):
                 self.may_expire = True
             # a page is in ready order (IStore.read_entries) and ``fresh`` keeps its order: a
             # page of one priority is in id order, appended as it is when it sorts after
-            if fresh[0][1] == fresh[-1][1]:
+            if fresh[0][PRIORITY] == fresh[-1][PRIORITY]:
                 self.ready.enter(fresh, True)
             else:
                 self.ready.insert(fresh)
@@ -588,7 +597,7 @@ class Queue:
         self.dead_letter_count += len(entries)
         dead = [to_dead(e, self.name, reason, error, now) for e in entries]
         if self.durable and batch is not None:
-            batch.delete_entries(self.name, [(e[1], e[0]) for e in entries])
+            batch.delete_entries(self.name, list(map(get_key, entries)))
             batch.put_entries(dlq_name(self.name), dead)
             self._mark(batch)
         else:
@@ -612,9 +621,11 @@ class Queue:
 
     def _drop_expired(self, entries: list[Entry], now: float, ttl_cut: int) -> list[Entry]:
         """Expire the entries of ``entries`` past their deadline or the queue TTL; return the rest."""
-        live = [e for e in entries if not ((e[4] and e[4] <= now) or e[0] < ttl_cut)]
+        live = [e for e in entries
+                if not ((e[EXPIRES_AT] and e[EXPIRES_AT] <= now) or e[MSG_ID] < ttl_cut)]
         if len(live) != len(entries):
-            self._expire([e for e in entries if (e[4] and e[4] <= now) or e[0] < ttl_cut], now)
+            self._expire([e for e in entries
+                          if (e[EXPIRES_AT] and e[EXPIRES_AT] <= now) or e[MSG_ID] < ttl_cut], now)
         return live
 
     def _expire(self, entries: list[Entry], now: float) -> None:
@@ -626,13 +637,13 @@ class Queue:
             return
         volatile = self.ready.volatile
         if volatile:
-            volatile.difference_update([e[0] for e in entries])
+            volatile.difference_update(list(map(get_msg_id, entries)))
         self.expired_count += len(entries)
         b = WriteBatch()
         if self.expire_to_dead_letters:
             self._dead(entries, REASON_EXPIRED, "expired", b, now)
         elif self.durable:
-            b.delete_entries(self.name, [(e[1], e[0]) for e in entries])
+            b.delete_entries(self.name, list(map(get_key, entries)))
         if b:
             self._write(b)
 
@@ -661,10 +672,10 @@ class Queue:
         if b is not None:
             b.skip_ids(wanted)      # a page being read may still hold them
         removed = self.ready.remove(wanted)
-        gone = {e[0] for e in removed}
+        gone = set(map(get_msg_id, removed))
         if b is not None and b.pending and len(gone) < len(wanted):
             for batch, taken in b.take_awaiting(wanted - gone):
-                gone.update([e[0] for e in taken])
+                gone.update(list(map(get_msg_id, taken)))
                 self.ctx.commits.on_settled(batch, self._drop_when_stored(taken))
         if not gone:
             return ids
@@ -675,18 +686,18 @@ class Queue:
     def _removed_from_window(self, removed: list[Entry], gone: set[int]) -> None:
         """``removed`` entries were taken out of the window: delete their stored rows."""
         volatile = self.ready.volatile
-        stored = [e for e in removed if e[0] not in volatile]
+        stored = [e for e in removed if e[MSG_ID] not in volatile]
         if volatile:
             volatile.difference_update(gone)
         if stored and self.durable:
-            self._drop_stored([(e[1], e[0]) for e in stored])
+            self._drop_stored(list(map(get_key, stored)))
         if self.link is not None:
             self.link.done(removed)
         self._maybe_page()
 
     def _drop_when_stored(self, taken: list[Entry]) -> Callable[[bool], None]:
         """A settle callback deleting the stored rows of ``taken`` once their put is stored."""
-        keys = [(e[1], e[0]) for e in taken]
+        keys = list(map(get_key, taken))
 
         def settled(ok: bool) -> None:
             if ok:
@@ -717,7 +728,7 @@ class Queue:
         self.ctx.journal.taken(self, out)
         if out and self.durable:
             b = WriteBatch()
-            b.delete_entries(self.name, [(e[1], e[0]) for e in out])
+            b.delete_entries(self.name, list(map(get_key, out)))
             self._write(b)
         self._maybe_page()
         return out
@@ -772,7 +783,7 @@ class Queue:
         """Fan-out: every subscriber is done with ``entries``: delete their stored copies."""
         if self.durable:
             b = WriteBatch()
-            b.delete_entries(self.name, [(e[1], e[0]) for e in entries])
+            b.delete_entries(self.name, list(map(get_key, entries)))
             self._write(b)
 
     def _fan_dead(self, entries: list[Entry], reason: str, error: str | None,
@@ -857,8 +868,11 @@ class Queue:
                     self._again = True
                 if not taken:
                     continue
-            out = [(a, b, n + 1, d, x, f, g, h, i) for a, b, n, d, x, f, g, h, i in taken]
-            ids = [e[0] for e in out]
+            out = [(msg_id, priority, attempts + 1, deliver_at, expires_at, address, headers,
+                    body, origin)
+                   for msg_id, priority, attempts, deliver_at, expires_at, address, headers,
+                   body, origin in taken]
+            ids = list(map(get_msg_id, out))
             journal.delivered(self, out, ids)
             inflight = self.inflight
             if inflight is None:
@@ -866,7 +880,7 @@ class Queue:
             inflight.add(c, ids, out, now + c.timeout)
             if record:
                 b = WriteBatch()
-                b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in out])
+                b.set_attempts(self.name, list(map(_KEY_ATTEMPTS, out)))
                 self.ctx.commits.commit(b)
             self.ctx.counters.deliver(c.target, len(out))
             try:
@@ -945,7 +959,7 @@ class Queue:
                 # and no pass over the entries (a copy: the batch keeps it until the commit)
                 b.delete_ids(self.name, prios[0], ids[:])
             else:
-                b.delete_entries(self.name, [(e[1], e[0]) for e in got])
+                b.delete_entries(self.name, list(map(get_key, got)))
             self._write(b)
         journal = self.ctx.journal
         if journal.enabled:
@@ -988,13 +1002,13 @@ class Queue:
         back: list[Entry] = []
         for e in got:
             limit = self.max_attempts
-            h = e[6]
+            h = e[HEADERS]
             if h and MAX_ATTEMPTS_HEADER in h:
                 try:
                     limit = int(h[MAX_ATTEMPTS_HEADER])
                 except (TypeError, ValueError):
                     pass
-            if limit > 0 and e[2] >= limit:
+            if limit > 0 and e[ATTEMPTS] >= limit:
                 dead.append(e)
             else:
                 back.append(e)
@@ -1003,10 +1017,10 @@ class Queue:
         if back:
             self.ctx.journal.requeued(self, back, error)
             if self.durable:
-                b.set_attempts(self.name, [(e[1], e[0], e[2]) for e in back])
+                b.set_attempts(self.name, list(map(_KEY_ATTEMPTS, back)))
             if delay and delay > 0:
                 if self.durable:
-                    b.delete_entries(self.name, [(e[1], e[0]) for e in back])
+                    b.delete_entries(self.name, list(map(get_key, back)))
                 self.ctx.defer(self, back, now + delay, b)
             else:
                 self._return(back)

@@ -14,10 +14,10 @@ import heapq
 from bisect import bisect_left
 from collections import deque
 from itertools import repeat
-from operator import itemgetter
 
 from mqhub.core.account import MemoryAccount
 from mqhub.core.empty import NO_IDS, NO_LIST, NO_MAP
+from mqhub.records import BODY, EXPIRES_AT, MSG_ID, PRIORITY, get_body, get_key, get_msg_id
 from mqhub.store.records import Entry, EntryKey
 
 #: default body bytes all durable queues' windows may hold together (Broker ``windows_bytes``,
@@ -31,8 +31,6 @@ WINDOWS_BYTES = 256 << 20
 WINDOW_FLOOR = 64 << 10
 
 _POPLEFT = deque.popleft
-_BODY = itemgetter(7)
-_ID = itemgetter(0)
 
 
 class ReadyWindow:
@@ -68,11 +66,11 @@ class ReadyWindow:
 
     def _charge_in(self, entries: list[Entry]) -> None:
         """``entries`` entered the window: charge their body bytes."""
-        self.charge(sum(map(len, map(_BODY, entries))))
+        self.charge(sum(map(len, map(get_body, entries))))
 
     def _charge_out(self, entries: list[Entry]) -> None:
         """``entries`` left the window: give their body bytes back."""
-        self.charge(-sum(map(len, map(_BODY, entries))))
+        self.charge(-sum(map(len, map(get_body, entries))))
 
     # -- adding --------------------------------------------------------------------------------
 
@@ -92,17 +90,17 @@ class ReadyWindow:
         """``entries`` (about to enter) are not in the store: never evict them."""
         if self.volatile is NO_IDS:
             self.volatile = set()
-        self.volatile.update(map(_ID, entries))
+        self.volatile.update(map(get_msg_id, entries))
 
     def enter(self, entries: list[Entry], uniform: bool) -> None:
         """Add ``entries`` (in id order; ``uniform``: one priority): appended when they sort
         after the window's entries of their priority, else merged in."""
         if not entries:
             return
-        p = entries[0][1]
+        p = entries[0][PRIORITY]
         d = self._deque(p)
-        last = d[-1][0] if d else -1
-        if entries[0][0] > last and (uniform or all(e[1] == p for e in entries)):
+        last = d[-1][MSG_ID] if d else -1
+        if entries[0][MSG_ID] > last and (uniform or all(e[PRIORITY] == p for e in entries)):
             d.extend(entries)
             self.count += len(entries)
             self._charge_in(entries)
@@ -111,12 +109,12 @@ class ReadyWindow:
 
     def _place(self, entry: Entry) -> None:
         """Put one entry at its place in its priority's deque and count it (not its bytes)."""
-        d = self._deque(entry[1])
-        mid = entry[0]
-        if not d or d[-1][0] < mid:
+        d = self._deque(entry[PRIORITY])
+        mid = entry[MSG_ID]
+        if not d or d[-1][MSG_ID] < mid:
             d.append(entry)
         else:
-            ids = [e[0] for e in d]
+            ids = list(map(get_msg_id, d))
             d.insert(bisect_left(ids, mid), entry)
         self.count += 1
 
@@ -132,11 +130,11 @@ class ReadyWindow:
             return
         by_prio: dict[int, list[Entry]] = {}
         for e in entries:
-            by_prio.setdefault(e[1], []).append(e)
+            by_prio.setdefault(e[PRIORITY], []).append(e)
         for p, group in by_prio.items():
             group.sort()
             d = self._deque(p)
-            if not d or d[-1][0] < group[0][0]:
+            if not d or d[-1][MSG_ID] < group[0][MSG_ID]:
                 d.extend(group)
             else:
                 merged = deque(heapq.merge(d, group))
@@ -151,7 +149,7 @@ class ReadyWindow:
         self.count -= len(out)
         self._charge_out(out)
         if self.volatile and out:
-            self.volatile.difference_update(map(_ID, out))
+            self.volatile.difference_update(map(get_msg_id, out))
         return out
 
     def pop(self, n: int) -> list[Entry]:
@@ -190,10 +188,10 @@ class ReadyWindow:
             d = self._ready[p]
             if not d:
                 continue
-            hit = [e for e in d if e[0] in wanted]
+            hit = [e for e in d if e[MSG_ID] in wanted]
             if hit:
                 removed.extend(hit)
-                keep = [e for e in d if e[0] not in wanted]
+                keep = [e for e in d if e[MSG_ID] not in wanted]
                 d.clear()
                 d.extend(keep)
                 if len(removed) == len(wanted):
@@ -215,15 +213,15 @@ class ReadyWindow:
             if len(d) > budget - scanned:
                 # big window: only the head (oldest) can be past the queue TTL cheaply
                 while d and scanned < budget and (
-                        d[0][0] < ttl_cut or (d[0][4] and d[0][4] <= now)):
+                        d[0][MSG_ID] < ttl_cut or (d[0][EXPIRES_AT] and d[0][EXPIRES_AT] <= now)):
                     expired.append(d.popleft())
                     scanned += 1
                 scanned = budget
                 break
             keep = []
             for e in d:
-                x = e[4]
-                if (x and x <= now) or e[0] < ttl_cut:
+                x = e[EXPIRES_AT]
+                if (x and x <= now) or e[MSG_ID] < ttl_cut:
                     expired.append(e)
                 else:
                     keep.append(e)
@@ -262,11 +260,11 @@ class ReadyWindow:
             kept: list[Entry] = []
             while d and (excess > 0 or (over > 0 and self.count > 1)):
                 e = d.pop()
-                if e[0] in volatile:
+                if e[MSG_ID] in volatile:
                     kept.append(e)
                     continue
                 excess -= 1
-                size = len(e[7])
+                size = len(e[BODY])
                 over -= size
                 freed += size
                 self.count -= 1
@@ -284,8 +282,8 @@ class ReadyWindow:
         volatile = self.volatile
         for p in sorted(self.prios):
             for e in reversed(self._ready[p]):
-                if e[0] not in volatile:
-                    return (p, e[0])
+                if e[MSG_ID] not in volatile:
+                    return get_key(e)
         return None
 
     def clear(self) -> None:

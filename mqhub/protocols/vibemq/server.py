@@ -45,7 +45,7 @@ from mqhub.protocols.vibemq.render import (
     queue_field,
     render_payload,
 )
-from mqhub.records import REASON_MAX_ATTEMPTS
+from mqhub.records import ATTEMPTS, MSG_ID, REASON_MAX_ATTEMPTS, get_msg_id
 
 log = Logger(namespace="mqhub.vibemq")
 
@@ -396,10 +396,10 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         vq = sub[0]
         core = vq.core
         limit = vq.max_deliveries
-        if entries[-1][2] > limit or entries[0][2] > limit:
-            dead = [e[0] for e in entries if e[2] > limit]
+        if entries[-1][ATTEMPTS] > limit or entries[0][ATTEMPTS] > limit:
+            dead = [e[MSG_ID] for e in entries if e[ATTEMPTS] > limit]
             if dead:
-                entries = [e for e in entries if e[2] <= limit]
+                entries = [e for e in entries if e[ATTEMPTS] <= limit]
                 core.reject(consumer, dead, reason=REASON_MAX_ATTEMPTS, error="ack timeout")
             if not entries:
                 return
@@ -409,14 +409,14 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         if too_big:  # never deliverable to a VibeMQ client: dead-letter instead of looping
             core.reject(consumer, too_big, error="larger than the VibeMQ frame limit")
             held = set(too_big)
-            entries = [e for e in entries if e[0] not in held]
+            entries = [e for e in entries if e[MSG_ID] not in held]
         if vq.no_ack:
-            core.ack(consumer, [e[0] for e in entries])
+            core.ack(consumer, list(map(get_msg_id, entries)))
             return
         retried: dict[int, list[int]] = {}
         for e in entries:
-            if e[2] > 1:
-                retried.setdefault(e[2], []).append(e[0])
+            if e[ATTEMPTS] > 1:
+                retried.setdefault(e[ATTEMPTS], []).append(e[MSG_ID])
         for attempts, ids in retried.items():
             core.touch(consumer, ids, extend=backoff(attempts))
 
