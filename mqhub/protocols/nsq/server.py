@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from twisted.internet.protocol import Factory, Protocol
@@ -58,6 +58,51 @@ _OK = wire.OK_FRAME
 MAX_UNCONFIRMED = 50_000
 #: Most bytes one inflate step of a deflate connection produces (bounds a decompression bomb).
 INFLATE_STEP = 256 * 1024
+
+
+#: unit and run kinds of a read (see NsqProtocol._read)
+_PUB = "PUB"
+_MPUB = "MPUB"
+_FIN = "FIN"
+_COMMAND = "command"
+
+#: one unit of a read: (kind, topic, bodies | ids | the command's event)
+_Unit = tuple[str, str, Any]
+
+
+class _Run:
+    """Coalesce step: consecutive PUBs (or MPUBs) to one topic, or FINs, within one read.
+
+    ``oks`` counts the OK frames the run owes: one per PUB body, one per MPUB.
+    """
+
+    __slots__ = ("kind", "topic", "items", "oks")
+
+    def __init__(self) -> None:
+        """An empty run."""
+        self.kind: str | None = None
+        self.topic = ""
+        self.items: list[Any] = []
+        self.oks = 0
+
+    def start(self, kind: str, topic: str, items: list[Any]) -> None:
+        """Begin a run with this unit (the run was empty or dispatched)."""
+        self.kind = kind
+        self.topic = topic
+        self.items = items
+        self.oks = 1 if kind is _MPUB else len(items)
+
+    def add(self, kind: str, topic: str, items: list[Any]) -> bool:
+        """Take this unit into the run when it continues it (same kind, same topic for
+        publishes); False when the run must be dispatched first (it is not empty and differs)."""
+        if self.kind is None:
+            self.start(kind, topic, items)
+            return True
+        if kind is not self.kind or (kind is not _FIN and topic != self.topic):
+            return False
+        self.items.extend(items)
+        self.oks += 1 if kind is _MPUB else len(items)
+        return True
 
 
 class _Slot:
@@ -128,6 +173,7 @@ class NsqProtocol(ConsumerCommands, Protocol):
             wire.Cls: self.on_cls,
             wire.Identify: self.on_identify,
             wire.Auth: self.on_auth,
+            wire.Fin: self._bad_fin,
         }
 
     # connection lifecycle ---------------------------------------------------------------------
@@ -220,127 +266,31 @@ class NsqProtocol(ConsumerCommands, Protocol):
                 return
 
     def _read(self, data: bytes) -> None:
-        """Decode and dispatch the commands in ``data`` (plain bytes after any decompression)."""
-        codec = self.codec
-        codec.receive_data(data)
-        pub_topic = ""
-        pub_bodies: list[bytes] = []
-        fins: list[int] = []
-        # a run of MPUBs to one topic becomes one core publish releasing one OK per MPUB
-        mpub_topic = ""
-        mpub_bodies: list[bytes] = []
-        mpubs = 0
-        Pub, Fin, Mpub = wire.Pub, wire.Fin, wire.Mpub
-        handlers = self._handlers
-        read_pubs, read_fins = codec.read_pubs, codec.read_fin_ids
+        """Decode and dispatch the commands in ``data`` (plain bytes after any decompression).
+
+        Three steps: :meth:`_units` parses the read into units (a run of PUBs to one topic, a
+        run of FINs, one other command); consecutive units of one kind (PUBs or MPUBs to one
+        topic, FINs) are coalesced into one :class:`_Run`; each run becomes one core call
+        (:meth:`_dispatch_run`) and each other command goes to its handler
+        (:meth:`_dispatch`), in command order.
+        """
+        self.codec.receive_data(data)
+        run = _Run()
         try:
-            while True:
-                topic, bodies = read_pubs()
-                if bodies:
-                    if mpubs:
-                        flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
-                        self._publish("MPUB", mpub_topic, flush, 0, n)
-                    if fins:
-                        batch, fins = fins, []
-                        self.finish(batch)
-                    if topic != pub_topic and pub_bodies:
-                        flush, pub_bodies = pub_bodies, []
-                        self._publish("PUB", pub_topic, flush, 0, len(flush))
-                    pub_topic = topic
-                    if pub_bodies:
-                        pub_bodies.extend(bodies)
-                    else:
-                        pub_bodies = bodies
+            for kind, topic, items in self._units():
+                if kind is not _COMMAND:
+                    if not run.add(kind, topic, items):
+                        self._dispatch_run(run)
+                        run.start(kind, topic, items)
                     continue
-                got = read_fins()
-                if got:
-                    if mpubs:
-                        flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
-                        self._publish("MPUB", mpub_topic, flush, 0, n)
-                    if pub_bodies:
-                        flush, pub_bodies = pub_bodies, []
-                        self._publish("PUB", pub_topic, flush, 0, len(flush))
-                    if fins:
-                        fins.extend(got)
-                    else:
-                        fins = got
-                    continue
-                ev = codec.next_event()
-                if ev is NEED_DATA:
-                    break
-                kind = type(ev)
-                if kind is Mpub:
-                    if fins:
-                        batch, fins = fins, []
-                        self.finish(batch)
-                    if pub_bodies:
-                        bodies, pub_bodies = pub_bodies, []
-                        self._publish("PUB", pub_topic, bodies, 0, len(bodies))
-                    if mpubs and ev.topic != mpub_topic:  # type: ignore[union-attr]
-                        flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
-                        self._publish("MPUB", mpub_topic, flush, 0, n)
-                    mpub_topic = ev.topic  # type: ignore[union-attr]
-                    if mpubs:
-                        mpub_bodies.extend(ev.bodies)  # type: ignore[union-attr]
-                    else:
-                        mpub_bodies = ev.bodies  # type: ignore[union-attr]
-                    mpubs += 1
-                    continue
-                if mpubs:
-                    flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
-                    self._publish("MPUB", mpub_topic, flush, 0, n)
-                if kind is Pub:
-                    if fins:
-                        batch, fins = fins, []
-                        self.finish(batch)
-                    if ev.topic != pub_topic or not pub_bodies:  # type: ignore[union-attr]
-                        if pub_bodies:
-                            bodies, pub_bodies = pub_bodies, []
-                            self._publish("PUB", pub_topic, bodies, 0, len(bodies))
-                        pub_topic = ev.topic  # type: ignore[union-attr]
-                    pub_bodies.append(ev.body)  # type: ignore[union-attr]
-                    continue
-                if pub_bodies:
-                    bodies, pub_bodies = pub_bodies, []
-                    self._publish("PUB", pub_topic, bodies, 0, len(bodies))
-                if kind is Fin:
-                    mid = wire.parse_id(ev.msg_id)  # type: ignore[union-attr]
-                    if mid is not None:
-                        fins.append(mid)
-                        continue
-                    if fins:
-                        batch, fins = fins, []
-                        self.finish(batch)
-                    self.finish([], [ev.msg_id])  # type: ignore[union-attr]
-                    continue
-                if fins:
-                    batch, fins = fins, []
-                    self.finish(batch)
-                try:
-                    handlers[kind](ev)
-                except ProtocolError as exc:
-                    if exc.fatal:
-                        raise
-                    self.respond(encode_error(exc.wire_text))
-                if self.closed or self._failing:
+                self._dispatch_run(run)
+                self._dispatch(items)
+                if self._stop_reading():
                     return
-            if mpubs:
-                flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
-                self._publish("MPUB", mpub_topic, flush, 0, n)
-            if pub_bodies:
-                bodies, pub_bodies = pub_bodies, []
-                self._publish("PUB", pub_topic, bodies, 0, len(bodies))
-            if fins:
-                batch, fins = fins, []
-                self.finish(batch)
+            self._dispatch_run(run)
         except ProtocolError as exc:
             try:
-                if mpubs:
-                    self._publish("MPUB", mpub_topic, mpub_bodies, 0, mpubs)
-                if pub_bodies:
-                    self._publish("PUB", pub_topic, pub_bodies, 0, len(pub_bodies))
-                if fins:
-                    self.finish(fins)
+                self._dispatch_run(run)
             except ProtocolError as later:
                 exc = exc if exc.fatal else later
             if exc.fatal:
@@ -350,6 +300,74 @@ class NsqProtocol(ConsumerCommands, Protocol):
         except Exception:
             log.failure("nsq: unexpected error handling a command from {peer}", peer=self._peer())
             self._fatal(ProtocolError("E_INVALID", "internal error"))
+
+    def _units(self) -> Iterator[_Unit]:
+        """Parse step: the units of what the codec holds, in command order.
+
+        A unit is ``(kind, topic, items)``: ``(_PUB, topic, bodies)`` for a run of PUBs read on
+        the codec's fast path (or one PUB event), ``(_MPUB, topic, bodies)`` for one MPUB,
+        ``(_FIN, "", ids)`` for a run of FINs (or one), and ``(_COMMAND, "", event)`` for any
+        other command, a FIN whose id is not 16 hex digits included. Raises the codec's
+        ProtocolError where the input is refused.
+        """
+        codec = self.codec
+        read_pubs, read_fins, next_event = codec.read_pubs, codec.read_fin_ids, codec.next_event
+        Pub, Fin, Mpub = wire.Pub, wire.Fin, wire.Mpub
+        while True:
+            topic, bodies = read_pubs()
+            if bodies:
+                yield _PUB, topic, bodies
+                continue
+            ids = read_fins()
+            if ids:
+                yield _FIN, "", ids
+                continue
+            ev = next_event()
+            if ev is NEED_DATA:
+                return
+            kind = type(ev)
+            if kind is Pub:
+                yield _PUB, ev.topic, [ev.body]  # type: ignore[union-attr]
+            elif kind is Mpub:
+                yield _MPUB, ev.topic, ev.bodies  # type: ignore[union-attr]
+            elif kind is Fin:
+                mid = wire.parse_id(ev.msg_id)  # type: ignore[union-attr]
+                yield (_FIN, "", [mid]) if mid is not None else (_COMMAND, "", ev)
+            else:
+                yield _COMMAND, "", ev
+
+    def _dispatch_run(self, run: _Run) -> None:
+        """Dispatch step of a run: one core publish (one OK per PUB, or per MPUB, once it is
+        durable) or one ``ack`` of every FIN; the run is empty afterwards."""
+        kind = run.kind
+        if kind is None:
+            return
+        items, oks = run.items, run.oks
+        run.kind = None
+        run.items = []
+        if kind is _FIN:
+            self.finish(items)
+        elif kind is _PUB:
+            self._publish("PUB", run.topic, items, 0, len(items))
+        else:
+            self._publish("MPUB", run.topic, items, 0, oks)
+
+    def _dispatch(self, ev: Any) -> None:
+        """Dispatch step of any other command: its handler; a non-fatal error is answered."""
+        try:
+            self._handlers[type(ev)](ev)
+        except ProtocolError as exc:
+            if exc.fatal:
+                raise
+            self.respond(encode_error(exc.wire_text))
+
+    def _stop_reading(self) -> bool:
+        """True once nothing more of this read may be handled (closing, or a fatal error)."""
+        return self.closed or self._failing
+
+    def _bad_fin(self, ev: wire.Fin) -> None:
+        """FIN of an id that is not 16 hex digits: E_FIN_FAILED (non-fatal), as nsqd."""
+        self.finish([], [ev.msg_id])
 
     # output -----------------------------------------------------------------------------------
 
