@@ -99,11 +99,17 @@ def _own_names(tree: ast.Module) -> set[str]:
             names.add(node.id)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
-        elif isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
-            names.update(c.value for c in ast.walk(node.value)
-                         if isinstance(c, ast.Constant) and isinstance(c.value, str))
+        elif isinstance(node, ast.Assign):
+            names |= _slot_names(node)
     return names
+
+
+def _slot_names(node: ast.Assign) -> set[str]:
+    """The names a ``__slots__ = (...)`` assignment declares (none for another assignment)."""
+    if not any(isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+        return set()
+    return {c.value for c in ast.walk(node.value)
+            if isinstance(c, ast.Constant) and isinstance(c.value, str)}
 
 
 def _reaches(tree: ast.Module) -> list[str]:
@@ -260,10 +266,8 @@ def _own(cdef: ast.ClassDef) -> set[str]:
         if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
                 and isinstance(node.value, ast.Name) and node.value.id == "self"):
             names.add(node.attr)
-        elif isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
-            names.update(c.value for c in ast.walk(node.value)
-                         if isinstance(c, ast.Constant) and isinstance(c.value, str))
+        elif isinstance(node, ast.Assign):
+            names |= _slot_names(node)
     return names
 
 
