@@ -49,7 +49,7 @@ __all__ = [
 # read by name: ``e[BODY]``, ``for msg_id, priority, ... in entries``, or the column readers
 # below over many entries at once (``list(map(get_msg_id, entries))``, C-level). A tuple
 # subclass with properties, a namedtuple or a slotted class would read as ``e.body`` but cost
-# 10 to 40 times a tuple to make (docs/core-api.md, "Data on the hot path").
+# 2 to 6 times a tuple to make (docs/core-api.md, "Data on the hot path").
 
 MSG_ID: Final = 0
 PRIORITY: Final = 1
