@@ -73,6 +73,7 @@ Examples:
   twistd -n mqhub --listen nsq.tcp=tcp:4150:interface=0.0.0.0 --listen mq9=tcp:4333
   twistd -n mqhub --plugin-path plugins --protocols redis
   twistd -n mqhub --listen admin.http=tcp:9750:interface=127.0.0.1 --admin-token token.txt
+  twistd -n mqhub --users users.toml                  per-user rights for every protocol
   twistd -n mqhub --manhole tcp:8722:interface=127.0.0.1 --manhole-keys ~/.ssh/authorized_keys
 """
 
@@ -85,6 +86,9 @@ Examples:
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
         ["admin-token", None, None,
          "File whose first line is the admin API token state changes must carry."],
+        ["users", None, None,
+         "TOML users file: credentials and publish/subscribe rights for every protocol "
+         "(docs/security.md); re-read on SIGHUP. Without it every client may do everything."],
         ["manhole", None, None, "Endpoint of the SSH manhole (off unless given)."],
         ["manhole-keys", None, None,
          "OpenSSH authorized_keys file of the keys that may log in to the manhole."],
@@ -258,6 +262,14 @@ Examples:
         from mqhub.web.service import read_token
 
         self["admin_token_value"] = None
+        if self["users"]:
+            from mqhub.identity import UsersFile, UsersFileError
+
+            try:
+                UsersFile.load(self["users"])
+            except UsersFileError as exc:
+                raise usage.UsageError(f"--users: {exc}") from None
+            self["users"] = os.path.abspath(self["users"])
         if self["admin-token"]:
             try:
                 self["admin_token_value"] = read_token(self["admin-token"])
@@ -308,6 +320,25 @@ def install_stop_signals(reactor: Any) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
+def install_reload_signal(reactor: Any, identity: Any) -> None:
+    """Make SIGHUP re-read the users file (``--users``); a bad file keeps the rights in force."""
+    from mqhub.identity import UsersFileError
+
+    def reload() -> None:
+        """Reload in the reactor thread (the error is already logged by the directory)."""
+        try:
+            identity.reload()
+        except UsersFileError:
+            pass
+
+    def on_signal(signum: int, frame: Any) -> None:
+        """Hand the reload to the reactor (safe from a signal handler)."""
+        log.info("received SIGHUP: reloading the users file")
+        reactor.callFromThread(reload)
+
+    signal.signal(signal.SIGHUP, on_signal)
+
+
 def makeService(options: Options) -> HubService:
     """twistd entry point: :func:`build_service` with the global reactor.
 
@@ -323,6 +354,8 @@ def makeService(options: Options) -> HubService:
     reactor.callWhenRunning(sweeps.startService)
     reactor.addSystemEventTrigger("before", "shutdown", sweeps.stopService)
     reactor.callWhenRunning(install_stop_signals, reactor)
+    if root.hub.identity is not None and root.hub.identity.enforcing:
+        reactor.callWhenRunning(install_reload_signal, reactor, root.hub.identity)
     return root
 
 

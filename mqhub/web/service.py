@@ -12,6 +12,7 @@ from twisted.web.static import File
 from mqhub.introspect import Inspector
 from mqhub.listener import ListenerService
 from mqhub.web.api import ApiResource
+from mqhub.web.auth import AdminGate
 from mqhub.web.metrics import DEFAULT_QUEUE_CAP, MetricsResource, build_registry
 
 #: The admin listener's default endpoint (``--listen admin.http=ENDPOINT`` changes it).
@@ -40,15 +41,19 @@ class QuietSite(Site):
 
 def build_site(inspector: Inspector, token: str | None = None,
                queue_cap: int = DEFAULT_QUEUE_CAP) -> Site:
-    """The Site: ``/`` (page), ``/static/*``, ``/api/*``, ``/healthz``, ``/metrics``."""
+    """The Site: ``/`` (page), ``/static/*``, ``/api/*``, ``/healthz``, ``/metrics``, behind
+    the :class:`AdminGate` (users and admin rights when the hub has a users file)."""
     root = Resource()
-    api = ApiResource(inspector, token)
+    identity = getattr(inspector.hub, "identity", None)
+    enforcing = identity is not None and identity.enforcing
+    # under a users file the gate checks every credential (the token acts as an admin's)
+    api = ApiResource(inspector, None if enforcing else token, identity)
     root.putChild(b"", File(str(STATIC_DIR / "index.html"), defaultType="text/html"))
     root.putChild(b"static", File(str(STATIC_DIR)))
     root.putChild(b"api", api)
     root.putChild(b"healthz", api)
     root.putChild(b"metrics", MetricsResource(build_registry(inspector, queue_cap)))
-    site = QuietSite(root)
+    site = QuietSite(AdminGate(root, identity, token, inspector.hub.clock))
     site.displayTracebacks = False
     site.noisy = False
     return site
