@@ -17,6 +17,8 @@ may no longer hold. The clock is injected; the only I/O is reading the users fil
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import os
@@ -257,6 +259,24 @@ class Directory:
             name, _, password = secret.partition(":")
             found = self.by_password(name, password)
         return found
+
+    def by_authorization(self, header: str) -> tuple[Principal | None, bool, str | None]:
+        """An HTTP ``Authorization`` header (``Bearer TOKEN`` or ``Basic`` name:password).
+
+        Returns ``(principal or None, whether credentials were given, the user name tried)``.
+        """
+        scheme, _, value = header.strip().partition(" ")
+        value = value.strip()
+        if scheme.lower() == "bearer" and value:
+            return self.by_token(value), True, None
+        if scheme.lower() == "basic" and value:
+            try:
+                text = base64.b64decode(value, validate=True).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                return None, True, None
+            name, _, password = text.partition(":")
+            return (self.by_password(name, password) if name else None), True, name or None
+        return None, False, None
 
     def by_nkey(self, public_key: str) -> Principal | None:
         """The user with this NATS nkey (call only after its signature was verified)."""

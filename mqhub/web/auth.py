@@ -18,8 +18,6 @@ after its turn.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
 import json
 from typing import Any
@@ -121,27 +119,15 @@ class AdminGate(Resource):
 
     def principal(self, request: Any) -> Principal | None:
         """The user the request's credentials name (failures counted per peer), or None."""
-        header = (request.getHeader("authorization") or "").strip()
-        scheme, _, value = header.partition(" ")
-        value = value.strip()
-        peer = _peer(request)
-        who: Principal | None = None
-        tried: str | None = None
-        if scheme.lower() == "bearer" and value:
-            if self.token is not None and hmac.compare_digest(value.encode(),
-                                                              self.token.encode()):
-                who = Principal("admin-token", ALL_RIGHTS, "option")
-            else:
-                who = self.identity.by_token(value)
-        elif scheme.lower() == "basic" and value:
-            try:
-                name, _, password = base64.b64decode(value, validate=True).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                name, password = "", ""
-            tried = name or None
-            who = self.identity.by_password(name, password) if name else None
-        else:
+        header = request.getHeader("authorization") or ""
+        scheme, _, value = header.strip().partition(" ")
+        if self.token is not None and scheme.lower() == "bearer" and hmac.compare_digest(
+                value.strip().encode(), self.token.encode()):
+            return Principal("admin-token", ALL_RIGHTS, "option")
+        who, given, tried = self.identity.by_authorization(header)
+        if not given:
             return None
+        peer = _peer(request)
         if who is None:
             self.identity.login_failed(PROTOCOL, peer, tried)
         else:

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 from mqhub.core.queue import NOT_OWNER
 from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq.codec import ProtocolError, encode_error
+from mqhub.protocols.nsq.topics import topic_address
 
 if TYPE_CHECKING:
+    from mqhub.identity import Session
     from mqhub.protocols.nsq.auth import AuthState
     from mqhub.protocols.nsq.config import NsqConfig
     from mqhub.protocols.nsq.identify import Identity
@@ -37,6 +39,7 @@ class ConsumerCommands:
     registry: TopicRegistry
     identity: Identity
     auth: AuthState | None
+    session: Session | None
     state: str
     consumer: Any
     queue: Any
@@ -56,11 +59,15 @@ class ConsumerCommands:
             raise ProtocolError("E_INVALID", "cannot SUB in current state")
         if self.identity.heartbeat_interval <= 0:
             raise ProtocolError("E_INVALID", "cannot SUB with heartbeats disabled")
-        if self.factory.secrets is not None:
-            if self.auth is None:
+        if self.factory.guard.active:
+            session = self.session
+            if session is None:
                 raise ProtocolError("E_AUTH_FIRST", "AUTH required before SUB")
-            if not self.auth.allows(ev.topic, ev.channel, "subscribe"):
-                raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for SUB on "{ev.topic}" "{ev.channel}"')
+            if not session.check_subscribe(topic_address(ev.topic), ev.channel):
+                # not fatal (nsqd closes): the connection stays usable
+                raise ProtocolError("E_UNAUTHORIZED",
+                                    f'AUTH failed for SUB on "{ev.topic}" "{ev.channel}"',
+                                    fatal=False)
         queue = self.registry.ensure_channel(ev.topic, ev.channel)
         limit = self.config.max_channel_consumers
         if limit and len(queue.consumers) >= limit:

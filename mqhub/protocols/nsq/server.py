@@ -33,11 +33,12 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.errors import InvalidName, MqhubError, QueueFull
+from mqhub.identity import Session
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.listener import peer_text, set_no_delay
 from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq import snappy
-from mqhub.protocols.nsq.auth import AuthState, SecretsFile
+from mqhub.protocols.nsq.auth import AuthState, NsqGuard, SecretsFile
 from mqhub.protocols.nsq.codec import (
     NEED_DATA,
     ProtocolError,
@@ -48,7 +49,7 @@ from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.consumer import STATE_INIT, ConsumerCommands
 from mqhub.protocols.nsq.identify import Identity, default_identity, negotiate
 from mqhub.protocols.nsq.render import render_messages
-from mqhub.protocols.nsq.topics import TopicRegistry
+from mqhub.protocols.nsq.topics import TopicRegistry, topic_address
 from mqhub.store.records import MSG_ID
 
 log = Logger(namespace="mqhub.nsq")
@@ -92,6 +93,10 @@ class NsqProtocol(ConsumerCommands, Protocol):
         self.state = STATE_INIT
         self.identity: Identity = default_identity(self.config)
         self.auth: AuthState | None = None
+        #: who this connection acts as (None: rights are not checked, or AUTH is required)
+        self.session: Session | None = None
+        #: an AUTH waits for its turn (failed-login slowdown): read nothing meanwhile
+        self._auth_held = False
         self.consumer: Any = None
         self.queue: Any = None
         self.topic_name = ""
@@ -134,6 +139,10 @@ class NsqProtocol(ConsumerCommands, Protocol):
         """Register the client and arm the heartbeat timer."""
         self.factory.clients.add(self)
         set_no_delay(self.transport)  # small replies must not wait for Nagle
+        if self.factory.guard.active:
+            self.session = self.factory.guard.open(self._peer_host())
+            if self.session is not None:
+                self.session.on_revoke = self._rights_changed
         self._last_read = self.clock.seconds()
         self._arm_heartbeat()
 
@@ -221,6 +230,8 @@ class NsqProtocol(ConsumerCommands, Protocol):
         """Decode and dispatch the commands in ``data`` (plain bytes after any decompression)."""
         codec = self.codec
         codec.receive_data(data)
+        if self._auth_held:
+            return
         pub_topic = ""
         pub_bodies: list[bytes] = []
         fins: list[int] = []
@@ -320,7 +331,7 @@ class NsqProtocol(ConsumerCommands, Protocol):
                     if exc.fatal:
                         raise
                     self.respond(encode_error(exc.wire_text))
-                if self.closed or self._failing:
+                if self.closed or self._failing or self._auth_held:
                     return
             if mpubs:
                 flush, mpub_bodies, n, mpubs = mpub_bodies, [], mpubs, 0
@@ -415,18 +426,23 @@ class NsqProtocol(ConsumerCommands, Protocol):
 
     # publishing -------------------------------------------------------------------------------
 
-    def _check_publish(self, verb: str, topic: str) -> None:
-        """Auth checks for PUB/MPUB/DPUB (fatal, as in nsqd)."""
-        if self.factory.secrets is None:
-            return
-        if self.auth is None:
+    def _may_publish(self, verb: str, topic: str) -> bool:
+        """Rights for PUB/MPUB/DPUB: ``E_AUTH_FIRST`` (fatal, as nsqd) without a session; a
+        refused topic is answered ``E_UNAUTHORIZED`` in order and the connection goes on."""
+        session = self.session
+        if session is None:
             raise ProtocolError("E_AUTH_FIRST", f"AUTH required before {verb}")
-        if not self.auth.allows(topic, None, "publish"):
-            raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for {verb} on "{topic}" ""')
+        if session.publish_all or session.check_publish(topic_address(topic)):
+            return True
+        return False
 
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer_ms: int, oks: int) -> None:
         """One core publish for ``bodies``; ``oks`` OK frames are released once it is durable."""
-        self._check_publish(verb, topic_name)
+        if self.factory.guard.active and not self._may_publish(verb, topic_name):
+            # one error per command of the batch, in order with the other answers
+            self.respond(encode_error(
+                f'E_UNAUTHORIZED AUTH failed for {verb} on "{topic_name}" ""'.encode()) * oks)
+            return
         try:
             d = self.registry.publish(topic_name, bodies, defer_ms)
         except (QueueFull, InvalidName) as exc:
@@ -477,7 +493,7 @@ class NsqProtocol(ConsumerCommands, Protocol):
             raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
         ident, reply = negotiate(
             ev.body, self.config, snappy_available=snappy.available(),
-            auth_required=self.factory.secrets is not None,
+            auth_required=self.factory.guard.auth_required,
         )
         if (ident.tls_v1 or ident.deflate or ident.snappy) and self._slots:
             raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY upgrade while responses are pending")
@@ -501,21 +517,64 @@ class NsqProtocol(ConsumerCommands, Protocol):
             self.respond(_OK)
 
     def on_auth(self, ev: wire.Auth) -> None:
-        """AUTH against the secrets file."""
+        """AUTH: a users-file token or NAME:PASSWORD, or a secrets-file secret (auth.py).
+
+        A peer with failed logins behind it waits for its turn: nothing more is read from
+        this connection until the AUTH has been answered.
+        """
         if self.state != STATE_INIT:
             raise ProtocolError("E_INVALID", "cannot AUTH in current state")
-        secrets = self.factory.secrets
-        if secrets is None:
+        guard = self.factory.guard
+        if not guard.active:
             raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
         if self.auth is not None:
             raise ProtocolError("E_INVALID", "AUTH already set")
-        state = secrets.lookup(ev.secret)
-        if state is None:
-            raise ProtocolError("E_AUTH_FAILED", "AUTH failed")
-        if not state.authorizations:
-            raise ProtocolError("E_UNAUTHORIZED", "AUTH no authorizations found")
+        wait = guard.wait(self._peer_host())
+        if wait > 0:
+            self._auth_held = True
+            self.transport.pauseProducing()
+            self.clock.callLater(wait, self._auth_turn, ev)
+            return
+        self._authenticate(ev)
+
+    def _auth_turn(self, ev: wire.Auth) -> None:
+        """A held AUTH's turn has come: answer it, then read what waited behind it."""
+        self._auth_held = False
+        if self.closed or self._failing:
+            return
+        try:
+            self._authenticate(ev)
+        except ProtocolError as exc:
+            self._fatal(exc)
+            return
+        self.transport.resumeProducing()
+        self._read(b"")
+
+    def _authenticate(self, ev: wire.Auth) -> None:
+        """Check the secret and answer nsqd's AUTH reply (errors are fatal, as in nsqd)."""
+        session, state = self.factory.guard.authenticate(ev.secret, self._peer_host())
+        old, self.session = self.session, session
+        if old is not None:
+            old.on_revoke = None
+        session.on_revoke = self._rights_changed
         self.auth = state
         self.respond(encode_response(state.reply()))
+
+    def _peer_host(self) -> str:
+        """The client's host (no port): failed logins are counted per host."""
+        return str(getattr(self.transport.getPeer(), "host", "") or self._peer())
+
+    def _rights_changed(self, session: Session) -> None:
+        """The users file was reloaded: a channel this client may no longer read is left (its
+        in-flight messages go back) with ``E_UNAUTHORIZED``, and the connection is closed, as
+        nsqd closes a client whose auth no longer allows it."""
+        if self.consumer is None or self.closed:
+            return
+        if session.may_subscribe(topic_address(self.topic_name), self.channel_name):
+            return
+        session.refuse("subscribe", f"{topic_address(self.topic_name)} {self.channel_name}")
+        self._fatal(ProtocolError(
+            "E_UNAUTHORIZED", f'AUTH failed for SUB on "{self.topic_name}" "{self.channel_name}"'))
 
 
 class NsqFactory(Factory):
@@ -525,11 +584,13 @@ class NsqFactory(Factory):
 
     def __init__(self, hub: Any, config: NsqConfig, registry: TopicRegistry,
                  secrets: SecretsFile | None = None) -> None:
-        """:param registry: the topics shared with the HTTP API."""
+        """:param registry: the topics shared with the HTTP API.
+        :param secrets: the ``--nsq-auth-secrets`` file (with the hub's users: :attr:`guard`)."""
         self.hub = hub
         self.config = config
         self.registry = registry
         self.secrets = secrets
+        self.guard = NsqGuard(getattr(hub, "identity", None), secrets)
         self.clients: set[NsqProtocol] = set()
         self._tls_context: Any = None
         registry.on_channel_deleted.append(self._channel_deleted)

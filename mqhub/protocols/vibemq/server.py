@@ -26,11 +26,12 @@ from zope.interface import implementer
 
 from mqhub.core.deadletter import REASON_MAX_ATTEMPTS
 from mqhub.errors import InvalidName, MqhubError
+from mqhub.identity import Session
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.listener import set_no_delay, set_read_size
 from mqhub.protocols.vibemq import codec as c
 from mqhub.protocols.vibemq.admin import handle_admin
-from mqhub.protocols.vibemq.auth import UserStore
+from mqhub.protocols.vibemq.auth import UserStore, VibeGuard, allowed
 from mqhub.protocols.vibemq.config import VibeMQConfig
 from mqhub.protocols.vibemq.dlq import DeadLetterView
 from mqhub.protocols.vibemq.options import (
@@ -81,6 +82,8 @@ class VibeMQFactory(Factory):
         self.config = config
         self.registry = registry
         self.users = users
+        #: the hub's users (--users) and this users file: who a Connect makes a client
+        self.guard = VibeGuard(getattr(hub, "identity", None), users)
         self.clients: set[VibeMQProtocol] = set()
         self.views: dict[str, DeadLetterView] = {}
         self.accepts: dict[str, deque[float]] = {}
@@ -140,8 +143,11 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         self.clock = factory.clock
         self.registry = factory.registry
         self.decoder = c.FrameDecoder(cfg.max_frame_size, cfg.max_decompressed)
-        self.authenticated = factory.users is None
+        self.authenticated = not factory.guard.active
+        #: the --vibemq-users user (its per-operation ACL), or None
         self.user: Any = None
+        #: who this connection acts as (None: nothing is checked)
+        self.session: Session | None = None
         self.flag = c.FLAG_NONE
         self.threshold = cfg.compression_threshold
         self.subs: dict[str, tuple[VibeQueue, Any]] = {}
@@ -305,8 +311,9 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             self.error(f.id, "SERVER_ERROR", f"Internal error: {type(exc).__name__}")
 
     def _allowed(self, operation: str, queue: str | None) -> bool:
-        """ACL check (always true on an open broker)."""
-        return self.user is None or self.user.allowed(operation, queue)
+        """ACL check (always true on an open broker; a refusal is counted)."""
+        session = self.session
+        return session is None or allowed(session, self.user, operation, queue)
 
     def _queue_ok(self, f: c.Frame, operation: str, what: str) -> bool:
         """Name check then ACL check, answering the error; True when both pass."""
@@ -323,20 +330,35 @@ class VibeMQProtocol(PublishingMixin, Protocol):
 
     # connect / ping --------------------------------------------------------------------------
 
-    def on_connect(self, f: c.Frame) -> None:
-        """Authenticate (when a users file is set), negotiate compression, send ConnectAck."""
+    def on_connect(self, f: c.Frame, turn: bool = False) -> None:
+        """Authenticate (users file or --vibemq-users), negotiate compression, send ConnectAck.
+
+        A Connect from a peer with failed logins behind it is checked at its turn (``turn``:
+        it has come); the connection reads nothing meanwhile (the .NET client waits for
+        ConnectAck anyway).
+        """
         h = f.headers or {}
-        users = self.factory.users
-        if users is not None:
+        guard = self.factory.guard
+        if guard.active:
             name, password = h.get("authUsername"), h.get("authPassword")
-            if not name or not password:
-                self.error(f.id, "AUTH_REQUIRED", "Username and password are required.")
+            peer = getattr(self.transport.getPeer(), "host", "") or ""
+            wait = guard.wait(peer) if name and password and not turn else 0.0
+            if wait > 0:
+                self._paused = True
+                self._sync_reading()
+                self.clock.callLater(wait, self._connect_turn, f)
                 return
-            user = users.authenticate(name, password)
-            if user is None:
-                self.error(f.id, "AUTH_FAILED", "Invalid username or password.")
+            result = guard.connect(name, password, peer)
+            if isinstance(result, str):
+                self.error(f.id, result, "Username and password are required."
+                           if result == "AUTH_REQUIRED" else "Invalid username or password.")
                 return
-            self.user = user
+            old = self.session
+            if old is not None:
+                old.on_revoke = None
+            self.session, self.user = result
+            if self.session is not None:
+                self.session.on_revoke = self._rights_changed
             self.authenticated = True
         chosen = c.negotiate_compression(h.get("supported-compression", ""),
                                          self.factory.server_compressions)
@@ -344,6 +366,38 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             c.CONNECT_ACK, _random_id(), None, None,
             {"negotiated-compression": chosen} if chosen else None)))
         self.flag = c.COMPRESSIONS[chosen] if chosen else c.FLAG_NONE
+
+    def _connect_turn(self, f: c.Frame) -> None:
+        """A held Connect's turn has come: answer it and read again."""
+        if self.closed:
+            return
+        self._paused = False
+        self.on_connect(f, turn=True)
+        self._sync_reading()
+
+    def _rights_changed(self, session: Session) -> None:
+        """The users file was reloaded: leave every queue this client may no longer read
+        (unacked deliveries go back), telling it ``NOT_AUTHORIZED`` for each."""
+        if self.closed:
+            return
+        for name, (vq, consumer) in list(self.subs.items()):
+            if session.may_subscribe(name):
+                continue
+            session.refuse("subscribe", f"{name} (Subscribe, reloaded)")
+            del self.subs[name]
+            if consumer is not None:
+                try:
+                    vq.core.detach(consumer, requeue=True)
+                except MqhubError:
+                    pass
+            self.error(None, "NOT_AUTHORIZED", f"Access to '{name}' was revoked.")
+        for name, view in list(self.dlq_subs.items()):
+            if session.may_subscribe(view.source):
+                continue
+            session.refuse("subscribe", f"{view.source} ({name}, reloaded)")
+            del self.dlq_subs[name]
+            view.unsubscribe(self)
+            self.error(None, "NOT_AUTHORIZED", f"Access to '{name}' was revoked.")
 
     def on_ping(self, f: c.Frame) -> None:
         """Pong with the same id (allowed before Connect)."""
@@ -462,6 +516,11 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             return
         source = None if self.registry.get(name) else self.registry.dead_letter_source(name)
         if source is not None:
+            # dead letters keep their queue's address: reading them needs that right too
+            if self.session is not None and self.user is None and \
+                    not self.session.check_subscribe(source.name):
+                self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
+                return
             self.reply(c.SUBSCRIBE_ACK, f.id, name)
             view = self.dlq_subs[name] = self.factory.view(source)
             view.subscribe(self)
@@ -547,9 +606,16 @@ class VibeMQProtocol(PublishingMixin, Protocol):
 
     def on_list_queues(self, f: c.Frame) -> None:
         """Names of the queues (and enabled DLQ names) this user may see."""
-        names = [n for n in self.registry.names() if self.user is None
-                 or self.user.superuser or self.user.allowed("ListQueues", n)
-                 or any(self.user.allowed(op, n) for op in ("Publish", "Subscribe"))]
+        user, session = self.user, self.session
+        if user is not None:
+            names = [n for n in self.registry.names() if user.superuser
+                     or user.allowed("ListQueues", n)
+                     or any(user.allowed(op, n) for op in ("Publish", "Subscribe"))]
+        elif session is not None:
+            names = [n for n in self.registry.names()
+                     if session.may_publish(n) or session.may_subscribe(n)]
+        else:
+            names = self.registry.names()
         self.reply(c.LIST_QUEUES, f.id, None, _DUMPS(names).encode())
 
     def on_admin(self, f: c.Frame) -> None:
