@@ -9,7 +9,6 @@ slow-consumer accounting of nats-server (max_pending, write deadline).
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from twisted.internet.interfaces import IPushProducer
@@ -18,8 +17,10 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from mqhub.identity import Session
 from mqhub.listener import set_read_size
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.auth import PublishTables, publish_violation, subscribe_violation
 from mqhub.protocols.nats.codec import (
     OP_CONNECT,
     OP_ERR,
@@ -89,7 +90,19 @@ class NatsConnection(Protocol):
         self.out: list[bytes] = []
         self.subs: dict[str, Subscription] = {}
         self.connected = False       # transport open
-        self.authed = not s.auth_required
+        self.authed = not server.guard.required
+        #: who this connection acts as (None: no per-subject rights are checked)
+        self.session: Session | None = None
+        #: a restricted publisher's own route tables (None: the server's are used)
+        self.pub_tables: PublishTables | None = None
+        #: events waiting behind a CONNECT whose turn has not come (failed-login slowdown)
+        self.waiting: list[tuple] | None = None
+        self._turn = False
+        self._connect_wait = 0.0
+        #: the INFO nonce an nkey signs (set when nkey users exist), and the subject of a
+        #: verified client certificate (set by TLS verification)
+        self.nonce: str | None = None
+        self.verified_subject: str | None = None
         self.got_connect = False
         self.verbose = True
         self.pedantic = True
@@ -289,6 +302,9 @@ class NatsConnection(Protocol):
         if self.closing:
             return
         srv = self.server
+        if self.waiting is not None:
+            self.parser.receive_data(data)
+            return
         bridge = srv.bridge
         if bridge is not None and bridge.epoch != srv.core_epoch:
             srv.core_epoch = bridge.epoch
@@ -315,10 +331,13 @@ class NatsConnection(Protocol):
     def _fast_loop(self, parser: NatsParser) -> None:
         """Alternate the codec's fused PUB fast path with one-event steps for everything else."""
         srv = self.server
-        routes = srv.routes
+        tables = self.pub_tables
+        if tables is None:
+            routes, head_routes = srv.routes, srv.head_routes
+        else:   # only subjects this publisher may publish to are in its own tables
+            routes, head_routes = tables.tables(srv.epoch)
         dirty = srv.dirty
         stats = srv.stats
-        head_routes = srv.head_routes
         while self.fast:
             stats["in_msgs"] += parser.route_pubs(routes, dirty, head_routes)
             stats["out_msgs"] += parser.last_sent
@@ -340,9 +359,14 @@ class NatsConnection(Protocol):
         """Route one PUB by its cached route (fast-loop misses: queue groups, mq9, foreign...;
         and the general path when echo is on): plain targets, the special part, no-responders."""
         srv = self.server
+        tables = self.pub_tables
+        if tables is not None and not self._may_publish(hit[1]):
+            return
         route = srv.routes.get(hit[0])
         if route is None:
             route = srv.resolve(hit)
+        if tables is not None and route[1] is None:
+            tables.keep(hit, route, srv.head_routes)
         dirty = srv.dirty
         for conn, out, prefix in route[0]:
             if not out:
@@ -387,7 +411,8 @@ class NatsConnection(Protocol):
                 if not self._publish(hit[1], hit[2], ev[2], ev[3], None):
                     continue
             elif op == OP_SUB:
-                self._sub(ev[1], ev[2], ev[3])
+                if not self._sub(ev[1], ev[2], ev[3]):
+                    continue
             elif op == OP_UNSUB:
                 self._unsub(ev[1], ev[2])
             elif op == OP_PING:
@@ -400,6 +425,11 @@ class NatsConnection(Protocol):
                 continue
             elif op == OP_CONNECT:
                 if not self._connect(ev[1]):
+                    if self.waiting is None and not self.closing:
+                        # its turn comes later: keep this CONNECT and what follows it
+                        self.waiting = events[i:]
+                        self.transport.pauseProducing()
+                        self.server.clock.callLater(self._connect_wait, self._connect_turn)
                     return
             elif op == OP_OK or op == OP_ERR:
                 continue
@@ -418,9 +448,54 @@ class NatsConnection(Protocol):
         self.fast = (self.authed and self.got_connect and not self.verbose and not self.pedantic
                      and self.echo and not self.closing)
 
+    def _connect_turn(self) -> None:
+        """A held CONNECT's turn has come: handle it and what followed, then read again."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is None or self.closing or not self.connected:
+            return
+        self._turn = True
+        try:
+            self._general(waiting, 0)
+        finally:
+            self._turn = False
+            self.server.end_turn()
+        if self.waiting is None and not self.closing:
+            self.transport.resumeProducing()
+            self.dataReceived(b"")
+
+    def _rights_changed(self, session: Session) -> None:
+        """The users file was reloaded: drop the subscriptions this client may no longer hold
+        (``-ERR 'Permissions Violation for Subscription to ...'`` each, as nats-server does on
+        a reload) and start its publish tables over."""
+        self._use_rights(session)
+        for sid, sub in list(self.subs.items()):
+            if session.may_subscribe(sub.subject, sub.queue):
+                continue
+            session.refuse("subscribe", sub.subject)
+            del self.subs[sid]
+            self.server.remove_sub(sub)
+            self.out_ctl(codec.encode_err(subscribe_violation(sub.wire_subject, sub.queue)))
+        self.server.flush()
+
+    def _use_rights(self, session: Session | None) -> None:
+        """Act as ``session``: a restricted publisher gets its own publish tables."""
+        self.session = session
+        if session is None or session.publish_all:
+            self.pub_tables = None
+        else:
+            self.pub_tables = PublishTables(session)
+
+    def _may_publish(self, subject: str) -> bool:
+        """The publish check: ``-ERR 'Permissions Violation for Publish to "x"'`` when refused."""
+        session = self.session
+        if session is None or session.publish_all or session.check_publish(subject):
+            return True
+        self.out_ctl(codec.encode_err(publish_violation(subject)))
+        return False
+
     def _connect(self, opts: dict[str, Any]) -> bool:
-        """Apply CONNECT options and check credentials; return False when closed."""
-        s = self.server.settings
+        """Apply CONNECT options and check credentials; return False when closed, or when
+        the check waits for its turn (``_connect_wait`` seconds, failed-login slowdown)."""
         proto = opts.get("protocol", 0)
         if not isinstance(proto, int) or proto < 0 or proto > 1:
             self.close("invalid client protocol")
@@ -436,15 +511,20 @@ class NatsConnection(Protocol):
         self.name = str(opts.get("name", ""))
         self.lang = str(opts.get("lang", ""))
         self.version = str(opts.get("version", ""))
-        if s.auth_required and not self.authed:
-            if s.token:
-                ok = secrets.compare_digest(str(opts.get("auth_token", "")), s.token)
-            else:
-                ok = (secrets.compare_digest(str(opts.get("user", "")), s.user or "")
-                      and secrets.compare_digest(str(opts.get("pass", "")), s.password or ""))
-            if not ok:
+        guard = self.server.guard
+        if guard.required and not self.authed:
+            if not self._turn:
+                self._connect_wait = guard.wait(self.peer_host)
+                if self._connect_wait > 0:
+                    return False
+            session = guard.connect(opts, self.peer_host, self.nonce,
+                                    self.verified_subject)
+            if session is False:
                 self.close("Authorization Violation")
                 return False
+            self._use_rights(session or None)
+            if self.session is not None:
+                self.session.on_revoke = self._rights_changed
             self.authed = True
             if self._auth_timer is not None and self._auth_timer.active():
                 self._auth_timer.cancel()
@@ -459,6 +539,8 @@ class NatsConnection(Protocol):
         if self.pedantic and not codec.valid_publish_subject(subject):
             self.out_ctl(codec.encode_err("Invalid Publish Subject"))
             return False
+        if self.session is not None and not self._may_publish(subject):
+            return False
         if hit is not None and self.echo:
             self._fast_pub(hit, payload)
             return True
@@ -472,13 +554,23 @@ class NatsConnection(Protocol):
             srv.no_responders(self, subject, reply)
         return True
 
-    def _sub(self, subject: str, queue: str | None, sid: str) -> None:
-        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server)."""
+    def _sub(self, subject: str, queue: str | None, sid: str) -> bool:
+        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server).
+
+        False when the user's rights do not cover ``subject`` (answered with -ERR).
+        """
         if sid in self.subs:
-            return
-        sub = Subscription(self, sub_pattern(subject), queue, sid, subject)
+            return True
+        pattern = sub_pattern(subject)
+        session = self.session
+        if session is not None and not session.subscribe_all and \
+                not session.check_subscribe(pattern, queue):
+            self.out_ctl(codec.encode_err(subscribe_violation(subject, queue)))
+            return False
+        sub = Subscription(self, pattern, queue, sid, subject)
         self.subs[sid] = sub
         self.server.add_sub(sub)
+        return True
 
     def _unsub(self, sid: str, max_msgs: int | None) -> None:
         """Remove a subscription now, or after ``max_msgs`` total deliveries."""

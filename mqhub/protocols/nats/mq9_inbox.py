@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = Logger()
 
+#: the QUERY request subject prefix (``$mq9.AI.MAILBOX.QUERY.{id}``)
+QUERY = MAILBOX + "QUERY."
 #: the most INBOX subjects whose resolution is cached (the cache is cleared past that)
 INBOX_CACHE_LIMIT = 100_000
 
@@ -95,6 +97,12 @@ class InboxWriter:
         if subject.startswith(INBOX):
             self._inbox(subject, reply, hdr, payload)
         elif subject.startswith(MAILBOX):
+            session = getattr(pub, "session", None)
+            if session is not None and subject.startswith(QUERY) and \
+                    not session.check_subscribe(INBOX + subject[len(QUERY):] + ".*"):
+                # QUERY hands out the mailbox's messages: it needs the right to read them
+                self.error(reply, "not authorized to read this mailbox")
+                return 1
             self.mailbox_request(subject, reply, payload)
         elif subject.startswith(BROADCAST):
             return self.persisted_broadcast(pub, subject, reply, hdr, payload)

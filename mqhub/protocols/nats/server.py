@@ -23,6 +23,7 @@ from typing import Any
 from twisted.internet.protocol import Factory
 
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.auth import NatsGuard
 from mqhub.protocols.nats.connection import NatsConnection, Subscription
 from mqhub.protocols.nats.scan import frame_pattern
 from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-exported)
@@ -54,6 +55,8 @@ class NatsServer(Factory):
         self.hub = hub
         self.clock = hub.clock
         self.settings = settings or NatsSettings()
+        #: CONNECT's credentials onto the hub's users (and the plugin's own auth options)
+        self.guard = NatsGuard(getattr(hub, "identity", None), self.settings)
         frame_pattern(self.settings.max_payload)   # compiled now (~0.1 s), not in the first read
         self.sublist = Sublist()
         self.routes: dict[bytes, tuple] = {}
@@ -98,7 +101,7 @@ class NatsServer(Factory):
             "port": s.port, "headers": True, "max_payload": s.max_payload,
             "client_id": conn.cid, "client_ip": conn.peer_host,
         }
-        if s.auth_required:
+        if self.guard.required:
             info["auth_required"] = True
         if s.tls_context is not None:
             info["tls_required"] = True
