@@ -158,7 +158,7 @@ class EmqpGuard:
         if anonymous_can_connect:
             if directory.anonymous is None:
                 return False
-            readers.append(directory.anonymous)
+            readers.append(directory.anonymous.rights)
         users = directory.users
         if self.curve and users is not None:
             readers.extend(u.rights for u in users.users.values() if u.curve_key)

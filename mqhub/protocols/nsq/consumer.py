@@ -40,6 +40,8 @@ class ConsumerCommands:
     identity: Identity
     auth: AuthState | None
     session: Session | None
+    #: the last SUB was refused (E_UNAUTHORIZED): a RDY the client sent behind it is ignored
+    sub_refused = False
     state: str
     consumer: Any
     queue: Any
@@ -65,6 +67,7 @@ class ConsumerCommands:
                 raise ProtocolError("E_AUTH_FIRST", "AUTH required before SUB")
             if not session.check_subscribe(topic_address(ev.topic), ev.channel):
                 # not fatal (nsqd closes): the connection stays usable
+                self.sub_refused = True
                 raise ProtocolError("E_UNAUTHORIZED",
                                     f'AUTH failed for SUB on "{ev.topic}" "{ev.channel}"',
                                     fatal=False)
@@ -85,6 +88,8 @@ class ConsumerCommands:
         if self.state == STATE_CLOSING:
             return
         if self.state != STATE_SUBSCRIBED:
+            if self.sub_refused:  # clients send RDY right behind SUB: not their mistake
+                return
             raise ProtocolError("E_INVALID", "cannot RDY in current state")
         if ev.count < 0 or ev.count > self.config.max_rdy_count:
             raise ProtocolError(
