@@ -20,14 +20,15 @@ from tests.interop.broker import BrokerProcess
 PROTOCOLS = ["nsq", "nats", "mqks", "vibemq", "emqp"]
 
 #: the users of every security test. alice may use orders.*, bob (an admin) everything,
-#: anonymous clients public.* — whatever else they try is refused.
+#: anonymous clients public.* — whatever else they try is refused. drop.* is write-only for
+#: alice and anonymous clients: they may publish there, only bob may read it (the leak tests).
 USERS = """
 [[user]]
 name = "alice"
 password = "alice-pw"
 token = "alice-token"
 curve_key = "ALICE_KEY"
-publish = ["orders.>", "emqp.jobs.orders", "_INBOX.>"]
+publish = ["orders.>", "drop.>", "emqp.jobs.orders", "_INBOX.>"]
 subscribe = ["orders.>", "emqp.jobs.orders", "_INBOX.>"]
 
 [[user]]
@@ -41,7 +42,7 @@ admin = true
 """
 ANONYMOUS = """
 [anonymous]
-publish = ["public.>", "emqp.jobs.public"]
+publish = ["public.>", "drop.>", "emqp.jobs.public"]
 subscribe = ["public.>", "emqp.jobs.public", "_INBOX.>"]
 """
 

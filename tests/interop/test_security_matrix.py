@@ -26,10 +26,10 @@ from tests.interop.broker import BrokerProcess
 from tests.interop.mqks_client import MqksSocket
 from tests.interop.nsq_client import NsqSocket
 from tests.interop.security_support import (
-    V,
     Keys,
     NatsErrors,
     RecordingReader,
+    V,
     collector,
     dealer,
     inform,
@@ -178,23 +178,27 @@ def test_nats_py(open_hub: BrokerProcess) -> None:
 def test_mqks_client(open_hub: BrokerProcess, closed_hub: BrokerProcess) -> None:
     """MQKS as anonymous (open hub) and as the listener's user alice (closed hub): a refused
     publish or consume (masks included) is an error line; the connection goes on."""
-    for broker, ok_event, bad_event in ((open_hub, b"public.mqks", b"orders.mqks"),
-                                        (closed_hub, b"orders.mqks", b"payroll.mqks")):
-        c = MqksSocket(broker.port("mqks", "tcp"))
-        c.confirm(b"c1", b"consume", b"q1 " + ok_event)                           # allowed
-        c.send(b"c2 consume --confirm q2 " + bad_event)                           # refused
-        wait_for(lambda: mqks_refused(c, b"c2"), "refused consume")
-        c.send(b"c3 consume --confirm q3 " + bad_event.split(b".")[0][:3] + b"*.>")  # a mask
-        wait_for(lambda: mqks_refused(c, b"c3"), "refused mask")
-        c.confirm(b"p1", b"publish", ok_event + b" hello")                        # allowed
-        c.send(b"p2 publish --confirm " + bad_event + b" nope")                   # refused
-        wait_for(lambda: mqks_refused(c, b"p2"), "refused publish")
-        c.confirm(b"p3", b"publish", ok_event + b" again")
-        assert [m["data"] for m in c.wait_messages(b"c1", 2)] == [b"hello", b"again"]
-        assert not c.messages(b"c2") and not c.messages(b"c3")
-        c.send(b"p4 ping x")
-        c.wait_line(b"p4 ok x")                                                   # still open
-        c.close()
+    mqks_cells(open_hub, b"public.mqks", b"orders.mqks")       # anonymous
+    mqks_cells(closed_hub, b"orders.mqks", b"payroll.mqks")    # the listener's user, alice
+
+
+def mqks_cells(broker: BrokerProcess, ok_event: bytes, bad_event: bytes) -> None:
+    """Consume and publish, allowed and refused, on one MQKS connection."""
+    c = MqksSocket(broker.port("mqks", "tcp"))
+    c.confirm(b"c1", b"consume", b"q1 " + ok_event)                           # allowed
+    c.send(b"c2 consume --confirm q2 " + bad_event)                           # refused
+    wait_for(lambda: mqks_refused(c, b"c2"), "refused consume")
+    c.send(b"c3 consume --confirm q3 " + bad_event.split(b".")[0][:3] + b"*.>")  # a mask
+    wait_for(lambda: mqks_refused(c, b"c3"), "refused mask")
+    c.confirm(b"p1", b"publish", ok_event + b" hello")                        # allowed
+    c.send(b"p2 publish --confirm " + bad_event + b" nope")                   # refused
+    wait_for(lambda: mqks_refused(c, b"p2"), "refused publish")
+    c.confirm(b"p3", b"publish", ok_event + b" again")
+    assert [m["data"] for m in c.wait_messages(b"c1", 2)] == [b"hello", b"again"]
+    assert not c.messages(b"c2") and not c.messages(b"c3")
+    c.send(b"p4 ping x")
+    c.wait_line(b"p4 ok x")                                                   # still open
+    c.close()
 
 
 def test_vibemq_client(open_hub: BrokerProcess) -> None:
@@ -321,7 +325,7 @@ def test_closed_hub_users_and_no_anonymous(closed_hub: BrokerProcess, keys: Keys
             job = next_request(worker)
             assert job is not None and job[4] == b"orders"
         else:
-            reply = wait_for(lambda: client.poll(100) and client.recv_multipart(), "a refusal")
+            reply = wait_for(lambda c=client: c.poll(100) and c.recv_multipart(), "a refusal")
             assert reply[2] == b"REPLY" and b"PermissionError" in reply[4]
         client.close()
     stranger = zmq.Context.instance().socket(zmq.DEALER)
@@ -355,3 +359,138 @@ def test_denials_are_counted(open_hub: BrokerProcess) -> None:
     log = Path(open_hub.log_path or "").read_text()
     assert "refused: user alice protocol nats action publish address payroll.nats" in log
     assert "alice-pw" not in log and "alice-token" not in log
+
+
+def test_no_leaks_between_any_two_protocols(open_hub: BrokerProcess) -> None:
+    """drop.* is write-only for alice and anonymous clients. Each of the five protocols
+    publishes there; no subscriber of any protocol that lacks the right gets a message —
+    its wildcard or mask subscriptions (NATS ``>``, MQKS ``*.nats``) are refused and its
+    allowed ones see nothing of drop.* — while bob's NATS ``>`` sees all five."""
+    from mqhub.protocols.nsq import codec as w
+
+    protocols = ("nsq", "nats", "mqks", "vibemq", "emqp")
+    # blocking subscribers without the right
+    nsq_socks = []
+    for topic in ("drop.nsq", "drop.nats", "public.leak"):
+        sock = NsqSocket(open_hub.port("nsq", "tcp"))
+        sock.send(w.encode_sub(topic, "ch") + w.encode_rdy(10))
+        nsq_socks.append((topic, sock))
+    mq = MqksSocket(open_hub.port("mqks", "tcp"))
+    for rid, events in ((b"l1", b"drop.>"), (b"l2", b"*.nats"), (b"l3", b"drop.mq*")):
+        mq.send(rid + b" consume --confirm " + rid + b"q " + events)
+        wait_for(lambda r=rid: mqks_refused(mq, r), f"MQKS refusal of {events!r}")
+    mq.confirm(b"l4", b"consume", b"l4q public.leak")
+    vibe_anon, vibe_alice = (SocketClient(open_hub.port("vibemq", "tcp")) for _ in range(2))
+    vibe_anon.connect()
+    vibe_alice.connect("alice", "alice-pw")
+    for client, queue in ((vibe_anon, "drop.vibemq"), (vibe_alice, "drop.nsq")):
+        with pytest.raises(VibeError):
+            client.subscribe(queue)
+    vibe_alice.subscribe("orders.leak")
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(open_hub.url("emqp", "pub-out"))
+    emqp_pub = dealer(open_hub.url("emqp", "pub-in"))
+    url = f"nats://127.0.0.1:{open_hub.port('mq9', 'tcp')}"
+    got: dict[str, list[Any]] = {"bob": [], "anon": [], "alice": []}
+
+    async def scenario() -> None:
+        bob = await nats.connect(url, token="bob-token")
+        anon = await nats.connect(url, error_cb=NatsErrors().cb)
+        alice = await nats.connect(url, token="alice-token", error_cb=NatsErrors().cb)
+        await bob.subscribe(">", cb=collector(got["bob"]))
+        for nc, name, subjects in ((anon, "anon", (">", "drop.*", "public.>")),
+                                   (alice, "alice", ("drop.>", "*.nats", "orders.>"))):
+            for subject in subjects:
+                await nc.subscribe(subject, cb=collector(got[name]))
+        for nc in (bob, anon, alice):
+            await nc.flush()
+        # every protocol publishes to drop.<protocol> (and once to a readable address)
+        writer = await nsq_writer(open_hub, "alice-token")
+        assert await nsq_call(writer.pub, "drop.nsq", b"n") == b"OK"
+        nsq_close(writer)
+        await alice.publish("drop.nats", b"t")
+        await alice.flush()
+        mq.confirm(b"d1", b"publish", b"drop.mqks m")
+        vibe_alice.publish("drop.vibemq", {"v": 1})
+        emqp_pub.send_multipart([b"", V, b"PUBLISH", b"e1", b"drop.emqp", b"e"])
+        mq.confirm(b"d2", b"publish", b"public.leak seen")
+        await until(lambda: {m.subject for m in got["bob"]} >= {f"drop.{p}" for p in protocols},
+                    "bob's copies of all five")
+        await until(lambda: [m.subject for m in got["anon"]] == ["public.leak"],
+                    "the readable message")
+        await quiet()
+        for nc in (bob, anon, alice):
+            await nc.close()
+
+    run(scenario)
+    assert not got["alice"]
+    leaked = [(t, s.read(0.1)) for t, s in nsq_socks]
+    for topic, frames in leaked:
+        bodies = [f.body for f in frames if isinstance(f, w.Message)]
+        assert bodies == ([b"seen"] if topic == "public.leak" else []), (topic, frames)
+        if topic != "public.leak":
+            assert w.ErrorFrame("E_UNAUTHORIZED",
+                                f'AUTH failed for SUB on "{topic}" "ch"') in frames
+    assert [m["data"] for m in mq.messages(b"l4")] == [b"seen"]
+    assert not any(mq.messages(r) for r in (b"l1", b"l2", b"l3"))
+    assert not vibe_alice.deliveries and not vibe_anon.deliveries
+    out = []
+    while sub.poll(100):
+        out.append(sub.recv_multipart())
+    assert all(not m[0].startswith(b"drop.") for m in out), out
+    for _, sock in nsq_socks:
+        sock.close()
+    for c in (vibe_anon, vibe_alice):
+        c.sock.close()
+    mq.close()
+    sub.close()
+    emqp_pub.close()
+
+
+def test_dead_letters_are_admin_only(open_hub: BrokerProcess) -> None:
+    """A dead letter of drop.dlq: its DLQ view is refused to VibeMQ clients without the
+    right to drop.dlq, listing and replaying it over the admin API need an admin, and after
+    a replay it reaches only its queue's reader."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    from mqhub.protocols.vibemq.options import REDIRECT_TO_DLQ, QueueOptions
+
+    port = open_hub.port("vibemq", "tcp")
+    bob, anon = SocketClient(port), SocketClient(port)
+    bob.connect("bob", "bob-pw")
+    anon.connect()
+    bob.create_queue("drop.dlq", QueueOptions(max_queue_size=1, overflow_strategy=REDIRECT_TO_DLQ,
+                                              enable_dead_letter_queue=True))
+    anon.publish("drop.dlq", {"n": 1})                   # anonymous may write here
+    anon.publish("drop.dlq", {"n": 2})                   # the first one is dead-lettered
+    with pytest.raises(VibeError) as refused:
+        anon.subscribe("drop.dlq.dlq")
+    assert refused.value.code == "NOT_AUTHORIZED"
+    admin = f"http://127.0.0.1:{open_hub.port('admin', 'http')}"
+
+    def call(path: str, auth: str, body: bytes | None = None) -> tuple[int, Any]:
+        req = urllib.request.Request(admin + path, data=body, headers={
+            "Authorization": auth, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    alice = "Basic " + base64.b64encode(b"alice:alice-pw").decode()
+    assert call("/api/dlq/drop.dlq", alice)[0] == 403
+    status, letters = call("/api/dlq/drop.dlq", "Bearer bob-token")
+    assert status == 200 and letters["total"] == 1
+    assert call("/api/dlq/drop.dlq/replay", alice, b"{}")[0] == 403
+    bob.subscribe("drop.dlq")
+    assert [json.loads(d.payload)["n"] for d in bob.receive(1, ack=True)] == [2]
+    assert call("/api/dlq/drop.dlq/replay", "Bearer bob-token", b"{}") == (
+        200, {"queue": "drop.dlq", "replayed": 1})
+    assert [json.loads(d.payload)["n"] for d in bob.receive(1, ack=True)] == [1]
+    assert not anon.deliveries
+    bob.sock.close()
+    anon.sock.close()

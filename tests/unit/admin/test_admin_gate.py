@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.task import Clock
 from twisted.web.resource import getChildForRequest
 from twisted.web.test.requesthelper import DummyRequest
 
