@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.errors import InvalidName, MqhubError
-from mqhub.interfaces import IDeliveryTarget
+from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.protocols.emqp import frames as F
 from mqhub.protocols.emqp.access import EmqpGuard, refusal_result
 from mqhub.protocols.emqp.droplog import DropLog
@@ -47,7 +47,7 @@ from mqhub.protocols.emqp.pubsub import PubRelay
 from mqhub.protocols.emqp.replies import StoredReplies, send_logged
 from mqhub.protocols.emqp.schedules import SCHEDULE_KEY_PREFIX, ScheduleFront
 from mqhub.protocols.emqp.workers import Routes, Worker
-from mqhub.store.records import ATTEMPTS, BODY, HEADERS, MSG_ID
+from mqhub.records import ATTEMPTS, BODY, HEADERS, MSG_ID
 
 log = Logger(namespace="mqhub.emqp")
 
@@ -88,7 +88,7 @@ class EmqpRouter:
         """
         self.hub = hub
         self.clock = hub.clock
-        self.broker = hub.broker
+        self.broker: ICore = hub.broker
         #: the peers' rights when a users file is in force (None: nothing is checked)
         self.guard = guard if guard is not None and guard.enforcing else None
         self.scheduler = hub.scheduler
@@ -164,7 +164,8 @@ class EmqpRouter:
             name = JOB_PREFIX + qname
             queue = self.broker.declare_queue(name, tier="durable")
             self.broker.bind_queue(name, name)
-            consumer = queue.attach(self, credit=0, timeout=CONSUMER_TIMEOUT, tag=qname)
+            consumer = self.broker.attach(queue, self, credit=0, timeout=CONSUMER_TIMEOUT,
+                                          tag=qname)
             self.consumers[qname] = consumer
         return consumer
 

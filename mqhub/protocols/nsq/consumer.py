@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mqhub.core.queue import NOT_OWNER
+from mqhub.interfaces import ICore
 from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq.codec import ProtocolError, encode_error
 from mqhub.protocols.nsq.topics import topic_address
+from mqhub.records import NOT_OWNER
 
 if TYPE_CHECKING:
     from mqhub.identity import Session
@@ -43,6 +44,7 @@ class ConsumerCommands:
     #: the last SUB was refused (E_UNAUTHORIZED): a RDY the client sent behind it is ignored
     sub_refused = False
     state: str
+    core: ICore
     consumer: Any
     queue: Any
     topic_name: str
@@ -81,7 +83,8 @@ class ConsumerCommands:
         self.queue = queue
         self.state = STATE_SUBSCRIBED
         self.respond(_OK)
-        self.consumer = queue.attach(self, ready=0, timeout=self.identity.msg_timeout / 1000.0)
+        self.consumer = self.core.attach(queue, self, ready=0,
+                                         timeout=self.identity.msg_timeout / 1000.0)
 
     def on_rdy(self, ev: wire.Rdy) -> None:
         """RDY n: how many messages may be in flight to this client."""
