@@ -7,12 +7,14 @@
 - :mod:`.session`: one connection's principal and its cached decisions.
 - :mod:`.directory`: the hub's :class:`Directory` (``hub.identity``): credentials to
   principals, reloads, denial counters and log, failed-login slowdown.
+- :mod:`.guarded`: the rights enforced at the core seam (``core.session(session)``).
 """
 
 from mqhub.identity.directory import Directory, LoginThrottle
+from mqhub.identity.guarded import GuardedCore
 from mqhub.identity.rights import ALL_RIGHTS, Grants, Principal, Rights
 from mqhub.identity.session import ADMIN, LOGIN, PUBLISH, SUBSCRIBE, Session
 from mqhub.identity.users import UsersFile, UsersFileError
 
-__all__ = ["ADMIN", "ALL_RIGHTS", "Directory", "Grants", "LOGIN", "LoginThrottle", "PUBLISH",
+__all__ = ["ADMIN", "ALL_RIGHTS", "Directory", "Grants", "GuardedCore", "LOGIN", "LoginThrottle", "PUBLISH",
            "Principal", "Rights", "SUBSCRIBE", "Session", "UsersFile", "UsersFileError"]

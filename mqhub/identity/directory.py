@@ -28,6 +28,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from mqhub.identity.guarded import GuardedCore
 from mqhub.identity.passwords import check_password
 from mqhub.identity.rights import NOTHING, Principal, Rights
 from mqhub.identity.session import LOGIN, Session
@@ -310,7 +311,7 @@ class Directory:
 
     def session(self, protocol: str, principal: Principal, peer: str = "") -> Session:
         """A session for one connection acting as ``principal`` (re-checked on reload)."""
-        session = Session(protocol, principal, peer, self.denied)
+        session = Session(protocol, principal, peer, self.denied, GuardedCore)
         self._sessions.add(session)
         return session
 

@@ -172,6 +172,21 @@ class Grants:
             return any(m(pattern, group) for m in self.matchers)
         return False
 
+    def reaches(self, pattern: str) -> bool:
+        """Is every address ``pattern`` matches allowed for *some* consumer group?
+
+        What the core seam asks when a queue is bound or attached: the address rule of
+        :meth:`covers` without the group (a protocol that knows the group checks it too).
+        """
+        if self.everything:
+            return True
+        wanted = split_pattern(pattern)
+        if any(covers_tokens(g.tokens, wanted) for g in self.patterns):
+            return True
+        if self.matchers and not any("*" in t or t == ">" for t in wanted):
+            return any(m(pattern, None) for m in self.matchers)
+        return False
+
 
 NOTHING = Grants()
 EVERYTHING = Grants((Grant((">",), None),))

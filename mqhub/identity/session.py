@@ -10,6 +10,7 @@ match; a reload of the users file empties the caches. Pure module: no Twisted.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from mqhub.identity.rights import Principal
 
@@ -21,6 +22,10 @@ PUBLISH, SUBSCRIBE, LOGIN, ADMIN = "publish", "subscribe", "login", "admin"
 CACHE_LIMIT = 4096
 
 Refused = Callable[["Session", str, str], None]
+#: makes a connection's handle on the core (mqhub.identity.guarded.GuardedCore)
+Guard = Callable[[Any, "Session"], Any]
+#: the cache key of "may receive, in some group" decisions (no group name holds a NUL)
+ANY_GROUP = "\x00any"
 
 
 class Session:
@@ -36,16 +41,18 @@ class Session:
     """
 
     __slots__ = ("protocol", "principal", "peer", "on_revoke", "publish_all", "subscribe_all",
-                 "_refused", "_publish", "_subscribe", "__weakref__")
+                 "_refused", "_guard", "_publish", "_subscribe", "__weakref__")
 
     def __init__(self, protocol: str, principal: Principal, peer: str = "",
-                 refused: Refused | None = None) -> None:
+                 refused: Refused | None = None, guard: Guard | None = None) -> None:
         """:param refused: called with (session, action, address) for every refusal (the
-        directory counts and logs it)."""
+        directory counts and logs it).
+        :param guard: makes this session's handle on the core (:meth:`handle`)."""
         self.protocol = protocol
         self.peer = peer
         self.on_revoke: Callable[[Session], None] | None = None
         self._refused = refused
+        self._guard = guard
         self._publish: dict[str, bool] = {}
         self._subscribe: dict[tuple[str, str | None], bool] = {}
         self.principal = principal
@@ -81,6 +88,24 @@ class Session:
                 self._subscribe.clear()
             self._subscribe[key] = ok
         return ok
+
+    def may_receive(self, pattern: str) -> bool:
+        """May this connection receive everything ``pattern`` matches, in some group? (cached;
+        the core seam's question when a queue is bound or attached)"""
+        key = (pattern, ANY_GROUP)
+        ok = self._subscribe.get(key)
+        if ok is None:
+            ok = self.principal.rights.subscribe.reaches(pattern)
+            if len(self._subscribe) >= CACHE_LIMIT:
+                self._subscribe.clear()
+            self._subscribe[key] = ok
+        return ok
+
+    def handle(self, core: Any) -> Any:
+        """This connection's handle on ``core`` (``ICore.session(session)`` returns it): the
+        rights enforced at the seam (:mod:`mqhub.identity.guarded`), or the core itself when
+        the session was made without a guard."""
+        return self._guard(core, self) if self._guard is not None else core
 
     @property
     def admin(self) -> bool:

@@ -4,7 +4,8 @@ With the hub's users file (``--users``) every MQKS connection acts as the user n
 ``--option mqks.user=NAME`` (for trusted networks), or as ``[anonymous]`` when that option is
 not set; with neither, every publish and consume is refused. Rights, in the model's terms:
 
-- ``publish {event} ...`` needs publish on the event (an address);
+- ``publish {event} ...`` needs publish on the event (an address): the connection publishes
+  through its session's handle on the core, which refuses it (``Unauthorized``);
 - ``consume {queue} events...`` and ``rebind`` need subscribe, for the consumer group
   ``{queue}``, on every event the queue is bound to *after* the change (masks and ``*``
   included: a mask is allowed only when the user's grants cover every address it matches),
@@ -24,7 +25,7 @@ from mqhub.errors import PluginError
 from mqhub.identity import Principal, Rights, Session
 from mqhub.protocols.mqks.codec import RequestError
 
-__all__ = ["MqksGuard", "Refused", "check_events", "check_publish"]
+__all__ = ["MqksGuard", "Refused", "check_events"]
 
 
 class Refused(RequestError):
@@ -58,12 +59,6 @@ class MqksGuard:
         if principal is None:  # no [anonymous]: a session that may do nothing
             principal = Principal(None, Rights(), "anonymous")
         return directory.session("mqks", principal, peer)
-
-
-def check_publish(session: Session | None, event: str) -> None:
-    """:raises Refused: when ``session`` may not publish to ``event``."""
-    if session is not None and not session.check_publish(event):
-        raise Refused(f"not allowed to publish to {event!r}")
 
 
 def check_events(session: Session | None, queue: str, events: Iterable[str]) -> None:

@@ -33,7 +33,7 @@ from mqhub.identity import Session
 from mqhub.interfaces import ICore
 from mqhub.listener import peer_text, set_no_delay
 from mqhub.protocols.mqks import codec as wire
-from mqhub.protocols.mqks.access import MqksGuard, Refused, check_events, check_publish
+from mqhub.protocols.mqks.access import MqksGuard, Refused, check_events
 from mqhub.protocols.mqks.codec import (
     CONFIRM,
     FATAL_TOO_LONG,
@@ -162,6 +162,8 @@ class MqksProtocol(Protocol):
         self.session = self.factory.guard.open(self._peer())
         if self.session is not None:
             self.session.on_revoke = self._rights_changed
+            # publishes and consumers go through this handle: the rights enforced at the seam
+            self.broker = self.factory.hub.broker.session(self.session)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         """Delete this connection's consumers (their unacked messages return with retry + 1)."""
@@ -365,8 +367,6 @@ class MqksProtocol(Protocol):
         headers = [{ID_HEADER: v} for v in b"\n".join(ids).decode("latin-1").split("\n")]
         try:
             address = wire.text(event)
-            if self.session is not None:
-                check_publish(self.session, address)
             d: Deferred[None] = self.broker.publish_batch(address, bodies, origin="mqks",
                                                          headers=headers)
         except (RequestError, MqhubError, ValueError) as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from mqhub.errors import Unauthorized
 from mqhub.interfaces import ICore
 from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq.codec import ProtocolError, encode_error
@@ -79,12 +80,19 @@ class ConsumerCommands:
             raise ProtocolError(
                 "E_SUB_FAILED", f"SUB failed consumers for {ev.topic}:{ev.channel} exceeds limit of {limit}"
             )
+        try:  # RDY 0: nothing is delivered before the OK below
+            consumer = self.core.attach(queue, self, ready=0,
+                                        timeout=self.identity.msg_timeout / 1000.0)
+        except Unauthorized:  # the seam's own refusal: the queue holds more than the topic
+            self.sub_refused = True
+            raise ProtocolError("E_UNAUTHORIZED",
+                                f'AUTH failed for SUB on "{ev.topic}" "{ev.channel}"',
+                                fatal=False) from None
         self.topic_name, self.channel_name = ev.topic, ev.channel
         self.queue = queue
         self.state = STATE_SUBSCRIBED
         self.respond(_OK)
-        self.consumer = self.core.attach(queue, self, ready=0,
-                                         timeout=self.identity.msg_timeout / 1000.0)
+        self.consumer = consumer
 
     def on_rdy(self, ev: wire.Rdy) -> None:
         """RDY n: how many messages may be in flight to this client."""

@@ -32,7 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mqhub.errors import InvalidName, MqhubError, QueueFull
+from mqhub.errors import InvalidName, MqhubError, QueueFull, Unauthorized
 from mqhub.identity import Session
 from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.listener import peer_text, set_no_delay
@@ -142,9 +142,7 @@ class NsqProtocol(ConsumerCommands, Protocol):
         self.factory.clients.add(self)
         set_no_delay(self.transport)  # small replies must not wait for Nagle
         if self.factory.guard.active:
-            self.session = self.factory.guard.open(self._peer_host())
-            if self.session is not None:
-                self.session.on_revoke = self._rights_changed
+            self._act_as(self.factory.guard.open(self._peer_host()))
         self._last_read = self.clock.seconds()
         self._arm_heartbeat()
 
@@ -446,7 +444,14 @@ class NsqProtocol(ConsumerCommands, Protocol):
                 f'E_UNAUTHORIZED AUTH failed for {verb} on "{topic_name}" ""'.encode()) * oks)
             return
         try:
-            d = self.registry.publish(topic_name, bodies, defer_ms)
+            if self.session is None:
+                d = self.registry.publish(topic_name, bodies, defer_ms)
+            else:  # through the connection's handle: its rights are enforced at the seam
+                d = self.registry.publish(topic_name, bodies, defer_ms, core=self.core)
+        except Unauthorized:  # the seam's own refusal (the check above makes it rare)
+            self.respond(encode_error(
+                f'E_UNAUTHORIZED AUTH failed for {verb} on "{topic_name}" ""'.encode()) * oks)
+            return
         except (QueueFull, InvalidName) as exc:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {exc}") from None
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
@@ -555,12 +560,18 @@ class NsqProtocol(ConsumerCommands, Protocol):
     def _authenticate(self, ev: wire.Auth) -> None:
         """Check the secret and answer nsqd's AUTH reply (errors are fatal, as in nsqd)."""
         session, state = self.factory.guard.authenticate(ev.secret, self._peer_host())
-        old, self.session = self.session, session
-        if old is not None:
-            old.on_revoke = None
-        session.on_revoke = self._rights_changed
+        if self.session is not None:
+            self.session.on_revoke = None
+        self._act_as(session)
         self.auth = state
         self.respond(encode_response(state.reply()))
+
+    def _act_as(self, session: Session | None) -> None:
+        """Act as ``session`` from now on: its handle on the core enforces its rights."""
+        self.session = session
+        if session is not None:
+            session.on_revoke = self._rights_changed
+            self.core = self.factory.hub.broker.session(session)
 
     def _peer_host(self) -> str:
         """The client's host (no port): failed logins are counted per host."""

@@ -15,7 +15,7 @@ import msgspec
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqhub.errors import InvalidName, QueueFull
+from mqhub.errors import InvalidName, QueueFull, Unauthorized
 from mqhub.protocols.vibemq import codec as c
 from mqhub.protocols.vibemq.config import VibeMQConfig
 from mqhub.protocols.vibemq.options import BLOCK_PUBLISHER, DROP_NEWEST, parse_priority
@@ -131,6 +131,9 @@ class PublishingMixin:
         except InvalidName as exc:
             for f in run:
                 self.error(f.id, "INVALID_QUEUE", str(exc))
+        except Unauthorized:  # the seam's refusal (each frame was checked before)
+            for f in run:
+                self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
 
     def _put(self, vq: VibeQueue, run: list[c.Frame]) -> None:
         """The core call; PublishAcks go out once the batch is stored."""

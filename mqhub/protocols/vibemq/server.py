@@ -358,6 +358,8 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             if old is not None:
                 old.on_revoke = None
             self.session, self.user = result
+            # this connection's handle on the core: its rights enforced at the seam
+            self.broker = self.factory.broker.session(self.session)
             if self.session is not None:
                 self.session.on_revoke = self._rights_changed
             self.authenticated = True
@@ -517,9 +519,8 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             return
         source = None if self.registry.get(name) else self.registry.dead_letter_source(name)
         if source is not None:
-            # dead letters keep their queue's address: reading them needs that right too
-            if self.session is not None and self.user is None and \
-                    not self.session.check_subscribe(source.name):
+            # dead letters keep their queue's addresses: reading them needs that right too
+            if self.user is None and not self._may_read(source.name):
                 self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
                 return
             self.reply(c.SUBSCRIBE_ACK, f.id, name)
@@ -531,6 +532,9 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         except InvalidName as exc:
             self.error(f.id, "INVALID_QUEUE", str(exc))
             return
+        if not self._may_read(name):
+            self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
+            return
         self.reply(c.SUBSCRIBE_ACK, f.id, name)
         self.subs[name] = (vq, None)
         consumer = self.broker.attach(vq.core, self, ready=self.config.prefetch, tag=name)
@@ -538,6 +542,19 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             self.subs[name] = (vq, consumer)
         else:
             vq.core.detach(consumer, requeue=True)
+
+    def _may_read(self, queue: str) -> bool:
+        """May this connection read what queue ``queue`` holds: every address pattern bound
+        to it (the seam's rule for attach and dead letters, asked before the SubscribeAck;
+        a queue another protocol binds wider is refused). A refusal is counted."""
+        session = self.session
+        if session is None or session.subscribe_all:
+            return True
+        for binding in self.broker.bindings(queue):
+            if not session.may_receive(binding.pattern):
+                session.refuse("subscribe", f"{binding.pattern} (queue {queue})")
+                return False
+        return True
 
     def on_unsubscribe(self, f: c.Frame) -> None:
         """Detach; unacked deliveries return to the queue."""
