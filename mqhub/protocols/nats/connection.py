@@ -426,8 +426,11 @@ class NatsConnection(Protocol):
             elif op == OP_CONNECT:
                 if not self._connect(ev[1]):
                     if self.waiting is None and not self.closing:
-                        # its turn comes later: keep this CONNECT and what follows it
+                        # its turn comes later: keep this CONNECT and what follows it (the
+                        # client did send CONNECT in time: no auth timeout while it waits)
                         self.waiting = events[i:]
+                        if self._auth_timer is not None and self._auth_timer.active():
+                            self._auth_timer.cancel()
                         self.transport.pauseProducing()
                         self.server.clock.callLater(self._connect_wait, self._connect_turn)
                     return
