@@ -106,3 +106,22 @@ def test_without_users_file_nothing_changes(tmp_path: Path) -> None:
     assert call(site, hub, "POST", "/api/queues/jobs/pause")[0] == 401
     assert call(site, hub, "POST", "/api/queues/jobs/pause", "Bearer tok")[0] == 200
     assert call(site, hub, "POST", "/api/users/reload", "Bearer tok")[0] == 409
+
+
+def test_manhole_keys_only_for_admins(tmp_path: Path) -> None:
+    """With a users file the manhole's keys log in only as a user with admin = true."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from twisted.conch.ssh import keys
+
+    from mqhub.manhole import KeyList
+
+    hub, _ = rig(tmp_path)
+    key = keys.Key(ec.generate_private_key(ec.SECP256R1())).public()
+    anyone = KeyList([key])
+    admins = KeyList([key], hub.identity)
+    assert anyone.getAuthorizedKeys(b"whoever") == [key]
+    assert admins.getAuthorizedKeys(b"bob") == [key]            # admin = true
+    assert admins.getAuthorizedKeys(b"alice") == []             # a user, not an admin
+    assert admins.getAuthorizedKeys(b"whoever") == []
+    assert hub.identity.counters[("manhole", "login")] == 2
+
