@@ -494,3 +494,27 @@ def test_dead_letters_are_admin_only(open_hub: BrokerProcess) -> None:
     assert not anon.deliveries
     bob.sock.close()
     anon.sock.close()
+
+
+def test_nsq_http_api(open_hub: BrokerProcess) -> None:
+    """nsqd's HTTP API under the users file: /pub and /mpub act as the Authorization header's
+    user (else anonymous) with the same rights; topic and channel changes need an admin."""
+    import urllib.request
+
+    def post(path: str, body: bytes, auth: str | None = None) -> tuple[int, bytes]:
+        url = f"http://127.0.0.1:{open_hub.port('nsq', 'http')}{path}"
+        req = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Authorization": auth} if auth else {})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    assert post("/pub?topic=public.http", b"a") == (200, b"OK")
+    assert post("/pub?topic=orders.http", b"b") == (403, b'{"message": "UNAUTHORIZED"}')
+    assert post("/mpub?topic=orders.http", b"c\nd", "Bearer alice-token") == (200, b"OK")
+    assert post("/pub?topic=orders.http", b"e", "Bearer wrong") == (
+        401, b'{"message": "AUTH_FAILED"}')
+    assert post("/topic/create?topic=orders.made", b"", "Bearer alice-token")[0] == 403
+    assert post("/topic/create?topic=orders.made", b"", "Bearer bob-token")[0] == 200
