@@ -72,10 +72,7 @@ class Session:
         """May this connection publish to ``address``? (cached)"""
         ok = self._publish.get(address)
         if ok is None:
-            ok = self.principal.rights.publish.allows(address)
-            if len(self._publish) >= CACHE_LIMIT:
-                self._publish.clear()
-            self._publish[address] = ok
+            ok = _remember(self._publish, address, self.principal.rights.publish.allows(address))
         return ok
 
     def may_subscribe(self, pattern: str, group: str | None = None) -> bool:
@@ -83,10 +80,8 @@ class Session:
         key = (pattern, group)
         ok = self._subscribe.get(key)
         if ok is None:
-            ok = self.principal.rights.subscribe.covers(pattern, group)
-            if len(self._subscribe) >= CACHE_LIMIT:
-                self._subscribe.clear()
-            self._subscribe[key] = ok
+            ok = _remember(self._subscribe, key,
+                           self.principal.rights.subscribe.covers(pattern, group))
         return ok
 
     def may_receive(self, pattern: str) -> bool:
@@ -95,10 +90,7 @@ class Session:
         key = (pattern, ANY_GROUP)
         ok = self._subscribe.get(key)
         if ok is None:
-            ok = self.principal.rights.subscribe.reaches(pattern)
-            if len(self._subscribe) >= CACHE_LIMIT:
-                self._subscribe.clear()
-            self._subscribe[key] = ok
+            ok = _remember(self._subscribe, key, self.principal.rights.subscribe.reaches(pattern))
         return ok
 
     def handle(self, core: Any) -> Any:
@@ -138,3 +130,11 @@ class Session:
         self.subscribe_all = principal.rights.subscribe.everything
         self._publish.clear()
         self._subscribe.clear()
+
+
+def _remember(cache: dict[Any, bool], key: Any, ok: bool) -> bool:
+    """Keep one decision (the cache starts over past CACHE_LIMIT); return it."""
+    if len(cache) >= CACHE_LIMIT:
+        cache.clear()
+    cache[key] = ok
+    return ok

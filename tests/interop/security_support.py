@@ -108,18 +108,6 @@ async def quiet(seconds: float = 0.3) -> None:
     await asyncio.sleep(seconds)
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    """Blocking :func:`until` (for the socket clients)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = predicate()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 # NSQ (pynsq) ---------------------------------------------------------------------------------
 
 

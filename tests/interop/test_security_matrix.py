@@ -22,7 +22,7 @@ import pytest
 import zmq
 
 from mqhub.protocols.vibemq import codec as vc
-from tests.interop.broker import BrokerProcess
+from tests.interop.broker import BrokerProcess, wait_until
 from tests.interop.mqks_client import MqksSocket
 from tests.interop.nsq_client import NsqSocket
 from tests.interop.security_support import (
@@ -42,7 +42,6 @@ from tests.interop.security_support import (
     run,
     start_broker,
     until,
-    wait_for,
 )
 from tests.interop.vibemq_client import ConnectionFailed, SocketClient, VibeError
 from tests.unit.protocols.emqp.interop_support import Client, job_body
@@ -187,12 +186,12 @@ def mqks_cells(broker: BrokerProcess, ok_event: bytes, bad_event: bytes) -> None
     c = MqksSocket(broker.port("mqks", "tcp"))
     c.confirm(b"c1", b"consume", b"q1 " + ok_event)                           # allowed
     c.send(b"c2 consume --confirm q2 " + bad_event)                           # refused
-    wait_for(lambda: mqks_refused(c, b"c2"), "refused consume")
+    wait_until(lambda: mqks_refused(c, b"c2"), "refused consume")
     c.send(b"c3 consume --confirm q3 " + bad_event.split(b".")[0][:3] + b"*.>")  # a mask
-    wait_for(lambda: mqks_refused(c, b"c3"), "refused mask")
+    wait_until(lambda: mqks_refused(c, b"c3"), "refused mask")
     c.confirm(b"p1", b"publish", ok_event + b" hello")                        # allowed
     c.send(b"p2 publish --confirm " + bad_event + b" nope")                   # refused
-    wait_for(lambda: mqks_refused(c, b"p2"), "refused publish")
+    wait_until(lambda: mqks_refused(c, b"p2"), "refused publish")
     c.confirm(b"p3", b"publish", ok_event + b" again")
     assert [m["data"] for m in c.wait_messages(b"c1", 2)] == [b"hello", b"again"]
     assert not c.messages(b"c2") and not c.messages(b"c3")
@@ -271,7 +270,7 @@ def test_emqp_eventmq(open_hub: BrokerProcess) -> None:
                 got.append(sub.recv_multipart())
             return got
 
-        got = wait_for(published, "PUB output")
+        got = wait_until(published, "PUB output")
         assert [b"public.emqp", b"hello"] in got and all(m[0] != b"orders.emqp" for m in got)
         sub.close()
         pub.close()
@@ -325,7 +324,7 @@ def test_closed_hub_users_and_no_anonymous(closed_hub: BrokerProcess, keys: Keys
             job = next_request(worker)
             assert job is not None and job[4] == b"orders"
         else:
-            reply = wait_for(lambda c=client: c.poll(100) and c.recv_multipart(), "a refusal")
+            reply = wait_until(lambda c=client: c.poll(100) and c.recv_multipart(), "a refusal")
             assert reply[2] == b"REPLY" and b"PermissionError" in reply[4]
         client.close()
     stranger = zmq.Context.instance().socket(zmq.DEALER)
@@ -378,7 +377,7 @@ def test_no_leaks_between_any_two_protocols(open_hub: BrokerProcess) -> None:
     mq = MqksSocket(open_hub.port("mqks", "tcp"))
     for rid, events in ((b"l1", b"drop.>"), (b"l2", b"*.nats"), (b"l3", b"drop.mq*")):
         mq.send(rid + b" consume --confirm " + rid + b"q " + events)
-        wait_for(lambda r=rid: mqks_refused(mq, r), f"MQKS refusal of {events!r}")
+        wait_until(lambda r=rid: mqks_refused(mq, r), f"MQKS refusal of {events!r}")
     mq.confirm(b"l4", b"consume", b"l4q public.leak")
     vibe_anon, vibe_alice = (SocketClient(open_hub.port("vibemq", "tcp")) for _ in range(2))
     vibe_anon.connect()

@@ -17,7 +17,7 @@ import nats
 import pytest
 
 from mqhub.protocols.nsq import codec as w
-from tests.interop.broker import BrokerProcess
+from tests.interop.broker import BrokerProcess, wait_until
 from tests.interop.mqks_client import MqksSocket
 from tests.interop.nsq_client import NsqSocket
 from tests.interop.security_support import (
@@ -27,7 +27,6 @@ from tests.interop.security_support import (
     run,
     start_broker,
     until,
-    wait_for,
 )
 from tests.interop.vibemq_client import SocketClient
 
@@ -127,7 +126,7 @@ def test_reload_takes_rights_from_live_subscriptions(hub: BrokerProcess, tmp_pat
     with pytest.raises(ConnectionError):
         nsq.read(2.0)
     # VibeMQ: NOT_AUTHORIZED, the connection stays, nothing more is delivered
-    wait_for(lambda: any(f.error_code == "NOT_AUTHORIZED" for f in _pump_frames(vibe)),
+    wait_until(lambda: any(f.error_code == "NOT_AUTHORIZED" for f in _pump_frames(vibe)),
              "VibeMQ's refusal")
     assert not vibe.deliveries and vibe.ping()
     # MQKS: the consumer is deleted with an error line under its id; nothing arrives
