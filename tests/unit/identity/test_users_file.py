@@ -62,3 +62,24 @@ def test_password_hashes() -> None:
     assert hash_password("s3cret", log_n=4) != stored                  # salted
     assert check_password("pw", vibemq_hash("pw", iterations=1000))
     assert not check_password("x", "scrypt$40$8$1$AAAA$AAAA")          # absurd cost refused
+
+
+def test_twistd_option(tmp_path: Path) -> None:
+    """--users is checked when the options are parsed (a bad file is a usage error naming the
+    problem) and becomes hub.identity, enforcing, with the file's users."""
+    from twisted.internet.task import Clock
+    from twisted.python import usage
+
+    from mqhub.hub import build_hub
+    from mqhub.tap import Options
+
+    good = write_users(tmp_path / "u.toml")
+    options = Options()
+    options.parseOptions(["--protocols", "nsq", "--users", str(good)])
+    hub = build_hub({**dict(options), "data-dir": None}, Clock())
+    assert hub.identity.enforcing and hub.identity.by_token("alice-token").name == "alice"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[user]]\nname = "x"\nsubscribe = [">.x"]\n')
+    with pytest.raises(usage.UsageError, match=r"--users: .*user 'x': subscribe"):
+        Options().parseOptions(["--protocols", "nsq", "--users", str(bad)])
+    assert not build_hub({"data-dir": None}, Clock()).identity.enforcing
