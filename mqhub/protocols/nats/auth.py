@@ -17,7 +17,8 @@ A publisher whose rights are not "everything" routes through :class:`PublishTabl
 copies of the server's route tables that only hold subjects it may publish to, so the fast
 path's one dict lookup per line is also its rights check (a miss goes the slow way, where the
 subject is checked once and, when allowed, its route copied in). The whole-read frame scanner
-is not used for such a publisher (its receiver tables are shared by every publisher).
+checks every frame of a stretch against the receiver's head table; such a publisher gets its
+own copy of that table too, holding only the heads it may publish.
 """
 
 from __future__ import annotations
@@ -141,46 +142,56 @@ def _gave_credentials(opts: dict[str, Any]) -> bool:
 
 
 class PublishTables:
-    """A restricted publisher's own route tables (line routes and head routes).
+    """A restricted publisher's own route tables (line routes, head routes, and per receiver
+    the head table the frame scanner checks a stretch against).
 
     Only subjects the session may publish to get in, so a hit in the fast path is allowed;
-    the tables empty themselves when the server's routing epoch moves on (or on reload).
-    Head routes are copied without their receiver table, which keeps the whole-read scanner
-    off and leaves the per-line head path on.
+    the tables empty themselves when the server's routing epoch moves on (or on reload), as
+    the server's own do.
     """
 
-    __slots__ = ("session", "routes", "head_routes", "epoch")
+    __slots__ = ("session", "routes", "head_routes", "receivers", "epoch")
 
     def __init__(self, session: Session) -> None:
         """Start empty."""
         self.session = session
         self.routes: dict[bytes, tuple] = {}
         self.head_routes: dict[bytes, tuple] = {}
+        #: receiving connection -> head -> MSG head, for the allowed heads only
+        self.receivers: dict[Any, dict[bytes, bytes]] = {}
         self.epoch = -1
 
     def tables(self, epoch: int) -> tuple[dict[bytes, tuple], dict[bytes, tuple]]:
         """The tables for routing epoch ``epoch`` (emptied when it changed)."""
         if epoch != self.epoch:
             self.epoch = epoch
-            self.routes.clear()
-            self.head_routes.clear()
+            self.clear()
         return self.routes, self.head_routes
 
     def clear(self) -> None:
-        """Forget every route (the rights changed)."""
+        """Forget every route (the rights or the routing changed)."""
         self.routes.clear()
         self.head_routes.clear()
+        self.receivers.clear()
 
     def keep(self, hit: tuple, route: tuple, server_heads: dict[bytes, tuple]) -> None:
         """Copy an allowed line's route (and its head route, if the server made one)."""
         line = hit[0]
         routes = self.routes
         if len(routes) >= TABLE_LIMIT:
-            routes.clear()
-            self.head_routes.clear()
+            self.clear()
         routes[line] = route
         sp = line.rfind(b" ")
-        if sp > 0:
-            head = server_heads.get(line[:sp])
-            if head is not None:
-                self.head_routes[line[:sp]] = (head[0], head[1], head[2], None)
+        if sp <= 0:
+            return
+        key = line[:sp]
+        head = server_heads.get(key)
+        if head is None:
+            return
+        table = None
+        if head[2] is not None and head[3] is not None and key in head[3]:
+            # one receiver: the scanner checks a stretch against this publisher's copy of its
+            # head table, which holds only heads this publisher may publish
+            table = self.receivers.setdefault(head[2][0], {})
+            table[key] = head[3][key]
+        self.head_routes[key] = (head[0], head[1], head[2], table)

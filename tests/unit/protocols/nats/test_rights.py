@@ -97,3 +97,48 @@ def test_reload_drops_subscriptions_no_longer_covered(tmp_path: Path) -> None:
     assert _errs(alice.events()) == ['Permissions Violation for Subscription to "orders.>"']
     bob.send(b"PUB orders.x 1\r\nx\r\nPUB _INBOX.y 1\r\ny\r\n")
     assert _msgs(alice.events()) == [("_INBOX.y", b"y")]
+
+
+def test_mixed_stretches_through_the_scanner_stay_within_rights(tmp_path: Path) -> None:
+    """Whole reads of mixed frames (many subjects and sizes, one receiver: the frame scanner's
+    case) from a restricted publisher: every allowed frame arrives in order, every refused one
+    is answered, even when an unrestricted publisher taught the server the refused heads."""
+    import random
+
+    hub = make_hub()
+    hub.identity = directory(tmp_path, hub.clock, USERS.replace(
+        'publish = ["orders.>"]', 'publish = ["bench.>"]').replace(
+        'subscribe = ["payroll.>"', 'subscribe = [">"').replace(
+        'publish = ["payroll.>"]', 'publish = [">"]'))
+    srv = make_server(hub)
+    watcher = Client(srv, {"user": "bob", "pass": "builder"})
+    bob = Client(srv, {"user": "bob", "pass": "builder"})
+    alice = Client(srv, {"auth_token": "alice-token"})
+    watcher.send(b"SUB > 1\r\nPING\r\n")
+    watcher.events()
+    rnd = random.Random(3)
+
+    def stream(sizes: tuple[int, int]) -> tuple[bytes, list[tuple[str, bytes]], int]:
+        """600 frames over bench.s0..s7 with some payroll.x, bodies of ``sizes`` bytes."""
+        frames, allowed, refused = [], [], 0
+        for _ in range(600):
+            subject = "payroll.x" if rnd.random() < 0.05 else f"bench.s{rnd.randrange(8)}"
+            body = b"z" * rnd.randint(*sizes)
+            frames.append(b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(body), body))
+            if subject.startswith("bench"):
+                allowed.append((subject, body))
+            else:
+                refused += 1
+        return b"".join(frames), allowed, refused
+
+    first, second = stream((10, 200)), stream((201, 400))
+    for data, _, _ in (first, second):
+        bob.send(data)           # the server's head tables now hold every head, payroll's too
+    watcher.events()
+    # cold: every line is new to alice; then new sizes on heads she knows (the head tables and
+    # the whole-read frame scanner carry those)
+    for data, allowed, refused in (first, second):
+        alice.send(data + b"PING\r\n")
+        events = alice.events()
+        assert _errs(events) == ['Permissions Violation for Publish to "payroll.x"'] * refused
+        assert _msgs(watcher.events()) == allowed
