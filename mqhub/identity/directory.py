@@ -34,7 +34,7 @@ from mqhub.identity.rights import NOTHING, Principal, Rights
 from mqhub.identity.session import LOGIN, Session
 from mqhub.identity.users import UserEntry, UsersFile, UsersFileError, normalize_subject
 
-__all__ = ["Directory", "LoginThrottle", "UsersFileError"]
+__all__ = ["Directory", "LoginThrottle", "Refusals", "UsersFileError"]
 
 log = Logger(namespace="mqhub.identity")
 
@@ -109,12 +109,54 @@ class LoginThrottle:
         self._peers.pop(peer, None)
 
 
+class Refusals:
+    """Counts refusals by (protocol, action) and logs them, at most LOG_BURST lines per
+    LOG_WINDOW seconds (then one line saying how many were not logged).
+
+    :ivar counters: ``(protocol, action) -> refusals`` (``mqhub_auth_denied_total``).
+    """
+
+    def __init__(self, clock: Any) -> None:
+        """Nothing counted yet."""
+        self.clock = clock
+        self.counters: dict[tuple[str, str], int] = {}
+        self._logged = 0
+        self._window_start = float("-inf")
+        self._unlogged = 0
+
+    def count(self, protocol: str, action: str, n: int = 1) -> None:
+        """Add ``n`` to the counter of (protocol, action)."""
+        key = (protocol, action)
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    def log(self, text: str, **fields: Any) -> None:
+        """Log one refusal line unless this window's lines are used up."""
+        now = self.clock.seconds()
+        if now - self._window_start >= LOG_WINDOW:
+            if self._unlogged:
+                log.warn("{n} more auth refusals were not logged (counted in "
+                         "mqhub_auth_denied_total)", n=self._unlogged)
+            self._window_start, self._logged, self._unlogged = now, 0, 0
+        if self._logged >= LOG_BURST:
+            self._unlogged += 1
+            return
+        self._logged += 1
+        log.warn(text, **fields)
+
+    def by_protocol(self) -> dict[str, dict[str, int]]:
+        """``{protocol: {action: n}}`` for ``/api/stats``."""
+        out: dict[str, dict[str, int]] = {}
+        for (protocol, action), n in sorted(self.counters.items()):
+            out.setdefault(protocol, {})[action] = n
+        return out
+
+
 class Directory:
     """Users, sessions, denials and login slowdown of one hub (see the module doc).
 
     :ivar enforcing: True when a users file is in force.
-    :ivar counters: ``(protocol, action) -> refusals`` (actions: publish, subscribe, login,
-        admin).
+    :ivar refusals: the denial counters and log (:class:`Refusals`; actions: publish,
+        subscribe, login, admin).
     """
 
     def __init__(self, clock: Any, path: str | None = None,
@@ -124,7 +166,9 @@ class Directory:
         self.path = path
         self.enforcing = path is not None
         self.throttle = throttle or LoginThrottle(clock)
-        self.counters: dict[tuple[str, str], int] = {}
+        self.refusals = Refusals(clock)
+        #: ``(protocol, action) -> refusals`` (the Refusals' own dict)
+        self.counters = self.refusals.counters
         self.generation = 0
         self.reloads = 0
         self._file: UsersFile | None = None
@@ -135,9 +179,6 @@ class Directory:
         self._verified: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._pepper = os.urandom(32)
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
-        self._logged = 0
-        self._window_start = float("-inf")
-        self._unlogged = 0
 
     # loading ------------------------------------------------------------------------------
 
@@ -332,14 +373,10 @@ class Directory:
 
     def refused(self, protocol: str, user: str, action: str, address: str) -> None:
         """Count and (rate-limited) log a refusal: user, protocol, action, address."""
-        self.count(protocol, action)
-        self._log("refused: user {user} protocol {protocol} action {action} address {address}",
-                  user=user, protocol=protocol, action=action, address=address[:256])
-
-    def count(self, protocol: str, action: str, n: int = 1) -> None:
-        """Add ``n`` to the denial counter of (protocol, action)."""
-        key = (protocol, action)
-        self.counters[key] = self.counters.get(key, 0) + n
+        self.refusals.count(protocol, action)
+        self.refusals.log("refused: user {user} protocol {protocol} action {action} "
+                          "address {address}", user=user, protocol=protocol, action=action,
+                          address=address[:256])
 
     def login_wait(self, peer: str) -> float:
         """Seconds a login attempt from ``peer`` must wait before it is evaluated."""
@@ -349,33 +386,17 @@ class Directory:
         """A failed login: counted, logged (the name tried, never a password) and held
         against the peer."""
         self.throttle.failed(peer)
-        self.count(protocol, LOGIN)
-        self._log("refused: login protocol {protocol} peer {peer} user {user}",
-                  protocol=protocol, peer=peer, user=user if user is not None else "-")
+        self.refusals.count(protocol, LOGIN)
+        self.refusals.log("refused: login protocol {protocol} peer {peer} user {user}",
+                          protocol=protocol, peer=peer, user=user if user is not None else "-")
 
     def login_succeeded(self, peer: str) -> None:
         """A successful login: the peer owes nothing."""
         self.throttle.succeeded(peer)
 
-    def _log(self, text: str, **fields: Any) -> None:
-        """Log a denial, at most LOG_BURST lines per LOG_WINDOW seconds."""
-        now = self.clock.seconds()
-        if now - self._window_start >= LOG_WINDOW:
-            if self._unlogged:
-                log.warn("{n} more auth refusals were not logged (counted in "
-                         "mqhub_auth_denied_total)", n=self._unlogged)
-            self._window_start, self._logged, self._unlogged = now, 0, 0
-        if self._logged >= LOG_BURST:
-            self._unlogged += 1
-            return
-        self._logged += 1
-        log.warn(text, **fields)
-
     def stats(self) -> dict[str, Any]:
         """The ``auth`` row of ``/api/stats``."""
-        denied: dict[str, dict[str, int]] = {}
-        for (protocol, action), n in sorted(self.counters.items()):
-            denied.setdefault(protocol, {})[action] = n
+        denied = self.refusals.by_protocol()
         users = self._file
         return {"enforcing": self.enforcing, "users": len(users.users) if users else 0,
                 "anonymous": (users.anonymous is not None) if users else None,
