@@ -20,7 +20,6 @@ from zope.interface import implementer
 from mqhub.identity import Session
 from mqhub.listener import set_read_size
 from mqhub.protocols.nats import codec
-from mqhub.protocols.nats.auth import PublishTables, publish_violation, subscribe_violation
 from mqhub.protocols.nats.codec import (
     OP_CONNECT,
     OP_ERR,
@@ -38,6 +37,7 @@ from mqhub.protocols.nats.codec import (
 from mqhub.protocols.nats.host import NatsHost
 from mqhub.protocols.nats.mq9_common import sub_pattern
 from mqhub.protocols.nats.output import direct_socket, remainder, send_chunks
+from mqhub.protocols.nats.rights import PublishTables, publish_violation, subscribe_violation
 from mqhub.protocols.nats.settings import (
     CRLF,
     MQ9_PREFIX,

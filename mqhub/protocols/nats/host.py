@@ -44,7 +44,7 @@ class NatsHost(Protocol[C, S_contra]):
     journal: Any
     #: the routing epoch (bumped by :meth:`changed`)
     epoch: int
-    #: CONNECT's credentials onto users (:class:`mqhub.protocols.nats.auth.NatsGuard`)
+    #: CONNECT's credentials onto users (:class:`mqhub.protocols.nats.rights.NatsGuard`)
     guard: Any
 
     def info(self, conn: C) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from typing import Any
 from twisted.internet.protocol import Factory
 
 from mqhub.protocols.nats import codec
-from mqhub.protocols.nats.auth import NatsGuard
 from mqhub.protocols.nats.connection import NatsConnection, Subscription
+from mqhub.protocols.nats.rights import NatsGuard
 from mqhub.protocols.nats.scan import frame_pattern
 from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-exported)
     BROADCAST_PREFIX,
