@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 DATA   ?= ./var
 
-.PHONY: venv run test test-fast lint typecheck bench clean node browser reliability fuzz
+.PHONY: venv bytecode run test test-fast lint typecheck bench clean node browser reliability fuzz
 
 venv: $(STAMP)
 
@@ -22,6 +22,12 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	$(PY) -c "from twisted.application.service import IServiceMaker; from twisted.plugin import getPlugins; assert 'mqhub' in {m.tapname for m in getPlugins(IServiceMaker)}, 'twistd cannot find the mqhub plugin'"
 	$(PY) -c "import mqhub.plugins; from mqhub.interfaces import IProtocolPlugin; from twisted.plugin import getPlugins; list(getPlugins(IProtocolPlugin, mqhub.plugins))"
 	touch $(STAMP)
+	$(MAKE) --no-print-directory bytecode
+
+# Byte-compile the checkout as an installed package is: with PYTHONDONTWRITEBYTECODE set, a
+# source tree would compile every module on every start (docs/operations.md, Fast start).
+bytecode:
+	$(PY) -m compileall -q -j 0 mqhub twisted
 
 node: venv
 	@if [ -f tests/interop/node/package.json ]; then cd tests/interop/node && npm install --no-audit --no-fund --silent; fi
@@ -33,7 +39,7 @@ browser:
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver openssh-client; \
 	fi
 
-run: venv
+run: venv bytecode
 	mkdir -p $(DATA)
 	$(VENV)/bin/twistd -n --pidfile= mqhub --protocols all --data-dir $(DATA)
 

@@ -145,6 +145,8 @@ class HubService(MultiService):
         self.setName("mqhub")
         self.hub = hub
         self.started: Deferred[None] = Deferred()
+        #: the hub's lame-duck controller (:class:`mqhub.lameduck.LameDuck`; set by the tap)
+        self.lame_duck: Any = None
         self._on_start_failure = on_start_failure
         self.stop_budget = {"listeners": 2.5, "scheduler": 0.5, "broker": 0.5, "store": 1.0}
         if stop_budget:

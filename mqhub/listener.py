@@ -8,10 +8,15 @@ connection and fires when they are gone, aborting the stragglers after ``drain_t
 Connections are tracked without wrapping them: the factory handed to the endpoint only records
 each protocol it builds (in a WeakSet), so protocols see their real transport (TLS handshake
 callbacks, producer registration) and the hot path pays nothing.
+
+Every TCP listener has TCP_NODELAY set on its listening socket, which accepted sockets inherit
+(Linux, the BSDs): no client connection of any protocol waits for Nagle's algorithm (a reply
+followed by a PONG would otherwise wait for the peer's delayed ACK, ~40 ms).
 """
 
 from __future__ import annotations
 
+import socket
 import weakref
 from typing import Any
 
@@ -121,6 +126,7 @@ class ListenerService(Service):
     def _listened(self, port: IListeningPort) -> None:
         """Remember the port; stop it at once if we were stopped meanwhile."""
         self.port = port
+        no_delay_listening(port)
         self.log.info("{name} listening on {endpoint}", name=self.name, endpoint=self.endpoint)
         if not self.running:
             port.stopListening()
@@ -136,6 +142,16 @@ class ListenerService(Service):
         )
         self.listening.errback(failure)
         self.listening.addErrback(lambda _: None)
+
+    def stop_accepting(self) -> Deferred[Any]:
+        """Stop listening but keep the open connections (lame-duck mode); stopService later
+        still closes them."""
+        port, self.port = self.port, None
+        if port is None:
+            return succeed(None)
+        self.log.info("{name} stopped accepting on {endpoint}", name=self.name,
+                      endpoint=self.endpoint)
+        return maybeDeferred(port.stopListening)
 
     @property
     def connections(self) -> list[Any]:
@@ -196,6 +212,16 @@ def peer_text(transport: Any) -> str:
         return f"{peer.host}:{peer.port}"
     except Exception:
         return "?"
+
+
+def no_delay_listening(port: Any) -> None:
+    """Set TCP_NODELAY on a TCP listening port's socket (accepted sockets inherit it)."""
+    sock = getattr(port, "socket", None)
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
 
 
 def set_no_delay(transport: Any) -> None:

@@ -12,9 +12,9 @@
 
 from mqhub.identity.directory import Directory, LoginThrottle
 from mqhub.identity.guarded import GuardedCore
-from mqhub.identity.rights import ALL_RIGHTS, Grants, Principal, Rights
+from mqhub.identity.rights import ALL_RIGHTS, EVERYTHING, NOTHING, Grants, Principal, Rights
 from mqhub.identity.session import ADMIN, LOGIN, PUBLISH, SUBSCRIBE, Session
 from mqhub.identity.users import UsersFile, UsersFileError
 
-__all__ = ["ADMIN", "ALL_RIGHTS", "Directory", "Grants", "GuardedCore", "LOGIN", "LoginThrottle", "PUBLISH",
+__all__ = ["ADMIN", "ALL_RIGHTS", "EVERYTHING", "NOTHING", "Directory", "Grants", "GuardedCore", "LOGIN", "LoginThrottle", "PUBLISH",
            "Principal", "Rights", "SUBSCRIBE", "Session", "UsersFile", "UsersFileError"]

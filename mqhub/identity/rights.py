@@ -15,6 +15,8 @@ an MQKS queue). Two questions are asked of a set of grants:
 Legacy files (NSQ's secrets with topic/channel regular expressions, VibeMQ's case-insensitive
 queue globs) cannot be written as token patterns; their grants are :data:`Matcher` callables
 that answer for literal addresses only (a wildcard subscription is covered only by patterns).
+NATS's own permissions (allow and deny lists of the plugin's users and JWTs) are
+:data:`Oracle` callables that answer for patterns too (their coverage rule is NATS's).
 
 Pure module: no Twisted, no I/O. Decisions here are not cached; :mod:`mqhub.identity.session`
 caches them per connection.
@@ -26,11 +28,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-__all__ = ["ALL_RIGHTS", "Grant", "Grants", "Matcher", "Principal", "Rights", "RightsError", "NOTHING",
+__all__ = ["ALL_RIGHTS", "Grant", "Grants", "Matcher", "Oracle", "Principal", "Rights", "RightsError", "NOTHING",
            "EVERYTHING", "parse_grant", "covers_tokens", "split_pattern"]
 
 #: A legacy grant for literal addresses: ``matcher(address, group) -> allowed``.
 Matcher = Callable[[str, "str | None"], bool]
+#: A grant that decides for patterns too: ``oracle(pattern, group) -> covered``.
+Oracle = Callable[[str, "str | None"], bool]
 
 
 class RightsError(ValueError):
@@ -116,6 +120,7 @@ class Grants:
 
     patterns: tuple[Grant, ...] = ()
     matchers: tuple[Matcher, ...] = ()
+    oracles: tuple[Oracle, ...] = ()
     #: True when a plain ``>`` grant allows every address and group (checks can be skipped)
     everything: bool = field(init=False)
 
@@ -133,8 +138,8 @@ class Grants:
         return cls(tuple(parse_grant(t) for t in texts))
 
     def __len__(self) -> int:
-        """How many grants (patterns and matchers)."""
-        return len(self.patterns) + len(self.matchers)
+        """How many grants (patterns, matchers and oracles)."""
+        return len(self.patterns) + len(self.matchers) + len(self.oracles)
 
     def allows(self, address: str, group: str | None = None) -> bool:
         """May a message on the literal ``address`` be handled (received by ``group``)?"""
@@ -168,6 +173,8 @@ class Grants:
             return any(covers_tokens(g, name) for g in grouped)
         if plain:
             return True
+        if any(o(pattern, group) for o in self.oracles):
+            return True
         if self.matchers and not any("*" in t or t == ">" for t in wanted):
             return any(m(pattern, group) for m in self.matchers)
         return False
@@ -182,6 +189,8 @@ class Grants:
             return True
         wanted = split_pattern(pattern)
         if any(covers_tokens(g.tokens, wanted) for g in self.patterns):
+            return True
+        if any(o(pattern, None) for o in self.oracles):
             return True
         if self.matchers and not any("*" in t or t == ">" for t in wanted):
             return any(m(pattern, None) for m in self.matchers)

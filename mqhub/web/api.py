@@ -72,6 +72,8 @@ class ApiResource(Resource):
             (b"GET", "dlq"): self.get_dlq,
             (b"POST", "dlq"): self.post_dlq,
             (b"POST", "users"): self.post_users,
+            (b"GET", "lameduck"): self.get_lameduck,
+            (b"POST", "lameduck"): self.post_lameduck,
         }
 
     # plumbing ----------------------------------------------------------------------------
@@ -325,6 +327,35 @@ class ApiResource(Resource):
             d = broker.purge_dead_letters(name, ids)
             return d.addCallback(lambda n: {"queue": name, "purged": n})
         raise ApiError(404, "dead-letter actions: replay, purge")
+
+    def _lame_duck(self) -> Any:
+        """The hub's lame-duck controller.
+
+        :raises ApiError: 501 when this hub has none (not started by twistd).
+        """
+        lame = getattr(self.inspector.root, "lame_duck", None)
+        if lame is None:
+            raise ApiError(501, "this hub has no lame-duck mode (not run by twistd)")
+        return lame
+
+    def get_lameduck(self, request: Any, rest: list[str]) -> Any:
+        """/api/lameduck: whether lame-duck mode is on, its timing and the clients left."""
+        return self._lame_duck().status()
+
+    def post_lameduck(self, request: Any, rest: list[str]) -> Any:
+        """POST /api/lameduck, body ``{}`` or ``{"duration": s, "grace": s}``: enter lame-duck
+        mode (as SIGUSR2); 202 with the status, since the hub stops once clients are gone."""
+        body = self.json_body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "body must be a JSON object")
+        timing = {}
+        for key in ("duration", "grace"):
+            value = body.get(key)
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    raise ApiError(400, f"{key} must be a number of seconds >= 0")
+                timing[key] = float(value)
+        return 202, self._lame_duck().start(**timing)
 
 
 #: Queues whose dead-letter reasons /api/dlq tallies (the rest are listed without them).

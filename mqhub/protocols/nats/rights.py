@@ -1,12 +1,15 @@
 """NATS identity: CONNECT's credentials onto the hub's users, and per-subject rights.
 
-:class:`NatsGuard` answers CONNECT. With the hub's users file (``--users``) the order is
-nats-server's: an ``nkey`` (its ``sig`` over the INFO ``nonce`` checked by
-:attr:`NatsGuard.nkey_verifier`), ``user``/``pass``, ``auth_token``, then the subject of a
-verified client certificate (the connection's ``verified_subject``), and a client with none of
-them gets the ``[anonymous]`` rights (nats-server's ``no_auth_user``) or ``Authorization
-Violation``. The plugin's own ``token`` / ``user`` + ``password`` options stay a shorthand: such
-a client may do everything. Without a users file those options alone decide, as before.
+:class:`NatsGuard` answers CONNECT. With the hub's users file (``--users``) it is asked first, in
+nats-server's order: an ``nkey`` (its ``sig`` over the INFO nonce verified by
+:class:`~mqhub.protocols.nats.auth.NkeyCheck`), ``user``/``pass``, ``auth_token``, then the
+subject of a verified client certificate; a client that names none of them gets the
+``[anonymous]`` rights (nats-server's ``no_auth_user``). Credentials the users file does not
+know go to the plugin's own checks (:class:`~mqhub.protocols.nats.auth.Authenticator`: the
+``token`` / ``user`` options, nkey and ``users`` lists, operator JWTs), whose principal becomes
+a shorthand user: its NATS permissions (allow and deny lists) are its grants. Without a users
+file those checks alone decide, as before. Either way the rights are one
+:class:`mqhub.identity.Session` per connection.
 
 Rights are nats-server's: a PUB to a subject the user may not publish to is answered
 ``-ERR 'Permissions Violation for Publish to "x"'``, a SUB whose subject (wildcards included)
@@ -23,19 +26,26 @@ own copy of that table too, holding only the heads it may publish.
 
 from __future__ import annotations
 
-import secrets as _secrets
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from mqhub.identity import ALL_RIGHTS, Principal, Session
+from mqhub.identity import EVERYTHING, Grants, Principal, Rights, Session
+from mqhub.protocols.nats.auth import (
+    ANONYMOUS,
+    Authenticator,
+    AuthError,
+    Credentials,
+    NkeyCheck,
+    Permissions,
+)
+from mqhub.protocols.nats.auth import Principal as NatsPrincipal
 
-__all__ = ["NatsGuard", "PublishTables", "publish_violation", "subscribe_violation"]
+__all__ = ["Admitted", "NatsGuard", "PublishTables", "publish_violation",
+           "subscribe_violation"]
 
 #: a restricted publisher's tables are emptied past this many lines (like the server's)
 TABLE_LIMIT = 65536
-
-#: ``verify(public_nkey, signature, nonce) -> bool`` (nkeys support plugs in here)
-NkeyVerifier = Callable[[str, str, str], bool]
+#: CONNECT fields that carry credentials
+CREDENTIAL_FIELDS = ("user", "pass", "auth_token", "nkey", "jwt")
 
 
 def publish_violation(subject: str) -> str:
@@ -50,95 +60,122 @@ def subscribe_violation(subject: str, queue: str | None) -> str:
     return f'Permissions Violation for Subscription to "{subject}"'
 
 
+class Admitted(NamedTuple):
+    """What an accepted CONNECT makes of a connection."""
+
+    #: who it is for monitoring (name, account) and when its credentials expire
+    principal: NatsPrincipal
+    #: what it may do (None: nothing is checked per subject)
+    session: Session | None
+
+
 class NatsGuard:
     """Who a NATS CONNECT makes a connection (see the module doc).
 
     :param identity: the hub's :class:`mqhub.identity.Directory`, or None.
-    :param settings: the server's NatsSettings (the ``token`` / ``user`` + ``password``
-        shorthand options).
+    :param auth: the plugin's own credential checks.
     """
 
-    def __init__(self, identity: Any, settings: Any) -> None:
-        """Nothing is checked when neither a users file nor an auth option is set."""
+    def __init__(self, identity: Any, auth: Authenticator) -> None:
+        """Nothing is checked when neither a users file nor a check of the plugin is set."""
         self.identity = identity
-        self.settings = settings
+        self.auth = auth
         self.enforcing = identity is not None and identity.enforcing
-        #: checks an nkey's signature of the nonce (None: nkey users cannot log in)
-        self.nkey_verifier: NkeyVerifier | None = None
 
     @property
     def required(self) -> bool:
         """INFO's ``auth_required`` (and whether CONNECT is checked at all)."""
-        return self.enforcing or bool(self.settings.auth_required)
+        return self.enforcing or self.auth.required
+
+    @property
+    def needs_nonce(self) -> bool:
+        """Whether INFO carries a nonce (an nkey or JWT check, or nkey users in the file)."""
+        return self.auth.needs_nonce or (self.enforcing and self.identity.has_credentials("nkey"))
 
     def wait(self, peer: str) -> float:
         """Seconds a CONNECT from ``peer`` waits before it is checked (failed-login slowdown)."""
         return self.identity.login_wait(peer) if self.identity is not None else 0.0
 
-    def connect(self, opts: dict[str, Any], peer: str, nonce: str | None = None,
-                verified_subject: str | None = None) -> Session | None | bool:
-        """Check CONNECT's credentials.
-
-        Returns the connection's session (users file in force), None (accepted, nothing to
-        check per subject), or False (``Authorization Violation``; counted and held against
-        the peer).
-        """
-        principal = self._principal(opts, nonce, verified_subject)
+    def connect(self, opts: dict[str, Any], peer: str, nonce: str | None,
+                tls_subject: str | None, now: float) -> Admitted | None:
+        """Check CONNECT's credentials: what the connection is, or None (``Authorization
+        Violation``; the failure is counted, logged and held against the peer)."""
+        creds = Credentials(opts, nonce, tls_subject)
         directory = self.identity
-        if principal is False:
+        try:
+            admitted = self._admit(creds, now)
+        except AuthError as exc:
             if directory is not None:
-                user = opts.get("user") or opts.get("nkey")
-                directory.login_failed("nats", peer, str(user)[:64] if user else None)
-            return False
-        if directory is not None and _gave_credentials(opts):
-            directory.login_succeeded(peer)
-        if principal is None:
+                user = creds.get("user") or creds.get("nkey")
+                directory.login_failed("nats", peer, f"{user[:64] or '-'} ({exc})"[:160])
             return None
-        return directory.session("nats", principal, peer)
+        if directory is not None and any(creds.get(k) for k in CREDENTIAL_FIELDS):
+            directory.login_succeeded(peer)
+        return admitted
 
-    def _principal(self, opts: dict[str, Any], nonce: str | None,
-                   verified_subject: str | None) -> Principal | None | bool:
-        """The principal of these credentials; None: accepted without per-subject rights;
-        False: refused."""
-        s = self.settings
-        user, password, token = opts.get("user"), opts.get("pass"), opts.get("auth_token")
-        if s.auth_required and _shorthand_ok(s, user, password, token):
-            return Principal("nats-option", ALL_RIGHTS, "option") if self.enforcing else None
-        if not self.enforcing:
-            return False
+    def _admit(self, creds: Credentials, now: float) -> Admitted:
+        """The users file first, then the plugin's checks.
+
+        :raises AuthError: refused.
+        """
+        if self.enforcing:
+            found = self._users_file(creds, now)
+            if found is not None:
+                return Admitted(NatsPrincipal(found.name or ""),
+                                self.identity.session("nats", found))
+        if not self.auth.required:
+            if self.enforcing:
+                raise AuthError("no user of the users file, and anonymous clients are refused")
+            return Admitted(ANONYMOUS, None)
+        principal = self.auth.authenticate(creds, now)
+        return Admitted(principal, self._shorthand_session(principal))
+
+    def _users_file(self, creds: Credentials, now: float) -> Principal | None:
+        """The users-file principal these credentials name (None: the file does not know them).
+
+        :raises AuthError: credentials the file knows, but wrong.
+        """
         directory = self.identity
-        nkey = opts.get("nkey")
-        if isinstance(nkey, str) and nkey:
-            verify = self.nkey_verifier
-            sig = opts.get("sig")
-            if verify is None or nonce is None or not isinstance(sig, str) or \
-                    not verify(nkey, sig, nonce):
-                return False
-            return directory.by_nkey(nkey) or False
-        if user is not None or password is not None:
-            if not isinstance(user, str) or not isinstance(password, str):
-                return False
-            return directory.by_password(user, password) or False
-        if token is not None:
-            return (directory.by_token(token) or False) if isinstance(token, str) else False
-        if verified_subject is not None:
-            return directory.by_tls_subject(verified_subject) or False
-        return directory.anonymous or False
+        nkey, user, token = creds.get("nkey"), creds.get("user"), creds.get("auth_token")
+        if nkey and not creds.get("jwt"):
+            found = directory.by_nkey(nkey)
+            if found is not None:   # the nonce signed by that key (nkeys + PyNaCl)
+                NkeyCheck({nkey: NatsPrincipal(nkey)}).authenticate(creds, now)
+            return found
+        if user:
+            if directory.users is not None and user in directory.users.users:
+                found = directory.by_password(user, creds.get("pass"))
+                if found is None:
+                    raise AuthError(f"bad password for {user!r}")
+                return found
+            return None
+        if token:
+            return directory.by_token(token)
+        if creds.tls_subject is not None:
+            found = directory.by_tls_subject(creds.tls_subject)
+            if found is not None:
+                return found
+        if not any(creds.get(k) for k in CREDENTIAL_FIELDS):
+            return directory.anonymous
+        return None
+
+    def _shorthand_session(self, principal: NatsPrincipal) -> Session | None:
+        """A principal of the plugin's own checks as a user: its NATS permissions are its
+        grants (None when it may do everything and no users file is in force)."""
+        if not principal.restricted and not self.enforcing:
+            return None
+        rights = Rights(_grants(principal.publish), _grants(principal.subscribe))
+        user = Principal(principal.name or None, rights, "option")
+        if self.identity is not None:
+            return self.identity.session("nats", user)
+        return Session("nats", user)
 
 
-def _shorthand_ok(settings: Any, user: Any, password: Any, token: Any) -> bool:
-    """Whether the plugin's own token or user/password option accepts these credentials."""
-    if settings.token:
-        return isinstance(token, str) and _secrets.compare_digest(
-            token.encode(), settings.token.encode())
-    return (isinstance(user, str) and isinstance(password, str)
-            and _secrets.compare_digest(user.encode(), (settings.user or "").encode())
-            and _secrets.compare_digest(password.encode(), (settings.password or "").encode()))
-
-
-def _gave_credentials(opts: dict[str, Any]) -> bool:
-    """True when CONNECT named a user, token or nkey."""
-    return any(opts.get(k) for k in ("user", "pass", "auth_token", "nkey"))
+def _grants(permissions: Permissions | None) -> Grants:
+    """NATS allow/deny lists as grants (None: every subject)."""
+    if permissions is None:
+        return EVERYTHING
+    return Grants(oracles=(lambda pattern, group: permissions.permits(pattern),))
 
 
 class PublishTables:

@@ -162,10 +162,17 @@ class ConsumerCommands:
         """CLS: stop sending messages; the client closes once it has FINed what it holds."""
         if self.state != STATE_SUBSCRIBED:
             raise ProtocolError("E_INVALID", "cannot CLS in current state")
+        self.close_wait()
+        self.respond(wire.CLOSE_WAIT_FRAME)
+
+    def close_wait(self) -> None:
+        """nsqd's CLOSE_WAIT state: no new deliveries; in-flight messages may still be FINed
+        (the hub's lame-duck mode puts every subscribed consumer here, without a frame)."""
+        if self.state != STATE_SUBSCRIBED:
+            return
         self.state = STATE_CLOSING
         self.ready_count = 0
         self.consumer.set_ready(0)
-        self.respond(wire.CLOSE_WAIT_FRAME)
 
     def on_nop(self, ev: wire.Nop) -> None:
         """NOP: no response."""

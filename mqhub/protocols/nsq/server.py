@@ -51,6 +51,7 @@ from mqhub.protocols.nsq.identify import Identity, default_identity, negotiate
 from mqhub.protocols.nsq.render import render_messages
 from mqhub.protocols.nsq.topics import TopicRegistry, topic_address
 from mqhub.records import MSG_ID
+from mqhub.tls import server_context
 
 log = Logger(namespace="mqhub.nsq")
 
@@ -624,14 +625,7 @@ class NsqFactory(Factory):
     def tls_context(self) -> Any:
         """The server TLS context built from the configured certificate (cached)."""
         if self._tls_context is None:
-            from twisted.internet import ssl
-
-            with open(self.config.tls_cert, "rb") as handle:  # type: ignore[arg-type]
-                cert_pem = handle.read()
-            key_pem = cert_pem
-            if self.config.tls_key and self.config.tls_key != self.config.tls_cert:
-                with open(self.config.tls_key, "rb") as handle:
-                    key_pem = handle.read()
-            cert = ssl.PrivateCertificate.loadPEM(cert_pem + b"\n" + key_pem)
-            self._tls_context = cert.options()
+            config = self.config
+            self._tls_context = server_context(config.tls_cert or "", config.tls_key,
+                                               config.tls_ca, config.tls_verify)
         return self._tls_context
