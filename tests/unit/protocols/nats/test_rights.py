@@ -142,3 +142,64 @@ def test_mixed_stretches_through_the_scanner_stay_within_rights(tmp_path: Path) 
         events = alice.events()
         assert _errs(events) == ['Permissions Violation for Publish to "payroll.x"'] * refused
         assert _msgs(watcher.events()) == allowed
+
+
+def test_users_file_nkey_and_tls_subject_users(tmp_path: Path) -> None:
+    """A users-file user with an nkey logs in by signing the INFO nonce (a bad signature is
+    an Authorization Violation); a verified certificate's subject names a users-file user."""
+    import base64
+
+    import nkeys
+
+    from tests.interop.nats_keys import keypair
+
+    seed, pub = keypair(nkeys.PREFIX_BYTE_USER)
+    hub = make_hub()
+    hub.identity = directory(tmp_path, hub.clock, f"""
+[[user]]
+name = "carol"
+nkey = "{pub}"
+publish = ["carol.>"]
+subscribe = ["carol.>"]
+
+[[user]]
+name = "dave"
+tls_subject = "CN=dave, O=Acme"
+publish = ["dave.>"]
+""")
+    srv = make_server(hub)
+    carol = Client(srv, handshake=False)
+    nonce = carol.info["nonce"]
+    sig = base64.b64encode(nkeys.from_seed(bytearray(seed)).sign(nonce.encode())).decode()
+    carol.send(codec.encode_connect({"nkey": pub, "sig": sig, "verbose": False})
+               + b"PUB carol.x 1\r\nc\r\nPUB dave.x 1\r\nd\r\nPING\r\n")
+    events = carol.events()
+    assert events[-1] == (codec.OP_PONG,)
+    assert _errs(events) == ['Permissions Violation for Publish to "dave.x"']
+    forger = Client(srv, handshake=False)
+    forger.send(codec.encode_connect({"nkey": pub, "sig": sig, "verbose": False}))
+    assert _errs(forger.events()) == ["Authorization Violation"] and forger.closed
+    dave = Client(srv, handshake=False)
+    dave.proto.tls_subject = lambda: "CN=dave,O=Acme"  # type: ignore[method-assign]
+    dave.send(codec.encode_connect({"verbose": False}) + b"PUB carol.x 1\r\nx\r\nPING\r\n")
+    assert _errs(dave.events()) == ['Permissions Violation for Publish to "carol.x"']
+
+
+def test_plugin_users_are_shorthands_with_the_same_enforcement(tmp_path: Path) -> None:
+    """Without a users file, the plugin's own `users` list (nats-server's, allow and deny)
+    decides through the same session: refused subjects, covered wildcards, the fast path."""
+    from mqhub.protocols.nats.auth import Authenticator, users_checks
+    from mqhub.protocols.nats.server import NatsServer, NatsSettings
+
+    hub = make_hub()
+    auth = Authenticator(users_checks([
+        {"user": "ed", "password": "pw", "permissions": {
+            "publish": {"allow": ["ed.>"], "deny": ["ed.secret"]}, "subscribe": ["ed.>"]}}]))
+    srv = NatsServer(hub, NatsSettings(), auth)
+    ed = Client(srv, {"user": "ed", "pass": "pw"})
+    assert ed.proto.fast and ed.proto.pub_tables is not None     # still the fast path
+    ed.send(b"SUB ed.> 1\r\nSUB > 2\r\nPUB ed.a 1\r\na\r\nPUB ed.secret 1\r\ns\r\nPING\r\n")
+    events = ed.events()
+    assert _msgs(events) == [("ed.a", b"a")]
+    assert _errs(events) == ['Permissions Violation for Subscription to ">"',
+                             'Permissions Violation for Publish to "ed.secret"']
