@@ -303,7 +303,7 @@ def _ab(args: argparse.Namespace) -> int:
     global SECRET
     tmp = tempfile.mkdtemp(prefix="nsq-bench-ab-")
     other = "users file" if args.rights else args.base_tree
-    suffix = "_rights" if args.rights else "_base"
+    label, suffix = ("rights", "_rights") if args.rights else ("base", "_base")
     print(f"# nsq A/B: this tree vs {other}, durability={args.durability}, "
           f"{args.duration:g}s per scenario")
     try:
@@ -324,7 +324,7 @@ def _ab(args: argparse.Namespace) -> int:
                         proc, port = start_mqhub(data_dir, args.durability, args.journal, tree,
                                                  users)
                         try:
-                            print(f"# {other if other_side else 'this'}:", end=" ")
+                            print(f"# {label if other_side else 'this'}:", end=" ")
                             published, e2e = run_scenario(HOST, port, mode, size, args.duration,
                                                           proc.pid)
                         finally:
