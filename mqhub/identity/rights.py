@@ -171,13 +171,7 @@ class Grants:
         if group is not None and grouped:
             name = tuple(group.split("."))
             return any(covers_tokens(g, name) for g in grouped)
-        if plain:
-            return True
-        if any(o(pattern, group) for o in self.oracles):
-            return True
-        if self.matchers and not any("*" in t or t == ">" for t in wanted):
-            return any(m(pattern, group) for m in self.matchers)
-        return False
+        return plain or self._callables(pattern, group, wanted)
 
     def reaches(self, pattern: str) -> bool:
         """Is every address ``pattern`` matches allowed for *some* consumer group?
@@ -190,10 +184,14 @@ class Grants:
         wanted = split_pattern(pattern)
         if any(covers_tokens(g.tokens, wanted) for g in self.patterns):
             return True
-        if any(o(pattern, None) for o in self.oracles):
+        return self._callables(pattern, None, wanted)
+
+    def _callables(self, pattern: str, group: str | None, wanted: tuple[str, ...]) -> bool:
+        """What the oracles say, or for a literal pattern the legacy matchers."""
+        if any(o(pattern, group) for o in self.oracles):
             return True
         if self.matchers and not any("*" in t or t == ">" for t in wanted):
-            return any(m(pattern, None) for m in self.matchers)
+            return any(m(pattern, group) for m in self.matchers)
         return False
 
 
