@@ -35,7 +35,7 @@ __all__ = [
     "MAX_ADDRESS", "validate_address", "validate_pattern", "is_pattern",
     "DeadLetter", "DLQ_HEADERS", "H_REASON", "H_ERROR", "H_PRIORITY", "H_TIME", "H_QUEUE",
     "REASON_MAX_ATTEMPTS", "REASON_OVERFLOW", "REASON_EXPIRED", "REASON_REJECTED",
-    "clean_headers",
+    "clean_headers", "Peer",
     "TIER_MEMORY", "TIER_DURABLE", "TIERS", "MODES", "OVERFLOW_POLICIES",
     "NOT_IN_FLIGHT", "NOT_OWNER", "MAX_ATTEMPTS_HEADER",
 ]
@@ -49,7 +49,7 @@ __all__ = [
 # read by name: ``e[BODY]``, ``for msg_id, priority, ... in entries``, or the column readers
 # below over many entries at once (``list(map(get_msg_id, entries))``, C-level). A tuple
 # subclass with properties, a namedtuple or a slotted class would read as ``e.body`` but cost
-# 10 to 40 times a tuple to make (docs/core-api.md, "Data on the hot path").
+# 2 to 6 times a tuple to make (docs/core-api.md, "Data on the hot path").
 
 MSG_ID: Final = 0
 PRIORITY: Final = 1
@@ -234,6 +234,24 @@ class DeadLetter:
         return cls(msg_id, h.get(H_QUEUE, queue), address, body, clean_headers(headers),
                    int(h.get(H_PRIORITY, "0") or 0), attempts, h.get(H_REASON, ""),
                    h.get(H_ERROR), origin, float(h.get(H_TIME, "0") or 0.0))
+
+
+# -- peers -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another node of the hub as a client of one protocol reaches it (``ICore.peers``).
+
+    :ivar node: the node's name (NSQ's ``hostname`` in ``/lookup``).
+    :ivar host: the address clients connect to.
+    :ivar ports: role -> port of the protocol's listeners on that node (``{"tcp": 4150,
+        "http": 4151}``).
+    """
+
+    node: str
+    host: str
+    ports: dict[str, int]
 
 
 # -- queue words ------------------------------------------------------------------------------

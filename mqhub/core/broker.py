@@ -47,7 +47,7 @@ from mqhub.core.tail import TAILS_BYTES
 from mqhub.core.window import WINDOW_FLOOR, WINDOWS_BYTES
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
 from mqhub.interfaces import IBinding, ICore, IQueue
-from mqhub.records import DELIVER_AT, MSG_ID, get_msg_id
+from mqhub.records import DELIVER_AT, MSG_ID, Peer, get_msg_id
 from mqhub.store.batch import WriteBatch
 from mqhub.store.codec import encode_meta
 from mqhub.store.journal_recorder import NULL_RECORDER, NullRecorder
@@ -223,6 +223,14 @@ class Broker:
         pending; errbacks with the store's error when one of those commits failed.
         """
         return self.commits.barrier()
+
+    def settled(self, handle: Any) -> Deferred[None]:
+        """A handle of the embedded core is in effect when it is returned."""
+        return succeed(None)
+
+    def peers(self, protocol: str) -> list[Peer]:
+        """One node: no peers."""
+        return []
 
     def session(self, principal: Any) -> ICore:
         """The handle a connection of ``principal`` acts through (docs/core-api.md, "Sessions"):

@@ -170,15 +170,8 @@ class Mq9:
     def _recover_mailboxes(self, rows: list[tuple[str, bytes]]) -> Any:
         """Rebuild each mailbox on its core queues; drop queues of mailboxes that are gone."""
         for key, value in rows:
-            mail_id = key[len(META_MAILBOX):]
-            try:
-                box = Mailbox.from_record(mail_id, value)
-            except (ValueError, KeyError):
-                log.warn("mq9: unreadable mailbox record {key}", key=key)
-                continue
-            self.mailboxes[mail_id] = box
-            box.declare(self.broker)
-            self._due(box.expires_at, mail_id)
+            self._known_mailbox(key, value)
+        self.state.watch(META_MAILBOX, self.record_changed)
         pending = []
         for q in self.broker.queues():
             if not q.name.startswith(QUEUE_PREFIX):
@@ -190,6 +183,39 @@ class Mq9:
             elif not rest:
                 pending.append(self._migrate(owner, q.name))
         return gatherResults(pending, consumeErrors=True) if pending else None
+
+    def _known_mailbox(self, key: str, value: bytes) -> Mailbox | None:
+        """Know the mailbox a record describes, on its core queues (None when unreadable)."""
+        mail_id = key[len(META_MAILBOX):]
+        try:
+            box = Mailbox.from_record(mail_id, value)
+        except (ValueError, KeyError):
+            log.warn("mq9: unreadable mailbox record {key}", key=key)
+            return None
+        self.mailboxes[mail_id] = box
+        box.declare(self.broker)
+        self._due(box.expires_at, mail_id)
+        return box
+
+    def _forget_mailbox(self, mail_id: str) -> Mailbox | None:
+        """Drop mailbox ``mail_id`` from this layer (not its queues); None if unknown."""
+        box = self.mailboxes.pop(mail_id, None)
+        if box is not None:
+            self.inbox_cache.clear()
+            for prio in ORDER:
+                self.pushers.pop((mail_id, prio), None)
+        return box
+
+    def record_changed(self, key: str, value: bytes | None) -> None:
+        """Another node of the hub created or removed a mailbox (``IAdapterState.watch``): know
+        it here (its queues are the core's), or forget it (the node that removed it deleted its
+        queues)."""
+        mail_id = key[len(META_MAILBOX):]
+        if value is None:
+            self._forget_mailbox(mail_id)
+        elif mail_id not in self.mailboxes:
+            if self._known_mailbox(key, value) is not None:
+                self.inbox_cache.clear()
 
     def _migrate(self, box: Mailbox, old: str) -> Any:
         """Move a mailbox's entries from the one-queue layout of older versions to its queues."""
@@ -455,10 +481,7 @@ class Mq9:
             if box is None or not box.expires_at or box.expires_at > now:
                 continue
             self.stats["expired"] += box.count()
-            del self.mailboxes[mail_id]
-            self.inbox_cache.clear()
-            for prio in ORDER:
-                self.pushers.pop((mail_id, prio), None)
+            self._forget_mailbox(mail_id)
             for name in mailbox_queues(mail_id):
                 self.broker.delete_queue(name)
             batch.delete_meta(META_MAILBOX + mail_id)

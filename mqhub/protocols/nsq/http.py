@@ -7,7 +7,8 @@ the user of their ``Authorization`` header (``Bearer TOKEN`` or ``Basic``), else
 channels) ``admin``; refusals are 401 ``AUTH_REQUIRED``/``AUTH_FAILED`` and 403
 ``UNAUTHORIZED``. nsqd's HTTP API has no auth; reads stay open. Publishing answers ``OK`` only after the store
 commit holding the messages. The lookupd endpoints (/lookup, /topics, /channels, /nodes) list
-this broker as the only producer, so clients configured with lookupd HTTP addresses find it.
+this broker as a producer (with the hub's other NSQ nodes, ``ICore.peers``: none for one node),
+so clients configured with lookupd HTTP addresses find it.
 """
 
 from __future__ import annotations
@@ -467,12 +468,25 @@ class NsqHttpResource(Resource):
             "version": self.config.version,
         }
 
+    def _peers(self) -> list[dict[str, Any]]:
+        """The hub's other nodes serving NSQ (``ICore.peers``) as lookupd producer records;
+        none for one node."""
+        return [{
+            "remote_address": f"{peer.host}:{peer.ports.get('tcp', 0)}",
+            "hostname": peer.node,
+            "broadcast_address": peer.host,
+            "tcp_port": peer.ports.get("tcp", 0),
+            "http_port": peer.ports.get("http", 0),
+            "version": self.config.version,
+        } for peer in self.service.registry.broker.peers("nsq")]
+
     def lookup(self, request: Any) -> dict[str, Any]:
-        """/lookup?topic=T: this broker produces every topic (it creates them on first use)."""
+        """/lookup?topic=T: this broker (and every other node of the hub) produces every topic
+        (each creates them on first use)."""
         name = self._name_arg(request, "topic")
         topic = self.service.registry.get_topic(name)
         channels = sorted(topic.channels) if topic is not None else []
-        return {"channels": channels, "producers": [self._producer()]}
+        return {"channels": channels, "producers": [self._producer(), *self._peers()]}
 
     def topics(self, request: Any) -> dict[str, Any]:
         """/topics: every known topic."""
@@ -487,7 +501,8 @@ class NsqHttpResource(Resource):
     def nodes(self, request: Any) -> dict[str, Any]:
         """/nodes: this broker with its topics."""
         topics = sorted(self.service.registry.topics)
-        producer = self._producer()
-        producer["tombstones"] = [False] * len(topics)
-        producer["topics"] = topics
-        return {"producers": [producer]}
+        producers = [self._producer(), *self._peers()]
+        for producer in producers:
+            producer["tombstones"] = [False] * len(topics)
+            producer["topics"] = topics
+        return {"producers": producers}

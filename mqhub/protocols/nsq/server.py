@@ -487,8 +487,23 @@ class NsqProtocol(Protocol):
         self.topic_name, self.channel_name = ev.topic, ev.channel
         self.queue = queue
         self.state = STATE_SUBSCRIBED
-        self.respond(_OK)
+        # OK once the channel is in effect (at once in the embedded core; a cluster confirms it)
+        slot = _Slot()
+        self._slots.append(slot)
+        self.core.settled(queue).addBoth(self._subscribed, slot, ev)
         self.consumer = consumer
+
+    def _subscribed(self, result: object, slot: _Slot, ev: wire.Sub) -> None:
+        """The SUB's channel is in effect: its OK (or nsqd's fatal E_SUB_FAILED) in order."""
+        if isinstance(result, Failure):
+            err = ProtocolError("E_SUB_FAILED", f"SUB failed {ev.topic}:{ev.channel} "
+                                f"{result.getErrorMessage()}")
+            slot.data = encode_error(err.wire_text)
+            slot.close = True
+            self._failing = True
+        else:
+            slot.data = _OK
+        self._flush()
 
     def on_rdy(self, ev: wire.Rdy) -> None:
         """RDY n: how many messages may be in flight to this client."""

@@ -89,18 +89,41 @@ class TopicRegistry:
                 name = key[len(META_PREFIX):]
                 topic = self._topic_object(name)
                 topic.paused = value == b"paused"
-            for queue in self.broker.queues():
-                qname = queue.name
-                if not qname.startswith(QUEUE_PREFIX):
-                    continue
-                tname, _, cname = qname[len(QUEUE_PREFIX):].partition("/")
-                if not cname:
-                    continue
-                topic = self.topics.get(tname) or self._topic_object(tname)
+            self._adopt_channels()
+            self.state.watch(META_PREFIX, self.record_changed)
+
+        return d.addCallback(restore)
+
+    def _adopt_channels(self, only: str | None = None) -> None:
+        """Know every channel queue (``nsq/T/C``) of the core, of topic ``only`` or of all."""
+        for queue in self.broker.queues():
+            qname = queue.name
+            if not qname.startswith(QUEUE_PREFIX):
+                continue
+            tname, _, cname = qname[len(QUEUE_PREFIX):].partition("/")
+            if not cname or (only is not None and tname != only):
+                continue
+            topic = self.topics.get(tname) or self._topic_object(tname)
+            if topic.channels.get(cname) is not queue:
                 topic.channels[cname] = queue
                 self._apply_window(queue)
 
-        return d.addCallback(restore)
+    def record_changed(self, key: str, value: bytes | None) -> None:
+        """Another node of the hub wrote topic ``key``'s record (``IAdapterState.watch``): know
+        the topic, its pause and its channels; a deleted topic goes, and the clients of its
+        channels here are closed, as nsqd does."""
+        name = key[len(META_PREFIX):]
+        if value is None:
+            topic = self.topics.pop(name, None)
+            if topic is not None:
+                gone = list(topic.channels)
+                topic.channels.clear()
+                for channel in gone:
+                    self._notify_deleted(name, channel)
+            return
+        topic = self.topics.get(name) or self._topic_object(name)
+        topic.paused = value == b"paused"
+        self._adopt_channels(name)
 
     # topics -----------------------------------------------------------------------------------
 

@@ -693,8 +693,20 @@ class VibeMQProtocol(Protocol):
         if not self._may_read(name):
             self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
             return
-        self.reply(c.SUBSCRIBE_ACK, f.id, name)
         self.subs[name] = (vq, None)
+        # once the queue is in effect (at once in the embedded core; a cluster confirms it)
+        self.broker.settled(vq.core).addBoth(self._subscribed, f.id, name, vq)
+
+    def _subscribed(self, result: object, msg_id: str, name: str, vq: VibeQueue) -> None:
+        """The subscribed queue is in effect: SubscribeAck, then attach (the backlog follows)."""
+        if isinstance(result, Failure):
+            if self.subs.get(name, (None,))[0] is vq:
+                del self.subs[name]
+            self.error(msg_id, "SERVER_ERROR", f"Subscribe failed: {result.getErrorMessage()}")
+            return
+        if self.subs.get(name, (None,))[0] is not vq or self.closed:
+            return      # unsubscribed (or gone) meanwhile
+        self.reply(c.SUBSCRIBE_ACK, msg_id, name)
         consumer = self.broker.attach(vq.core, self, ready=self.config.prefetch, tag=name)
         if name in self.subs and not self.closed:
             self.subs[name] = (vq, consumer)
