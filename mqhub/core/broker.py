@@ -232,10 +232,14 @@ class Broker:
         """One node: no peers."""
         return []
 
-    def session(self, principal: object) -> Broker:
-        """The handle a connection of ``principal`` acts through: the core itself, as no rights
-        are configured (docs/core-api.md, "Sessions")."""
-        return self
+    def session(self, principal: Any) -> ICore:
+        """The handle a connection of ``principal`` acts through (docs/core-api.md, "Sessions"):
+        the core itself when ``principal`` is None (no rights in force, or not authenticated);
+        otherwise the handle the principal makes of this core, ``principal.handle(core)`` (an
+        :class:`mqhub.identity.Session`: its rights enforced at this seam)."""
+        if principal is None:
+            return self
+        return principal.handle(self)
 
     # -- queues --------------------------------------------------------------------------------
 

@@ -85,6 +85,8 @@ log = Logger()
 
 DEFAULT_MAILBOX_TTL = 86400
 QUERY_LIMIT = 1000
+#: the QUERY request subject prefix (``$mq9.AI.MAILBOX.QUERY.{id}``)
+QUERY = MAILBOX + "QUERY."
 #: live mailboxes by default: an empty one costs ~5.2 KB of RAM (three core queues, their
 #: bindings and records; docs/core-api.md "Memory"), so 250,000 stay near 1.2 GiB
 DEFAULT_MAX_MAILBOXES = 250_000
@@ -516,6 +518,12 @@ class Mq9:
         if subject.startswith(INBOX):
             self._inbox(subject, reply, hdr, payload)
         elif subject.startswith(MAILBOX):
+            session = getattr(pub, "session", None)
+            if session is not None and subject.startswith(QUERY) and \
+                    not session.check_subscribe(INBOX + subject[len(QUERY):] + ".*"):
+                # QUERY hands out the mailbox's messages: it needs the right to read them
+                self.error(reply, "not authorized to read this mailbox")
+                return 1
             self.mailbox_request(subject, reply, payload)
         elif subject.startswith(BROADCAST):
             return self.persisted_broadcast(pub, subject, reply, hdr, payload)

@@ -33,12 +33,13 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mqhub.errors import InvalidName, MqhubError, QueueFull
+from mqhub.errors import InvalidName, MqhubError, QueueFull, Unauthorized
+from mqhub.identity import Session
 from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.listener import peer_text, set_no_delay
 from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq import snappy
-from mqhub.protocols.nsq.auth import AuthState, SecretsFile
+from mqhub.protocols.nsq.auth import AuthState, NsqGuard, SecretsFile
 from mqhub.protocols.nsq.codec import (
     NEED_DATA,
     ProtocolError,
@@ -48,7 +49,7 @@ from mqhub.protocols.nsq.codec import (
 from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.identify import Identity, default_identity, negotiate
 from mqhub.protocols.nsq.render import render_messages
-from mqhub.protocols.nsq.topics import TopicRegistry
+from mqhub.protocols.nsq.topics import TopicRegistry, topic_address
 from mqhub.records import MSG_ID, NOT_OWNER
 from mqhub.tls import server_context
 
@@ -146,6 +147,12 @@ class NsqProtocol(Protocol):
         self.state = STATE_INIT
         self.identity: Identity = default_identity(self.config)
         self.auth: AuthState | None = None
+        #: who this connection acts as (None: rights are not checked, or AUTH is required)
+        self.session: Session | None = None
+        #: an AUTH waits for its turn (failed-login slowdown): read nothing meanwhile
+        self._auth_held = False
+        #: the last SUB was refused (E_UNAUTHORIZED): a RDY the client sent behind it is ignored
+        self.sub_refused = False
         self.consumer: Any = None
         self.queue: Any = None
         self.topic_name = ""
@@ -189,6 +196,8 @@ class NsqProtocol(Protocol):
         """Register the client and arm the heartbeat timer."""
         self.factory.clients.add(self)
         set_no_delay(self.transport)  # small replies must not wait for Nagle
+        if self.factory.guard.active:
+            self._act_as(self.factory.guard.open(self._peer_host()))
         self._last_read = self.clock.seconds()
         self._arm_heartbeat()
 
@@ -282,6 +291,8 @@ class NsqProtocol(Protocol):
         (:meth:`_dispatch`), in command order.
         """
         self.codec.receive_data(data)
+        if self._auth_held:   # an AUTH waits for its turn: the rest is read after it
+            return
         run = _Run()
         try:
             for kind, topic, items in self._units():
@@ -369,8 +380,9 @@ class NsqProtocol(Protocol):
             self.respond(encode_error(exc.wire_text))
 
     def _stop_reading(self) -> bool:
-        """True once nothing more of this read may be handled (closing, or a fatal error)."""
-        return self.closed or self._failing
+        """True once nothing more of this read may be handled (closing, a fatal error, or an
+        AUTH waiting for its turn)."""
+        return self.closed or self._failing or self._auth_held
 
     def _bad_fin(self, ev: wire.Fin) -> None:
         """FIN of an id that is not 16 hex digits: E_FIN_FAILED (non-fatal), as nsqd."""
@@ -448,17 +460,30 @@ class NsqProtocol(Protocol):
             raise ProtocolError("E_INVALID", "cannot SUB in current state")
         if self.identity.heartbeat_interval <= 0:
             raise ProtocolError("E_INVALID", "cannot SUB with heartbeats disabled")
-        if self.factory.secrets is not None:
-            if self.auth is None:
+        if self.factory.guard.active:
+            session = self.session
+            if session is None:
                 raise ProtocolError("E_AUTH_FIRST", "AUTH required before SUB")
-            if not self.auth.allows(ev.topic, ev.channel, "subscribe"):
-                raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for SUB on "{ev.topic}" "{ev.channel}"')
+            if not session.check_subscribe(topic_address(ev.topic), ev.channel):
+                # not fatal (nsqd closes): the connection stays usable
+                self.sub_refused = True
+                raise ProtocolError("E_UNAUTHORIZED",
+                                    f'AUTH failed for SUB on "{ev.topic}" "{ev.channel}"',
+                                    fatal=False)
         queue = self.registry.ensure_channel(ev.topic, ev.channel)
         limit = self.config.max_channel_consumers
         if limit and len(queue.consumers) >= limit:
             raise ProtocolError(
                 "E_SUB_FAILED", f"SUB failed consumers for {ev.topic}:{ev.channel} exceeds limit of {limit}"
             )
+        try:  # RDY 0: nothing is delivered before the OK below
+            consumer = self.core.attach(queue, self, ready=0,
+                                        timeout=self.identity.msg_timeout / 1000.0)
+        except Unauthorized:  # the seam's own refusal: the queue holds more than the topic
+            self.sub_refused = True
+            raise ProtocolError("E_UNAUTHORIZED",
+                                f'AUTH failed for SUB on "{ev.topic}" "{ev.channel}"',
+                                fatal=False) from None
         self.topic_name, self.channel_name = ev.topic, ev.channel
         self.queue = queue
         self.state = STATE_SUBSCRIBED
@@ -466,8 +491,7 @@ class NsqProtocol(Protocol):
         slot = _Slot()
         self._slots.append(slot)
         self.core.settled(queue).addBoth(self._subscribed, slot, ev)
-        self.consumer = self.core.attach(queue, self, ready=0,
-                                         timeout=self.identity.msg_timeout / 1000.0)
+        self.consumer = consumer
 
     def _subscribed(self, result: object, slot: _Slot, ev: wire.Sub) -> None:
         """The SUB's channel is in effect: its OK (or nsqd's fatal E_SUB_FAILED) in order."""
@@ -486,6 +510,8 @@ class NsqProtocol(Protocol):
         if self.state == STATE_CLOSING:
             return
         if self.state != STATE_SUBSCRIBED:
+            if self.sub_refused:  # clients send RDY right behind SUB: not their mistake
+                return
             raise ProtocolError("E_INVALID", "cannot RDY in current state")
         if ev.count < 0 or ev.count > self.config.max_rdy_count:
             raise ProtocolError(
@@ -564,20 +590,32 @@ class NsqProtocol(Protocol):
 
     # publishing -------------------------------------------------------------------------------
 
-    def _check_publish(self, verb: str, topic: str) -> None:
-        """Auth checks for PUB/MPUB/DPUB (fatal, as in nsqd)."""
-        if self.factory.secrets is None:
-            return
-        if self.auth is None:
+    def _may_publish(self, verb: str, topic: str) -> bool:
+        """Rights for PUB/MPUB/DPUB: ``E_AUTH_FIRST`` (fatal, as nsqd) without a session; a
+        refused topic is answered ``E_UNAUTHORIZED`` in order and the connection goes on."""
+        session = self.session
+        if session is None:
             raise ProtocolError("E_AUTH_FIRST", f"AUTH required before {verb}")
-        if not self.auth.allows(topic, None, "publish"):
-            raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for {verb} on "{topic}" ""')
+        if session.publish_all or session.check_publish(topic_address(topic)):
+            return True
+        return False
 
     def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer_ms: int, oks: int) -> None:
         """One core publish for ``bodies``; ``oks`` OK frames are released once it is durable."""
-        self._check_publish(verb, topic_name)
+        if self.factory.guard.active and not self._may_publish(verb, topic_name):
+            # one error per command of the batch, in order with the other answers
+            self.respond(encode_error(
+                f'E_UNAUTHORIZED AUTH failed for {verb} on "{topic_name}" ""'.encode()) * oks)
+            return
         try:
-            d = self.registry.publish(topic_name, bodies, defer_ms)
+            if self.session is None:
+                d = self.registry.publish(topic_name, bodies, defer_ms)
+            else:  # through the connection's handle: its rights are enforced at the seam
+                d = self.registry.publish(topic_name, bodies, defer_ms, core=self.core)
+        except Unauthorized:  # the seam's own refusal (the check above makes it rare)
+            self.respond(encode_error(
+                f'E_UNAUTHORIZED AUTH failed for {verb} on "{topic_name}" ""'.encode()) * oks)
+            return
         except (QueueFull, InvalidName) as exc:
             raise ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {exc}") from None
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
@@ -626,7 +664,7 @@ class NsqProtocol(Protocol):
             raise ProtocolError("E_INVALID", "cannot IDENTIFY in current state")
         ident, reply = negotiate(
             ev.body, self.config, snappy_available=snappy.available(),
-            auth_required=self.factory.secrets is not None,
+            auth_required=self.factory.guard.auth_required,
         )
         if (ident.tls_v1 or ident.deflate or ident.snappy) and self._slots:
             raise ProtocolError("E_IDENTIFY_FAILED", "IDENTIFY upgrade while responses are pending")
@@ -650,21 +688,70 @@ class NsqProtocol(Protocol):
             self.respond(_OK)
 
     def on_auth(self, ev: wire.Auth) -> None:
-        """AUTH against the secrets file."""
+        """AUTH: a users-file token or NAME:PASSWORD, or a secrets-file secret (auth.py).
+
+        A peer with failed logins behind it waits for its turn: nothing more is read from
+        this connection until the AUTH has been answered.
+        """
         if self.state != STATE_INIT:
             raise ProtocolError("E_INVALID", "cannot AUTH in current state")
-        secrets = self.factory.secrets
-        if secrets is None:
+        guard = self.factory.guard
+        if not guard.active:
             raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
         if self.auth is not None:
             raise ProtocolError("E_INVALID", "AUTH already set")
-        state = secrets.lookup(ev.secret)
-        if state is None:
-            raise ProtocolError("E_AUTH_FAILED", "AUTH failed")
-        if not state.authorizations:
-            raise ProtocolError("E_UNAUTHORIZED", "AUTH no authorizations found")
+        wait = guard.wait(self._peer_host())
+        if wait > 0:
+            self._auth_held = True
+            self.transport.pauseProducing()
+            self.clock.callLater(wait, self._auth_turn, ev)
+            return
+        self._authenticate(ev)
+
+    def _auth_turn(self, ev: wire.Auth) -> None:
+        """A held AUTH's turn has come: answer it, then read what waited behind it."""
+        self._auth_held = False
+        if self.closed or self._failing:
+            return
+        try:
+            self._authenticate(ev)
+        except ProtocolError as exc:
+            self._fatal(exc)
+            return
+        self.transport.resumeProducing()
+        self._read(b"")
+
+    def _authenticate(self, ev: wire.Auth) -> None:
+        """Check the secret and answer nsqd's AUTH reply (errors are fatal, as in nsqd)."""
+        session, state = self.factory.guard.authenticate(ev.secret, self._peer_host())
+        if self.session is not None:
+            self.session.on_revoke = None
+        self._act_as(session)
         self.auth = state
         self.respond(encode_response(state.reply()))
+
+    def _act_as(self, session: Session | None) -> None:
+        """Act as ``session`` from now on: its handle on the core enforces its rights."""
+        self.session = session
+        if session is not None:
+            session.on_revoke = self._rights_changed
+            self.core = self.factory.hub.broker.session(session)
+
+    def _peer_host(self) -> str:
+        """The client's host (no port): failed logins are counted per host."""
+        return str(getattr(self.transport.getPeer(), "host", "") or self._peer())
+
+    def _rights_changed(self, session: Session) -> None:
+        """The users file was reloaded: a channel this client may no longer read is left (its
+        in-flight messages go back) with ``E_UNAUTHORIZED``, and the connection is closed, as
+        nsqd closes a client whose auth no longer allows it."""
+        if self.consumer is None or self.closed:
+            return
+        if session.may_subscribe(topic_address(self.topic_name), self.channel_name):
+            return
+        session.refuse("subscribe", f"{topic_address(self.topic_name)} {self.channel_name}")
+        self._fatal(ProtocolError(
+            "E_UNAUTHORIZED", f'AUTH failed for SUB on "{self.topic_name}" "{self.channel_name}"'))
 
 
 class NsqFactory(Factory):
@@ -674,11 +761,13 @@ class NsqFactory(Factory):
 
     def __init__(self, hub: Any, config: NsqConfig, registry: TopicRegistry,
                  secrets: SecretsFile | None = None) -> None:
-        """:param registry: the topics shared with the HTTP API."""
+        """:param registry: the topics shared with the HTTP API.
+        :param secrets: the ``--nsq-auth-secrets`` file (with the hub's users: :attr:`guard`)."""
         self.hub = hub
         self.config = config
         self.registry = registry
         self.secrets = secrets
+        self.guard = NsqGuard(getattr(hub, "identity", None), secrets)
         self.clients: set[NsqProtocol] = set()
         self._tls_context: Any = None
         registry.on_channel_deleted.append(self._channel_deleted)

@@ -251,18 +251,22 @@ class TopicRegistry:
         if topic.ephemeral and not topic.channels:
             self.delete_topic(topic_name)
 
-    def publish(self, name: str, bodies: list[bytes], defer_ms: int = 0) -> Deferred[None]:
+    def publish(self, name: str, bodies: list[bytes], defer_ms: int = 0,
+                core: ICore | None = None) -> Deferred[None]:
         """Publish ``bodies`` to topic ``name`` (created if new) with one core call; count them.
 
         The Deferred fires once the messages are durable (at once for an ephemeral topic).
+        ``core`` is the publishing connection's handle (its rights; default: the hub's core).
 
-        :raises QueueFull: or InvalidName, from the core, before anything is counted.
+        :raises QueueFull: or InvalidName, from the core, before anything is counted;
+            Unauthorized when the connection may not publish to the topic.
         """
         topic = self.ensure_topic(name)
         broker = self.broker
         deliver_at = broker.clock.seconds() + defer_ms / 1000.0 if defer_ms else 0.0
-        d: Deferred[None] = broker.publish_batch(topic.address, bodies, origin="nsq",
-                                                 deliver_at=deliver_at, persist=not topic.ephemeral)
+        d: Deferred[None] = (core or broker).publish_batch(
+            topic.address, bodies, origin="nsq", deliver_at=deliver_at,
+            persist=not topic.ephemeral)
         topic.message_count += len(bodies)
         topic.message_bytes += sum(map(len, bodies))
         return d

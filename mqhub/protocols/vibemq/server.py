@@ -27,13 +27,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mqhub.errors import InvalidName, MqhubError, QueueFull
+from mqhub.errors import InvalidName, MqhubError, QueueFull, Unauthorized
+from mqhub.identity import Session
 from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.listener import set_no_delay, set_read_size
 from mqhub.protocols.vibemq import codec as c
 from mqhub.protocols.vibemq import publishing
 from mqhub.protocols.vibemq.admin import handle_admin
-from mqhub.protocols.vibemq.auth import UserStore
+from mqhub.protocols.vibemq.auth import UserStore, VibeGuard, allowed
 from mqhub.protocols.vibemq.config import VibeMQConfig
 from mqhub.protocols.vibemq.dlq import DeadLetterView
 from mqhub.protocols.vibemq.options import (
@@ -89,6 +90,8 @@ class VibeMQFactory(Factory):
         self.config = config
         self.registry = registry
         self.users = users
+        #: the hub's users (--users) and this users file: who a Connect makes a client
+        self.guard = VibeGuard(getattr(hub, "identity", None), users)
         self.clients: set[VibeMQProtocol] = set()
         self.views: dict[str, DeadLetterView] = {}
         self.accepts: dict[str, deque[float]] = {}
@@ -149,8 +152,11 @@ class VibeMQProtocol(Protocol):
         self.clock = factory.clock
         self.registry = factory.registry
         self.decoder = c.FrameDecoder(cfg.max_frame_size, cfg.max_decompressed)
-        self.authenticated = factory.users is None
+        self.authenticated = not factory.guard.active
+        #: the --vibemq-users user (its per-operation ACL), or None
         self.user: Any = None
+        #: who this connection acts as (None: nothing is checked)
+        self.session: Session | None = None
         self.flag = c.FLAG_NONE
         self.threshold = cfg.compression_threshold
         self.subs: dict[str, tuple[VibeQueue, Any]] = {}
@@ -314,8 +320,9 @@ class VibeMQProtocol(Protocol):
             self.error(f.id, "SERVER_ERROR", f"Internal error: {type(exc).__name__}")
 
     def _allowed(self, operation: str, queue: str | None) -> bool:
-        """ACL check (always true on an open broker)."""
-        return self.user is None or self.user.allowed(operation, queue)
+        """ACL check (always true on an open broker; a refusal is counted)."""
+        session = self.session
+        return session is None or allowed(session, self.user, operation, queue)
 
     def _queue_ok(self, f: c.Frame, operation: str, what: str) -> bool:
         """Name check then ACL check, answering the error; True when both pass."""
@@ -332,20 +339,37 @@ class VibeMQProtocol(Protocol):
 
     # connect / ping --------------------------------------------------------------------------
 
-    def on_connect(self, f: c.Frame) -> None:
-        """Authenticate (when a users file is set), negotiate compression, send ConnectAck."""
+    def on_connect(self, f: c.Frame, turn: bool = False) -> None:
+        """Authenticate (users file or --vibemq-users), negotiate compression, send ConnectAck.
+
+        A Connect from a peer with failed logins behind it is checked at its turn (``turn``:
+        it has come); the connection reads nothing meanwhile (the .NET client waits for
+        ConnectAck anyway).
+        """
         h = f.headers or {}
-        users = self.factory.users
-        if users is not None:
+        guard = self.factory.guard
+        if guard.active:
             name, password = h.get("authUsername"), h.get("authPassword")
-            if not name or not password:
-                self.error(f.id, "AUTH_REQUIRED", "Username and password are required.")
+            peer = getattr(self.transport.getPeer(), "host", "") or ""
+            wait = guard.wait(peer) if name and password and not turn else 0.0
+            if wait > 0:
+                self._paused = True
+                self._sync_reading()
+                self.clock.callLater(wait, self._connect_turn, f)
                 return
-            user = users.authenticate(name, password)
-            if user is None:
-                self.error(f.id, "AUTH_FAILED", "Invalid username or password.")
+            result = guard.connect(name, password, peer)
+            if isinstance(result, str):
+                self.error(f.id, result, "Username and password are required."
+                           if result == "AUTH_REQUIRED" else "Invalid username or password.")
                 return
-            self.user = user
+            old = self.session
+            if old is not None:
+                old.on_revoke = None
+            self.session, self.user = result
+            # this connection's handle on the core: its rights enforced at the seam
+            self.broker = self.factory.broker.session(self.session)
+            if self.session is not None:
+                self.session.on_revoke = self._rights_changed
             self.authenticated = True
         chosen = c.negotiate_compression(h.get("supported-compression", ""),
                                          self.factory.server_compressions)
@@ -353,6 +377,38 @@ class VibeMQProtocol(Protocol):
             c.CONNECT_ACK, _random_id(), None, None,
             {"negotiated-compression": chosen} if chosen else None)))
         self.flag = c.COMPRESSIONS[chosen] if chosen else c.FLAG_NONE
+
+    def _connect_turn(self, f: c.Frame) -> None:
+        """A held Connect's turn has come: answer it and read again."""
+        if self.closed:
+            return
+        self._paused = False
+        self.on_connect(f, turn=True)
+        self._sync_reading()
+
+    def _rights_changed(self, session: Session) -> None:
+        """The users file was reloaded: leave every queue this client may no longer read
+        (unacked deliveries go back), telling it ``NOT_AUTHORIZED`` for each."""
+        if self.closed:
+            return
+        for name, (vq, consumer) in list(self.subs.items()):
+            if session.may_subscribe(name):
+                continue
+            session.refuse("subscribe", f"{name} (Subscribe, reloaded)")
+            del self.subs[name]
+            if consumer is not None:
+                try:
+                    vq.core.detach(consumer, requeue=True)
+                except MqhubError:
+                    pass
+            self.error(None, "NOT_AUTHORIZED", f"Access to '{name}' was revoked.")
+        for name, view in list(self.dlq_subs.items()):
+            if session.may_subscribe(view.source):
+                continue
+            session.refuse("subscribe", f"{view.source} ({name}, reloaded)")
+            del self.dlq_subs[name]
+            view.unsubscribe(self)
+            self.error(None, "NOT_AUTHORIZED", f"Access to '{name}' was revoked.")
 
     def on_ping(self, f: c.Frame) -> None:
         """Pong with the same id (allowed before Connect)."""
@@ -442,6 +498,9 @@ class VibeMQProtocol(Protocol):
         except InvalidName as exc:
             for f in run:
                 self.error(f.id, "INVALID_QUEUE", str(exc))
+        except Unauthorized:  # the seam's refusal (each frame was checked before)
+            for f in run:
+                self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
 
     def _put(self, vq: VibeQueue, run: list[c.Frame]) -> None:
         """The core call; PublishAcks go out once the batch is stored."""
@@ -618,6 +677,10 @@ class VibeMQProtocol(Protocol):
             return
         source = None if self.registry.get(name) else self.registry.dead_letter_source(name)
         if source is not None:
+            # dead letters keep their queue's addresses: reading them needs that right too
+            if self.user is None and not self._may_read(source.name):
+                self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
+                return
             self.reply(c.SUBSCRIBE_ACK, f.id, name)
             view = self.dlq_subs[name] = self.factory.view(source)
             view.subscribe(self)
@@ -626,6 +689,9 @@ class VibeMQProtocol(Protocol):
             vq = self.registry.create(name)
         except InvalidName as exc:
             self.error(f.id, "INVALID_QUEUE", str(exc))
+            return
+        if not self._may_read(name):
+            self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
             return
         self.subs[name] = (vq, None)
         # once the queue is in effect (at once in the embedded core; a cluster confirms it)
@@ -646,6 +712,19 @@ class VibeMQProtocol(Protocol):
             self.subs[name] = (vq, consumer)
         else:
             vq.core.detach(consumer, requeue=True)
+
+    def _may_read(self, queue: str) -> bool:
+        """May this connection read what queue ``queue`` holds: every address pattern bound
+        to it (the seam's rule for attach and dead letters, asked before the SubscribeAck;
+        a queue another protocol binds wider is refused). A refusal is counted."""
+        session = self.session
+        if session is None or session.subscribe_all:
+            return True
+        for binding in self.broker.bindings(queue):
+            if not session.may_receive(binding.pattern):
+                session.refuse("subscribe", f"{binding.pattern} (queue {queue})")
+                return False
+        return True
 
     def on_unsubscribe(self, f: c.Frame) -> None:
         """Detach; unacked deliveries return to the queue."""
@@ -715,9 +794,16 @@ class VibeMQProtocol(Protocol):
 
     def on_list_queues(self, f: c.Frame) -> None:
         """Names of the queues (and enabled DLQ names) this user may see."""
-        names = [n for n in self.registry.names() if self.user is None
-                 or self.user.superuser or self.user.allowed("ListQueues", n)
-                 or any(self.user.allowed(op, n) for op in ("Publish", "Subscribe"))]
+        user, session = self.user, self.session
+        if user is not None:
+            names = [n for n in self.registry.names() if user.superuser
+                     or user.allowed("ListQueues", n)
+                     or any(user.allowed(op, n) for op in ("Publish", "Subscribe"))]
+        elif session is not None:
+            names = [n for n in self.registry.names()
+                     if session.may_publish(n) or session.may_subscribe(n)]
+        else:
+            names = self.registry.names()
         self.reply(c.LIST_QUEUES, f.id, None, _DUMPS(names).encode())
 
     def on_admin(self, f: c.Frame) -> None:
