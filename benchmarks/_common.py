@@ -161,3 +161,23 @@ def server_cpu(pid: int | None) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+#: the users file of the benchmarks' "rights on" runs: one user whose rights are patterns
+#: (never the ``>`` that would skip the checks), its token the clients present
+BENCH_TOKEN = "bench-token"
+BENCH_USERS = f"""
+[[user]]
+name = "bench"
+token = "{BENCH_TOKEN}"
+publish = ["bench.>", "*", "$mq9.>", "_INBOX.>"]
+subscribe = ["bench.>", "*", "$mq9.>", "_INBOX.>"]
+"""
+
+
+def users_file(directory: str | os.PathLike[str]) -> str:
+    """Write :data:`BENCH_USERS` into ``directory``; return the path (for ``--users``)."""
+    path = os.path.join(directory, "users.toml")
+    with open(path, "w") as f:
+        f.write(BENCH_USERS)
+    return path

@@ -2,10 +2,14 @@
 
 They talk HTTP to a running broker's ``admin.http`` listener (``--url``, default
 http://127.0.0.1:8750, or ``$MQHUB_ADMIN_URL``) and print rich tables, or JSON with ``--json``.
+Credentials, on every request: the token file (``--token-file`` or
+``$MQHUB_ADMIN_TOKEN_FILE``), else ``$MQHUB_USER`` and ``$MQHUB_PASSWORD`` (Basic; a broker with
+a users file needs one for reads too, and ``admin = true`` for changes).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import ssl
@@ -40,9 +44,13 @@ def call(url: str, path: str, method: str = "GET", body: Any = None,
     if method != "GET":
         data = json.dumps(body or {}).encode()
         headers["Content-Type"] = "application/json"
-        if token_file:
-            with open(token_file, encoding="utf-8") as f:
-                headers["Authorization"] = "Bearer " + f.readline().strip()
+    token_file = token_file or os.environ.get("MQHUB_ADMIN_TOKEN_FILE")
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            headers["Authorization"] = "Bearer " + f.readline().strip()
+    elif os.environ.get("MQHUB_USER"):  # a users-file user (twistd mqhub --users)
+        pair = f"{os.environ['MQHUB_USER']}:{os.environ.get('MQHUB_PASSWORD', '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
     req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10, context=https_context(url)) as resp:

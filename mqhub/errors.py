@@ -38,3 +38,18 @@ class MessageTooLarge(MqhubError):
 
 class PluginError(MqhubError):
     """A protocol plugin could not be loaded or refused to start."""
+
+
+class Unauthorized(MqhubError):
+    """The connection's principal may not do this (mqhub.identity): each protocol answers
+    with its own refusal and the connection goes on.
+
+    :ivar action: ``publish``, ``subscribe`` or ``admin``.
+    :ivar address: the address or pattern refused.
+    """
+
+    def __init__(self, action: str, address: str) -> None:
+        """Remember what was refused."""
+        super().__init__(f"not allowed to {action} {address!r}")
+        self.action = action
+        self.address = address

@@ -31,6 +31,7 @@ from twisted.python.failure import Failure
 
 from mqhub.core.broker import Broker
 from mqhub.errors import StoreError
+from mqhub.identity import Directory
 from mqhub.listener import walk_listeners
 from mqhub.scheduler.service import SchedulerService
 from mqhub.store.journal import DEFAULT_RETENTION_BYTES, DEFAULT_RETENTION_SECONDS, Journal
@@ -61,6 +62,7 @@ class Hub:
     :ivar data_dir: where durable data lives, or None for a memory hub.
     :ivar reactor: the reactor listeners bind with (None in unit tests: nothing listens).
     :ivar journal: the flow journal's files (:class:`mqhub.store.journal.Journal`), or None.
+    :ivar identity: the :class:`mqhub.identity.Directory` (users, rights, denials), or None.
     """
 
     clock: Any
@@ -71,6 +73,13 @@ class Hub:
     data_dir: str | None = None
     reactor: Any = None
     journal: Any = None
+    identity: Any = None
+
+
+def standalone_core(store: Any, clock: Any) -> Broker:
+    """A core of its own over an opened ``store``, for a hub built without one (the NATS
+    server's unit tests build mq9 on such a hub); the caller starts and stops it."""
+    return Broker(store, clock)
 
 
 def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hub:
@@ -85,6 +94,8 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     ``Broker(window=..., window_bytes=..., tails_bytes=..., windows_bytes=...)``; unset or None:
     the Broker's defaults).
     The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
+    ``users`` (a users file, read now; None: every client may do everything) makes
+    ``hub.identity``.
     """
     data_dir = options.get("data-dir", options.get("data_dir"))
     durability = options.get("durability") or "sync"
@@ -111,6 +122,8 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
             store.path, broker.journal,
             retention_seconds=float(days) * 86400.0 if days else DEFAULT_RETENTION_SECONDS,
             retention_bytes=int(max_bytes) if max_bytes else DEFAULT_RETENTION_BYTES)
+    identity = Directory(clock, options.get("users") or None)
+    identity.load()
     return Hub(
         clock=clock,
         store=store,
@@ -120,6 +133,7 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
         data_dir=data_dir,
         reactor=reactor,
         journal=journal,
+        identity=identity,
     )
 
 

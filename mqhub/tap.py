@@ -81,6 +81,7 @@ Examples:
   twistd -n mqhub --listen nsq.tcp=tcp:4150:interface=0.0.0.0 --listen mq9=tcp:4333
   twistd -n mqhub --plugin-path plugins --protocols redis
   twistd -n mqhub --listen admin.http=tcp:9750:interface=127.0.0.1 --admin-token token.txt
+  twistd -n mqhub --users users.toml                  per-user rights for every protocol
   twistd -n mqhub --manhole tcp:8722:interface=127.0.0.1 --manhole-keys ~/.ssh/authorized_keys
 """
 
@@ -96,6 +97,9 @@ Examples:
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
         ["admin-token", None, None,
          "File whose first line is the admin API token state changes must carry."],
+        ["users", None, None,
+         "TOML users file: credentials and publish/subscribe rights for every protocol "
+         "(docs/security.md); re-read on SIGHUP. Without it every client may do everything."],
         ["admin-tls-cert", None, None,
          "PEM certificate (and key) making the admin listener HTTPS."],
         ["admin-tls-key", None, None, "PEM key when not in the --admin-tls-cert file."],
@@ -332,6 +336,14 @@ Examples:
         """Read the admin token and validate the manhole settings (refusing a bad start)."""
         # imported only when used: twisted.conch and the web stack cost startup time
         self["admin_token_value"] = None
+        if self["users"]:
+            from mqhub.identity import UsersFile, UsersFileError
+
+            try:
+                UsersFile.load(self["users"])
+            except UsersFileError as exc:
+                raise usage.UsageError(f"--users: {exc}") from None
+            self["users"] = os.path.abspath(self["users"])
         self["admin_tls"] = None
         if self["admin-tls-cert"]:
             from mqhub.tls import TlsConfigError, server_context
@@ -399,6 +411,25 @@ def install_stop_signals(reactor: Any) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
+def install_reload_signal(reactor: Any, identity: Any) -> None:
+    """Make SIGHUP re-read the users file (``--users``); a bad file keeps the rights in force."""
+    from mqhub.identity import UsersFileError
+
+    def reload() -> None:
+        """Reload in the reactor thread (the error is already logged by the directory)."""
+        try:
+            identity.reload()
+        except UsersFileError:
+            pass
+
+    def on_signal(signum: int, frame: Any) -> None:
+        """Hand the reload to the reactor (safe from a signal handler)."""
+        log.info("received SIGHUP: reloading the users file")
+        reactor.callFromThread(reload)
+
+    signal.signal(signal.SIGHUP, on_signal)
+
+
 def makeService(options: Options) -> HubService:
     """twistd entry point: :func:`build_service` with the global reactor.
 
@@ -420,6 +451,8 @@ def makeService(options: Options) -> HubService:
     reactor.callWhenRunning(sweeps.startService)
     reactor.addSystemEventTrigger("before", "shutdown", sweeps.stopService)
     reactor.callWhenRunning(install_stop_signals, reactor)
+    if root.hub.identity is not None and root.hub.identity.enforcing:
+        reactor.callWhenRunning(install_reload_signal, reactor, root.hub.identity)
     reactor.callWhenRunning(install_lame_duck_signal, reactor, root.lame_duck)
     return root
 

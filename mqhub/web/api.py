@@ -53,11 +53,15 @@ class ApiResource(Resource):
     #: what ``/api/history`` and a queue's detail read (None: 404, and no series in the detail)
     history: History | None = None
 
-    def __init__(self, inspector: Inspector, token: str | None = None) -> None:
-        """:param token: the admin token state changes need (None: none needed)."""
+    def __init__(self, inspector: Inspector, token: str | None = None,
+                 identity: Any = None) -> None:
+        """:param token: the admin token state changes need (None: none needed).
+        :param identity: the hub's identity Directory (``/api/users/reload``, the ``auth``
+            row of ``/api/stats``), or None."""
         super().__init__()
         self.inspector = inspector
         self.token = token
+        self.identity = identity
         self.routes: dict[tuple[bytes, str], Callable[..., Any]] = {
             (b"GET", "healthz"): self.get_health,
             (b"GET", "stats"): self.get_stats,
@@ -70,6 +74,7 @@ class ApiResource(Resource):
             (b"GET", "schedules"): self.get_schedules,
             (b"GET", "dlq"): self.get_dlq,
             (b"POST", "dlq"): self.post_dlq,
+            (b"POST", "users"): self.post_users,
             (b"GET", "lameduck"): self.get_lameduck,
             (b"POST", "lameduck"): self.post_lameduck,
         }
@@ -190,8 +195,25 @@ class ApiResource(Resource):
         return (200 if ok else 503), details
 
     def get_stats(self, request: Any, rest: list[str]) -> Any:
-        """/api/stats."""
-        return self.inspector.stats()
+        """/api/stats (with the identity directory's ``auth`` row: denials, sessions)."""
+        stats = self.inspector.stats()
+        if self.identity is not None:
+            stats["auth"] = self.identity.stats()
+        return stats
+
+    def post_users(self, request: Any, rest: list[str]) -> Any:
+        """POST /api/users/reload: re-read the users file (as SIGHUP does)."""
+        from mqhub.identity import UsersFileError
+
+        if rest[:1] != ["reload"]:
+            raise ApiError(404, "users actions: reload")
+        self.json_body(request)
+        if self.identity is None or not self.identity.enforcing:
+            raise ApiError(409, "no users file is configured (twistd mqhub --users FILE)")
+        try:
+            return {"reloaded": True, **self.identity.reload()}
+        except UsersFileError as exc:
+            raise ApiError(400, f"users file not reloaded, the rights in force stay: {exc}") from None
 
     def get_queues(self, request: Any, rest: list[str]) -> Any:
         """/api/queues (a page) or /api/queues/{name} (one queue)."""

@@ -29,13 +29,15 @@ def read_token(path: str) -> str:
 
 def build_site(inspector: Any, token: str | None = None, queue_cap: int | None = None) -> Any:
     """The Site: ``/`` (page), ``/static/*``, ``/api/*``, ``/healthz``, ``/metrics``
-    (``queue_cap``: queues /metrics reports one by one; None: its default)."""
+    (``queue_cap``: queues /metrics reports one by one; None: its default), behind the
+    :class:`~mqhub.web.auth.AdminGate` (users and admin rights when the hub has a users file)."""
     from twisted.web.resource import Resource
     from twisted.web.server import Site
     from twisted.web.static import File
 
     from mqhub.history import History
     from mqhub.web.api import ApiResource
+    from mqhub.web.auth import AdminGate
     from mqhub.web.metrics import DEFAULT_QUEUE_CAP, MetricsResource, build_registry
 
     class QuietSite(Site):
@@ -61,7 +63,10 @@ def build_site(inspector: Any, token: str | None = None, queue_cap: int | None =
             super().stopFactory()
 
     root = Resource()
-    api = ApiResource(inspector, token)
+    identity = getattr(inspector.hub, "identity", None)
+    enforcing = identity is not None and identity.enforcing
+    # under a users file the gate checks every credential (the token acts as an admin's)
+    api = ApiResource(inspector, None if enforcing else token, identity)
     root.putChild(b"", File(str(STATIC_DIR / "index.html"), defaultType="text/html"))
     static = File(str(STATIC_DIR))
     static.putChild(b"vendor", File(str(VENDOR_DIR)))
@@ -70,7 +75,7 @@ def build_site(inspector: Any, token: str | None = None, queue_cap: int | None =
     root.putChild(b"healthz", api)
     cap = DEFAULT_QUEUE_CAP if queue_cap is None else queue_cap
     root.putChild(b"metrics", MetricsResource(build_registry(inspector, cap)))
-    site = QuietSite(root)
+    site = QuietSite(AdminGate(root, identity, token, inspector.hub.clock))
     site.displayTracebacks = False
     site.noisy = False
     site.history = api.history = History(inspector)  # charts of the page and /api/history

@@ -237,18 +237,19 @@ def test_the_example_reads_back_as_the_defaults(tmp_path: Path) -> None:
 
 
 def test_an_option_added_in_one_place_is_accepted_and_shown(tmp_path: Path) -> None:
-    """Another branch adding ``--users FILE`` (one optParameters line) or a settings field
-    needs nothing more: the file takes it and the example shows it."""
+    """Another branch adding an option (one optParameters line, as identity added ``--users``)
+    or a settings field needs nothing more: the file takes it and the example shows it."""
 
-    class WithUsers(Options):
+    class WithAuditLog(Options):
         optParameters = [*Options.optParameters,
-                         ["users", None, None, "TOML users file (docs/security.md)."]]
+                         ["audit-log", None, None, "File the audit records are appended to."]]
 
-    options = parse(tmp_path, 'users = "/etc/mqhub/users.toml"\n', options=WithUsers())
-    assert options["users"] == "/etc/mqhub/users.toml"
-    defaults = WithUsers()
+    options = parse(tmp_path, 'audit-log = "/var/log/mqhub/audit.log"\n', options=WithAuditLog())
+    assert options["audit-log"] == "/var/log/mqhub/audit.log"
+    defaults = WithAuditLog()
     defaults.parseOptions([])
-    assert "# TOML users file (docs/security.md).\n# users = ...\n" in config.effective(defaults)
+    assert "# File the audit records are appended to.\n# audit-log = ...\n" in \
+        config.effective(defaults)
 
 
 def test_a_drop_in_plugin_section_is_checked_against_its_settings(tmp_path: Path) -> None:

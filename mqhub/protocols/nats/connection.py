@@ -23,14 +23,13 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from mqhub.identity import Session
 from mqhub.listener import set_no_delay, set_read_size
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.auth import (
     ANONYMOUS,
     AUTH_EXPIRED,
     AUTH_VIOLATION,
-    AuthError,
-    Credentials,
     Principal,
     new_nonce,
 )
@@ -51,6 +50,7 @@ from mqhub.protocols.nats.codec import (
 from mqhub.protocols.nats.host import NatsHost
 from mqhub.protocols.nats.mq9_common import sub_pattern
 from mqhub.protocols.nats.output import direct_socket, remainder, send_chunks
+from mqhub.protocols.nats.rights import PublishTables, publish_violation, subscribe_violation
 from mqhub.protocols.nats.router import PubRouter
 from mqhub.protocols.nats.settings import (
     CRLF,
@@ -117,11 +117,19 @@ class NatsConnection(Protocol):
         self.out: list[bytes] = []
         self.subs: dict[str, Subscription] = {}
         self.connected = False       # transport open
-        self.authed = not server.auth.required
-        #: who authenticated (rights and expiry; :mod:`mqhub.protocols.nats.auth`)
+        self.authed = not server.guard.required
+        #: who authenticated (name, account, expiry; :mod:`mqhub.protocols.nats.auth`)
         self.principal: Principal = ANONYMOUS
+        #: what it may do: its rights' session (None: no per-subject rights are checked)
+        self.session: Session | None = None
+        #: a restricted publisher's own route tables (None: the server's are used)
+        self.pub_tables: PublishTables | None = None
+        #: events waiting behind a CONNECT whose turn has not come (failed-login slowdown)
+        self.waiting: list[tuple] | None = None
+        self._turn = False
+        self._connect_wait = 0.0
         #: the INFO nonce an nkey/JWT client signs (None when no signature check is configured)
-        self.nonce: str | None = new_nonce() if server.auth.needs_nonce else None
+        self.nonce: str | None = new_nonce() if server.guard.needs_nonce else None
         self.got_connect = False
         self.verbose = True
         self.pedantic = True
@@ -369,6 +377,9 @@ class NatsConnection(Protocol):
         if self.closing:
             return
         srv = self.server
+        if self.waiting is not None:
+            self.parser.receive_data(data)
+            return
         bridge = srv.bridge
         if bridge is not None and bridge.epoch != srv.core_epoch:
             srv.core_epoch = bridge.epoch
@@ -403,10 +414,13 @@ class NatsConnection(Protocol):
     def _fast_loop(self, router: PubRouter) -> None:
         """Alternate the router's PUB fast path with one-event steps for everything else."""
         srv = self.server
-        routes = srv.routes
+        tables = self.pub_tables
+        if tables is None:
+            routes, head_routes = srv.routes, srv.head_routes
+        else:   # only subjects this publisher may publish to are in its own tables
+            routes, head_routes = tables.tables(srv.epoch)
         dirty = srv.dirty
         stats = srv.stats
-        head_routes = srv.head_routes
         while self.fast:
             stats["in_msgs"] += router.route_pubs(routes, dirty, head_routes)
             stats["out_msgs"] += router.last_sent
@@ -428,9 +442,14 @@ class NatsConnection(Protocol):
         """Route one PUB by its cached route (fast-loop misses: queue groups, mq9, foreign...;
         and the general path when echo is on): plain targets, the special part, no-responders."""
         srv = self.server
+        tables = self.pub_tables
+        if tables is not None and not self._may_publish(hit[1]):
+            return
         route = srv.routes.get(hit[0])
         if route is None:
             route = srv.resolve(hit)
+        if tables is not None and route[1] is None:
+            tables.keep(hit, route, srv.head_routes)
         dirty = srv.dirty
         for conn, out, prefix in route[0]:
             if not out:
@@ -489,6 +508,14 @@ class NatsConnection(Protocol):
                 continue
             elif op == OP_CONNECT:
                 if not self._connect(ev[1]):
+                    if self.waiting is None and not self.closing:
+                        # its turn comes later: keep this CONNECT and what follows it (the
+                        # client did send CONNECT in time: no auth timeout while it waits)
+                        self.waiting = events[i:]
+                        if self._auth_timer is not None and self._auth_timer.active():
+                            self._auth_timer.cancel()
+                        self.transport.pauseProducing()
+                        self.server.clock.callLater(self._connect_wait, self._connect_turn)
                     return
             elif op == OP_OK or op == OP_ERR:
                 continue
@@ -505,10 +532,59 @@ class NatsConnection(Protocol):
     def _update_fast(self) -> None:
         """Choose the fast loop when no per-connection rule applies to publishes."""
         self.fast = (self.authed and self.got_connect and not self.verbose and not self.pedantic
-                     and self.echo and not self.closing and not self.principal.restricted)
+                     and self.echo and not self.closing)
+
+    def _connect_turn(self) -> None:
+        """A held CONNECT's turn has come: handle it and what followed, then read again."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is None or self.closing or not self.connected:
+            return
+        self._turn = True
+        try:
+            self._general(waiting, 0)
+        finally:
+            self._turn = False
+            self.server.end_turn()
+        if self.waiting is None and not self.closing:
+            self.transport.resumeProducing()
+            self.dataReceived(b"")
+
+    def _rights_changed(self, session: Session) -> None:
+        """The users file was reloaded: drop the subscriptions this client may no longer hold
+        (``-ERR 'Permissions Violation for Subscription to ...'`` each, as nats-server does on
+        a reload) and start its publish tables over."""
+        self._use_rights(session)
+        for sid, sub in list(self.subs.items()):
+            if session.may_subscribe(sub.subject, sub.queue):
+                continue
+            session.refuse("subscribe", sub.subject)
+            del self.subs[sid]
+            self.server.remove_sub(sub)
+            self.out_ctl(codec.encode_err(subscribe_violation(sub.wire_subject, sub.queue)))
+        self.server.flush()
+
+    def _use_rights(self, session: Session | None) -> None:
+        """Act as ``session``: a restricted publisher gets its own publish tables; a reload of
+        the users file re-checks its subscriptions."""
+        self.session = session
+        if session is None or session.publish_all:
+            self.pub_tables = None
+        else:
+            self.pub_tables = PublishTables(session)
+        if session is not None:
+            session.on_revoke = self._rights_changed
+
+    def _may_publish(self, subject: str) -> bool:
+        """The publish check: ``-ERR 'Permissions Violation for Publish to "x"'`` when refused."""
+        session = self.session
+        if session is None or session.publish_all or session.check_publish(subject):
+            return True
+        self.out_ctl(codec.encode_err(publish_violation(subject)))
+        return False
 
     def _connect(self, opts: dict[str, Any]) -> bool:
-        """Apply CONNECT options and check credentials; return False when closed."""
+        """Apply CONNECT options and check credentials; return False when closed, or when
+        the check waits for its turn (``_connect_wait`` seconds, failed-login slowdown)."""
         proto = opts.get("protocol", 0)
         if not isinstance(proto, int) or proto < 0 or proto > 1:
             self.close("invalid client protocol")
@@ -524,24 +600,29 @@ class NatsConnection(Protocol):
         self.name = str(opts.get("name", ""))
         self.lang = str(opts.get("lang", ""))
         self.version = str(opts.get("version", ""))
-        if not self.authed and not self._authenticate(opts):
-            return False
+        if not self.authed:
+            if not self._turn:
+                self._connect_wait = self.server.guard.wait(self.peer_host)
+                if self._connect_wait > 0:
+                    return False
+            if not self._authenticate(opts):
+                return False
         self.got_connect = True
         self._update_fast()
         return True
 
     def _authenticate(self, opts: dict[str, Any]) -> bool:
-        """Turn CONNECT's credentials into this connection's principal; False when closed."""
+        """Turn CONNECT's credentials into this connection's principal and rights (the users
+        file, or the plugin's own checks: :class:`~mqhub.protocols.nats.rights.NatsGuard`);
+        False when closed."""
         srv = self.server
-        creds = Credentials(opts, self.nonce, self.tls_subject())
-        try:
-            principal = srv.auth.authenticate(creds, srv.clock.seconds())
-        except AuthError as exc:
-            log.info("nats: cid={cid} from {peer} refused: {why}", cid=self.cid,
-                     peer=self.peer_host, why=str(exc))
+        admitted = srv.guard.connect(opts, self.peer_host, self.nonce, self.tls_subject(),
+                                     srv.clock.seconds())
+        if admitted is None:
             self.close(AUTH_VIOLATION)
             return False
-        self.principal = principal
+        principal = self.principal = admitted.principal
+        self._use_rights(admitted.session)
         self.authed = True
         if self._auth_timer is not None and self._auth_timer.active():
             self._auth_timer.cancel()
@@ -557,9 +638,7 @@ class NatsConnection(Protocol):
         if self.pedantic and not codec.valid_publish_subject(subject):
             self.out_ctl(codec.encode_err("Invalid Publish Subject"))
             return False
-        rights = self.principal.publish
-        if rights is not None and not rights.permits(subject):
-            self.out_ctl(codec.encode_err(f'Permissions Violation for Publish to "{subject}"'))
+        if self.session is not None and not self._may_publish(subject):
             return False
         if hit is not None and self.echo:
             self._fast_pub(hit, payload)
@@ -575,17 +654,19 @@ class NatsConnection(Protocol):
         return True
 
     def _sub(self, subject: str, queue: str | None, sid: str) -> bool:
-        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server);
-        False when the principal may not subscribe (refused with an -ERR, no +OK)."""
+        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server).
+
+        False when the user's rights do not cover ``subject`` (answered with -ERR).
+        """
         if sid in self.subs:
             return True
-        rights = self.principal.subscribe
-        if rights is not None and not rights.permits(subject):
-            using = f' using queue "{queue}"' if queue else ""
-            self.out_ctl(codec.encode_err(
-                f'Permissions Violation for Subscription to "{subject}"{using}'))
+        pattern = sub_pattern(subject)
+        session = self.session
+        if session is not None and not session.subscribe_all and \
+                not session.check_subscribe(pattern, queue):
+            self.out_ctl(codec.encode_err(subscribe_violation(subject, queue)))
             return False
-        sub = Subscription(self, sub_pattern(subject), queue, sid, subject)
+        sub = Subscription(self, pattern, queue, sid, subject)
         self.subs[sid] = sub
         self.server.add_sub(sub)
         return True

@@ -42,6 +42,10 @@ class NatsHost(Protocol[C, S_contra]):
     bridge: Any
     mq9: Any
     journal: Any
+    #: the routing epoch (bumped by :meth:`changed`)
+    epoch: int
+    #: CONNECT's credentials onto users (:class:`mqhub.protocols.nats.rights.NatsGuard`)
+    guard: Any
 
     def info(self, conn: C) -> dict[str, Any]:
         """The INFO object for ``conn``."""
@@ -71,3 +75,6 @@ class NatsHost(Protocol[C, S_contra]):
 
     def end_turn(self) -> None:
         """Finish one read."""
+
+    def flush(self) -> None:
+        """Write every touched connection's output."""

@@ -25,6 +25,7 @@ from twisted.internet.protocol import Factory
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.auth import Authenticator, shared_secret_checks
 from mqhub.protocols.nats.connection import NatsConnection, Subscription
+from mqhub.protocols.nats.rights import NatsGuard
 from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-exported)
     BROADCAST_PREFIX,
     CRLF,
@@ -60,6 +61,8 @@ class NatsServer(Factory):
         self.settings = settings or NatsSettings()
         self.auth = auth or Authenticator(
             shared_secret_checks(self.settings.token, self.settings.user, self.settings.password))
+        #: CONNECT's credentials onto the hub's users, then the plugin's own checks
+        self.guard = NatsGuard(getattr(hub, "identity", None), self.auth)
         #: lame-duck mode: new INFOs say ``ldm`` (:mod:`mqhub.lameduck`)
         self.lame_duck = False
         #: when the server was built (POSIX seconds; /varz ``start``)
@@ -108,7 +111,7 @@ class NatsServer(Factory):
             "port": s.port, "headers": True, "max_payload": s.max_payload,
             "client_id": conn.cid, "client_ip": conn.peer_host,
         }
-        if self.auth.required:
+        if self.guard.required:
             info["auth_required"] = True
         if conn.nonce is not None:
             info["nonce"] = conn.nonce

@@ -24,8 +24,8 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
 
+from mqhub.interfaces import IAdapterState, ICore, IQueue
 from mqhub.protocols.nsq.codec import is_ephemeral
-from mqhub.store.batch import WriteBatch
 
 META_PREFIX = "nsq/topic/"
 QUEUE_PREFIX = "nsq/"
@@ -52,7 +52,7 @@ class Topic:
     name: str
     address: str
     ephemeral: bool
-    channels: dict[str, Any] = field(default_factory=dict)  # channel name -> core Queue
+    channels: dict[str, IQueue] = field(default_factory=dict)  # channel name -> core queue
     paused: bool = False
     message_count: int = 0
     message_bytes: int = 0
@@ -61,16 +61,17 @@ class Topic:
 class TopicRegistry:
     """Every NSQ topic and channel; shared by the TCP server and the HTTP API.
 
-    :param broker: the core :class:`mqhub.core.broker.Broker`.
-    :param store: the hub's IMessageStore (topic metadata).
+    :param broker: the core (ICore).
+    :param state: where topic records are kept (the core's IAdapterState, or anything that
+        adapts to it).
     :param channel_window: ready messages a durable channel keeps in memory (the core queue's
         ``window``; nsqd's ``--mem-queue-size``); 0 = the broker's default.
     """
 
-    def __init__(self, broker: Any, store: Any, channel_window: int = 0) -> None:
+    def __init__(self, broker: ICore, state: Any, channel_window: int = 0) -> None:
         """Start empty; call :meth:`load` to recover topics from the store."""
         self.broker = broker
-        self.store = store
+        self.state: IAdapterState = IAdapterState(state)
         self.channel_window = max(0, int(channel_window))
         self.topics: dict[str, Topic] = {}
         #: called with (topic, channel) when a channel is deleted (the server closes its clients)
@@ -80,7 +81,7 @@ class TopicRegistry:
 
     def load(self) -> Deferred[None]:
         """Recover topics from metadata and channels from the core's ``nsq/`` queues."""
-        d = self.store.scan_meta(META_PREFIX)
+        d = self.state.scan_meta(META_PREFIX)
 
         def restore(rows: list[tuple[str, bytes]]) -> None:
             """Rebuild topics from metadata rows and channels from the core's queues."""
@@ -88,19 +89,41 @@ class TopicRegistry:
                 name = key[len(META_PREFIX):]
                 topic = self._topic_object(name)
                 topic.paused = value == b"paused"
-            for queue in self.broker.queues():
-                qname = queue.name
-                if not qname.startswith(QUEUE_PREFIX):
-                    continue
-                tname, _, cname = qname[len(QUEUE_PREFIX):].partition("/")
-                if not cname:
-                    continue
-                topic = self.topics.get(tname) or self._topic_object(tname)
+            self._adopt_channels()
+            self.state.watch(META_PREFIX, self.record_changed)
+
+        return d.addCallback(restore)
+
+    def _adopt_channels(self, only: str | None = None) -> None:
+        """Know every channel queue (``nsq/T/C``) of the core, of topic ``only`` or of all."""
+        for queue in self.broker.queues():
+            qname = queue.name
+            if not qname.startswith(QUEUE_PREFIX):
+                continue
+            tname, _, cname = qname[len(QUEUE_PREFIX):].partition("/")
+            if not cname or (only is not None and tname != only):
+                continue
+            topic = self.topics.get(tname) or self._topic_object(tname)
+            if topic.channels.get(cname) is not queue:
                 topic.channels[cname] = queue
                 self._apply_window(queue)
 
-        d.addCallback(restore)
-        return d
+    def record_changed(self, key: str, value: bytes | None) -> None:
+        """Another node of the hub wrote topic ``key``'s record (``IAdapterState.watch``): know
+        the topic, its pause and its channels; a deleted topic goes, and the clients of its
+        channels here are closed, as nsqd does."""
+        name = key[len(META_PREFIX):]
+        if value is None:
+            topic = self.topics.pop(name, None)
+            if topic is not None:
+                gone = list(topic.channels)
+                topic.channels.clear()
+                for channel in gone:
+                    self._notify_deleted(name, channel)
+            return
+        topic = self.topics.get(name) or self._topic_object(name)
+        topic.paused = value == b"paused"
+        self._adopt_channels(name)
 
     # topics -----------------------------------------------------------------------------------
 
@@ -121,9 +144,9 @@ class TopicRegistry:
         topic = self._topic_object(name)
         self.broker.park(topic.address)
         if not topic.ephemeral:
-            batch = WriteBatch()
+            batch = self.state.batch()
             batch.put_meta(META_PREFIX + name, b"")
-            self.store.commit(batch)
+            self.state.commit(batch)
         return topic
 
     def delete_topic(self, name: str) -> Deferred[Any]:
@@ -140,9 +163,9 @@ class TopicRegistry:
         ds.append(maybeDeferred(self.broker.unpark, topic.address))
         if topic.paused:
             ds.append(maybeDeferred(self.broker.resume_address, topic.address))
-        batch = WriteBatch()
+        batch = self.state.batch()
         batch.delete_meta(META_PREFIX + name)
-        ds.append(self.store.commit(batch))
+        ds.append(self.state.commit(batch))
         return DeferredList(ds, consumeErrors=True)
 
     def _empty_parked(self, topic: Topic) -> Deferred[Any]:
@@ -163,9 +186,9 @@ class TopicRegistry:
         else:
             d = maybeDeferred(self.broker.resume_address, topic.address)
         if not topic.ephemeral:
-            batch = WriteBatch()
+            batch = self.state.batch()
             batch.put_meta(META_PREFIX + name, b"paused" if paused else b"")
-            self.store.commit(batch)
+            self.state.commit(batch)
         return d
 
     def topic_depth(self, topic: Topic) -> int:
@@ -174,7 +197,7 @@ class TopicRegistry:
 
     # channels ---------------------------------------------------------------------------------
 
-    def ensure_channel(self, topic_name: str, channel: str) -> Any:
+    def ensure_channel(self, topic_name: str, channel: str) -> IQueue:
         """Return the queue of ``topic_name``/``channel``, creating topic, queue and binding."""
         topic = self.ensure_topic(topic_name)
         queue = topic.channels.get(channel)
@@ -192,12 +215,12 @@ class TopicRegistry:
         topic.channels[channel] = queue
         return queue
 
-    def _apply_window(self, queue: Any) -> None:
+    def _apply_window(self, queue: IQueue) -> None:
         """Give a durable channel the configured in-memory window (a queue made with another)."""
         if queue.durable and queue.window_setting != self.channel_window:
             queue.configure(window=self.channel_window)
 
-    def get_channel(self, topic_name: str, channel: str) -> Any:
+    def get_channel(self, topic_name: str, channel: str) -> IQueue | None:
         """The queue of a channel or None."""
         topic = self.topics.get(topic_name)
         return None if topic is None else topic.channels.get(channel)
@@ -228,18 +251,22 @@ class TopicRegistry:
         if topic.ephemeral and not topic.channels:
             self.delete_topic(topic_name)
 
-    def publish(self, name: str, bodies: list[bytes], defer_ms: int = 0) -> Deferred[None]:
+    def publish(self, name: str, bodies: list[bytes], defer_ms: int = 0,
+                core: ICore | None = None) -> Deferred[None]:
         """Publish ``bodies`` to topic ``name`` (created if new) with one core call; count them.
 
         The Deferred fires once the messages are durable (at once for an ephemeral topic).
+        ``core`` is the publishing connection's handle (its rights; default: the hub's core).
 
-        :raises QueueFull: or InvalidName, from the core, before anything is counted.
+        :raises QueueFull: or InvalidName, from the core, before anything is counted;
+            Unauthorized when the connection may not publish to the topic.
         """
         topic = self.ensure_topic(name)
         broker = self.broker
         deliver_at = broker.clock.seconds() + defer_ms / 1000.0 if defer_ms else 0.0
-        d: Deferred[None] = broker.publish_batch(topic.address, bodies, origin="nsq",
-                                                 deliver_at=deliver_at, persist=not topic.ephemeral)
+        d: Deferred[None] = (core or broker).publish_batch(
+            topic.address, bodies, origin="nsq", deliver_at=deliver_at,
+            persist=not topic.ephemeral)
         topic.message_count += len(bodies)
         topic.message_bytes += sum(map(len, bodies))
         return d
