@@ -487,7 +487,12 @@ class Broker:
     def _publish(self, route: Route, address: str, entries: list[Entry], persist: bool,
                  deliver_at: float, uniform: bool = False, run: bool = False) -> Deferred[None]:
         """Route ``entries``: queues get a copy (one WriteBatch), live targets are called
-        (``uniform`` and ``run``: see ``Queue.put``)."""
+        (``uniform`` and ``run``: see ``Queue.put``).
+
+        When the publish is stored (a durable queue on the route), its memory-tier queues and
+        live targets get their copies only once the commit succeeded: a publish refused to
+        its publisher (NSQ ``E_PUB_FAILED``) was delivered to no one (docs/guarantees.md).
+        """
         queues = route.queues if route.park is None else (route.park,)
         n = len(entries)
         for q in queues:
@@ -495,34 +500,55 @@ class Broker:
                 raise QueueFull(q.name)
         self._journal.published(address, entries, queues, persist, route, uniform)
         now = self.clock.seconds() if deliver_at else 0.0
+        live = bool(route.targets or route.groups)
         if not queues:
             # live subscribers only: nothing to store
-            if deliver_at > now and (route.targets or route.groups):
-                # live subscribers see a delayed message when it is due (on a clock timer,
-                # at-most-once like all live delivery)
-                self.timers.later(deliver_at - now, self._deliver_live, address, entries)
-            else:
-                self._deliver_live(address, entries, route)
+            self._live(address, entries, route, deliver_at, now)
             return succeed(None)
         commits = self.commits
+        stored = persist and any(q.durable for q in queues)
         # the batch is being filled while its entries are delivered: commits issued meanwhile
         # (acks in deliver_batch) join it or follow it, never precede it
         batch, outer = commits.begin()
         try:
             if deliver_at > now:
                 self.delays.defer_address(address, queues, entries, deliver_at, batch, persist)
+                held: tuple[Queue, ...] = ()
             else:
                 now = now or self.clock.seconds()
+                held = tuple(q for q in queues if not q.durable) if stored else ()
                 for q in queues:
-                    q.put(entries, batch, persist, now, uniform, run)
-            if deliver_at > now and (route.targets or route.groups):
-                self.timers.later(deliver_at - now, self._deliver_live, address, entries)
+                    if not held or q.durable:
+                        q.put(entries, batch, persist, now, uniform, run)
+            if stored and batch and (held or live):
+                commits.on_settled(batch, lambda ok: ok and self._release(
+                    held, address, entries, route, deliver_at, uniform, run))
             else:
-                self._deliver_live(address, entries, route)
+                self._live(address, entries, route, deliver_at, now)
         except BaseException:
             commits.abort(batch, outer)
             raise
         return commits.finish(batch, outer)
+
+    def _release(self, held: tuple[Queue, ...], address: str, entries: list[Entry],
+                 route: Route, deliver_at: float, uniform: bool, run: bool) -> None:
+        """A stored publish was committed: its memory-tier queues and live targets get it now."""
+        now = self.clock.seconds()
+        for q in held:
+            if not q.deleted:
+                q.put(entries, None, False, now, uniform, run)
+        self._live(address, entries, route, deliver_at, now)
+
+    def _live(self, address: str, entries: list[Entry], route: Route, deliver_at: float,
+              now: float) -> None:
+        """Hand ``entries`` to the live targets now, or at ``deliver_at`` (on a clock timer,
+        at-most-once like all live delivery)."""
+        if not (route.targets or route.groups):
+            return
+        if deliver_at > now:
+            self.timers.later(deliver_at - now, self._deliver_live, address, entries)
+        else:
+            self._deliver_live(address, entries, route)
 
     def _deliver_live(self, address: str, entries: list[Entry], route: Route | None = None) -> None:
         """Hand ``entries`` to the live subscribers of ``address`` (one call per binding)."""

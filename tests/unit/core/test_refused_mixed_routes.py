@@ -11,15 +11,8 @@ commit as well; then the markers go.
 
 from __future__ import annotations
 
-import pytest
-
 from mqhub.errors import StoreError
 from mqhub.testing import CollectingTarget, refusing_hub, settle
-
-OPEN = pytest.mark.xfail(strict=True, reason="issue 27 item 7: memory-tier and live copies "
-                         "of a publish that a durable queue also gets are delivered before "
-                         "its commit is known")
-
 
 def refused(d: object) -> bool:
     """True when Deferred ``d`` failed with StoreError (swallowed)."""
@@ -28,7 +21,6 @@ def refused(d: object) -> bool:
     return bool(box) and getattr(box[0], "check", lambda *_: False)(StoreError) is not None
 
 
-@OPEN
 def test_a_memory_queue_beside_a_durable_one_gets_no_refused_copy() -> None:
     """NSQ: a durable channel and an ephemeral one on one topic; the store refuses the
     publish: the ephemeral channel's consumer gets nothing of it, and the retry once."""
@@ -50,7 +42,6 @@ def test_a_memory_queue_beside_a_durable_one_gets_no_refused_copy() -> None:
     assert target.bodies == [b"refused"]
 
 
-@OPEN
 def test_a_live_subscriber_beside_a_durable_queue_gets_no_refused_copy() -> None:
     """NATS/mq9 style: a live subscriber and a durable queue on one address; a refused
     publish reaches neither, its retry reaches each once."""
