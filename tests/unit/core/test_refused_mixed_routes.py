@@ -2,17 +2,15 @@
 item 7): the publisher gets its error (NSQ E_PUB_FAILED) and retries, so a memory-tier queue
 or a live subscriber on the same address that got the first copy would get the message twice.
 
-Durable queues already deliver a put only after its commit (``test_refused_publish.py``); a
-publish that also reaches memory-tier queues or live subscribers still hands them their copy
-at once, before the commit's outcome is known. These tests record that open defect as strict
-xfails until the core (being rebuilt on branch core, issue 23) holds those copies for the
-commit as well; then the markers go.
-"""
+Durable queues deliver a put only after its commit (``test_refused_publish.py``); the
+memory-tier queues and live subscribers of a stored publish get their copies from the same
+commit's callback (``Broker._publish``), and none when it fails."""
 
 from __future__ import annotations
 
 from mqhub.errors import StoreError
 from mqhub.testing import CollectingTarget, refusing_hub, settle
+
 
 def refused(d: object) -> bool:
     """True when Deferred ``d`` failed with StoreError (swallowed)."""
