@@ -317,6 +317,8 @@ class Inspector:
             "in_flight": in_flight,
             "dead_letters": dead,
             "dead_lettered": dict(self.broker.counters.dead),
+            "expired": dict(self.broker.counters.expired),
+            "purged": dict(self.broker.counters.purged),
         }
 
     # queues -------------------------------------------------------------------------------

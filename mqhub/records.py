@@ -200,6 +200,13 @@ REASON_MAX_ATTEMPTS = "max_attempts"
 REASON_OVERFLOW = "overflow"
 REASON_EXPIRED = "expired"
 REASON_REJECTED = "rejected"
+#: why messages left without a consumer (flow journal ``expired`` and ``purged`` events,
+#: ``/api/stats``): their own TTL, their queue's own expiry (an mq9 mailbox's TTL), the
+#: deletion of their queue, a purge of it
+REASON_TTL = "ttl"
+REASON_QUEUE_EXPIRED = "queue_expired"
+REASON_QUEUE_DELETED = "queue_deleted"
+REASON_PURGED = "purged"
 
 
 def clean_headers(headers: dict[str, str] | None) -> dict[str, str] | None:

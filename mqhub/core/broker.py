@@ -47,7 +47,14 @@ from mqhub.core.tail import TAILS_BYTES
 from mqhub.core.window import WINDOW_FLOOR, WINDOWS_BYTES
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
 from mqhub.interfaces import IBinding, ICore, IQueue
-from mqhub.records import DELIVER_AT, MSG_ID, Peer, get_msg_id
+from mqhub.records import (
+    DELIVER_AT,
+    MSG_ID,
+    REASON_QUEUE_DELETED,
+    REASON_QUEUE_EXPIRED,
+    Peer,
+    get_msg_id,
+)
 from mqhub.store.batch import WriteBatch
 from mqhub.store.codec import encode_meta
 from mqhub.store.journal_recorder import NULL_RECORDER, NullRecorder
@@ -268,7 +275,7 @@ class Broker:
         name and expired."""
         if (self._queues.get(queue.name) is queue and queue.expires_at
                 and queue.expires_at <= now):
-            self.delete_queue(queue.name)
+            self.delete_queue(queue.name, reason=REASON_QUEUE_EXPIRED)
 
     def declare_queue(self, name: str, *, tier: str = TIER_DURABLE, max_size: int = 0,
                       overflow: str = "drop_oldest", ttl: float = 0.0, max_attempts: int = 0,
@@ -303,11 +310,23 @@ class Broker:
         """Every user queue (hidden parking queues excluded)."""
         return list(self._queues.values())
 
-    def delete_queue(self, name: str) -> Deferred[None]:
-        """Unbind and forget the queue, dropping its messages and dead letters."""
+    def delete_queue(self, name: str, *, reason: str = REASON_QUEUE_DELETED) -> Deferred[None]:
+        """Unbind and forget the queue, dropping its messages and dead letters.
+
+        The messages it held are counted (``counters.purged``, or ``counters.expired`` for
+        ``reason`` ``queue_expired``) and the store journals each stored one as a ``purged``
+        (``expired``) event with ``reason``: nothing leaves silently.
+        """
         q = self._queues.pop(name, None)
         if q is None:
             return succeed(None)
+        expired = reason == REASON_QUEUE_EXPIRED
+        held = q.holding
+        if held:
+            if expired:
+                self.counters.expired_messages(reason, held)
+            else:
+                self.counters.purged_messages(reason, held)
         b = WriteBatch()
         for binding in self._queue_bindings.pop(name, {}).values():
             self.router.trie.remove(binding.pattern, binding)
@@ -317,7 +336,7 @@ class Broker:
         self.router.changed()
         q.close()
         if q.durable:
-            b.purge_queue(name)
+            b.purge_queue(name, self._journal.purge_report(q, reason, expired))
             b.purge_queue(dlq_name(name))
             b.delete_meta(SETTINGS_PREFIX + name)
             if q.expires_at:
@@ -521,8 +540,11 @@ class Broker:
                     if not held or q.durable:
                         q.put(entries, batch, persist, now, uniform, run)
             if stored and batch and (held or live):
-                commits.on_settled(batch, lambda ok: ok and self._release(
-                    held, address, entries, route, deliver_at, uniform, run))
+                def settled(ok: bool) -> None:
+                    """Committed: hand the held copies over (refused: nobody gets one)."""
+                    if ok:
+                        self._release(held, address, entries, route, deliver_at, uniform, run)
+                commits.on_settled(batch, settled)
             else:
                 self._live(address, entries, route, deliver_at, now)
         except BaseException:

@@ -61,7 +61,9 @@ from mqhub.records import (
     REASON_EXPIRED,
     REASON_MAX_ATTEMPTS,
     REASON_OVERFLOW,
+    REASON_PURGED,
     REASON_REJECTED,
+    REASON_TTL,
     TIER_DURABLE,
     TIER_MEMORY,
     get_key,
@@ -236,6 +238,14 @@ class Queue:
         still awaiting their commit (they are delivered once stored)."""
         b = self.backlog
         return self.ready.count + (b.stored_only if b is not None else 0)
+
+    @property
+    def holding(self) -> int:
+        """Messages the queue holds: :attr:`depth` and those in flight, each once (a fan-out
+        message out with several subscribers is one message)."""
+        own = len(self.inflight) if self.inflight is not None else 0
+        d = self.delivery
+        return self.depth + own + (len(d.claimed) if type(d) is Fanout else 0)
 
     @property
     def in_memory(self) -> int:
@@ -650,7 +660,8 @@ class Queue:
 
     def _expire(self, entries: list[Entry], now: float) -> None:
         """Count and drop (or dead-letter) expired entries taken from the window."""
-        self.ctx.journal.expired(self, entries)
+        self.ctx.journal.expired(self, entries, REASON_TTL)
+        self.ctx.counters.expired_messages(REASON_TTL, len(entries))
         if self.link is not None and not self.expire_to_dead_letters:
             self.expired_count += len(entries)
             self.link.done(entries)
@@ -1074,12 +1085,19 @@ class Queue:
         self.dispatch()
 
     def empty(self) -> Deferred[None]:
-        """Drop every ready, stored, in-flight and deferred message; fire when stored."""
+        """Drop every ready, stored, in-flight and deferred message; fire when stored.
+
+        They are counted (``counters.purged["purged"]``) and the store journals each stored
+        one as a ``purged`` event.
+        """
+        held = self.holding
+        if held:
+            self.ctx.counters.purged_messages(REASON_PURGED, held)
         self.reset()
         self.incarnation = self.ctx.ids.next_id()
         b = WriteBatch()
         if self.durable:
-            b.purge_queue(self.name)
+            b.purge_queue(self.name, self.ctx.journal.purge_report(self, REASON_PURGED))
         self.save_settings(b)
         return self._write(b)
 

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mqhub.store.journal_format import removals_chunk
 from mqhub.store.segments import SegmentLog, list_segments, scan, segment_name
 
 log = logging.getLogger("mqhub.store.journal")
@@ -75,6 +76,8 @@ class Journal:
         self._now = now
         self._log = SegmentLog(self.directory, max_size=max_file)
         self._inflight: list[bytes] = []
+        #: this transaction's chunk of reported purges (see :meth:`write`)
+        self._extra: bytes | None = None
         self._mark: tuple[int, int] | None = None
         self._checked = False
         self._written = False
@@ -107,14 +110,23 @@ class Journal:
 
     # -- inside the store's write transaction --------------------------------------------------
 
-    def write(self, txn: Any, sysdb: Any) -> None:
-        """Append what the recorder holds and record the new end in ``txn`` (writer side)."""
+    def write(self, txn: Any, sysdb: Any,
+              removed: list[tuple[str, int, str, list[int]]] | None = None) -> None:
+        """Append what the recorder holds and record the new end in ``txn`` (writer side).
+
+        ``removed``: what this transaction's reported purges took out of the store (see
+        ``WriteBatch.purge_queue``), appended as a chunk of its own. Unlike the recorder's
+        chunks it is not kept for a retry when the transaction fails: the retried batch
+        gathers it again.
+        """
         if not self._checked:
             self._cut_to_committed(txn, sysdb)
         rec = self.recorder
         now = self._now()
-        if not self._inflight and not rec.force and not rec.published_waiting \
-                and rec.rows < self.max_rows and now - self._last_chunk < self.max_delay:
+        extra = removals_chunk(removed, int(now * 1_000_000)) if removed else None
+        if extra is None and not self._inflight and not rec.force \
+                and not rec.published_waiting and rec.rows < self.max_rows \
+                and now - self._last_chunk < self.max_delay:
             return  # not due: these records ride with a later commit
         self._last_chunk = now
         if self._inflight and self._mark is not None:
@@ -124,12 +136,15 @@ class Journal:
         if chunk is not None:
             self._inflight.append(chunk)
         self._written = False
-        if not self._inflight:
+        self._extra = extra
+        if not self._inflight and extra is None:
             return
         self._mark = self._log.mark()
         try:
             for payload in self._inflight:
                 self._log.append(payload)
+            if extra is not None:
+                self._log.append(extra)
         except OSError:
             # a full disk must not fail the message commit: keep the chunks for the next one
             log.exception("journal append failed; retrying with the next commit")
@@ -138,6 +153,9 @@ class Journal:
             except OSError:
                 log.exception("journal rollback failed")
             self._mark = None
+            if extra is not None:      # the purge still commits: its events go with the next
+                self._inflight.append(extra)
+                self._extra = None
             return
         txn.put(END_KEY, END_ROW.pack(self._log.active, self._log.active_size), db=sysdb)
         self._written = True
@@ -146,9 +164,11 @@ class Journal:
         """The transaction of the last :meth:`write` committed: its chunks are final."""
         if self._written:
             self._written = False
-            self.records += len(self._inflight)
-            self.bytes_written += sum(map(len, self._inflight))
+            extra = [self._extra] if self._extra is not None else []
+            self.records += len(self._inflight) + len(extra)
+            self.bytes_written += sum(map(len, self._inflight + extra))
             self._inflight = []
+            self._extra = None
             self._mark = None
         if self._now() >= self._next_retention:
             self.apply_retention()

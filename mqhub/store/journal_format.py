@@ -28,9 +28,11 @@ from typing import Any
 
 VERSION = 1
 
-#: event codes (the ``event`` column of the ``events`` table holds the names)
-PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED = range(6)
-EVENT_NAMES = ("published", "delivered", "acked", "requeued", "dead_lettered", "expired")
+#: event codes (the ``event`` column of the ``events`` table holds the names); ``purged``
+#: (a message removed with its whole queue: a purge or a deletion) came with issue 27
+PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED, PURGED = range(7)
+EVENT_NAMES = ("published", "delivered", "acked", "requeued", "dead_lettered", "expired",
+               "purged")
 #: counter kinds for memory-tier traffic
 COUNTER_PUBLISHED, COUNTER_DELIVERED = 0, 1
 COUNTER_NAMES = ("published", "delivered")
@@ -146,6 +148,15 @@ class ChunkBuilder:
 
 
 _ROW_CODES = {name: (_U64 if code == "Q" else code) for name, code in ROW_COLUMNS}
+
+
+def removals_chunk(runs: list[tuple[str, int, str, list[int]]], ts_us: int) -> bytes:
+    """One chunk of the messages whole-queue removals took out of the store: a run of
+    ``(queue, event, reason, msg_ids)`` each (the store gathers them while it purges)."""
+    chunk = ChunkBuilder()
+    for queue, event, reason, ids in runs:
+        chunk.add_run(event, ts_us, queue, "", "", reason, ids)
+    return chunk.encode()
 
 
 def column(name: str, values: list[int]) -> array:

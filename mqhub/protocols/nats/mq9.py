@@ -75,7 +75,17 @@ from mqhub.protocols.nats.mq9_common import (
 )
 from mqhub.protocols.nats.mq9_push import PUSH_BATCH, render_plain
 from mqhub.protocols.nats.sublist import subject_matches
-from mqhub.records import ADDRESS, BODY, EXPIRES_AT, HEADERS, MSG_ID, PRIORITY, id_time, make_entry
+from mqhub.records import (
+    ADDRESS,
+    BODY,
+    EXPIRES_AT,
+    HEADERS,
+    MSG_ID,
+    PRIORITY,
+    REASON_QUEUE_EXPIRED,
+    id_time,
+    make_entry,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.protocols.nats.server import NatsConnection, NatsServer, Subscription
@@ -481,7 +491,7 @@ class Mq9:
             self.stats["expired"] += box.count()
             self._forget_mailbox(mail_id)
             for name in mailbox_queues(mail_id):
-                self.broker.delete_queue(name)
+                self.broker.delete_queue(name, reason=REASON_QUEUE_EXPIRED)
             batch.delete_meta(META_MAILBOX + mail_id)
         self.expire_broadcasts(now)
         if self.batch:

@@ -2,12 +2,11 @@
 deleted or purged with messages inside journals an event per message with its reason and counts
 them for ``/api/stats`` — stored backlog beyond the window included.
 
-Recorded as strict xfails until the core (being rebuilt on branch core, issue 23) and the
-store's purge report what they remove; then the markers go. Design these tests fix:
-``expired`` events with reason ``queue_expired`` for a queue's own expiry (message TTLs keep
-reason ``""``), a new ``purged`` event with reason ``queue_deleted`` or ``purged``, and
-``/api/stats`` ``expired`` / ``purged`` totals per reason beside ``dead_lettered``.
-"""
+``expired`` events carry reason ``queue_expired`` for a queue's own expiry (``ttl`` for a
+message's own TTL); ``purged`` events carry ``queue_deleted`` or ``purged``; the store gathers
+the ids while it purges (packed groups and plain rows alike) and journals them in the purge's
+own transaction. ``/api/stats`` has ``expired`` and ``purged`` totals per reason beside
+``dead_lettered``; memory-tier queues are counted there, not journaled per message."""
 
 from __future__ import annotations
 
@@ -22,9 +21,6 @@ from mqhub.testing import CollectingTarget, result_of, start_clock
 
 pa = pytest.importorskip("pyarrow")
 from mqhub.analytics.arrow import journal_file_batches  # noqa: E402
-
-OPEN = pytest.mark.xfail(strict=True, reason="issue 27 item 5: removals of whole queues are "
-                         "not journaled nor counted yet")
 
 
 def started_hub(path: str) -> Hub:
@@ -70,7 +66,6 @@ def fill(hub: Hub, name: str, n: int, **kw: Any) -> Any:
     return q
 
 
-@OPEN
 def test_an_expiring_queue_journals_each_message_as_expired(tmp_path: Any) -> None:
     """An mq9 mailbox's TTL: its queue expires with 5 messages (3 only in the store)."""
     hub = started_hub(str(tmp_path))
@@ -82,7 +77,6 @@ def test_an_expiring_queue_journals_each_message_as_expired(tmp_path: Any) -> No
     assert Inspector(hub).stats()["expired"] == {"queue_expired": 5}
 
 
-@OPEN
 def test_deleting_and_purging_queues_journal_each_message_as_purged(tmp_path: Any) -> None:
     """A deleted queue (two of its messages in flight) and a purged one: an event each."""
     hub = started_hub(str(tmp_path))
@@ -94,3 +88,30 @@ def test_deleting_and_purging_queues_journal_each_message_as_purged(tmp_path: An
     assert removals(hub) == sorted([("purged", "gone", "queue_deleted")] * 5
                                    + [("purged", "emptied", "purged")] * 3)
     assert Inspector(hub).stats()["purged"] == {"queue_deleted": 5, "purged": 3}
+
+
+def test_plain_rows_memory_queues_and_message_ttls(tmp_path: Any) -> None:
+    """Entries stored as plain rows (per-message headers) are reported as packed ones are; a
+    memory-tier queue's messages are counted, not journaled; a message's own TTL is an
+    ``expired`` event with reason ``ttl``."""
+    hub = started_hub(str(tmp_path))
+    q = hub.broker.declare_queue("plain")
+    hub.broker.bind_queue("plain", "plain")
+    hub.broker.publish_batch("plain", [b"a", b"b", b"c"], headers=[{"k": str(i)} for i in range(3)])
+    mem = hub.broker.declare_queue("mem", tier="memory")
+    hub.broker.bind_queue("mem", "mem")
+    hub.broker.publish_batch("mem", [b"x", b"y"])
+    hub.broker.declare_queue("short")
+    hub.broker.bind_queue("short", "short")
+    hub.broker.publish_batch("short", [b"t"], ttl=1)
+    for _ in range(3):
+        hub.clock.advance(0)
+    q.empty()
+    mem.empty()
+    hub.clock.advance(2)
+    hub.broker.sweep_ttl(hub.clock.seconds(), 100)
+    settle(hub)
+    assert removals(hub) == [("expired", "short", "ttl"), ("purged", "plain", "purged"),
+                             ("purged", "plain", "purged"), ("purged", "plain", "purged")]
+    stats = Inspector(hub).stats()
+    assert stats["purged"] == {"purged": 5} and stats["expired"] == {"ttl": 1}
