@@ -273,7 +273,7 @@ def bench_backlog(tmp: str, queued: int) -> None:
     parts1 = _rss_parts()
     emit("backlog_rss_anon_growth", parts1.get("RssAnon", 0) - parts0.get("RssAnon", 0), "MiB")
     emit("backlog_rss_file_growth", parts1.get("RssFile", 0) - parts0.get("RssFile", 0), "MiB")
-    emit("backlog_window_in_memory", q._nready, "messages")
+    emit("backlog_window_in_memory", q.in_memory, "messages")
     _shut(hub)
     t0 = time.perf_counter()
     hub = _lmdb_hub(path, clock)
