@@ -22,6 +22,7 @@ import json
 import logging
 import re
 from collections.abc import Iterable
+from functools import partial
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
@@ -519,10 +520,14 @@ class Broker:
                 raise QueueFull(q.name)
         self._journal.published(address, entries, queues, persist, route, uniform)
         now = self.clock.seconds() if deliver_at else 0.0
-        live = bool(route.targets or route.groups)
         if not queues:
             # live subscribers only: nothing to store
-            self._live(address, entries, route, deliver_at, now)
+            if deliver_at > now and (route.targets or route.groups):
+                # live subscribers see a delayed message when it is due (on a clock timer,
+                # at-most-once like all live delivery)
+                self.timers.later(deliver_at - now, self._deliver_live, address, entries)
+            else:
+                self._deliver_live(address, entries, route)
             return succeed(None)
         commits = self.commits
         stored = persist and any(q.durable for q in queues)
@@ -539,12 +544,10 @@ class Broker:
                 for q in queues:
                     if not held or q.durable:
                         q.put(entries, batch, persist, now, uniform, run)
-            if stored and batch and (held or live):
-                def settled(ok: bool) -> None:
-                    """Committed: hand the held copies over (refused: nobody gets one)."""
-                    if ok:
-                        self._release(held, address, entries, route, deliver_at, uniform, run)
-                commits.on_settled(batch, settled)
+            if stored and batch and (held or route.targets or route.groups):
+                # a partial, not a closure: cell variables would slow every publish down
+                commits.on_settled(batch, partial(self._release, held, address, entries, route,
+                                                  deliver_at, uniform, run))
             else:
                 self._live(address, entries, route, deliver_at, now)
         except BaseException:
@@ -553,8 +556,11 @@ class Broker:
         return commits.finish(batch, outer)
 
     def _release(self, held: tuple[Queue, ...], address: str, entries: list[Entry],
-                 route: Route, deliver_at: float, uniform: bool, run: bool) -> None:
-        """A stored publish was committed: its memory-tier queues and live targets get it now."""
+                 route: Route, deliver_at: float, uniform: bool, run: bool, ok: bool) -> None:
+        """A stored publish settled: if it was committed (``ok``), its memory-tier queues and
+        live targets get it now; if it failed, none does."""
+        if not ok:
+            return
         now = self.clock.seconds()
         for q in held:
             if not q.deleted:
