@@ -14,6 +14,7 @@ folder is on ``sys.path``) and ``mqhub bench x`` (the source root is on ``sys.pa
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
@@ -21,10 +22,29 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 HOST = "127.0.0.1"
 #: the source tree (benchmarks/..), the working directory of the servers started here
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+
+QUICK_HELP = ("a run of a few seconds on tiny sizes: it shows the benchmark still works (the "
+              "test suite runs it, tests/interop/test_bench_quick.py); its figures mean nothing")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+               quick: Mapping[str, Any]) -> argparse.Namespace:
+    """Parse ``argv`` (``sys.argv[1:]`` when None) with a ``--quick`` flag added.
+
+    Every benchmark has one: ``--quick`` makes ``quick``'s values the defaults (options given
+    on the command line still win), so ``mqhub bench NAME --quick`` finishes in seconds.
+    """
+    parser.add_argument("--quick", action="store_true", help=QUICK_HELP)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--quick" in args:
+        parser.set_defaults(**quick)
+    return parser.parse_args(args)
 
 
 def free_port() -> int:

@@ -15,22 +15,32 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-QUERIES = [
-    ("queues_default", "/api/queues"),
-    ("queues_sort_depth", "/api/queues?sort=-depth&limit=50"),
-    ("queues_filter", "/api/queues?q=q0042&limit=50"),
-    ("queues_deep_page", "/api/queues?offset=99000&limit=50&sort=name"),
-    ("queue_detail", "/api/queues/q0004242"),
-    ("stats", "/api/stats"),
-    ("metrics", "/metrics"),
-]
+try:
+    from benchmarks import _common
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
+
+
+def queries(n: int) -> list[tuple[str, str]]:
+    """The timed requests over a hub of ``n`` queues (a deep page near the end, the detail of a
+    queue that holds messages)."""
+    deep = max(0, n - 1000)
+    detail = (n // 2) // 7 * 7
+    return [
+        ("queues_default", "/api/queues"),
+        ("queues_sort_depth", "/api/queues?sort=-depth&limit=50"),
+        ("queues_filter", "/api/queues?q=q0042&limit=50"),
+        ("queues_deep_page", f"/api/queues?offset={deep}&limit=50&sort=name"),
+        ("queue_detail", f"/api/queues/q{detail:07d}"),
+        ("stats", "/api/stats"),
+        ("metrics", "/metrics"),
+    ]
 
 
 def build(n: int, reactor: Any) -> Any:
@@ -50,10 +60,11 @@ def build(n: int, reactor: Any) -> Any:
     return hub
 
 
-def client(base: str, requests: int, results: dict[str, list[float]], done: threading.Event) -> None:
-    """Time each query ``requests`` times (one warm-up request first)."""
+def client(base: str, requests: int, paths: list[tuple[str, str]],
+           results: dict[str, list[float]], done: threading.Event) -> None:
+    """Time each of ``paths`` ``requests`` times (one warm-up request first)."""
     try:
-        for name, path in QUERIES:
+        for name, path in paths:
             urllib.request.urlopen(base + path, timeout=30).read()
             times = []
             for _ in range(requests):
@@ -71,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mqhub bench admin", description=__doc__.split("\n")[0])
     p.add_argument("--queues", type=int, default=100_000, help="queues in the hub")
     p.add_argument("--requests", type=int, default=20, help="timed requests per query")
-    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = _common.parse_args(p, argv, {"queues": 2000, "requests": 3})
+    paths = queries(args.queues)
 
     from twisted.internet import reactor
 
@@ -87,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def go(port: Any) -> None:
         """Listening: run the client in a thread, stop the reactor when it is done."""
         base = f"http://127.0.0.1:{port.getHost().port}"
-        worker = threading.Thread(target=client, args=(base, args.requests, results, done),
+        worker = threading.Thread(target=client, args=(base, args.requests, paths, results, done),
                                   daemon=True)
         worker.start()
 
@@ -104,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     service.listening.addCallback(go)
     reactor.run()
     failed = False
-    for name, _ in QUERIES:
+    for name, _ in paths:
         times = results.get(name)
         if not times:
             print(f"admin_{name} missing", flush=True)

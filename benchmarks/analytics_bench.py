@@ -30,6 +30,11 @@ from mqhub.store.lmdb import LmdbStore
 from mqhub.store.snapshot import take_snapshot
 from mqhub.testing import result_of, start_clock
 
+try:
+    from benchmarks import _common
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
+
 ORIGINS = ("nsq", "nats", "emqp")
 ADDRESSES = 12
 BATCH = 1000
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--keep", help="keep the work directory here instead of a temporary one")
-    args = ap.parse_args(argv)
+    args = _common.parse_args(ap, argv, {"messages": 5000})
     work = args.keep or tempfile.mkdtemp(prefix="analytics-bench-")
     os.makedirs(work, exist_ok=True)
     try:

@@ -18,10 +18,14 @@ alternating; benchmarks/results/README.md has the A/B against the tree before th
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
+
+try:
+    from benchmarks import _common
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
 
 
 def nats_route_pubs(reps: int) -> float:
@@ -81,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print ``<figure> <value> ns/msg`` lines."""
     p = argparse.ArgumentParser(prog="mqhub bench counters", description=__doc__.split("\n")[0])
     p.add_argument("--reps", type=int, default=15, help="runs per figure (the best is kept)")
-    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = _common.parse_args(p, argv, {"reps": 1})
     print(f"nats_route_pubs {nats_route_pubs(args.reps):.1f} ns/msg", flush=True)
     print(f"core_publish_deliver_ack {core_publish_deliver_ack(args.reps):.1f} ns/msg", flush=True)
     return 0

@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-original", action="store_true")
     p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     p.add_argument("--backend", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
+    a = _common.parse_args(p, argv, {"jobs": 300, "original_jobs": 300, "limit": 5.0,
+                                     "durability": "none"})
     if a.role == "workers":
         run_workers(a.backend, a.workers, a.slots, a.jobs, a.limit)
         return 0

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=8.0, help="seconds of publishing")
     parser.add_argument("--durability", default="sync", choices=["sync", "batch", "none"])
     parser.add_argument("--address", help="HOST:PORT of a running nsqd-compatible server")
-    args = parser.parse_args(argv)
+    args = _common.parse_args(parser, argv, {"duration": 0.5})
     proc = None
     tmp = None
     if args.address:

@@ -138,7 +138,7 @@ def first_paint(args: argparse.Namespace) -> int:
 
     hub = build(args.queues, reactor)
     service = make_admin_service(hub, None, "tcp:0:interface=127.0.0.1")
-    history = service.history
+    history = service.site.ensure().history   # the site is built on first use (fast start)
     fake = Clock()
     fake.advance(time.time() - 600)
     history.clock = fake

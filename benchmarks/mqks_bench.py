@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="chunks of 500 publishes the publisher keeps unconfirmed")
     parser.add_argument("--scenarios", default="auto:16,auto:1024,manual:16",
                         help="comma-separated MODE:SIZE (MODE auto or manual)")
-    args = parser.parse_args(argv)
+    args = _common.parse_args(parser, argv, {"duration": 0.3, "scenarios": "auto:16,manual:16"})
     proc: subprocess.Popen | None = None
     tmp: str | None = None
     if args.address:

@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run the mqhub of this source tree, alternating (same-run A/B)")
     ap.add_argument("--rights", action="store_true",
                     help="also run this tree with a users file, alternating (same-run A/B)")
-    args = ap.parse_args(argv)
+    args = _common.parse_args(ap, argv, {"scale": 0.01, "rounds": 1})
     work = tempfile.mkdtemp(prefix="nats-bench-")
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
     rates: dict[tuple[str, str], list[float]] = {}

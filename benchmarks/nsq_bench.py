@@ -19,6 +19,11 @@ A/B; ``--rounds N`` repeats it). ``--rights`` does the same A/B between this tre
 with a users file (``--users``; the clients AUTH with a token, rights are patterns), figures
 suffixed ``_rights`` (docs/security.md).
 
+``--channel NAME`` is the consumer's channel (default ``bench``; ``bench#ephemeral`` for a
+memory-tier one) and ``--beside NAME`` adds a durable channel that only holds what it gets (a
+SUB with RDY 0): with both, the publishes are stored and the ephemeral consumer gets its
+copies once they are (a mixed route, docs/guarantees.md).
+
     python benchmarks/nsq_bench.py [--duration 4] [--address 127.0.0.1:4150]
     python benchmarks/nsq_bench.py --base-tree /tmp/main --rounds 3 --sizes 16
     mqhub bench nsq
@@ -107,14 +112,14 @@ def answer_frames(buf: bytes) -> tuple[bytes, list[bytes], bool]:
 
 
 def consumer(host: str, port: int, topic: str, ready: Any, total: Any, out: Any,
-             rdy: int = 1000, arrivals: bool = False) -> None:
+             rdy: int = 1000, arrivals: bool = False, channel: str = "bench") -> None:
     """SUB with RDY ``rdy``, FIN everything, stop once ``total`` messages arrived (or 30 s idle).
 
     Sends ``(count, last arrival, CPU seconds)`` to ``out``, or with ``arrivals`` the list of
     ``(time, messages)`` of every read that brought messages (``mqhub bench fairness``).
     """
     sock = _connect(port, host)
-    sock.sendall(b"SUB %s bench\nRDY %d\n" % (topic.encode(), rdy))
+    sock.sendall(b"SUB %s %s\nRDY %d\n" % (topic.encode(), channel.encode(), rdy))
     buf = b""
     # wait for the SUB's OK before telling the producer to start
     while OK_FRAME not in buf:
@@ -223,16 +228,29 @@ def run_pair(host: str, port: int, topic: str, mode: str, size: int, duration: f
 
 
 def run_scenario(host: str, port: int, mode: str, size: int, duration: float,
-                 server_pid: int | None = None) -> tuple[float, float]:
-    """One producer/consumer pair; returns (publish rate, end-to-end rate) in msg/s.
+                 server_pid: int | None = None, channel: str = "bench",
+                 beside: str = "") -> tuple[float, float]:
+    """One producer/consumer pair (the consumer on ``channel``, a non-reading subscriber on
+    ``beside`` when given); returns (publish rate, end-to-end rate) in msg/s.
 
     Also prints, as a ``#`` comment, the CPU each side spent per message (the cores are shared,
     so this says which side limits the run).
     """
     topic = f"bench_{mode}_{size}_{uuid.uuid4().hex[:8]}"
+    holder = None
+    if beside:
+        holder = _connect(port, host)
+        holder.sendall(b"SUB %s %s\n" % (topic.encode(), beside.encode()))
+        got = b""
+        while OK_FRAME not in got:
+            got += holder.recv(65536)
     cpu0 = server_cpu(server_pid)
-    (sent, start, end, prod_cpu), (count, last, cons_cpu) = run_pair(host, port, topic, mode, size,
-                                                                     duration)
+    try:
+        (sent, start, end, prod_cpu), (count, last, cons_cpu) = run_pair(
+            host, port, topic, mode, size, duration, channel=channel)
+    finally:
+        if holder is not None:
+            holder.close()
     if count < sent:
         print(f"# {mode} {size}B: consumer got {count} of {sent}", file=sys.stderr)
     per = 1e6 / max(1, sent)
@@ -257,10 +275,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the mqhub of this source tree, alternating with this "
                              "one per scenario (figures suffixed _base): a same-run A/B")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the scenarios (A/B pairs)")
+    parser.add_argument("--channel", default="bench",
+                        help="the consumer's channel (bench#ephemeral: memory tier)")
+    parser.add_argument("--beside", default="",
+                        help="also a durable channel of this name that reads nothing")
     parser.add_argument("--rights", action="store_true",
                         help="A/B of this tree without and with a users file (figures suffixed "
                              "_rights): the cost of per-topic rights")
-    args = parser.parse_args(argv)
+    args = _common.parse_args(parser, argv, {"duration": 0.3, "sizes": "16"})
     if (args.base_tree or args.rights) and args.address:
         parser.error("--base-tree and --rights run their own servers: no --address")
     if args.base_tree and args.rights:
@@ -285,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes.split(","):
             for size in (int(s) for s in args.sizes.split(",")):
                 published, e2e = run_scenario(host, port, mode, size, args.duration,
-                                              proc.pid if proc is not None else None)
+                                              proc.pid if proc is not None else None,
+                                              args.channel, args.beside)
                 tag = f"{mode}_{size}B" if size < 1024 else f"{mode}_{size // 1024}KiB"
                 print(f"{tag}_publish {published:.0f} msg/s")
                 print(f"{tag}_e2e {e2e:.0f} msg/s", flush=True)
@@ -326,7 +349,7 @@ def _ab(args: argparse.Namespace) -> int:
                         try:
                             print(f"# {label if other_side else 'this'}:", end=" ")
                             published, e2e = run_scenario(HOST, port, mode, size, args.duration,
-                                                          proc.pid)
+                                                          proc.pid, args.channel, args.beside)
                         finally:
                             _common.stop(proc)
                         end = suffix if other_side else ""

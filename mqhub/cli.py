@@ -1,7 +1,8 @@
 """The ``mqhub`` command: operational subcommands beside ``twistd mqhub`` (which runs the broker).
 
 Commands: ``snapshot`` (online copy of a store), ``export`` (snapshot to Parquet), ``analytics``
-(the Spark report), ``bench`` and ``users`` (:mod:`mqhub.identity.cli`); the admin commands (``stats``, ``queues``, ``dlq``) live in
+(the Spark report), ``bench``, ``config`` (``example`` and ``check`` of config files) and
+``users`` (:mod:`mqhub.identity.cli`); the admin commands (``stats``, ``queues``, ``dlq``) live in
 :mod:`mqhub.cli_admin`. The analytics commands import pyarrow and pyspark lazily (extras
 ``mqhub[export]`` and ``mqhub[spark]``).
 """
@@ -30,7 +31,7 @@ def main() -> None:
     """mqhub: operate a multi-protocol message hub (run the broker with `twistd -n mqhub`)."""
 
 
-def _bench_names() -> list[str]:
+def bench_names() -> list[str]:
     """Names of the benchmarks/NAME_bench.py scripts in the source tree."""
     return sorted(p.name[: -len("_bench.py")] for p in BENCH_DIR.glob("*_bench.py"))
 
@@ -44,7 +45,7 @@ def _bench_names() -> list[str]:
 @click.pass_context
 def bench(ctx: click.Context, name: str | None, args: tuple[str, ...]) -> None:
     """Run benchmarks/NAME_bench.py with ARGS (no NAME: list the benchmarks)."""
-    names = _bench_names()
+    names = bench_names()
     if name is None or name in ("-h", "--help"):
         click.echo(ctx.get_help())
         click.echo("\nbenchmarks: " + (", ".join(names) or "none yet"))
@@ -145,6 +146,59 @@ def analytics(src: Path, out_dir: Path, master: str, read: str) -> None:
         except AnalyticsError as exc:
             raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps({"report": str(out_dir / "report.html"), "summary": summary}))
+
+
+@main.group(name="config")
+def config_group() -> None:
+    """Write and check configuration files (twistd -n mqhub --config FILE)."""
+
+
+_TWISTD_ARGS = {"ignore_unknown_options": True, "allow_extra_args": True}
+
+
+@config_group.command(context_settings=_TWISTD_ARGS)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def example(args: tuple[str, ...]) -> None:
+    """Print a complete, commented config file with every option at its default.
+
+    ARGS are twistd mqhub options to apply first (e.g. --plugin-path DIR to include the
+    settings of drop-in protocols).
+    """
+    from mqhub import config
+
+    click.echo(config.effective(_parsed(list(args))), nl=False)
+
+
+@config_group.command(context_settings=_TWISTD_ARGS)
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def check(file: str, args: tuple[str, ...]) -> None:
+    """Check FILE as `twistd -n mqhub --config FILE ARGS` would read it (protocols' settings,
+    certificates and files included, nothing opened or bound) and print the effective
+    configuration; on an error print it (with the file's line) and exit 1."""
+    from mqhub import config
+    from mqhub.errors import PluginError
+
+    options = _parsed(["--config", file, *args])
+    try:
+        config.check_plugins(options)
+    except PluginError as exc:
+        raise click.ClickException(f"{file}: {exc}") from exc
+    click.echo(config.effective(options, f"effective configuration of {file}"), nl=False)
+
+
+def _parsed(args: list[str]) -> Any:
+    """``twistd mqhub`` options parsed from ``args`` (a usage error becomes a click error)."""
+    from twisted.python import usage
+
+    from mqhub.tap import Options
+
+    options = Options()
+    try:
+        options.parseOptions(args)
+    except usage.UsageError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return options
 
 
 register_admin_commands(main)

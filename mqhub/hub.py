@@ -9,6 +9,10 @@ children all at once. HubService therefore sequences both by hand:
 - start: ``store.open()`` (synchronous recovery) → ``broker.start()`` (a Deferred: queues
   rebuilt) → scheduler (its due entries now find their queues) → listener children. No port is
   bound before the broker has recovered (``privilegedStartService`` does not start children).
+  "mqhub ready" is logged once every listener under the children is bound. A listener that
+  cannot bind (or a child that raises, or a store that cannot open) fails the start instead:
+  the owner (the tap) stops the process with status 1, as nsqd and nats-server exit, so a
+  supervisor sees it (docs/operations.md "Starting and stopping").
 - stop: listeners (stop accepting, close connections) → scheduler → broker → ``store.close()``,
   each step bounded so that SIGTERM ends the process within seconds even if a step hangs.
 """
@@ -26,7 +30,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqhub.core.broker import Broker
+from mqhub.errors import StoreError
 from mqhub.identity import Directory
+from mqhub.listener import walk_listeners
 from mqhub.scheduler.service import SchedulerService
 from mqhub.store.journal import DEFAULT_RETENTION_BYTES, DEFAULT_RETENTION_SECONDS, Journal
 from mqhub.store.journal_recorder import JournalRecorder
@@ -38,6 +44,10 @@ log = Logger(namespace="mqhub.hub")
 #: Options of the core's paging (``twistd mqhub --window ...``) -> their Broker keyword.
 PAGING_KEYWORDS = {"window": "window", "window-bytes": "window_bytes",
                    "tails-bytes": "tails_bytes", "windows-bytes": "windows_bytes"}
+
+
+class StartFailed(Exception):
+    """The hub cannot start; the message says why in one line (no traceback is logged)."""
 
 
 @dataclass
@@ -168,7 +178,7 @@ class HubService(MultiService):
         d: Deferred[None] = maybeDeferred(self._start_core)
         d.addCallback(self._reactor_running)
         d.addCallback(lambda _: self._start_listeners())
-        d.addCallbacks(self.started.callback, self._start_failed)
+        d.addCallbacks(self._ready, self._start_failed)
 
     def _reactor_running(self, _: object) -> Deferred[None]:
         """Fire once the hub's reactor runs (at once without a reactor, as in unit tests).
@@ -191,7 +201,11 @@ class HubService(MultiService):
         message, a queue expiry) always finds the queue it belongs to.
         """
         hub = self.hub
-        hub.store.open()
+        try:
+            hub.store.open()
+        except (StoreError, OSError) as exc:
+            where = getattr(hub.store, "path", type(hub.store).__name__)
+            raise StartFailed(f"store {where} cannot open: {exc}") from exc
         log.info("store open ({store})", store=type(hub.store).__name__)
         if hub.journal is not None:
             hub.journal.open()
@@ -208,21 +222,48 @@ class HubService(MultiService):
 
         return recovered.addCallback(start_scheduler)
 
-    def _start_listeners(self) -> None:
-        """Start every child; one that fails is logged and the others still start."""
+    def _start_listeners(self) -> Deferred[None]:
+        """Start every child, then fire once every listener under them is bound.
+
+        A listener that cannot bind has logged its own line (name, endpoint, reason); a child
+        that raises is logged here in one line. Either fails the Deferred with StartFailed
+        naming them (after every bind has reported, so each failure is logged).
+        """
         if not self.running:
-            return
+            return succeed(None)
+        raised: list[str] = []
         for child in list(self):
             try:
                 child.privilegedStartService()
                 child.startService()
-            except Exception:
-                log.failure("protocol {name} failed to start", name=child.name)
-        log.info("mqhub ready: {names}", names=", ".join(c.name for c in self) or "no listeners")
+            except Exception as exc:  # noqa: BLE001 - any refusal fails the start, in one line
+                log.error("{name} cannot start: {error}", name=child.name, error=exc)
+                raised.append(child.name)
+        binds = [ls.listening for top, ls in walk_listeners(self) if top not in raised]
+        waiting: Deferred[Any] = DeferredList(binds, consumeErrors=True)
+
+        def check(_: object) -> None:
+            """Fail the start when anything did not come up."""
+            failed = raised + [ls.name or top for top, ls in walk_listeners(self)
+                               if ls.failure is not None]
+            if failed:
+                raise StartFailed(f"{', '.join(failed)} could not start")
+
+        return waiting.addCallback(check)
+
+    def _ready(self, _: object) -> None:
+        """Every listener is bound: say so and fire :attr:`started`."""
+        if self.running:  # not when stopped during recovery
+            log.info("mqhub ready: {names}", names=", ".join(c.name for c in self) or "no listeners")
+        self.started.callback(None)
 
     def _start_failed(self, failure: Failure) -> None:
-        """Report a failed recovery and let the owner stop the process."""
-        log.failure("mqhub could not start", failure)
+        """Report a failed start (one line for a known cause) and let the owner stop the
+        process."""
+        if failure.check(StartFailed):
+            log.error("mqhub could not start: {reason}", reason=failure.getErrorMessage())
+        else:
+            log.failure("mqhub could not start", failure)
         self.started.errback(failure)
         self.started.addErrback(lambda _: None)
         if self._on_start_failure is not None:

@@ -27,6 +27,9 @@ class IProtocolPlugin(IPlugin):
     """A wire protocol mqhub can serve; found with ``getPlugins(IProtocolPlugin, mqhub.plugins)``.
 
     Providers are tiny descriptors: importing one must not import the protocol's server code.
+    A provider may also have ``settings``: ``"module:Class"`` of a dataclass whose fields are its
+    ``--option NAME.KEY=VALUE`` keys (and its ``[NAME]`` section in the config file; see
+    :mod:`mqhub.plugin_settings`). Without it, any key is passed to the plugin unchecked.
     """
 
     name = Attribute("Lowercase word used in --protocols and --listen NAME.ROLE=ENDPOINT.")
@@ -178,6 +181,10 @@ class ICounters(Interface):
     """Monotonic message totals at batch granularity (admin API, /metrics)."""
 
     dead = Attribute("Dict reason -> messages dead-lettered for it.")
+    expired = Attribute("Dict reason -> messages that expired undelivered (``ttl``, "
+                        "``queue_expired``).")
+    purged = Attribute("Dict reason -> messages removed with their whole queue "
+                       "(``queue_deleted``, ``purged``).")
     retried = Attribute("Dict kind -> messages the store refused that the core tries again.")
 
     def register_source(protocol: str, report: Callable[[], dict[str, int]]) -> None:
@@ -450,8 +457,10 @@ class ICore(Interface):
     def queues() -> list[IQueue]:
         """Every queue an adapter declared."""
 
-    def delete_queue(name: str) -> Deferred[None]:
-        """Unbind and forget the queue with its messages and dead letters."""
+    def delete_queue(name: str, *, reason: str = "queue_deleted") -> Deferred[None]:
+        """Unbind and forget the queue with its messages and dead letters; the messages are
+        counted and journaled as ``purged`` with ``reason`` (``queue_expired``: as ``expired``,
+        the queue's own time ran out: an mq9 mailbox's TTL)."""
 
     def attach(queue: IQueue, target: Any, *, ready: int = 0, credit: int = 0,
                timeout: float | None = None, tag: Any = None) -> IConsumer:

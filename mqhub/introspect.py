@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
 from twisted.logger import Logger
 
-from mqhub.listener import ListenerService
+from mqhub.listener import ListenerService, walk_listeners
 from mqhub.records import format_id, parse_id
 
 log = Logger(namespace="mqhub.introspect")
@@ -111,16 +111,6 @@ def remove_commit_observer(store: Any, observer: Callable[[float], None]) -> Non
     hook = getattr(store, "on_commit", None)
     if isinstance(hook, CommitObservers) and observer in hook.observers:
         hook.observers.remove(observer)
-
-
-def walk_listeners(service: Any, top: str | None = None) -> Iterator[tuple[str, ListenerService]]:
-    """Every ListenerService under ``service`` with the name of its top-level protocol service."""
-    for child in list(service) if hasattr(service, "__iter__") else []:
-        name = top or getattr(child, "name", None) or "?"
-        if isinstance(child, ListenerService):
-            yield name, child
-        else:
-            yield from walk_listeners(child, name)
 
 
 def clamp(value: Any, default: int, low: int = 0, high: int = MAX_LIMIT) -> int:
@@ -239,7 +229,12 @@ class Inspector:
         return out
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """(healthy, details): the store is open and every protocol listener is listening."""
+        """(healthy, details): the store is open and every protocol listener is listening.
+
+        ``listener_states`` names every listener (the admin and manhole ones too) with its
+        state (``listening``, ``starting``, ``failed``, ``draining``, ``stopped``) and endpoint; a service
+        that binds its own sockets (eMQP) is listed under its name.
+        """
         problems = []
         store_open = bool(getattr(self.hub.store, "is_open", True))
         if not store_open:
@@ -252,7 +247,23 @@ class Inspector:
                 problems.append(f"listener {ls.name or protocol} is not listening")
         return not problems, {"status": "ok" if not problems else "unhealthy",
                               "store_open": store_open, "listeners": listening,
+                              "listener_states": self.listener_states(),
                               "problems": problems}
+
+    def listener_states(self) -> dict[str, dict[str, Any]]:
+        """Every listener's ``{"state": ..., "endpoint": ...}`` by name (see :meth:`health`)."""
+        if self.root is None:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        tops = set()
+        for top, ls in walk_listeners(self.root):
+            tops.add(top)
+            out[ls.name or top] = {"state": ls.state, "endpoint": ls.endpoint}
+        for child in self.root:
+            if child.name not in tops:
+                out[child.name] = {"state": "listening" if child.running else "stopped",
+                                   "endpoint": getattr(child, "endpoints", None)}
+        return out
 
     # figures ------------------------------------------------------------------------------
 
@@ -306,6 +317,8 @@ class Inspector:
             "in_flight": in_flight,
             "dead_letters": dead,
             "dead_lettered": dict(self.broker.counters.dead),
+            "expired": dict(self.broker.counters.expired),
+            "purged": dict(self.broker.counters.purged),
         }
 
     # queues -------------------------------------------------------------------------------

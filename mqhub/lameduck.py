@@ -27,7 +27,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from mqhub.listener import ListenerService
+from mqhub.listener import ListenerService, walk_listeners
 
 __all__ = ["LameDuck", "DEFAULT_DURATION", "DEFAULT_GRACE", "install_signal"]
 
@@ -67,8 +67,6 @@ class LameDuck:
 
     def _client_listeners(self) -> list[ListenerService]:
         """Every protocol listener that accepts clients (observers left out)."""
-        from mqhub.introspect import walk_listeners  # the admin stack's module: load late
-
         return [ls for _, ls in walk_listeners(self.root) if not ls.observer]
 
     def _open_connections(self) -> list[Any]:

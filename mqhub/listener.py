@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import socket
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from twisted.application.service import Service
@@ -81,6 +81,7 @@ class ListenerService(Service):
 
     :ivar port: the IListeningPort once listening (``port.getHost().port`` is the bound port).
     :ivar listening: a Deferred that fires with the port, or fails when binding failed.
+    :ivar failure: why binding failed (one line), or None.
     """
 
     log = Logger()
@@ -109,6 +110,22 @@ class ListenerService(Service):
         self._tracking = _TrackingFactory(factory, reactor)
         self.port: IListeningPort | None = None
         self.listening: Deferred[Any] = Deferred()
+        self.failure: str | None = None
+        #: no longer accepting but keeping its connections (:meth:`stop_accepting`)
+        self.draining = False
+
+    @property
+    def state(self) -> str:
+        """``listening``, ``failed`` (binding failed), ``starting`` (bind under way),
+        ``draining`` (no longer accepting, its connections still open: lame-duck mode) or
+        ``stopped`` (not started yet, or stopped)."""
+        if self.failure is not None:
+            return "failed"
+        if not self.running:
+            return "stopped"
+        if self.draining:
+            return "draining"
+        return "listening" if self.port is not None else "starting"
 
     def _get_reactor(self) -> Any:
         """The reactor given to the constructor.
@@ -120,13 +137,18 @@ class ListenerService(Service):
         return self._reactor
 
     def startService(self) -> None:
-        """Start listening; failures are logged and reported through ``listening``.
+        """Start listening; failures (a bad endpoint string too) are logged in one line and
+        reported through ``listening``.
 
         :raises RuntimeError: when the service was built without a reactor.
         """
         reactor = self._get_reactor()
         Service.startService(self)
-        d = serverFromString(reactor, self.endpoint).listen(self._tracking)
+        try:
+            d = serverFromString(reactor, self.endpoint).listen(self._tracking)
+        except Exception:  # noqa: BLE001 - a malformed endpoint string is a failed bind
+            self._listen_failed(Failure())
+            return
         d.addCallbacks(self._listened, self._listen_failed)
 
     def _listened(self, port: IListeningPort) -> None:
@@ -140,11 +162,12 @@ class ListenerService(Service):
 
     def _listen_failed(self, failure: Failure) -> None:
         """Log a bind failure in one line."""
+        self.failure = failure.getErrorMessage()
         self.log.error(
             "{name} cannot listen on {endpoint}: {error}",
             name=self.name,
             endpoint=self.endpoint,
-            error=failure.getErrorMessage(),
+            error=self.failure,
         )
         self.listening.errback(failure)
         self.listening.addErrback(lambda _: None)
@@ -155,6 +178,7 @@ class ListenerService(Service):
         port, self.port = self.port, None
         if port is None:
             return succeed(None)
+        self.draining = True
         self.log.info("{name} stopped accepting on {endpoint}", name=self.name,
                       endpoint=self.endpoint)
         return maybeDeferred(port.stopListening)
@@ -209,6 +233,16 @@ class ListenerService(Service):
             abort = getattr(protocol.transport, "abortConnection", None)
             if abort is not None:
                 abort()
+
+
+def walk_listeners(service: Any, top: str | None = None) -> Iterator[tuple[str, ListenerService]]:
+    """Every ListenerService under ``service`` with the name of its top-level service."""
+    for child in list(service) if hasattr(service, "__iter__") else []:
+        name = top or getattr(child, "name", None) or "?"
+        if isinstance(child, ListenerService):
+            yield name, child
+        else:
+            yield from walk_listeners(child, name)
 
 
 #: seconds after its port is bound that a :class:`DeferredFactory` is built

@@ -200,6 +200,13 @@ REASON_MAX_ATTEMPTS = "max_attempts"
 REASON_OVERFLOW = "overflow"
 REASON_EXPIRED = "expired"
 REASON_REJECTED = "rejected"
+#: why messages left without a consumer (flow journal ``expired`` and ``purged`` events,
+#: ``/api/stats``): their own TTL, their queue's own expiry (an mq9 mailbox's TTL), the
+#: deletion of their queue, a purge of it
+REASON_TTL = "ttl"
+REASON_QUEUE_EXPIRED = "queue_expired"
+REASON_QUEUE_DELETED = "queue_deleted"
+REASON_PURGED = "purged"
 
 
 def clean_headers(headers: dict[str, str] | None) -> dict[str, str] | None:
@@ -261,7 +268,10 @@ TIER_DURABLE = "durable"
 TIERS = (TIER_MEMORY, TIER_DURABLE)
 #: delivery modes: each message to one consumer, or a copy to every consumer
 MODES = ("competing", "fanout")
-OVERFLOW_POLICIES = ("drop_oldest", "reject", "dead_letter")
+#: what a full queue (``max_size``) does with a put: drop its oldest messages, refuse the put
+#: (QueueFull), dead-letter its oldest messages, or dead-letter the new ones that do not fit
+#: (RabbitMQ's reject-publish-dlx; docs/core-api.md)
+OVERFLOW_POLICIES = ("drop_oldest", "reject", "dead_letter", "dead_letter_new")
 #: why an ack/requeue/touch/reject refused an id (IQueue.failure_reasons)
 NOT_IN_FLIGHT = "not_in_flight"
 NOT_OWNER = "not_owner"

@@ -2,6 +2,10 @@
 
 Plugin discovery happens in ``postOptions`` (never at import time), so ``--plugin-path`` and
 ``MQHUB_PLUGIN_PATH`` are honoured and a broken drop-in is reported by file name.
+
+Every option is declared once, here (``optParameters``, ``optFlags``, ``opt_*`` methods) or in a
+plugin's settings dataclass; ``--config FILE`` (:mod:`mqhub.config`) reads the same options
+from a TOML file before the command line, which overrides it.
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from typing import Any
 from twisted.logger import Logger
 from twisted.python import usage
 
+from mqhub import config
 from mqhub.core.broker import Broker
 from mqhub.discovery import Discovery, load_plugins, plugin_dirs
 from mqhub.errors import PluginError
 from mqhub.gc_tuning import tune_gc, young_sweeps
-from mqhub.hub import PAGING_KEYWORDS, HubService, build_hub
+from mqhub.hub import PAGING_KEYWORDS, HubService, StartFailed, build_hub
 from mqhub.lameduck import DEFAULT_DURATION, DEFAULT_GRACE, LameDuck
 from mqhub.lameduck import install_signal as install_lame_duck_signal
 from mqhub.logs import forward_stdlib_logging
@@ -59,7 +64,7 @@ class Options(usage.Options):
     """Command-line options of ``twistd mqhub``."""
 
     synopsis = (
-        "[--protocols LIST|all] [--data-dir DIR] [--listen NAME.ROLE=ENDPOINT ...] "
+        "[--config FILE] [--protocols LIST|all] [--data-dir DIR] [--listen NAME.ROLE=ENDPOINT ...] "
         "[--plugin-path DIR ...] [--log-format text|json] [--durability sync|batch|none] "
         "[--journal on|off] [--option NAME.KEY=VALUE ...]"
     )
@@ -71,6 +76,7 @@ class Options(usage.Options):
     examples = """\
 Examples:
   twistd -n mqhub                                   all protocols, data in ./var
+  twistd -n mqhub --config /etc/mqhub/mqhub.toml    options from a file (mqhub config example)
   twistd -n mqhub --protocols nsq,mq9 --data-dir /srv/mqhub
   twistd -n mqhub --listen nsq.tcp=tcp:4150:interface=0.0.0.0 --listen mq9=tcp:4333
   twistd -n mqhub --plugin-path plugins --protocols redis
@@ -82,6 +88,9 @@ Examples:
     # A plain list: the hub's own [long, short, default, doc] lines, then the extra flags the
     # built-in descriptors declare (drop-ins use --option NAME.KEY=VALUE).
     optParameters: list[list[Any]] = [
+        ["config", None, None,
+         "TOML file of these options and the protocols' settings (mqhub config example "
+         "writes one); the command line overrides it."],
         ["protocols", "p", "all", "Comma-separated protocol names (or aliases), or 'all'."],
         ["data-dir", "d", "./var", "Directory of the durable store."],
         ["log-format", None, "text", "Log output: text or json (one JSON object per line)."],
@@ -140,6 +149,17 @@ Examples:
         self["plugin_options"] = {}
         self["admin_endpoint"] = ADMIN_ENDPOINT
         self.discovery: Discovery | None = None
+        #: the --config file, once read
+        self.config_file: config.ConfigFile | None = None
+
+    def parseOptions(self, options: list[str] | None = None) -> None:
+        """Read the ``--config`` file's options first, then the command line over them."""
+        args = sys.argv[1:] if options is None else list(options)
+        path = config.config_argument(self, args)
+        if path is not None:
+            self.config_file = config.load(path)
+            config.apply_options(self, self.config_file)
+        super().parseOptions(args)
 
     def opt_listen(self, value: str) -> None:
         """NAME.ROLE=ENDPOINT (or NAME=ENDPOINT for the first role); repeatable."""
@@ -205,7 +225,19 @@ Examples:
             self[option] = number
 
     def postOptions(self) -> None:
-        """Resolve protocol names and endpoints; reject unknown or duplicate names."""
+        """Resolve protocol names and endpoints; reject unknown or duplicate names.
+
+        An error about an option the config file set names the file's line.
+        """
+        try:
+            self._resolve()
+        except usage.UsageError as exc:
+            if self.config_file is None:
+                raise
+            raise self.config_file.blame(exc, self) from None
+
+    def _resolve(self) -> None:
+        """Body of :meth:`postOptions`."""
         if self["log-format"] not in LOG_FORMATS:
             raise usage.UsageError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
         if self["durability"] not in DURABILITY_MODES:
@@ -240,33 +272,24 @@ Examples:
             for name in requested:
                 canonical = found.aliases.get(name)
                 if canonical is None:
-                    raise usage.UsageError(f"unknown protocol {name!r}; available: {available}")
+                    raise usage.UsageError(
+                        f"--protocols: unknown protocol {name!r}; available: {available}")
                 if canonical in chosen:
-                    raise usage.UsageError(f"protocol {name!r} given twice; available: {available}")
+                    raise usage.UsageError(
+                        f"--protocols: protocol {name!r} given twice; available: {available}")
                 chosen.append(canonical)
         chosen.sort()
         endpoints = {n: dict(found.plugins[n].default_endpoints) for n in chosen}
+        file = self.config_file
+        for name, role, endpoint, where in file.listen if file is not None else ():
+            try:
+                self._listen_on(endpoints, name, role, endpoint, from_file=True)
+            except usage.UsageError as exc:
+                raise file.error(where, str(exc)) from None  # type: ignore[union-attr]
         for name, role, endpoint in self["listen"]:
-            if name == "admin":
-                if role not in (None, "http"):
-                    raise usage.UsageError(f"--listen: admin has no role {role!r}; roles: http")
-                self["admin_endpoint"] = endpoint
-                continue
-            canonical = found.aliases.get(name)
-            if canonical is None:
-                raise usage.UsageError(f"--listen: unknown protocol {name!r}; available: {available}")
-            if canonical not in endpoints:
-                raise usage.UsageError(f"--listen: protocol {name!r} is not enabled")
-            plugin = found.plugins[canonical]
-            roles = [*plugin.default_endpoints, *getattr(plugin, "optional_roles", ())]
-            if role is None:
-                role = roles[0]
-            if role not in roles:
-                raise usage.UsageError(
-                    f"--listen: {canonical} has no role {role!r}; roles: {', '.join(roles)}"
-                )
-            endpoints[canonical][role] = endpoint
-        by_plugin: dict[str, dict[str, str]] = {}
+            self._listen_on(endpoints, name, role, endpoint)
+        by_plugin: dict[str, dict[str, Any]] = (
+            {} if file is None else config.plugin_settings(file, found.aliases, found.plugins))
         for name, settings in self["plugin_options"].items():
             if name not in found.aliases:
                 raise usage.UsageError(f"--option: unknown protocol {name!r}; available: {available}")
@@ -277,6 +300,37 @@ Examples:
         self._check_admin()
         if self["log-format"] == "json":
             self._use_json_logs(getattr(self, "parent", None))
+
+    def _listen_on(self, endpoints: dict[str, dict[str, str]], name: str, role: str | None,
+                   endpoint: str, from_file: bool = False) -> None:
+        """Apply one ``--listen NAME.ROLE=ENDPOINT`` to ``endpoints`` (the admin's own).
+
+        A config file's entry for a protocol that is not enabled is ignored (one file may serve
+        several sets of protocols); on the command line it is an error.
+        """
+        if name == "admin":
+            if role not in (None, "http"):
+                raise usage.UsageError(f"--listen: admin has no role {role!r}; roles: http")
+            self["admin_endpoint"] = endpoint
+            return
+        found = self._discover()
+        canonical = found.aliases.get(name)
+        if canonical is None:
+            raise usage.UsageError(
+                f"--listen: unknown protocol {name!r}; available: {', '.join(found.plugins)}")
+        if canonical not in endpoints:
+            if from_file:
+                return
+            raise usage.UsageError(f"--listen: protocol {name!r} is not enabled")
+        plugin = found.plugins[canonical]
+        roles = [*plugin.default_endpoints, *getattr(plugin, "optional_roles", ())]
+        if role is None:
+            role = roles[0]
+        if role not in roles:
+            raise usage.UsageError(
+                f"--listen: {canonical} has no role {role!r}; roles: {', '.join(roles)}"
+            )
+        endpoints[canonical][role] = endpoint
 
     def _check_admin(self) -> None:
         """Read the admin token and validate the manhole settings (refusing a bad start)."""
@@ -379,6 +433,8 @@ def install_reload_signal(reactor: Any, identity: Any) -> None:
 def makeService(options: Options) -> HubService:
     """twistd entry point: :func:`build_service` with the global reactor.
 
+    A protocol that refuses to be built (a bad setting, a missing certificate) ends the
+    process at once with status 1 and one line on stderr (the log has not begun yet).
     Also routes the stdlib ``logging`` of mqhub's core, scheduler and store into twistd's log
     and sets the process's garbage collector for batch work (:mod:`mqhub.gc_tuning`).
     """
@@ -386,7 +442,11 @@ def makeService(options: Options) -> HubService:
 
     forward_stdlib_logging()
     tune_gc()
-    root = build_service(options, reactor)
+    try:
+        root = build_service(options, reactor)
+    except StartFailed as exc:
+        sys.stderr.write(f"mqhub could not start: {exc}\n")
+        raise SystemExit(1) from None
     sweeps = young_sweeps(reactor)  # not a child: HubService's children are its listeners
     reactor.callWhenRunning(sweeps.startService)
     reactor.addSystemEventTrigger("before", "shutdown", sweeps.stopService)
@@ -400,8 +460,8 @@ def makeService(options: Options) -> HubService:
 def build_service(options: Options, reactor: Any) -> HubService:
     """Build the HubService: the hub, then one service per chosen protocol (nothing started).
 
-    A plugin that raises PluginError (or anything else) while being built is logged in one
-    line and left out; the others are still served.
+    :raises StartFailed: when a plugin raises PluginError while being built (a protocol the
+        operator asked for that would not be served).
     """
     for file_name, error in options.discovery.failures if options.discovery else []:
         log.error("plugin {file} failed to load: {error}", file=file_name, error=error)
@@ -425,11 +485,7 @@ def build_service(options: Options, reactor: Any) -> HubService:
         try:
             service = plugin.make_service(hub, endpoints, dict(options))
         except PluginError as exc:
-            log.error("{name}: {error}", name=plugin.name, error=exc)
-            continue
-        except Exception:
-            log.failure("protocol {name} could not be built", name=plugin.name)
-            continue
+            raise StartFailed(config.refusal(plugin.name, exc)) from exc
         root.add_listener(plugin.name, service)
     add_admin_services(root, hub, options)
     return root

@@ -6,7 +6,9 @@ The same code runs on ``local[N]`` and on a standalone cluster. Table contract (
 - ``latency``: address, kind (deliver | ack), count, p50_ms, p90_ms, p99_ms, max_ms
 - ``redeliveries``: queue, messages_redelivered, redeliveries, max_attempt
 - ``dead_letters``: queue, reason, count
-- ``expired``: queue, count
+- ``expired``: queue, reason, count (``ttl``: the message's own TTL; ``queue_expired``: its
+  queue's own, an mq9 mailbox's TTL; empty in journals written before issue 27)
+- ``purged``: queue, reason, count (removed with the whole queue: ``queue_deleted``, ``purged``)
 - ``protocols``: origin, messages, bytes
 - ``sizes``: bucket, count
 
@@ -20,8 +22,8 @@ from typing import Any
 
 SIZE_BUCKETS = (64, 256, 1024, 4096, 16384, 65536)
 BUCKET_NAMES = tuple(str(b) for b in SIZE_BUCKETS) + ("larger",)
-TABLE_NAMES = ("throughput", "latency", "redeliveries", "dead_letters", "expired", "protocols",
-               "sizes")
+TABLE_NAMES = ("throughput", "latency", "redeliveries", "dead_letters", "expired", "purged",
+               "protocols", "sizes")
 
 
 def load_tables(spark: Any, src: str) -> tuple[Any, Any, Any]:
@@ -117,11 +119,12 @@ def build_tables(events: Any, counters: Any) -> dict[str, Any]:
                          F.sum(F.when(again, 1).otherwise(0)).cast("long").alias("redeliveries"),
                          F.max("attempt").alias("max_attempt"))
                     .orderBy("queue"))
-    dead_letters = (ev.filter(F.col("event") == "dead_lettered")
+    # messages that left without an ack, per queue and reason: table -> its event
+    left = {table: (ev.filter(F.col("event") == event)
                     .groupBy("queue", F.coalesce("reason", F.lit("")).alias("reason"))
                     .agg(F.count("*").alias("count")).orderBy("queue", "reason"))
-    expired = (ev.filter(F.col("event") == "expired").groupBy("queue")
-               .agg(F.count("*").alias("count")).orderBy("queue"))
+            for table, event in (("dead_letters", "dead_lettered"), ("expired", "expired"),
+                                 ("purged", "purged"))}
     mem = counters.filter(F.col("kind") == "published").select(
         F.coalesce("origin", F.lit("")).alias("origin"), F.col("messages"), F.col("bytes"))
     durable = pub.select(F.coalesce("origin", F.lit("")).alias("origin"),
@@ -140,8 +143,7 @@ def build_tables(events: Any, counters: Any) -> dict[str, Any]:
              .select("bucket", F.coalesce("n", F.lit(0)).cast("long").alias("count"), "pos")
              .orderBy("pos").drop("pos"))
     return {"throughput": throughput, "latency": latency, "redeliveries": redeliveries,
-            "dead_letters": dead_letters, "expired": expired, "protocols": protocols,
-            "sizes": sizes}
+            **left, "protocols": protocols, "sizes": sizes}
 
 
 def summary_rows(events: Any, counters: Any) -> tuple[list[Any], list[Any]]:

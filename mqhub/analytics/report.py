@@ -178,7 +178,7 @@ def write_report(out: str, tables: dict[str, list[dict[str, Any]]],
     kpis = [("messages published", summary.get("messages")),
             ("deliveries", summary.get("delivered")), ("acks", summary.get("acked")),
             ("requeues", summary.get("requeued")), ("dead letters", summary.get("dead_lettered")),
-            ("expired", summary.get("expired")),
+            ("expired", summary.get("expired")), ("purged", summary.get("purged")),
             ("memory-tier published", summary.get("memory_published")),
             ("from", summary.get("first")), ("to", summary.get("last"))]
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>mqhub analytics</title>",

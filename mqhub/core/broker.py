@@ -22,6 +22,7 @@ import json
 import logging
 import re
 from collections.abc import Iterable
+from functools import partial
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
@@ -47,7 +48,14 @@ from mqhub.core.tail import TAILS_BYTES
 from mqhub.core.window import WINDOW_FLOOR, WINDOWS_BYTES
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
 from mqhub.interfaces import IBinding, ICore, IQueue
-from mqhub.records import DELIVER_AT, MSG_ID, Peer, get_msg_id
+from mqhub.records import (
+    DELIVER_AT,
+    MSG_ID,
+    REASON_QUEUE_DELETED,
+    REASON_QUEUE_EXPIRED,
+    Peer,
+    get_msg_id,
+)
 from mqhub.store.batch import WriteBatch
 from mqhub.store.codec import encode_meta
 from mqhub.store.journal_recorder import NULL_RECORDER, NullRecorder
@@ -268,7 +276,7 @@ class Broker:
         name and expired."""
         if (self._queues.get(queue.name) is queue and queue.expires_at
                 and queue.expires_at <= now):
-            self.delete_queue(queue.name)
+            self.delete_queue(queue.name, reason=REASON_QUEUE_EXPIRED)
 
     def declare_queue(self, name: str, *, tier: str = TIER_DURABLE, max_size: int = 0,
                       overflow: str = "drop_oldest", ttl: float = 0.0, max_attempts: int = 0,
@@ -303,11 +311,23 @@ class Broker:
         """Every user queue (hidden parking queues excluded)."""
         return list(self._queues.values())
 
-    def delete_queue(self, name: str) -> Deferred[None]:
-        """Unbind and forget the queue, dropping its messages and dead letters."""
+    def delete_queue(self, name: str, *, reason: str = REASON_QUEUE_DELETED) -> Deferred[None]:
+        """Unbind and forget the queue, dropping its messages and dead letters.
+
+        The messages it held are counted (``counters.purged``, or ``counters.expired`` for
+        ``reason`` ``queue_expired``) and the store journals each stored one as a ``purged``
+        (``expired``) event with ``reason``: nothing leaves silently.
+        """
         q = self._queues.pop(name, None)
         if q is None:
             return succeed(None)
+        expired = reason == REASON_QUEUE_EXPIRED
+        held = q.holding
+        if held:
+            if expired:
+                self.counters.expired_messages(reason, held)
+            else:
+                self.counters.purged_messages(reason, held)
         b = WriteBatch()
         for binding in self._queue_bindings.pop(name, {}).values():
             self.router.trie.remove(binding.pattern, binding)
@@ -317,7 +337,7 @@ class Broker:
         self.router.changed()
         q.close()
         if q.durable:
-            b.purge_queue(name)
+            b.purge_queue(name, self._journal.purge_report(q, reason, expired))
             b.purge_queue(dlq_name(name))
             b.delete_meta(SETTINGS_PREFIX + name)
             if q.expires_at:
@@ -487,7 +507,12 @@ class Broker:
     def _publish(self, route: Route, address: str, entries: list[Entry], persist: bool,
                  deliver_at: float, uniform: bool = False, run: bool = False) -> Deferred[None]:
         """Route ``entries``: queues get a copy (one WriteBatch), live targets are called
-        (``uniform`` and ``run``: see ``Queue.put``)."""
+        (``uniform`` and ``run``: see ``Queue.put``).
+
+        When the publish is stored (a durable queue on the route), its memory-tier queues and
+        live targets get their copies only once the commit succeeded: a publish refused to
+        its publisher (NSQ ``E_PUB_FAILED``) was delivered to no one (docs/guarantees.md).
+        """
         queues = route.queues if route.park is None else (route.park,)
         n = len(entries)
         for q in queues:
@@ -505,24 +530,53 @@ class Broker:
                 self._deliver_live(address, entries, route)
             return succeed(None)
         commits = self.commits
+        stored = persist and any(q.durable for q in queues)
         # the batch is being filled while its entries are delivered: commits issued meanwhile
         # (acks in deliver_batch) join it or follow it, never precede it
         batch, outer = commits.begin()
         try:
             if deliver_at > now:
                 self.delays.defer_address(address, queues, entries, deliver_at, batch, persist)
+                held: tuple[Queue, ...] = ()
             else:
                 now = now or self.clock.seconds()
+                held = tuple(q for q in queues if not q.durable) if stored else ()
                 for q in queues:
-                    q.put(entries, batch, persist, now, uniform, run)
-            if deliver_at > now and (route.targets or route.groups):
-                self.timers.later(deliver_at - now, self._deliver_live, address, entries)
+                    if not held or q.durable:
+                        q.put(entries, batch, persist, now, uniform, run)
+            if stored and batch and (held or route.targets or route.groups):
+                # a partial, not a closure: cell variables would slow every publish down
+                commits.on_settled(batch, partial(self._release, held, address, entries, route,
+                                                  deliver_at, uniform, run))
             else:
-                self._deliver_live(address, entries, route)
+                self._live(address, entries, route, deliver_at, now)
         except BaseException:
             commits.abort(batch, outer)
             raise
         return commits.finish(batch, outer)
+
+    def _release(self, held: tuple[Queue, ...], address: str, entries: list[Entry],
+                 route: Route, deliver_at: float, uniform: bool, run: bool, ok: bool) -> None:
+        """A stored publish settled: if it was committed (``ok``), its memory-tier queues and
+        live targets get it now; if it failed, none does."""
+        if not ok:
+            return
+        now = self.clock.seconds()
+        for q in held:
+            if not q.deleted:
+                q.put(entries, None, False, now, uniform, run)
+        self._live(address, entries, route, deliver_at, now)
+
+    def _live(self, address: str, entries: list[Entry], route: Route, deliver_at: float,
+              now: float) -> None:
+        """Hand ``entries`` to the live targets now, or at ``deliver_at`` (on a clock timer,
+        at-most-once like all live delivery)."""
+        if not (route.targets or route.groups):
+            return
+        if deliver_at > now:
+            self.timers.later(deliver_at - now, self._deliver_live, address, entries)
+        else:
+            self._deliver_live(address, entries, route)
 
     def _deliver_live(self, address: str, entries: list[Entry], route: Route | None = None) -> None:
         """Hand ``entries`` to the live subscribers of ``address`` (one call per binding)."""

@@ -22,10 +22,11 @@ FIELDS = ("published", "delivered", "acked")
 
 @implementer(ICounters)
 class Counters:
-    """Monotonic totals: published/delivered/acked per protocol, dead letters per reason,
-    refused-and-retried messages per kind."""
+    """Monotonic totals: published/delivered/acked per protocol, dead letters, expiries and
+    purges per reason, refused-and-retried messages per kind."""
 
-    __slots__ = ("published", "delivered", "acked", "dead", "retried", "sources")
+    __slots__ = ("published", "delivered", "acked", "dead", "expired", "purged", "retried",
+                 "sources")
 
     def __init__(self) -> None:
         """Start every total at zero."""
@@ -33,6 +34,10 @@ class Counters:
         self.delivered: defaultdict[str, int] = defaultdict(int)
         self.acked: defaultdict[str, int] = defaultdict(int)
         self.dead: defaultdict[str, int] = defaultdict(int)
+        #: messages that expired undelivered, per reason (``ttl``, ``queue_expired``)
+        self.expired: defaultdict[str, int] = defaultdict(int)
+        #: messages removed with their whole queue, per reason (``queue_deleted``, ``purged``)
+        self.purged: defaultdict[str, int] = defaultdict(int)
         #: messages whose store commit was refused (a full disk) and that the core kept and
         #: tries again, per kind: "park" (a parked move), "delay" (a timed delay)
         self.retried: defaultdict[str, int] = defaultdict(int)
@@ -59,6 +64,14 @@ class Counters:
     def dead_lettered(self, reason: str, n: int) -> None:
         """``n`` messages went to dead letters for ``reason``."""
         self.dead[reason] += n
+
+    def expired_messages(self, reason: str, n: int) -> None:
+        """``n`` messages expired undelivered for ``reason``."""
+        self.expired[reason] += n
+
+    def purged_messages(self, reason: str, n: int) -> None:
+        """``n`` messages were removed with their whole queue for ``reason``."""
+        self.purged[reason] += n
 
     def retry(self, kind: str, n: int) -> None:
         """``n`` messages of ``kind`` were refused by the store and will be tried again."""

@@ -61,7 +61,9 @@ from mqhub.records import (
     REASON_EXPIRED,
     REASON_MAX_ATTEMPTS,
     REASON_OVERFLOW,
+    REASON_PURGED,
     REASON_REJECTED,
+    REASON_TTL,
     TIER_DURABLE,
     TIER_MEMORY,
     get_key,
@@ -238,6 +240,14 @@ class Queue:
         return self.ready.count + (b.stored_only if b is not None else 0)
 
     @property
+    def holding(self) -> int:
+        """Messages the queue holds: :attr:`depth` and those in flight, each once (a fan-out
+        message out with several subscribers is one message)."""
+        own = len(self.inflight) if self.inflight is not None else 0
+        d = self.delivery
+        return self.depth + own + (len(d.claimed) if type(d) is Fanout else 0)
+
+    @property
     def in_memory(self) -> int:
         """Ready entries in the window (the rest of :attr:`depth` is the stored backlog)."""
         return self.ready.count
@@ -358,6 +368,12 @@ class Queue:
         refused batch never costs the queue its oldest messages.
         """
         self.message_count += len(entries)
+        if self.overflow == "dead_letter_new" and self.max_size and len(entries) > self.room():
+            keep = max(0, self.room())
+            self._refuse(entries[keep:], batch, now)
+            entries = entries[:keep]
+            if not entries:
+                return
         self._admit(entries, batch, self.durable and persist, uniform, run)
         if self.max_size and self.deliverable > self.max_size:
             self._overflow(self.deliverable - self.max_size, batch, now)
@@ -603,6 +619,20 @@ class Queue:
         else:
             self.keep_memory_dead_letters(dead)
 
+    def _refuse(self, entries: list[Entry], batch: WriteBatch | None, now: float) -> None:
+        """Overflow policy ``dead_letter_new``: ``entries`` that do not fit go straight to the
+        dead letters (reason ``overflow``), in the put's own batch; the queue keeps its
+        messages (RabbitMQ's ``reject-publish-dlx``, VibeMQ's RedirectToDlq)."""
+        self.ctx.counters.dead_lettered(REASON_OVERFLOW, len(entries))
+        self.ctx.journal.dead_lettered(self, entries, REASON_OVERFLOW)
+        self.dead_letter_count += len(entries)
+        dead = [to_dead(e, self.name, REASON_OVERFLOW, "queue full", now) for e in entries]
+        if self.durable and batch is not None:
+            batch.put_entries(dlq_name(self.name), dead)
+            self._mark(batch)
+        else:
+            self.keep_memory_dead_letters(dead)
+
     def keep_memory_dead_letters(self, dead: list[Entry], replace: bool = False) -> None:
         """Add (or with ``replace``, set) this memory queue's dead letters; the newest are kept."""
         if replace or self._mem_dead is NO_LIST:
@@ -630,7 +660,8 @@ class Queue:
 
     def _expire(self, entries: list[Entry], now: float) -> None:
         """Count and drop (or dead-letter) expired entries taken from the window."""
-        self.ctx.journal.expired(self, entries)
+        self.ctx.journal.expired(self, entries, REASON_TTL)
+        self.ctx.counters.expired_messages(REASON_TTL, len(entries))
         if self.link is not None and not self.expire_to_dead_letters:
             self.expired_count += len(entries)
             self.link.done(entries)
@@ -1054,12 +1085,19 @@ class Queue:
         self.dispatch()
 
     def empty(self) -> Deferred[None]:
-        """Drop every ready, stored, in-flight and deferred message; fire when stored."""
+        """Drop every ready, stored, in-flight and deferred message; fire when stored.
+
+        They are counted (``counters.purged["purged"]``) and the store journals each stored
+        one as a ``purged`` event.
+        """
+        held = self.holding
+        if held:
+            self.ctx.counters.purged_messages(REASON_PURGED, held)
         self.reset()
         self.incarnation = self.ctx.ids.next_id()
         b = WriteBatch()
         if self.durable:
-            b.purge_queue(self.name)
+            b.purge_queue(self.name, self.ctx.journal.purge_report(self, REASON_PURGED))
         self.save_settings(b)
         return self._write(b)
 

@@ -30,6 +30,7 @@ from zope.interface import implementer
 from mqhub.errors import Unauthorized
 from mqhub.identity.session import ADMIN, PUBLISH, SUBSCRIBE, Session
 from mqhub.interfaces import IBinding, IConsumer, ICore, IQueue
+from mqhub.records import REASON_QUEUE_DELETED
 
 __all__ = ["GuardedCore"]
 
@@ -100,10 +101,10 @@ class GuardedCore:
         self._may_receive(b.pattern for b in self.core.bindings(queue_name))
         return self.core.dead_letters(queue_name, **kw)
 
-    def delete_queue(self, name: str) -> Any:
+    def delete_queue(self, name: str, *, reason: str = REASON_QUEUE_DELETED) -> Any:
         """Delete a queue, if the session may receive (so also destroy) what it holds."""
         self._may_receive(b.pattern for b in self.core.bindings(name))
-        return self.core.delete_queue(name)
+        return self.core.delete_queue(name, reason=reason)
 
     def replay_dead_letters(self, queue_name: str, msg_ids: Iterable[int] | None = None) -> Any:
         """Replay dead letters: an admin's call."""

@@ -28,7 +28,9 @@ class BuiltinProtocol:
 
     The server module must define ``make_service(hub, endpoints, options) -> IService``.
     ``option_lines`` are protocol-specific ``twistd mqhub`` flags (read from ``options`` by the
-    server); every other setting goes through ``--option NAME.KEY=VALUE``.
+    server); every other setting goes through ``--option NAME.KEY=VALUE`` and is a field of the
+    dataclass ``settings`` names (``"module:Class"``, imported only when needed: see
+    :mod:`mqhub.plugin_settings`).
     """
 
     name: str
@@ -39,6 +41,7 @@ class BuiltinProtocol:
     #: roles that exist but are off unless ``--listen NAME.ROLE=ENDPOINT`` turns them on
     optional_roles: tuple[str, ...] = field(default=())
     option_lines: tuple[OptionLine, ...] = field(default=())
+    settings: str | None = None
 
     def make_service(self, hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> Any:
         """Import the protocol's server module and build (not start) its service.
@@ -62,6 +65,7 @@ class BuiltinProtocol:
 
 nsq = BuiltinProtocol(
     name="nsq",
+    settings="mqhub.protocols.nsq.config:NsqConfig",
     package="nsq",
     description="NSQ: nsqd TCP protocol V2 plus the nsqd HTTP API and nsqlookupd-style /lookup",
     default_endpoints={"tcp": _tcp(4150), "http": _tcp(4151)},
@@ -75,6 +79,7 @@ nsq = BuiltinProtocol(
 
 mq9 = BuiltinProtocol(
     name="mq9",
+    settings="mqhub.protocols.nats.settings:NatsSettings",
     package="nats",
     description="NATS client protocol; $mq9.AI.* subjects get mq9 agent-mailbox semantics",
     default_endpoints={"tcp": _tcp(4222)},
@@ -85,6 +90,7 @@ mq9 = BuiltinProtocol(
 
 emqp = BuiltinProtocol(
     name="emqp",
+    settings="mqhub.protocols.emqp.settings:EmqpSettings",
     package="emqp",
     description="eMQP (EventMQ over ZeroMQ): job router, workers, pub/sub and scheduler",
     default_endpoints={
@@ -97,6 +103,7 @@ emqp = BuiltinProtocol(
 
 mqks = BuiltinProtocol(
     name="mqks",
+    settings="mqhub.protocols.mqks.config:MqksConfig",
     package="mqks",
     description="MQKS text protocol: queues bound to event masks, consume with confirm",
     default_endpoints={"tcp": _tcp(25000)},
@@ -109,6 +116,7 @@ mqks = BuiltinProtocol(
 
 vibemq = BuiltinProtocol(
     name="vibemq",
+    settings="mqhub.protocols.vibemq.config:VibeMQConfig",
     package="vibemq",
     description="VibeMQ binary frames: queues, publish acks, compression",
     default_endpoints={"tcp": _tcp(2925)},

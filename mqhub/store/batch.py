@@ -5,6 +5,10 @@ The core fills one batch per read (or per reactor turn) and hands it to
 Operations are applied in this order: queue purges, entry puts, attempt updates, entry
 deletes, due puts, due deletes, meta puts, meta deletes. This module imports no Twisted.
 
+A purge may ask the store to *report* what it removes: the durable store then hands the ids
+of the entries it deletes to the flow journal in the same transaction (issue 27: nothing
+leaves silently).
+
 Entry deletes are held by columns: per queue a list of *runs* ``(priority, ids)``, one tuple
 per call, not one ``(priority, msg_id)`` key per message (an NSQ FIN of 1,000 ids is one run).
 """
@@ -21,13 +25,15 @@ DeleteRun = tuple[int, list[int]]
 
 _KEY0 = itemgetter(0)
 _KEY1 = itemgetter(1)
+#: the reports of a batch without reported purges (shared, never written to)
+_NO_REPORTS: dict[str, tuple[int, str]] = {}
 
 
 class WriteBatch:
     """A group of writes; plain lists keyed by queue so a commit costs one pass."""
 
     __slots__ = ("purges", "puts", "attempts", "deletes", "due_puts", "due_deletes",
-                 "meta_puts", "meta_deletes", "archive", "publish_runs")
+                 "meta_puts", "meta_deletes", "archive", "publish_runs", "purge_reports")
 
     def __init__(self) -> None:
         """Start an empty batch."""
@@ -42,6 +48,8 @@ class WriteBatch:
         self.archive: set[str] = set()
         #: queues whose puts in this batch are one publish run (see :meth:`put_entries`)
         self.publish_runs: set[str] = set()
+        #: purged queue -> (journal event code, reason) its removed entries are reported as
+        self.purge_reports = _NO_REPORTS
 
     def put_entries(self, queue: str, entries: Iterable[Entry], *, archive: bool = False,
                     run: bool = False) -> None:
@@ -111,9 +119,17 @@ class WriteBatch:
         """The id lists of every delete run of ``queue`` (priorities left out)."""
         return list(map(_KEY1, self.deletes.get(queue, ())))
 
-    def purge_queue(self, queue: str) -> None:
-        """Remove every entry of ``queue`` (applied before this batch's puts)."""
+    def purge_queue(self, queue: str, report: tuple[int, str] | None = None) -> None:
+        """Remove every entry of ``queue`` (applied before this batch's puts).
+
+        ``report``: ``(event, reason)``: the store journals each entry it removes as that
+        flow-journal event (:mod:`mqhub.store.journal_format`) with ``reason``.
+        """
         self.purges.append(queue)
+        if report is not None:
+            if self.purge_reports is _NO_REPORTS:
+                self.purge_reports = {}
+            self.purge_reports[queue] = report
 
     def put_due(self, when: float, key: bytes, payload: bytes) -> None:
         """Store a scheduler row; a row with the same ``key`` is replaced."""

@@ -286,7 +286,7 @@ class GroupCommitter:
                 self._rows.apply(t, batch)
             self._rows.finish(t)
             if self.journal is not None:
-                self.journal.write(txn, self._dbs[b"sys"])
+                self.journal.write(txn, self._dbs[b"sys"], t.removed)
             if self.durability == "sync":
                 self._segments.sync()
             txn.commit()

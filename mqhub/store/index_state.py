@@ -17,7 +17,7 @@ class TxnChanges:
     rows :class:`mqhub.store.row_writer.RowWriter` gathers while applying a batch."""
 
     __slots__ = ("txn", "qids", "counts", "seg_delta", "seg_end", "next_qid", "plain",
-                 "plain_q", "ready_new")
+                 "plain_q", "ready_new", "removed")
 
     def __init__(self, txn: Any, next_qid: int) -> None:
         """Start tracking changes of ``txn``."""
@@ -32,6 +32,8 @@ class TxnChanges:
         self.plain_q: dict[bytes, str] = {}
         #: new entries whose ``ready`` groups are still to be written: ``{qid|pbyte: [msg_id]}``
         self.ready_new: dict[bytes, list[int]] = {}
+        #: reported purges: ``(queue, journal event, reason, msg_ids)`` (WriteBatch.purge_queue)
+        self.removed: list[tuple[str, int, str, list[int]]] = []
 
 
 class IndexState:

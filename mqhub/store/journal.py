@@ -8,7 +8,10 @@ bytes; closed files older than ``retention_seconds`` or beyond ``retention_bytes
 
 Consistency with the LMDB index: :meth:`Journal.write` runs inside the store's write
 transaction, appends the chunk and puts ``journal_end = (file, offset)`` in the ``sys``
-sub-database of that same transaction. Bytes past the committed ``journal_end`` (a failed or
+sub-database of that same transaction. A transaction that stores a durable publish always
+carries its ``published`` record (the recorder has it before the batch reaches the store), so
+a message is never confirmed before its event is in the journal; the other events (deliveries,
+acks...) ride with the next due chunk (``max_rows`` or ``max_delay``). Bytes past the committed ``journal_end`` (a failed or
 interrupted commit) are cut before the next append, and a snapshot copies exactly up to the
 ``journal_end`` its read transaction sees. A torn tail (``kill -9`` mid-write) is truncated
 on open by the segment scan. Journal appends are not fsynced per commit: they survive a
@@ -27,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mqhub.store.journal_format import removals_chunk
 from mqhub.store.segments import SegmentLog, list_segments, scan, segment_name
 
 log = logging.getLogger("mqhub.store.journal")
@@ -59,9 +63,10 @@ class Journal:
                  now: Callable[[], float] = time.time) -> None:
         """Configure; nothing is opened until :meth:`open`.
 
-        :param max_rows: / :param max_delay: a group commit appends a chunk only when this
-            many rows wait or ``max_delay`` seconds passed since the last chunk (or the
-            recorder forces one): the per-chunk cost is paid once per many commits.
+        :param max_rows: / :param max_delay: a group commit appends a chunk only when a
+            durable publish waits, this many rows wait or ``max_delay`` seconds passed since
+            the last chunk (or the recorder forces one): acks and deliveries pay the per-chunk
+            cost once per many commits.
         """
         self.directory = os.path.join(store_dir, JOURNAL_DIR)
         self.lock_path = os.path.join(store_dir, JOURNAL_LOCK)
@@ -71,6 +76,8 @@ class Journal:
         self._now = now
         self._log = SegmentLog(self.directory, max_size=max_file)
         self._inflight: list[bytes] = []
+        #: this transaction's chunk of reported purges (see :meth:`write`)
+        self._extra: bytes | None = None
         self._mark: tuple[int, int] | None = None
         self._checked = False
         self._written = False
@@ -103,13 +110,22 @@ class Journal:
 
     # -- inside the store's write transaction --------------------------------------------------
 
-    def write(self, txn: Any, sysdb: Any) -> None:
-        """Append what the recorder holds and record the new end in ``txn`` (writer side)."""
+    def write(self, txn: Any, sysdb: Any,
+              removed: list[tuple[str, int, str, list[int]]] | None = None) -> None:
+        """Append what the recorder holds and record the new end in ``txn`` (writer side).
+
+        ``removed``: what this transaction's reported purges took out of the store (see
+        ``WriteBatch.purge_queue``), appended as a chunk of its own. Unlike the recorder's
+        chunks it is not kept for a retry when the transaction fails: the retried batch
+        gathers it again.
+        """
         if not self._checked:
             self._cut_to_committed(txn, sysdb)
         rec = self.recorder
         now = self._now()
-        if not self._inflight and not rec.force and rec.rows < self.max_rows \
+        extra = removals_chunk(removed, int(now * 1_000_000)) if removed else None
+        if extra is None and not self._inflight and not rec.force \
+                and not rec.published_waiting and rec.rows < self.max_rows \
                 and now - self._last_chunk < self.max_delay:
             return  # not due: these records ride with a later commit
         self._last_chunk = now
@@ -120,12 +136,15 @@ class Journal:
         if chunk is not None:
             self._inflight.append(chunk)
         self._written = False
-        if not self._inflight:
+        self._extra = extra
+        if not self._inflight and extra is None:
             return
         self._mark = self._log.mark()
         try:
             for payload in self._inflight:
                 self._log.append(payload)
+            if extra is not None:
+                self._log.append(extra)
         except OSError:
             # a full disk must not fail the message commit: keep the chunks for the next one
             log.exception("journal append failed; retrying with the next commit")
@@ -134,6 +153,9 @@ class Journal:
             except OSError:
                 log.exception("journal rollback failed")
             self._mark = None
+            if extra is not None:      # the purge still commits: its events go with the next
+                self._inflight.append(extra)
+                self._extra = None
             return
         txn.put(END_KEY, END_ROW.pack(self._log.active, self._log.active_size), db=sysdb)
         self._written = True
@@ -142,9 +164,11 @@ class Journal:
         """The transaction of the last :meth:`write` committed: its chunks are final."""
         if self._written:
             self._written = False
-            self.records += len(self._inflight)
-            self.bytes_written += sum(map(len, self._inflight))
+            extra = [self._extra] if self._extra is not None else []
+            self.records += len(self._inflight) + len(extra)
+            self.bytes_written += sum(map(len, self._inflight + extra))
             self._inflight = []
+            self._extra = None
             self._mark = None
         if self._now() >= self._next_retention:
             self.apply_retention()

@@ -28,9 +28,11 @@ from typing import Any
 
 VERSION = 1
 
-#: event codes (the ``event`` column of the ``events`` table holds the names)
-PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED = range(6)
-EVENT_NAMES = ("published", "delivered", "acked", "requeued", "dead_lettered", "expired")
+#: event codes (the ``event`` column of the ``events`` table holds the names); ``purged``
+#: (a message removed with its whole queue: a purge or a deletion) came with issue 27
+PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED, PURGED = range(7)
+EVENT_NAMES = ("published", "delivered", "acked", "requeued", "dead_lettered", "expired",
+               "purged")
 #: counter kinds for memory-tier traffic
 COUNTER_PUBLISHED, COUNTER_DELIVERED = 0, 1
 COUNTER_NAMES = ("published", "delivered")
@@ -51,6 +53,17 @@ _BIG_ENDIAN = sys.byteorder == "big"
 #: array typecode for u64 columns: 'L' converts Python ints about 3x faster than 'Q' (CPython
 #: 3.11) and is 8 bytes on LP64 platforms; 'Q' elsewhere
 _U64 = "L" if array("L").itemsize == 8 else "Q"
+#: the array typecodes of each group's columns (a chunk is built per group commit that carries
+#: a publish: its fixed cost is kept to a few map() calls)
+_RUN_CODES = tuple(code for _, code in RUN_COLUMNS)
+_ROW_ARRAY_CODES = tuple(_U64 if code == "Q" else code for _, code in ROW_COLUMNS)
+_COUNTER_CODES = tuple(_U64 if code == "Q" else code for _, code in COUNTER_COLUMNS)
+_HEAD = _U8.pack(VERSION)
+
+
+def _empty(codes: tuple[str, ...]) -> tuple[array[int], ...]:
+    """One empty array per typecode."""
+    return tuple([array(code) for code in codes])
 
 
 class ChunkError(ValueError):
@@ -66,9 +79,9 @@ class ChunkBuilder:
         """Start an empty chunk."""
         self.strings: list[str] = [""]
         self._index: dict[str, int] = {"": 0}
-        self.runs = tuple(array(code) for _, code in RUN_COLUMNS)
-        self.rows = tuple(array(_U64 if code == "Q" else code) for _, code in ROW_COLUMNS)
-        self.counters = tuple(array(_U64 if code == "Q" else code) for _, code in COUNTER_COLUMNS)
+        self.runs = _empty(_RUN_CODES)
+        self.rows = _empty(_ROW_ARRAY_CODES)
+        self.counters = _empty(_COUNTER_CODES)
 
     def string(self, text: str) -> int:
         """Return the index of ``text`` in the string table (adding it once)."""
@@ -119,22 +132,31 @@ class ChunkBuilder:
 
     def encode(self) -> bytes:
         """Return the chunk's bytes (see the module docstring)."""
-        parts = [_U8.pack(VERSION), _U32.pack(len(self.strings))]
+        parts = [_HEAD, _U32.pack(len(self.strings))]
+        pack16 = _U16.pack
         for text in self.strings:
             raw = text.encode("utf-8", "surrogatepass")[:0xFFFF]
-            parts.append(_U16.pack(len(raw)))
-            parts.append(raw)
+            parts += (pack16(len(raw)), raw)
         for group in (self.runs, self.rows, self.counters):
             parts.append(_U32.pack(len(group[0])))
-            for col in group:
-                if _BIG_ENDIAN:  # pragma: no cover - the format is little-endian
-                    col = array(col.typecode, col)
+            if _BIG_ENDIAN:  # pragma: no cover - the format is little-endian
+                group = tuple(array(col.typecode, col) for col in group)
+                for col in group:
                     col.byteswap()
-                parts.append(col.tobytes())
+            parts += map(array.tobytes, group)
         return b"".join(parts)
 
 
 _ROW_CODES = {name: (_U64 if code == "Q" else code) for name, code in ROW_COLUMNS}
+
+
+def removals_chunk(runs: list[tuple[str, int, str, list[int]]], ts_us: int) -> bytes:
+    """One chunk of the messages whole-queue removals took out of the store: a run of
+    ``(queue, event, reason, msg_ids)`` each (the store gathers them while it purges)."""
+    chunk = ChunkBuilder()
+    for queue, event, reason, ids in runs:
+        chunk.add_run(event, ts_us, queue, "", "", reason, ids)
+    return chunk.encode()
 
 
 def column(name: str, values: list[int]) -> array:

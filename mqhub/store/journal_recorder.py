@@ -31,6 +31,7 @@ from mqhub.store.journal_format import (
     DELIVERED,
     EXPIRED,
     PUBLISHED,
+    PURGED,
     REQUEUED,
     ChunkBuilder,
     column,
@@ -94,8 +95,13 @@ class NullRecorder:
     def dead_lettered(self, queue: Any, entries: list[Any], reason: str) -> None:
         """Ignore dead letters."""
 
-    def expired(self, queue: Any, entries: list[Any]) -> None:
+    def expired(self, queue: Any, entries: list[Any], reason: str = "") -> None:
         """Ignore expiries."""
+
+    def purge_report(self, queue: Any, reason: str,
+                     expired: bool = False) -> tuple[int, str] | None:
+        """Nothing to report (see :meth:`JournalRecorder.purge_report`)."""
+        return None
 
     def taken(self, queue: Any, entries: list[Any]) -> None:
         """Ignore pulled (read-and-consumed) entries."""
@@ -129,6 +135,9 @@ class JournalRecorder(NullRecorder):
         #: rows recorded since the last chunk, and whether the next commit must take a chunk
         self.rows = 0
         self.force = False
+        #: a durable publish waits: the commit that stores it must carry its record (a
+        #: confirmed message always has its ``published`` event, kill -9 included)
+        self.published_waiting = False
         self.dropped_batches = 0
         self.chunks = 0
 
@@ -171,6 +180,7 @@ class JournalRecorder(NullRecorder):
         durable = tuple(q.name for q in queues if q.durable) if persist else ()
         live = len(route.targets) + len(route.groups)
         if durable:
+            self.published_waiting = True
             if uniform:
                 # one origin and priority: pack the columns now, while the new entries are
                 # in the cache (the writer would read each one back from memory)
@@ -229,10 +239,21 @@ class JournalRecorder(NullRecorder):
         if queue.durable:
             self._add(DEAD_LETTERED, queue.name, entries, reason or "")
 
-    def expired(self, queue: Any, entries: list[Any]) -> None:
-        """Entries of ``queue`` that expired before delivery."""
+    def expired(self, queue: Any, entries: list[Any], reason: str = "") -> None:
+        """Entries of ``queue`` that expired before delivery (``reason``: ``ttl``, their own
+        time ran out)."""
         if queue.durable:
-            self._add(EXPIRED, queue.name, entries, "")
+            self._add(EXPIRED, queue.name, entries, reason)
+
+    def purge_report(self, queue: Any, reason: str,
+                     expired: bool = False) -> tuple[int, str] | None:
+        """What the store reports of a purge of durable ``queue``'s entries (the argument of
+        ``WriteBatch.purge_queue``): each entry it removes becomes a ``purged`` event (or
+        ``expired``, when the queue itself expired) with ``reason``, in the purge's own
+        transaction. None for a memory-tier queue (its traffic is only counted)."""
+        if not queue.durable:
+            return None
+        return (EXPIRED if expired else PURGED, reason)
 
     def taken(self, queue: Any, entries: list[Any]) -> None:
         """Entries pulled and consumed at once (mq9 QUERY): a delivery and an ack."""
@@ -258,6 +279,7 @@ class JournalRecorder(NullRecorder):
             counters, self._counters = self._counters, {}
             self.rows = 0
             self.force = False
+            self.published_waiting = False
         self._took = True
         if not pending and not counters:
             return None

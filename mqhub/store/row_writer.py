@@ -164,8 +164,9 @@ class RowWriter:
         """Apply one batch's operations in WriteBatch's documented order."""
         txn = t.txn
         entries = self._dbs[b"entries"]
+        reports = batch.purge_reports
         for queue in batch.purges:
-            self._purge(t, queue)
+            self._purge(t, queue, reports.get(queue))
         archive = batch.archive
         publish_runs = batch.publish_runs
         for queue, items in batch.puts.items():
@@ -508,11 +509,13 @@ class RowWriter:
                     and seg != self._segments.active:
                 txn.delete(U32.pack(seg), db=self._dbs[b"segments"])
 
-    def _purge(self, t: TxnChanges, queue: str) -> None:
-        """Remove every entry of ``queue``."""
+    def _purge(self, t: TxnChanges, queue: str, report: tuple[int, str] | None = None) -> None:
+        """Remove every entry of ``queue``; with ``report`` (``(event, reason)``) gather the
+        removed ids in ``t.removed`` for the flow journal."""
         qid = self._qid(t, queue, False)
         if qid is None:
             return
+        gone: list[int] | None = [] if report is not None else None
         self._flush_ready(t)
         txn = t.txn
         entries = self._dbs[b"entries"]
@@ -523,6 +526,8 @@ class RowWriter:
         for gkey, pbyte, ids, bits in list(ready_groups.iter_queue_groups(txn, ready, qid)):
             if bits is not None:  # packed: no entries rows, its live ids are in the pack
                 removed += bits.bit_count()
+                if gone is not None:
+                    gone += [i for n, i in enumerate(ids) if bits >> n & 1]
                 txn.delete(gkey, db=packs)
                 txn.delete(gkey, db=ready)
                 continue
@@ -533,9 +538,13 @@ class RowWriter:
                     if v[0]:
                         self._release(t, k, v)
                     removed += 1
+                    if gone is not None:
+                        gone.append(msg_id)
             txn.delete(gkey, db=ready)
         if removed:
             t.counts[queue] = self._count(t, queue) - removed
+        if gone and report is not None:
+            t.removed.append((queue, report[0], report[1], gone))
 
     def finish(self, t: TxnChanges) -> None:
         """Write the queue rows and the id counter the transaction changed."""

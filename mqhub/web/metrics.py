@@ -50,11 +50,17 @@ class HubCollector:
             for protocol, row in sorted(totals.items()):
                 fam.add_metric([protocol], row[field])
             yield fam
-        dead = CounterMetricFamily("mqhub_messages_dead_lettered",
-                                   "Messages moved to dead letters, by reason.", labels=["reason"])
-        for reason, n in sorted(ins.broker.counters.dead.items()):
-            dead.add_metric([reason], n)
-        yield dead
+        counters = ins.broker.counters
+        for name, totals, doc in (
+                ("dead_lettered", counters.dead, "Messages moved to dead letters, by reason."),
+                ("expired", counters.expired,
+                 "Messages that expired undelivered, by reason (ttl, queue_expired)."),
+                ("purged", counters.purged, "Messages removed with their whole queue, by reason "
+                 "(queue_deleted, purged).")):
+            fam = CounterMetricFamily(f"mqhub_messages_{name}", doc, labels=["reason"])
+            for reason, n in sorted(totals.items()):
+                fam.add_metric([reason], n)
+            yield fam
         yield from protocol_families(ins.protocol_counters())
         conns = GaugeMetricFamily("mqhub_connections", "Open client connections, by protocol.",
                                   labels=["protocol"])

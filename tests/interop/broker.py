@@ -152,8 +152,8 @@ class BrokerProcess:
         """Start the broker and return once every awaited port accepts connections.
 
         A port chosen free can be taken by another process before the broker binds it (other
-        suites run beside this one): the broker then logs ``cannot listen on`` and something
-        else answers there. Such a role gets a fresh port and the broker is started again
+        suites run beside this one): the broker then logs ``cannot listen on`` (a ZeroMQ
+        role: ``addr='tcp://...'``) and exits with status 1. Such a role gets a fresh port and the broker is started again
         (up to three times), so a test never talks to a stranger.
 
         :raises BrokerError: when it exits or does not listen within ``timeout`` seconds.
@@ -200,10 +200,11 @@ class BrokerProcess:
         while pending:
             if self.process.poll() is not None:
                 self.returncode = self.process.returncode
+                taken = self._taken()
+                if taken:
+                    return taken
                 raise BrokerError(f"broker exited with {self.returncode}:\n{self.output()}")
-            out = self.output()
-            taken = [key for key in self.ports
-                     if f"cannot listen on {self.endpoints[key]}:" in out]
+            taken = self._taken()
             if taken:
                 return taken
             pending = [key for key in pending if not port_accepts(self.ports[key])]
@@ -219,13 +220,20 @@ class BrokerProcess:
         settle = time.monotonic() + 2.0
         while time.monotonic() < settle:
             out = self.output()
-            taken = [k for k in self.ports if f"cannot listen on {self.endpoints[k]}:" in out]
+            taken = self._taken()
             if taken:
                 return taken
             if all(f"listening on {self.endpoints[k]}" in out for k in listeners):
                 break
             time.sleep(0.02)
         return []
+
+    def _taken(self) -> list[tuple[str, str]]:
+        """The roles whose port the broker's log says it could not bind."""
+        out = self.output()
+        return [key for key in self.ports
+                if f"cannot listen on {self.endpoints[key]}:" in out
+                or f"(addr='{self.endpoints[key]}')" in out]
 
     def wait_for_log(self, text: str, timeout: float = 10.0) -> None:
         """Poll the log until ``text`` appears.

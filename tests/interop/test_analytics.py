@@ -1,6 +1,9 @@
 """The analytics pipeline end to end: a known mix through NSQ, NATS/mq9 and eMQP on a real
 broker, an online snapshot, ``mqhub analytics`` on local[2] and on a standalone Spark cluster
-(from an export), with exact table numbers. Two Spark driver JVMs in the whole module."""
+(from an export), with exact table numbers. Two Spark driver JVMs in the whole module.
+
+The mix includes messages that leave without a consumer (issue 27 item 5): an mq9 mailbox
+that expires holding two, an NSQ channel emptied with four, an NSQ topic deleted with two."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,8 @@ NSQ_BODY = b"n" * 100
 NATS_DEAD_BODY = b"d" * 50
 METRIC_BODY = b"m" * 20
 INBOX_BODY = b"i" * 10
+AUDIT_BODY = b"a" * 30
+TRASH_BODY = b"t" * 30
 MQHUB = [sys.executable, "-m", "mqhub.cli"]
 
 
@@ -59,6 +65,11 @@ async def _nats_side(url: str) -> str:
     inbox = f"$mq9.AI.INBOX.{box['mail_id']}.normal"
     await nc.publish(inbox, INBOX_BODY, headers={"mq9-ttl": "0.2"})
     await nc.publish(inbox, INBOX_BODY)
+    reply = await nc.request("$mq9.AI.MAILBOX.CREATE", json.dumps({"ttl": 1}).encode(),
+                             timeout=5)
+    short = json.loads(reply.data)   # expires after 1 s with both of its messages inside
+    for _ in range(2):
+        await nc.publish(f"$mq9.AI.INBOX.{short['mail_id']}.normal", INBOX_BODY)
     await nc.flush()
     deadline = time.monotonic() + 10
     while len(got) < 5:
@@ -66,6 +77,24 @@ async def _nats_side(url: str) -> str:
         await asyncio.sleep(0.02)
     await nc.close()
     return str(box["mail_id"])
+
+
+def _nsq_removals(http: int) -> None:
+    """Four messages in channel audit/archive, then the channel emptied; two in trash/c, then
+    the topic deleted (nsqd's HTTP API)."""
+
+    def post(path: str, body: bytes = b"") -> None:
+        with urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{http}{path}", data=body, method="POST"), timeout=10) as r:
+            assert r.status == 200, path
+
+    for topic, channel, body, n in (("audit", "archive", AUDIT_BODY, 4),
+                                    ("trash", "c", TRASH_BODY, 2)):
+        post(f"/topic/create?topic={topic}")
+        post(f"/channel/create?topic={topic}&channel={channel}")
+        post(f"/mpub?topic={topic}", b"\n".join([body] * n))
+    post("/channel/empty?topic=audit&channel=archive")
+    post("/topic/delete?topic=trash")
 
 
 def _emqp_side(frontend: str) -> None:
@@ -121,6 +150,7 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         assert sorted(m.attempts for m in again) == [2, 2]
         consumer.send(b"".join(wire.encode_fin(m.msg_id) for m in again))
         _emqp_side(broker.url("emqp", "frontend"))
+        _nsq_removals(broker.port("nsq", "http"))
         deadline = time.monotonic() + 30
         n = 0
         while True:  # snapshot until the journal holds the whole mix (commits are async)
@@ -128,8 +158,9 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             ev = _events(snap)
             kinds = [r["event"] for r in ev]
             counters = [r for b in table_batches(str(snap), "counters") for r in b.to_pylist()]
-            if (kinds.count("acked") == 10 and "expired" in kinds and "dead_lettered" in kinds
-                    and kinds.count("published") >= 16
+            if (kinds.count("acked") == 10 and kinds.count("expired") == 3
+                    and kinds.count("purged") == 6 and "dead_lettered" in kinds
+                    and kinds.count("published") >= 24
                     and sum(c["messages"] for c in counters if c["origin"] == "nats-core") >= 9):
                 break
             assert time.monotonic() < deadline, f"journal incomplete: {kinds} {counters}"
@@ -180,23 +211,30 @@ def test_report_tables_are_exact(snapshot: Path, local_report: Path) -> None:
             red[orders]["max_attempt"]) == (2, 2, 2)
     assert [(r["queue"], r["reason"], r["count"]) for r in _table(local_report, "dead_letters")] \
         == [(orders, "max_attempts", 1)]
+    # the message with its own 0.2 s TTL, then the expired mailbox's two (whichever sweep came
+    # first, the core's TTL sweep or the mailbox's: their entries expire with the mailbox)
     expired = _table(local_report, "expired")
-    assert len(expired) == 1 and expired[0]["count"] == 1 and "mq9" in expired[0]["queue"]
+    assert all("mq9" in r["queue"] for r in expired) and sum(r["count"] for r in expired) == 3
+    assert {r["reason"] for r in expired} <= {"ttl", "queue_expired"}
+    assert sorted(sum(r["count"] for r in expired if r["queue"] == q)
+                  for q in {r["queue"] for r in expired}) == [1, 2]
+    assert [(r["queue"], r["reason"], r["count"]) for r in _table(local_report, "purged")] == [
+        ("nsq/audit/archive", "purged", 4), ("nsq/trash/c", "queue_deleted", 2)]
     proto = {r["origin"]: r for r in _table(local_report, "protocols")}
-    assert (proto["nsq"]["messages"], proto["nsq"]["bytes"]) == (10, 1000)
-    assert (proto["nats"]["messages"], proto["nats"]["bytes"]) == (3, 50 + 2 * 10)
+    assert (proto["nsq"]["messages"], proto["nsq"]["bytes"]) == (16, 1000 + 6 * 30)
+    assert (proto["nats"]["messages"], proto["nats"]["bytes"]) == (5, 50 + 4 * 10)
     assert proto["nats-core"]["messages"] >= 9
     assert proto["emqp"]["messages"] == 3 and proto["emqp"]["bytes"] > 0
     sizes = {r["bucket"]: r["count"] for r in _table(local_report, "sizes")}
     assert list(sizes) == ["64", "256", "1024", "4096", "16384", "65536", "larger"]
-    assert sizes["256"] >= 10 and sizes["64"] >= 3 and sum(sizes.values()) == 16
+    assert sizes["256"] >= 10 and sizes["64"] >= 11 and sum(sizes.values()) == 24
     lat = {(r["address"], r["kind"]): r for r in _table(local_report, "latency")}
     assert lat[("orders", "deliver")]["count"] == 11 and lat[("orders", "ack")]["count"] == 10
     for row in lat.values():
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"] <= row["max_ms"] < 60_000
     summary = json.loads((local_report / "summary.json").read_text())
     assert (summary["messages"], summary["acked"], summary["dead_lettered"],
-            summary["expired"]) == (16, 10, 1, 1)
+            summary["expired"], summary["purged"]) == (24, 10, 1, 3, 6)
     assert summary["memory_published"] >= 9
     manifest = json.loads((snapshot / "manifest.json").read_text())
     assert summary["stored"] == manifest["entries"] >= 4  # 3 eMQP jobs, 1 mailbox message, DLQ
@@ -223,7 +261,8 @@ def test_standalone_cluster_from_export_gives_the_same_tables(
     with SparkCluster(root / "spark") as cluster:
         answer = _analytics(export, root / "report", "--master", cluster.url)
     assert answer["summary"]["master"] == cluster.url
-    for name in ("throughput", "redeliveries", "dead_letters", "expired", "protocols", "sizes"):
+    for name in ("throughput", "redeliveries", "dead_letters", "expired", "purged", "protocols",
+                 "sizes"):
         assert _table(root / "report", name) == _table(local_report, name), name
     lat = _table(root / "report", "latency")
     assert [(r["address"], r["kind"], r["count"]) for r in lat] == [

@@ -76,19 +76,25 @@ def test_unknown_protocol_exits_with_usage_error(tmp_path: Path) -> None:
     )
 
 
-def test_broken_and_refusing_plugins_do_not_stop_the_others(make_broker: MakeBroker) -> None:
-    """A broken drop-in file is reported by name, a refusing plugin in one line, echo still serves."""
-    broker = echo_broker(
-        make_broker, "echotest", "refusetest",
-        wait_for=[("echotest", "tcp")],
-        extra_args=["--option", "echo.prefix=> "],
-    )
+def test_a_broken_drop_in_does_not_stop_the_others(make_broker: MakeBroker) -> None:
+    """A broken drop-in file (not asked for) is reported by name; echo still serves."""
+    broker = echo_broker(make_broker, "echotest", extra_args=["--option", "echo.prefix=> "])
     with socket.create_connection(("127.0.0.1", broker.port("echotest"))) as sock:
         assert talk(sock, b"hello") == b"> hello\n"
     log = broker.output()
     assert "broken_testing.py failed to load: RuntimeError: this drop-in is broken on purpose" in log
-    assert "refusetest: protocol refusetest is not implemented yet" in log
-    assert not port_accepts(broker.port("refusetest"))
+
+
+def test_a_refusing_plugin_stops_the_start(make_broker: MakeBroker) -> None:
+    """A protocol asked for that refuses to be built stops the start in one line, status 1."""
+    broker = echo_broker(make_broker, "echotest", "refusetest", start=False,
+                         wait_for=[("echotest", "tcp")])
+    with pytest.raises(BrokerError):
+        broker.start()
+    assert broker.returncode == 1
+    log = broker.output()
+    assert "mqhub could not start: refusetest: protocol refusetest is not implemented yet" in log
+    assert not port_accepts(broker.port("echotest"))
 
 
 def test_sigterm_with_connected_clients_exits_zero_quickly(make_broker: MakeBroker) -> None:

@@ -71,3 +71,45 @@ def test_kill_9_and_torn_journal_tail(make_broker: Callable[..., BrokerProcess])
     assert after[:500] == before and len(after) == 600
     assert Path(active).stat().st_size >= good
     assert b"partial" not in Path(active).read_bytes()
+
+
+def test_every_confirmed_publish_is_journaled_across_kill_9(
+        make_broker: Callable[..., BrokerProcess]) -> None:
+    """A pipelined NSQ publisher (PUBs sent without waiting for their OKs) is cut by kill -9
+    in mid-burst: every publish it saw confirmed has its ``published`` event in the journal the
+    restarted broker keeps (the record is written with the commit that stores the message)."""
+    broker = make_broker(["nsq"])
+    port = broker.port("nsq", "tcp")
+    channel = NsqSocket(port)
+    channel.send(wire.encode_sub("t", "c"))  # the channel's queue holds what is published
+    channel.read_until(lambda fs: wire.Response(b"OK") in fs, "SUB OK", 10)
+    channel.close()
+    publisher = NsqSocket(port)
+    confirmed = 0
+    chunk = wire.encode_pub("t", b"x" * 30) * 100
+    codec = wire.ClientCodec()
+    publisher.sock.settimeout(5)
+    in_flight = 0
+    while confirmed < 3000:  # keep up to 2,000 PUBs unconfirmed: commits carry many
+        while in_flight < 2000:
+            publisher.send(chunk)
+            in_flight += 100
+        codec.receive_data(publisher.sock.recv(1 << 16))
+        oks = sum(f == wire.Response(b"OK") for f in codec.frames())
+        confirmed += oks
+        in_flight -= oks
+    for _ in range(10):
+        publisher.send(chunk)
+    broker.kill()
+    publisher.sock.settimeout(2)
+    try:
+        while data := publisher.sock.recv(1 << 16):
+            codec.receive_data(data)
+            confirmed += sum(f == wire.Response(b"OK") for f in codec.frames())
+    except OSError:
+        pass
+    publisher.sock.close()
+    broker.start()
+    assert broker.stop() == 0
+    journaled = _published_ids(Path(broker.data_dir) / "store" / "journal")
+    assert len(set(journaled)) >= confirmed

@@ -465,7 +465,7 @@ def test_dead_letters_are_admin_only(open_hub: BrokerProcess) -> None:
     bob.create_queue("drop.dlq", QueueOptions(max_queue_size=1, overflow_strategy=REDIRECT_TO_DLQ,
                                               enable_dead_letter_queue=True))
     anon.publish("drop.dlq", {"n": 1})                   # anonymous may write here
-    anon.publish("drop.dlq", {"n": 2})                   # the first one is dead-lettered
+    anon.publish("drop.dlq", {"n": 2})   # RedirectToDlq: the new one is dead-lettered
     with pytest.raises(VibeError) as refused:
         anon.subscribe("drop.dlq.dlq")
     assert refused.value.code == "NOT_AUTHORIZED"
@@ -486,10 +486,10 @@ def test_dead_letters_are_admin_only(open_hub: BrokerProcess) -> None:
     assert status == 200 and letters["total"] == 1
     assert call("/api/dlq/drop.dlq/replay", alice, b"{}")[0] == 403
     bob.subscribe("drop.dlq")
-    assert [json.loads(d.payload)["n"] for d in bob.receive(1, ack=True)] == [2]
+    assert [json.loads(d.payload)["n"] for d in bob.receive(1, ack=True)] == [1]
     assert call("/api/dlq/drop.dlq/replay", "Bearer bob-token", b"{}") == (
         200, {"queue": "drop.dlq", "replayed": 1})
-    assert [json.loads(d.payload)["n"] for d in bob.receive(1, ack=True)] == [1]
+    assert [json.loads(d.payload)["n"] for d in bob.receive(1, ack=True)] == [2]
     assert not anon.deliveries
     bob.sock.close()
     anon.sock.close()

@@ -179,3 +179,24 @@ def test_cross_protocol_nsq_to_vibemq_and_vibemq_to_nats(make_broker: Make) -> N
     (d,) = sub.receive(1, ack=True)
     assert json.loads(d.payload) == {"n": 1} and d.headers["region"] == "eu"  # and back
     nats.close()
+
+
+def test_redirect_to_dlq_dead_letters_the_incoming_message(make_broker: Make) -> None:
+    """RedirectToDlq as the original server: a publish to a full queue is acknowledged, goes to
+    the dead letters with reason ``overflow`` (readable as ``<queue>.dlq``, kept across a
+    restart) and the queue keeps the messages it had."""
+    broker = make_broker(["vibemq"])
+    pub = client(broker)
+    pub.create_queue("orders", QueueOptions(max_queue_size=2, overflow_strategy=3,
+                                            enable_dead_letter_queue=True))
+    ids = pub.publish_many("orders", [{"n": n} for n in range(4)])
+    assert [f.type for f in pub.wait_acks(ids)] == [c.PUBLISH_ACK] * 4
+    assert pub.queue_info("orders")["messageCount"] == 2
+    broker.restart()
+    sub = client(broker)
+    sub.subscribe("orders.dlq")
+    dead = sub.receive(2, ack=True)
+    assert [json.loads(d.payload) for d in dead] == [{"n": 2}, {"n": 3}]
+    assert {d.headers["dead-letter-reason"] for d in dead} == {"overflow"}
+    sub.subscribe("orders")
+    assert [json.loads(d.payload) for d in sub.receive(2, ack=True)] == [{"n": 0}, {"n": 1}]

@@ -25,6 +25,8 @@ ALLOWED = {
     ("mqhub/cli.py", "exec_module"): "the same benchmark module",
     ("mqhub/discovery.py", "import_module"): "protocol plugins from operator-configured plugin paths",
     ("mqhub/plugins/builtin.py", "import_module"): "built-in protocol modules by fixed names",
+    ("mqhub/plugin_settings.py", "import_module"): "a plugin's settings dataclass, named by the "
+                                                   "plugin descriptor's own code",
     ("mqhub/store/due_rows.py", "marshal.loads"): "due rows older mqhub versions wrote to the "
                                                   "store; marshal builds values, it never runs code",
     ("mqhub/store/due_rows.py", "import marshal"): "the same read-only compatibility decoder",

@@ -21,7 +21,7 @@ from twisted.internet.testing import (
 from twisted.logger import Logger
 
 from mqhub.core.broker import Broker
-from mqhub.hub import Hub, HubService, build_hub
+from mqhub.hub import Hub, HubService, StartFailed, build_hub
 from mqhub.listener import ListenerService
 from mqhub.logs import json_observer
 from mqhub.scheduler.service import SchedulerService
@@ -167,8 +167,73 @@ def test_failed_recovery_starts_no_listener_and_reports() -> None:
     assert failures[0].check(RuntimeError)
 
 
-def test_one_listener_failing_to_start_does_not_stop_the_others() -> None:
-    """A listener raising in startService is logged; the next one still starts."""
+class TakenPortReactor(MemoryReactorClock):
+    """A MemoryReactorClock on which every port is already taken."""
+
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> Any:
+        """Refuse like a port held by another process."""
+        from twisted.internet.error import CannotListenError
+
+        raise CannotListenError(interface, port, OSError(98, "Address already in use"))
+
+
+def test_a_listener_that_cannot_bind_fails_the_start_without_ready() -> None:
+    """A bind failure: one line naming listener, endpoint and reason; no "ready"; the owner is
+    told (the tap then exits 1); the listener's state says ``failed``."""
+    events: list[str] = []
+    reactor = TakenPortReactor()
+    failures: list[Any] = []
+    hub = Hub(clock=reactor, store=RecordingStore(events), reactor=reactor)
+    root = HubService(hub, on_start_failure=failures.append)
+    bad = ListenerService("tcp:4150:interface=127.0.0.1", Factory.forProtocol(Protocol),
+                          reactor=reactor)
+    bad.setName("nsq-tcp")
+    root.add_listener("nsq", bad)
+    lines: list[dict[str, Any]] = []
+    from twisted.logger import globalLogPublisher
+
+    globalLogPublisher.addObserver(lines.append)
+    try:
+        root.startService()
+        reactor.run()
+    finally:
+        globalLogPublisher.removeObserver(lines.append)
+    assert failures and failures[0].check(StartFailed)
+    assert "nsq-tcp could not start" in failures[0].getErrorMessage()
+    assert root.started.called and bad.state == "failed"
+    texts = [e.get("log_format", "") for e in lines]
+    assert not any("ready" in t for t in texts)
+    bind = [e for e in lines if e.get("log_format", "").startswith("{name} cannot listen")]
+    assert len(bind) == 1 and bind[0]["endpoint"] == "tcp:4150:interface=127.0.0.1"
+    assert "Address already in use" in bind[0]["error"]
+
+
+def test_ready_waits_until_every_listener_is_bound() -> None:
+    """A listener bound later (NATS binds after mq9 recovery) holds "ready" back until then."""
+    events: list[str] = []
+    reactor = MemoryReactorClock()
+    hub = Hub(clock=reactor, store=RecordingStore(events), reactor=reactor)
+    root = HubService(hub)
+    later = ListenerService("tcp:0:interface=127.0.0.1", Factory.forProtocol(Protocol),
+                            reactor=reactor)
+
+    class Recovering(Service):
+        """Starts its listener only when told (recovery done)."""
+
+        def __iter__(self) -> Any:
+            return iter([later])
+
+    root.add_listener("mq9", Recovering())
+    root.startService()
+    reactor.run()
+    assert not root.started.called and later.state == "stopped"
+    later.startService()
+    assert root.started.called and later.state == "listening"
+
+
+def test_one_listener_failing_to_start_fails_the_start_after_the_others() -> None:
+    """A listener raising in startService is logged; the next one still starts (and is
+    stopped with the rest when the owner stops the process), and the start fails."""
     events: list[str] = []
 
     class Exploding(RecordingService):
@@ -179,12 +244,14 @@ def test_one_listener_failing_to_start_does_not_stop_the_others() -> None:
             raise OSError("address in use")
 
     hub = Hub(clock=Clock(), store=RecordingStore(events))
-    root = HubService(hub)
+    failures: list[Any] = []
+    root = HubService(hub, on_start_failure=failures.append)
     root.add_listener("bad", Exploding("bad", events))
     root.add_listener("good", RecordingService("good", events))
     root.startService()
     assert "good.start" in events
-    assert root.started.called
+    assert failures[0].check(StartFailed) and failures[0].getErrorMessage() == \
+        "bad could not start"
 
 
 def test_stop_order_listeners_scheduler_broker_store() -> None:

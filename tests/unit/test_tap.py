@@ -10,7 +10,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
 
 from mqhub.discovery import ENV_PLUGIN_PATH
-from mqhub.hub import HubService
+from mqhub.hub import HubService, StartFailed
 from mqhub.tap import Options, build_service
 from tests.plugins import EXAMPLE_PLUGINS, TEST_PLUGINS, isolated_plugin_path
 
@@ -222,18 +222,18 @@ def test_optparameters_is_a_plain_extensible_list() -> None:
     assert {p[0] for p in Options.optParameters} >= {"protocols", "data-dir", "log-format", "durability"}
 
 
-def test_build_service_skips_refusing_plugins_and_keeps_the_rest(tmp_path: Path) -> None:
-    """A plugin raising PluginError is left out; the others become listener children."""
-    options = parse(
-        "--plugin-path", str(TEST_PLUGINS),
-        "--protocols", "echotest,refusetest",
-        "--data-dir", str(tmp_path / "data"),
-        "--durability", "none",
-        "--listen", "echo=tcp:0:interface=127.0.0.1",
-        "--no-admin",
-    )
+def test_build_service_refuses_to_start_without_a_requested_protocol(tmp_path: Path) -> None:
+    """A plugin raising PluginError while being built stops the start (StartFailed names it);
+    without it, the others become listener children."""
+    def options_for(protocols: str) -> Options:
+        return parse("--plugin-path", str(TEST_PLUGINS), "--protocols", protocols,
+                     "--data-dir", str(tmp_path / "data"), "--durability", "none",
+                     "--listen", "echo=tcp:0:interface=127.0.0.1", "--no-admin")
+
     reactor = MemoryReactorClock()
-    root = build_service(options, reactor)
+    with pytest.raises(StartFailed, match="refusetest: protocol refusetest is not implemented"):
+        build_service(options_for("echotest,refusetest"), reactor)
+    root = build_service(options_for("echotest"), reactor)
     assert isinstance(root, HubService)
     assert [child.name for child in root] == ["echotest"]
     assert root.hub.reactor is reactor

@@ -32,9 +32,11 @@ from txzmq import ZmqEndpoint, ZmqEndpointType, ZmqFactory
 from txzmq.connection import ZmqConnection
 
 from mqhub.errors import InvalidName, PluginError
+from mqhub.plugin_settings import apply_settings
 from mqhub.protocols.emqp.access import EmqpGuard
 from mqhub.protocols.emqp.peers import row_count
 from mqhub.protocols.emqp.router import EmqpRouter
+from mqhub.protocols.emqp.settings import FRONTEND_HWM, EmqpSettings
 from mqhub.records import validate_pattern
 
 log = Logger(namespace="mqhub.emqp")
@@ -61,10 +63,6 @@ CLIENT_HWM = 100_000
 #: back-pressure; nothing is dropped). Unlimited let a client sending faster than the broker
 #: handles grow the broker without bound.
 RECEIVE_HWM = 10_000
-#: Messages the frontend buffers from one client by default (``--option emqp.receive_hwm``):
-#: its jobs are stored and may be big (2 MiB jobs: 32 MiB per client); small jobs still flow
-#: (the kernel's socket buffer holds the rest and ZeroMQ refills the queue as it is read).
-FRONTEND_HWM = 16
 #: Bytes read from the frontend whose store commits may be pending before it stops reading
 #: (until a barrier fires: everything read so far is stored).
 UNSTORED_BYTES = 64 << 20
@@ -380,10 +378,15 @@ class CurveSettings(NamedTuple):
 
 def emqp_options(options: dict[str, Any]) -> dict[str, Any]:
     """The ``--option emqp.KEY=VALUE`` settings: ``options["plugin_options"]["emqp"]``, or the
-    plugin options themselves when they are not nested by plugin name."""
+    plugin options themselves when they are not nested by plugin name.
+
+    :raises PluginError: on a key :class:`EmqpSettings` does not define, or a value of the
+        wrong type.
+    """
     raw = options.get("plugin_options") or {}
-    if isinstance(raw.get("emqp"), dict):
-        return raw["emqp"]
+    if any(isinstance(value, dict) for value in raw.values()):
+        raw = raw.get("emqp") or {}
+    apply_settings(EmqpSettings(), raw, "emqp")
     return raw
 
 

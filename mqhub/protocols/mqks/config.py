@@ -27,10 +27,17 @@ class MqksConfig:
     unset: ``[anonymous]``; see docs/security.md).
     """
 
+    #: unacknowledged messages per consumer
     prefetch: int = 1000
+    #: longest request line (bytes)
     max_line: int = DEFAULT_MAX_LINE
+    #: _eval: off (every _eval is an error) or stats (a fixed table of read-only stats; also
+    #: --mqks-eval)
     eval: str = "off"
+    #: ready messages a queue keeps in memory before the rest is read back from the store
     window: int = 50_000
+    #: with --users: the user every MQKS connection acts as (unset: [anonymous];
+    #: docs/security.md)
     user: str | None = None
 
     @classmethod

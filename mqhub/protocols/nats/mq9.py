@@ -62,6 +62,7 @@ from mqhub.protocols.nats.mailbox import (
 )
 from mqhub.protocols.nats.mq9_common import (
     BROADCAST,
+    DEFAULT_MAX_MAILBOXES,
     MAILBOX,
     OP_BROADCAST,
     OP_PONG,
@@ -74,7 +75,17 @@ from mqhub.protocols.nats.mq9_common import (
 )
 from mqhub.protocols.nats.mq9_push import PUSH_BATCH, render_plain
 from mqhub.protocols.nats.sublist import subject_matches
-from mqhub.records import ADDRESS, BODY, EXPIRES_AT, HEADERS, MSG_ID, PRIORITY, id_time, make_entry
+from mqhub.records import (
+    ADDRESS,
+    BODY,
+    EXPIRES_AT,
+    HEADERS,
+    MSG_ID,
+    PRIORITY,
+    REASON_QUEUE_EXPIRED,
+    id_time,
+    make_entry,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.protocols.nats.server import NatsConnection, NatsServer, Subscription
@@ -87,9 +98,6 @@ DEFAULT_MAILBOX_TTL = 86400
 QUERY_LIMIT = 1000
 #: the QUERY request subject prefix (``$mq9.AI.MAILBOX.QUERY.{id}``)
 QUERY = MAILBOX + "QUERY."
-#: live mailboxes by default: an empty one costs ~5.2 KB of RAM (three core queues, their
-#: bindings and records; docs/core-api.md "Memory"), so 250,000 stay near 1.2 GiB
-DEFAULT_MAX_MAILBOXES = 250_000
 
 #: the most INBOX subjects whose resolution is cached (the cache is cleared past that)
 INBOX_CACHE_LIMIT = 100_000
@@ -483,7 +491,7 @@ class Mq9:
             self.stats["expired"] += box.count()
             self._forget_mailbox(mail_id)
             for name in mailbox_queues(mail_id):
-                self.broker.delete_queue(name)
+                self.broker.delete_queue(name, reason=REASON_QUEUE_EXPIRED)
             batch.delete_meta(META_MAILBOX + mail_id)
         self.expire_broadcasts(now)
         if self.batch:

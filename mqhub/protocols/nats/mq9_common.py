@@ -10,6 +10,9 @@ PREFIX = "$mq9.AI."
 MAILBOX = PREFIX + "MAILBOX."
 #: persisted-broadcast subjects (``settings.BROADCAST_PREFIX`` is this)
 BROADCAST = PREFIX + "BROADCAST."
+#: live mailboxes by default: an empty one costs ~5.2 KB of RAM (three core queues, their
+#: bindings and records; docs/core-api.md "Memory"), so 250,000 stay near 1.2 GiB
+DEFAULT_MAX_MAILBOXES = 250_000
 
 # kinds of the after-commit operations in ``Mq9.ops`` (first field of each op tuple)
 OP_BROADCAST = 2   # (kind, publisher, entry, seen, reply, hdr): deliver a persisted broadcast

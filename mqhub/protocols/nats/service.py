@@ -11,6 +11,7 @@ from twisted.logger import Logger
 
 from mqhub.errors import PluginError
 from mqhub.listener import DeferredFactory, ListenerService, build_soon
+from mqhub.plugin_settings import apply_settings
 from mqhub.protocols.nats.auth import (
     Authenticator,
     AuthError,
@@ -20,10 +21,9 @@ from mqhub.protocols.nats.auth import (
     users_checks,
 )
 from mqhub.protocols.nats.bridge import CoreBridge
-from mqhub.protocols.nats.mq9 import DEFAULT_MAX_MAILBOXES, Mq9
+from mqhub.protocols.nats.mq9 import Mq9
 from mqhub.protocols.nats.scan import frame_pattern
 from mqhub.protocols.nats.server import NatsServer, NatsSettings
-from mqhub.protocols.nats.settings import flag
 from mqhub.tls import TlsConfigError, server_context
 
 log = Logger()
@@ -31,14 +31,8 @@ log = Logger()
 #: seconds after the client port is bound that the frame scanner's pattern is compiled
 WARM_UP_DELAY = 0.05
 
-#: plugin option -> NatsSettings keyword (values arrive as strings)
-_OPTIONS = ("max_payload", "max_pending", "ping_interval", "ping_max", "auth_timeout", "token",
-            "user", "password", "server_name", "max_control_line", "write_deadline",
-            "tls_verify", "tls_handshake_first")
-
-
-def build_auth(options: dict[str, Any]) -> Authenticator:
-    """The credential checks the options configure (see docs/protocols/nats.md, Security).
+def build_auth(settings: NatsSettings) -> Authenticator:
+    """The credential checks the settings configure (see docs/protocols/nats.md, Security).
 
     ``operator`` (operator JWTs or their files, comma-separated) with ``resolver_preload``
     (account JWTs) is operator mode, as nats-server's ``resolver: MEMORY``: JWTs only.
@@ -46,12 +40,12 @@ def build_auth(options: dict[str, Any]) -> Authenticator:
     nats-server's ``users = [...]`` entries with permissions) and the single ``token`` or
     ``user``/``password`` may be combined (a token wins over passwords, as in nats-server).
     """
-    operators = [p.strip() for p in str(options.get("operator") or "").split(",") if p.strip()]
+    operators = [p.strip() for p in (settings.operator or "").split(",") if p.strip()]
     if operators:   # operator mode: JWT users only
-        resolver = str(options.get("resolver") or "MEMORY").upper()
+        resolver = (settings.resolver or "MEMORY").upper()
         if resolver != "MEMORY":
             raise PluginError(f"mq9: resolver {resolver!r} is not supported (only MEMORY)")
-        preload = options.get("resolver_preload")
+        preload = settings.resolver_preload
         try:
             tokens = []
             for item in operators:
@@ -64,16 +58,15 @@ def build_auth(options: dict[str, Any]) -> Authenticator:
         except (OSError, ValueError, AuthError) as exc:
             raise PluginError(f"mq9: cannot load the operator or account JWTs: {exc}") from exc
         return Authenticator([JwtCheck(tokens, accounts)])
-    token = options.get("token") or options.get("auth_token")
+    token = settings.token
     checks = shared_secret_checks(token, None, None)
-    keys = [k.strip() for k in str(options.get("nkeys") or "").split(",") if k.strip()]
+    keys = [k.strip() for k in (settings.nkeys or "").split(",") if k.strip()]
     entries: list[Any] = [{"nkey": k} for k in keys]
-    if options.get("user") and not token:      # the single user joins the users file's
-        entries.append({"user": options["user"],
-                        "password": options.get("password") or options.get("pass") or ""})
-    if options.get("users"):
+    if settings.user and not token:      # the single user joins the users file's
+        entries.append({"user": settings.user, "password": settings.password or ""})
+    if settings.users:
         try:
-            with open(options["users"], encoding="utf-8") as f:
+            with open(settings.users, encoding="utf-8") as f:
                 listed = json.load(f)
         except (OSError, ValueError) as exc:
             raise PluginError(f"mq9: cannot read the users file: {exc}") from exc
@@ -88,31 +81,25 @@ def build_auth(options: dict[str, Any]) -> Authenticator:
 
 
 def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
-    """Build the NatsServer, its mq9 layer and (when the hub has a core) the core bridge."""
-    kw: dict[str, Any] = {k: plugin_options[k] for k in _OPTIONS if k in plugin_options}
-    if "pass" in plugin_options:
-        kw["password"] = plugin_options["pass"]
-    if "auth_token" in plugin_options:       # CONNECT's own field name, accepted as well
-        kw["token"] = plugin_options["auth_token"]
-    try:
-        settings = NatsSettings(**kw)
-    except (TypeError, ValueError) as exc:
-        raise PluginError(f"mq9: bad option: {exc}") from exc
-    if plugin_options.get("tls_cert"):
+    """Build the NatsServer, its mq9 layer and (when the hub has a core) the core bridge.
+
+    :raises PluginError: on an unknown option, a bad value, a TLS certificate that cannot be
+        loaded or credentials that cannot be read.
+    """
+    settings = apply_settings(NatsSettings(), plugin_options, "mq9")
+    if settings.tls_cert:
         try:
             settings.tls_context = server_context(
-                plugin_options["tls_cert"], plugin_options.get("tls_key"),
-                plugin_options.get("tls_ca"), settings.tls_verify)
+                settings.tls_cert, settings.tls_key, settings.tls_ca, settings.tls_verify)
         except TlsConfigError as exc:
             raise PluginError(f"mq9: {exc}") from exc
     elif settings.tls_verify or settings.tls_handshake_first:
         raise PluginError("mq9: tls_verify and tls_handshake_first need tls_cert")
-    server = NatsServer(hub, settings, build_auth(plugin_options))
+    server = NatsServer(hub, settings, build_auth(settings))
     broker = getattr(hub, "broker", None)
     server.mq9 = Mq9(server, hub.store, hub.clock, broker,
-                     sweep_interval=float(plugin_options.get("sweep_interval", 1.0)),
-                     max_unread=int(plugin_options.get("max_unread", 1_000_000)),
-                     max_mailboxes=int(plugin_options.get("max_mailboxes", DEFAULT_MAX_MAILBOXES)))
+                     sweep_interval=settings.sweep_interval, max_unread=settings.max_unread,
+                     max_mailboxes=settings.max_mailboxes)
     if broker is not None:
         server.bridge = CoreBridge(server, broker)
         # NATS moves its own traffic: the admin counters read these totals (core/counters.py)
@@ -256,24 +243,21 @@ def _interface(endpoint: str) -> str | None:
     return None
 
 
-def websocket_listener(hub: Any, server: NatsServer, endpoint: str,
-                       options: dict[str, Any]) -> tuple[ListenerService, dict[str, Any]]:
+def websocket_listener(hub: Any, server: NatsServer,
+                       endpoint: str) -> tuple[ListenerService, dict[str, Any]]:
     """The WebSocket listener (role ``ws``) and the ``/varz`` ``websocket`` block describing it.
 
     TLS comes from an ``ssl:`` endpoint or the ``ws_tls_cert``/``ws_tls_key`` (``ws_tls_ca``,
-    ``ws_tls_verify``) options; as nats-server, plain ``ws://`` needs ``ws_no_tls=true`` unless
+    ``ws_tls_verify``) settings; as nats-server, plain ``ws://`` needs ``ws_no_tls=true`` unless
     it binds the loopback interface. autobahn (:mod:`mqhub.protocols.nats.websocket`) is
     imported on the first connection or just after the port is bound.
 
     :raises PluginError: on unusable TLS files, or plain ``ws://`` off loopback without
         ``ws_no_tls``.
     """
-    try:
-        no_tls = flag(options.get("ws_no_tls", False))
-        compression = flag(options.get("ws_compression", False))
-        verify = flag(options.get("ws_tls_verify", False))
-    except ValueError as exc:
-        raise PluginError(f"mq9: bad websocket option: {exc}") from exc
+    settings = server.settings
+    no_tls, compression, verify = (settings.ws_no_tls, settings.ws_compression,
+                                   settings.ws_tls_verify)
 
     def build() -> Any:
         """The autobahn factory carrying NATS."""
@@ -284,12 +268,12 @@ def websocket_listener(hub: Any, server: NatsServer, endpoint: str,
     deferred = DeferredFactory(build)
     factory: Any = deferred
     tls = endpoint.startswith("ssl:")
-    if options.get("ws_tls_cert"):
+    if settings.ws_tls_cert:
         from twisted.protocols.tls import TLSMemoryBIOFactory
 
         try:
-            context = server_context(options["ws_tls_cert"], options.get("ws_tls_key"),
-                                     options.get("ws_tls_ca"), verify)
+            context = server_context(settings.ws_tls_cert, settings.ws_tls_key,
+                                     settings.ws_tls_ca, verify)
         except TlsConfigError as exc:
             raise PluginError(f"mq9: websocket {exc}") from exc
         factory = TLSMemoryBIOFactory(context, False, deferred)
@@ -320,7 +304,7 @@ def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -
     extra: list[ListenerService] = []
     websocket: dict[str, Any] = {}
     if endpoints.get("ws"):
-        ws, websocket = websocket_listener(hub, server, endpoints["ws"], mine)
+        ws, websocket = websocket_listener(hub, server, endpoints["ws"])
         extra.append(ws)
     if endpoints.get("monitor"):
         extra.append(_monitor_listener(hub, server, endpoints["monitor"], listener, websocket))

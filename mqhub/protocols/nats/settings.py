@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.mq9_common import BROADCAST as BROADCAST_PREFIX
+from mqhub.protocols.nats.mq9_common import DEFAULT_MAX_MAILBOXES
 from mqhub.protocols.nats.mq9_common import PREFIX as MQ9_PREFIX
 
-__all__ = ["NatsSettings", "flag", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
+__all__ = ["NatsSettings", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
            "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK", "STALL_MIN", "STALL_MAX"]
 
 CRLF = b"\r\n"
@@ -34,41 +36,83 @@ STALL_MIN = 0.002
 STALL_MAX = 0.005
 
 
-def flag(value: Any) -> bool:
-    """A boolean option given as a bool or as text (true/false, yes/no, on/off, 1/0)."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {value!r}")
-
-
+@dataclass
 class NatsSettings:
-    """Server settings (from plugin options), with nats-server's defaults."""
+    """Server settings, nats-server's defaults: every ``--option nats.KEY=VALUE`` (``[nats]`` in
+    the config file; ``mq9`` is the same plugin) is a field here (:mod:`mqhub.plugin_settings`).
+    ``host``, ``port`` and ``tls_context`` are set by the service, not options."""
 
-    def __init__(self, **kw: Any) -> None:
-        """Accept keyword overrides of the defaults below."""
-        self.max_payload: int = int(kw.get("max_payload", codec.DEFAULT_MAX_PAYLOAD))
-        self.max_control_line: int = int(kw.get("max_control_line", codec.MAX_CONTROL_LINE))
-        self.max_pending: int = int(kw.get("max_pending", 64 * 1024 * 1024))
-        self.write_deadline: float = float(kw.get("write_deadline", 10.0))
-        self.ping_interval: float = float(kw.get("ping_interval", 120.0))
-        self.ping_max: int = int(kw.get("ping_max", 2))
-        self.auth_timeout: float = float(kw.get("auth_timeout", 2.0))
-        self.token: str | None = kw.get("token") or None
-        self.user: str | None = kw.get("user") or None
-        self.password: str | None = kw.get("password") or kw.get("pass") or None
-        self.tls_context: Any = kw.get("tls_context")
-        #: client certificates are required and checked against the CA (INFO ``tls_verify``)
-        self.tls_verify: bool = flag(kw.get("tls_verify", False))
-        #: TLS starts at once, before INFO (nats-server's ``handshake_first``)
-        self.tls_handshake_first: bool = flag(kw.get("tls_handshake_first", False))
-        self.server_name: str = kw.get("server_name") or "mqhub"
-        self.host: str = kw.get("host", "127.0.0.1")
-        self.port: int = int(kw.get("port", 4222))
+    #: largest PUB payload (HPUB: headers + payload), in bytes; announced in INFO
+    max_payload: int = codec.DEFAULT_MAX_PAYLOAD
+    #: longest protocol line (bytes)
+    max_control_line: int = codec.MAX_CONTROL_LINE
+    #: bytes of output that may wait for one connection (nats-server's max_pending); one byte
+    #: more and it is cut as a slow consumer
+    max_pending: int = 64 * 1024 * 1024
+    #: seconds a connection may stay backed up (its socket refusing output) before it is cut as
+    #: a slow consumer (nats-server's write_deadline); 0 turns the deadline off
+    write_deadline: float = 10.0
+    #: seconds between server PINGs (0 = none)
+    ping_interval: float = 120.0
+    #: unanswered PINGs after which the connection closes ('Stale Connection')
+    ping_max: int = 2
+    #: seconds a client has to send CONNECT when authentication is required
+    auth_timeout: float = 2.0
+    #: clients must send this auth_token (also as auth_token)
+    token: str | None = None
+    #: clients must send this user (with password)
+    user: str | None = None
+    #: the password of user (also as pass)
+    password: str | None = None
+    #: comma-separated public nkeys (U...) of users who sign the INFO nonce with their seed
+    nkeys: str | None = None
+    #: JSON file of nats-server's users = [...] entries (nkey or user/password users, each with
+    #: optional publish/subscribe permissions)
+    users: str | None = None
+    #: operator JWTs or their files (comma-separated): operator mode, JWT users only
+    operator: str | None = None
+    #: the account resolver of operator mode; only nats-server's MEMORY is supported
+    resolver: str = "MEMORY"
+    #: account JWTs: a JSON object {"A...": "<jwt>"} (nats-server's resolver_preload) or a
+    #: directory of *.jwt files
+    resolver_preload: str | None = None
+    #: server_name in INFO
+    server_name: str = "mqhub"
+    #: PEM certificate (and key): INFO says tls_required and the connection upgrades to TLS
+    #: right after INFO
+    tls_cert: str | None = None
+    #: PEM key when it is not in the tls_cert file
+    tls_key: str | None = None
+    #: PEM CA certificates client certificates must chain to (with tls_verify)
+    tls_ca: str | None = None
+    #: clients must present a certificate signed by a tls_ca CA (INFO says tls_verify)
+    tls_verify: bool = False
+    #: TLS starts at once, before INFO (nats-server's handshake_first)
+    tls_handshake_first: bool = False
+    #: WebSocket listener (--listen nats.ws=...): PEM certificate (and key) for wss://
+    ws_tls_cert: str | None = None
+    #: WebSocket listener: PEM key when it is not in the ws_tls_cert file
+    ws_tls_key: str | None = None
+    #: WebSocket listener: PEM CA certificates client certificates must chain to
+    ws_tls_ca: str | None = None
+    #: WebSocket listener: clients must present a certificate signed by a ws_tls_ca CA
+    ws_tls_verify: bool = False
+    #: WebSocket listener: allow plain ws:// off the loopback interface (nats-server's no_tls)
+    ws_no_tls: bool = False
+    #: WebSocket listener: accept permessage-deflate (nats-server's compression)
+    ws_compression: bool = False
+    #: mq9: seconds between TTL sweeps
+    sweep_interval: float = 1.0
+    #: mq9: unread messages a mailbox holds; beyond it INBOX publishes get an error
+    max_unread: int = 1_000_000
+    #: mq9: live mailboxes; beyond it CREATE replies {"error":"too many mailboxes"}
+    max_mailboxes: int = DEFAULT_MAX_MAILBOXES
+    tls_context: Any = field(default=None, init=False, repr=False)
+    host: str = field(default="127.0.0.1", init=False)
+    port: int = field(default=4222, init=False)
+
+    #: other names accepted for some keys (CONNECT's own field names)
+    ALIASES: ClassVar[dict[str, str]] = {"pass": "password", "auth_token": "token"}
 
     @property
     def auth_required(self) -> bool:

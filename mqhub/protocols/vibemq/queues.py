@@ -13,7 +13,8 @@ metadata ``vibemq/q/<name>`` (JSON) so they survive restarts. Mapping:
   dead-letters (core ``reject``, reason ``max_attempts``) a message dispatched once more than
   that, and the core writes attempts whenever a message returns to ready (timeout, requeue);
 - DropOldest → ``drop_oldest``; DropNewest and BlockPublisher → ``reject`` (the adapter drops
-  or withholds); RedirectToDlq → ``dead_letter``.
+  or withholds); RedirectToDlq → ``dead_letter_new`` (as the original: the new message goes to
+  the dead letters with reason ``overflow``, the queue keeps its messages).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from mqhub.records import validate_address
 log = Logger(namespace="mqhub.vibemq")
 
 META_PREFIX = "vibemq/q/"
-_OVERFLOW = {DROP_NEWEST: "reject", BLOCK_PUBLISHER: "reject", REDIRECT_TO_DLQ: "dead_letter"}
+_OVERFLOW = {DROP_NEWEST: "reject", BLOCK_PUBLISHER: "reject",
+             REDIRECT_TO_DLQ: "dead_letter_new"}
 
 
 _VALID: dict[str, bool] = {}
@@ -161,12 +163,14 @@ class QueueRegistry:
             is declared).
         """
         validate_address(name)
+        overflow = _OVERFLOW.get(opts.overflow_strategy, "drop_oldest")
         core = self.broker.declare_queue(
-            name, tier=self.tier, max_size=max(0, opts.max_queue_size),
-            overflow=_OVERFLOW.get(opts.overflow_strategy, "drop_oldest"),
+            name, tier=self.tier, max_size=max(0, opts.max_queue_size), overflow=overflow,
             ttl=opts.message_ttl or 0.0,
             msg_timeout=self.ack_timeout, window=self.window,
             mode="fanout" if opts.mode in (MODE_FANOUT_ACK, MODE_FANOUT_NO_ACK) else "competing")
+        if core.overflow != overflow:  # recovered from an older mapping (RedirectToDlq)
+            core.configure(overflow=overflow)
         if not self.broker.bindings(name):
             self.broker.bind_queue(name, name)
         q = VibeQueue(name, opts, created_at, core)

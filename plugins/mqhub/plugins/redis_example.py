@@ -7,11 +7,20 @@ here, the real code imported inside ``make_service``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from zope.interface import implementer
 
 from mqhub.interfaces import IProtocolPlugin
+
+
+@dataclass
+class RedisSettings:
+    """The plugin's options: ``--option redis.KEY=VALUE``, or ``[redis]`` in a config file."""
+
+    #: output bytes a subscriber may have pending before it is disconnected (slow subscriber)
+    max_pubsub_buffer: int = 32 * 1024 * 1024
 
 
 @implementer(IProtocolPlugin)
@@ -22,23 +31,19 @@ class RedisExample:
     aliases = ("resp",)
     description = "Redis RESP pub/sub subset (example drop-in plugin), channels are hub addresses"
     default_endpoints = {"tcp": "tcp:6380:interface=127.0.0.1"}
+    settings = "mqhub.plugins.redis_example:RedisSettings"
 
     def make_service(self, hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> Any:
-        """Build a listener serving RESP on ``endpoints['tcp']``.
+        """Build a listener serving RESP on ``endpoints['tcp']`` (settings: RedisSettings)."""
+        from mqhub.plugins._redis_example.server import RespFactory
 
-        ``--option redis.max_pubsub_buffer=BYTES`` sets the slow-subscriber limit (32 MiB).
-        """
-        from mqhub.plugins._redis_example.server import MAX_PUBSUB_BUFFER, RespFactory
-
-        from mqhub.errors import PluginError
         from mqhub.listener import ListenerService
+        from mqhub.plugin_settings import apply_settings
 
-        settings = options.get("plugin_options", {}).get("redis", {})
-        try:
-            limit = int(settings.get("max_pubsub_buffer", MAX_PUBSUB_BUFFER))
-        except ValueError:
-            raise PluginError("redis: max_pubsub_buffer must be a number of bytes") from None
-        return ListenerService(endpoints["tcp"], RespFactory(hub, limit), reactor=hub.reactor)
+        raw = options.get("plugin_options", {}).get("redis", {})
+        settings = apply_settings(RedisSettings(), raw, "redis")
+        return ListenerService(endpoints["tcp"], RespFactory(hub, settings.max_pubsub_buffer),
+                               reactor=hub.reactor)
 
 
 redis = RedisExample()

@@ -298,6 +298,24 @@ def test_overflow_dead_letter(hub: Hub) -> None:
     assert [(d.body, d.reason) for d in dead] == [(b"1", "overflow")]
 
 
+@pytest.mark.parametrize("tier", ["durable", "memory"])
+def test_overflow_dead_letter_new_refuses_the_new_into_the_dead_letters(hub: Hub,
+                                                                        tier: str) -> None:
+    """dead_letter_new: what does not fit goes to the dead letters (reason overflow) in the
+    publish's commit; the queue keeps its messages and another bound queue gets everything."""
+    q = _queue(hub, "small", "t", max_size=2, overflow="dead_letter_new", tier=tier)
+    other = _queue(hub, "big", "t")
+    _pub(hub, [b"1"], address="t")
+    _pub(hub, [b"2", b"3", b"4"], address="t")
+    _pub(hub, [b"5"], address="t")
+    assert [e[BODY] for e in q.peek(5)] == [b"1", b"2"] and q.depth == 2
+    assert other.depth == 5 and q.dead_letter_count == 3 and q.message_count == 5
+    dead = result_of(hub.broker.dead_letters("small"))
+    assert [(d.body, d.reason) for d in dead] == [(b"3", "overflow"), (b"4", "overflow"),
+                                                  (b"5", "overflow")]
+    assert hub.broker.counters.dead["overflow"] == 3
+
+
 def test_overflow_drops_lowest_priority_first(hub: Hub) -> None:
     """With priorities, the oldest message of the lowest priority is dropped."""
     q = _queue(hub, max_size=2)

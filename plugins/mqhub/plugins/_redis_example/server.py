@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from mqhub.plugins.redis_example import RedisSettings
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
@@ -29,7 +30,7 @@ from .resp import NEED_DATA, ErrorReply, ProtocolError, Reply, RespCodec, Simple
 
 PUBSUB_ONLY = {b"SUBSCRIBE", b"PSUBSCRIBE", b"UNSUBSCRIBE", b"PUNSUBSCRIBE", b"PING", b"QUIT", b"RESET"}
 SERVER_INFO_VERSION = "7.2.0"
-MAX_PUBSUB_BUFFER = 32 * 1024 * 1024
+MAX_PUBSUB_BUFFER = RedisSettings.max_pubsub_buffer
 
 
 def glob_to_pattern(glob: str) -> str:

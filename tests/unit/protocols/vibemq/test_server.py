@@ -418,13 +418,17 @@ def test_overflow_drop_newest(h: Harness) -> None:
 
 
 def test_overflow_redirect_to_dlq(h: Harness) -> None:
+    """As the original: the incoming message is dead-lettered (reason overflow), acknowledged
+    once stored, and the queue keeps the messages it had."""
     a = h.client()
     a.create_queue("q", QueueOptions(max_queue_size=2, overflow_strategy=3,
                                      enable_dead_letter_queue=True))
-    for i in range(3):
-        a.publish("q", i)
+    acks = [a.publish("q", i) for i in range(4)]
+    assert [ack.type for ack in acks] == [c.PUBLISH_ACK] * 4
     dead = h.result(h.hub.broker.dead_letters("q"))
-    assert [(json.loads(d.body), d.reason) for d in dead] == [(0, "overflow")]
+    assert [(json.loads(d.body), d.reason) for d in dead] == [(2, "overflow"), (3, "overflow")]
+    a.subscribe("q")
+    assert [json.loads(d.payload) for d in a.receive(2, ack=True)] == [0, 1]
 
 
 def test_overflow_block_publisher_withholds_ack_without_blocking_others(h: Harness) -> None:
