@@ -38,3 +38,8 @@ class MessageTooLarge(MqhubError):
 
 class PluginError(MqhubError):
     """A protocol plugin could not be loaded or refused to start."""
+
+
+class ClusterUnavailable(StoreError):
+    """Cluster mode: the JetStream cluster (or a stream's quorum) did not accept a write in
+    time. A StoreError, so every protocol refuses the publish with its own error."""
