@@ -61,6 +61,9 @@ SWEEP_INTERVAL = 0.1
 #: PING interval and how many unanswered PINGs make a connection dead
 PING_INTERVAL = 2.0
 PINGS_OUT = 3
+#: times a batch that met no stream (503) is sent again, and the pause before each
+RESENDS = 20
+RESEND_DELAY = 0.05
 _INBOX_SID = "1"
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -123,25 +126,37 @@ class Waiter:
 
 
 class PublishBatch(Waiter):
-    """The PubAcks of one pipelined batch: fires ``done`` with the last stream sequence."""
+    """The PubAcks of one pipelined batch: fires ``done`` with the last stream sequence.
 
-    __slots__ = ("left", "done", "last_seq")
+    A batch answered only by "no responders" (503: no stream took the subject, e.g. a moment
+    after the stream was made, before its interest reached this server) stored nothing, so
+    it is sent again (``resend``), up to :data:`RESENDS` times within its deadline.
+    """
 
-    def __init__(self, subject: str, deadline: float, count: int) -> None:
+    __slots__ = ("count", "left", "refused", "done", "last_seq", "resend", "resends")
+
+    def __init__(self, subject: str, deadline: float, count: int,
+                 resend: Callable[[], None] | None = None) -> None:
         """Wait for ``count`` PubAcks on ``subject``."""
         super().__init__(subject, deadline)
+        self.count = count
         self.left = count
+        self.refused = 0
         self.done: defer.Deferred[int] = defer.Deferred()
         self.last_seq = 0
+        self.resend = resend
+        self.resends = 0
 
     def receive(self, events: list[Event]) -> bool:
-        """Count PubAcks; the first error (or a no-responders status) ends the batch."""
+        """Count PubAcks; an error reply ends the batch, 503s are counted (see above)."""
         for event in events:
             if event[0] == OP_HMSG:
                 code, text = parse_status(event[4])
+                if code == 503:
+                    self.refused += 1
+                    continue
                 if code >= 300 or not event[5]:
-                    self.done.errback(ClusterUnavailable(
-                        f"publish refused: {code} {text or 'no stream'}"))
+                    self.done.errback(ClusterUnavailable(f"publish refused: {code} {text}"))
                     return True
                 payload = event[5]
             else:
@@ -150,11 +165,26 @@ class PublishBatch(Waiter):
                 self.done.errback(ClusterUnavailable(f"publish refused: {_error_text(payload)}"))
                 return True
             self.left -= 1
+        if self.refused:
+            return self._refused()
         if self.left <= 0:
             self.last_seq = _seq_of(events[-1])
             self.done.callback(self.last_seq)
             return True
         return False
+
+    def _refused(self) -> bool:
+        """Some publishes met no stream: once every answer is in, resend or refuse."""
+        if self.refused < self.left:
+            return False
+        if self.left == self.count and self.resend is not None and self.resends < RESENDS:
+            self.resends += 1
+            self.refused = 0
+            self.resend()
+            return False
+        self.done.errback(ClusterUnavailable(
+            f"publish refused: no stream takes it ({self.refused} of {self.count})"))
+        return True
 
     def fail(self, reason: Exception) -> None:
         """Refuse the batch to its publisher."""
@@ -500,7 +530,15 @@ class NatsConnection:
             self._write(frames(subject))
         except ClusterUnavailable as exc:
             return defer.fail(exc)
-        batch = PublishBatch(subject, self._deadline(timeout), count)
+        def resend() -> None:
+            def again() -> None:
+                try:
+                    self._write(frames(subject))
+                except ClusterUnavailable:
+                    pass   # the lost connection fails the batch
+            self.clock.callLater(RESEND_DELAY, again)
+
+        batch = PublishBatch(subject, self._deadline(timeout), count, resend)
         self.waiters[subject] = batch
         return batch.done
 
