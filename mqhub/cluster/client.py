@@ -299,7 +299,7 @@ class _Wire(protocol.Protocol):
         options: dict[str, object] = {
             "verbose": False, "pedantic": False, "headers": True, "no_responders": True,
             "protocol": 1, "lang": "python-twisted", "version": "mqhub",
-            "name": self.owner.name, "echo": True}
+            "name": self.owner.name, "echo": self.owner.echo}
         if self.url.user is not None:
             options["user"] = self.url.user
             options["pass"] = self.url.password or ""
@@ -317,10 +317,12 @@ class NatsConnection:
     :param urls: the servers, tried in turn (``nats://host:port``).
     :param name: the client name servers show (the mqhub node's name).
     :param timeout: default seconds a publish batch or request may wait.
+    :param echo: False: this connection's publishes never come back to its subscriptions.
     """
 
     def __init__(self, reactor: IReactorTCP, clock: IReactorTime, urls: Sequence[str],
-                 name: str = "mqhub", timeout: float = DEFAULT_TIMEOUT) -> None:
+                 name: str = "mqhub", timeout: float = DEFAULT_TIMEOUT,
+                 echo: bool = True) -> None:
         """Prepare; :meth:`start` connects."""
         if not urls:
             raise ValueError("no cluster URLs")
@@ -329,6 +331,8 @@ class NatsConnection:
         self.urls = [ServerUrl.parse(u) for u in urls]
         self.name = name
         self.timeout = timeout
+        #: whether this connection's own publishes reach its own subscriptions
+        self.echo = echo
         self.inbox = "_INBOX." + os.urandom(8).hex()
         self.wire: _Wire | None = None
         self.waiters: dict[str, Waiter] = {}

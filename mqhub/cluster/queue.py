@@ -1,0 +1,523 @@
+"""A durable queue in cluster mode: one JetStream durable pull consumer, and this node's view
+of it (its local consumers, what it pulled for them, what they hold in flight).
+
+JetStream holds the queue: its messages (interest retention keeps a message while a queue has
+not acked it), its delivery state across nodes, redelivery after ``ack_wait``, delivery counts.
+A node pulls only what its own consumers have room for (the sum of their RDY / credit), so
+messages never wait in one node's memory while another node's consumers are idle; what a node
+pulled but cannot deliver (its consumers withdrew their credit) is naked back at once.
+
+Message ids are stream sequences, so an id means the same message on every node. The
+operations map one to one (docs/cluster.md, "Mapping"): ack ``+ACK``, requeue ``-NAK`` with
+its delay, touch ``+WPI``; attempts are JetStream's delivery count; max attempts and reject
+dead-letter through the broker (stored in ``MQHUB_DLQ`` before the original is terminated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from mqhub.cluster.jetstream import (
+    IN_PROGRESS,
+    STREAM,
+    Puller,
+    ack_frames,
+    consumer_name,
+    nak_frames,
+)
+from mqhub.cluster.messages import BlockCache, entry_of
+from mqhub.core.address import pattern_matches
+from mqhub.core.consumer import Consumer
+from mqhub.core.deadletter import REASON_EXPIRED, REASON_MAX_ATTEMPTS, REASON_REJECTED
+from mqhub.errors import InvalidName, NoSuchQueue
+from mqhub.store.records import ATTEMPTS, MSG_ID, PRIORITY, Entry, entry_order
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mqhub.cluster.broker import ClusterBroker
+
+__all__ = ["ClusterQueue", "NOT_IN_FLIGHT", "NOT_OWNER", "SETTINGS"]
+
+NOT_IN_FLIGHT = "not_in_flight"
+NOT_OWNER = "not_owner"
+#: settings a queue keeps in its consumer's metadata
+SETTINGS = ("tier", "max_size", "overflow", "ttl", "max_attempts", "msg_timeout",
+            "expires_at", "auto_delete", "expire_to_dead_letters", "mode", "window")
+#: most messages one node asks for at once for a consumer without a limit (credit -1)
+UNLIMITED_PULL = 1000
+
+
+class ClusterQueue:
+    """One queue as seen from this node (see the module docstring).
+
+    :param broker: the node's cluster broker (connection, dead letters, deletion).
+    :param name: the queue's name.
+    """
+
+    def __init__(self, broker: ClusterBroker, name: str, *, tier: str = "durable",
+                 max_size: int = 0, overflow: str = "drop_oldest", ttl: float = 0.0,
+                 max_attempts: int = 0, msg_timeout: float = 60.0, expires_at: float = 0.0,
+                 auto_delete: bool = False, expire_to_dead_letters: bool = False,
+                 mode: str = "competing", window: int = 0) -> None:
+        """Made by :meth:`ClusterBroker.declare_queue`."""
+        if not name or len(name) > 255 or any(c.isspace() for c in name) \
+                or name.startswith("~"):
+            raise InvalidName(f"invalid queue name {name[:64]!r}")
+        self.broker = broker
+        self.name = name
+        self.consumer = consumer_name(name)
+        self.tier = tier
+        self.durable = True
+        self.max_size = int(max_size)
+        self.overflow = overflow
+        self.ttl = float(ttl)
+        self.max_attempts = int(max_attempts)
+        self.msg_timeout = float(msg_timeout)
+        self.expires_at = float(expires_at)
+        self.auto_delete = bool(auto_delete)
+        self.expire_to_dead_letters = bool(expire_to_dead_letters)
+        self.mode = mode
+        self.window_setting = int(window)
+        self.window = int(window) or broker.window
+        self.paused = False
+        self.deleted = False
+        self.patterns: list[str] = []
+        #: patterns whose filter is wider than the pattern (MQKS masks): checked here
+        self.masks: list[str] = []
+        self.consumers: list[Consumer] = []
+        self._ready: list[Entry] = []
+        self._replies: dict[int, str] = {}
+        #: in flight on a local consumer: msg_id -> [consumer, deadline, entry]
+        self._flight: dict[int, list] = {}
+        self._blocks = BlockCache()
+        self._puller: Puller | None = None
+        self._rr = 0
+        #: the cluster's count of messages not yet delivered (from the last pull or info)
+        self.pending = 0
+        self.ack_pending = 0
+        self.deferred = 0
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.expired_count = 0
+        self.dropped_count = 0
+        self.dead_letter_count = 0
+
+    # -- settings ---------------------------------------------------------------------------
+
+    def settings(self) -> dict[str, Any]:
+        """The settings kept in the consumer's metadata."""
+        return {"tier": self.tier, "max_size": self.max_size, "overflow": self.overflow,
+                "ttl": self.ttl, "max_attempts": self.max_attempts,
+                "msg_timeout": self.msg_timeout, "expires_at": self.expires_at,
+                "auto_delete": self.auto_delete,
+                "expire_to_dead_letters": self.expire_to_dead_letters,
+                "mode": self.mode, "window": self.window_setting}
+
+    def apply(self, settings: dict[str, Any]) -> None:
+        """Take settings read back from the cluster (another node may have set them)."""
+        for key in SETTINGS:
+            if key not in settings:
+                continue
+            value = settings[key]
+            if key == "window":
+                self.window_setting = int(value)
+                self.window = int(value) or self.broker.window
+            elif key in ("tier", "overflow", "mode"):
+                setattr(self, key, str(value))
+            elif key in ("auto_delete", "expire_to_dead_letters"):
+                setattr(self, key, bool(value))
+            elif key in ("max_size", "max_attempts"):
+                setattr(self, key, int(value))
+            else:
+                setattr(self, key, float(value))
+
+    def configure(self, **settings: Any) -> None:
+        """Change settings; stored in the consumer's config for every node."""
+        for key in settings:
+            if key not in SETTINGS or key in ("tier", "mode"):
+                raise InvalidName(f"cannot configure {key!r}")
+        self.apply(settings)
+        self.broker.save_queue(self)
+
+    # -- counts -----------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Messages ready for delivery cluster-wide (not in flight), as JetStream counted
+        them at the last pull or consumer info, plus what this node holds ready."""
+        return self.pending + len(self._ready)
+
+    @property
+    def deliverable(self) -> int:
+        """Same as :attr:`depth` (nothing awaits a commit here)."""
+        return self.depth
+
+    @property
+    def in_flight(self) -> int:
+        """Messages in flight on this node's consumers."""
+        return len(self._flight)
+
+    @property
+    def awaiting_commit(self) -> int:
+        """Always 0: a publish is confirmed by JetStream, not by a local commit."""
+        return 0
+
+    def stats(self) -> dict[str, Any]:
+        """Counters in the shape the admin surfaces and NSQ /stats use; depth and in flight
+        are the cluster's (from consumer info) where known."""
+        return {"name": self.name, "tier": self.tier, "depth": self.depth,
+                "in_memory": len(self._ready),
+                "in_flight": max(len(self._flight), self.ack_pending),
+                "deferred": self.deferred, "message_count": self.message_count,
+                "requeue_count": self.requeue_count, "timeout_count": self.timeout_count,
+                "expired_count": self.expired_count, "dropped_count": self.dropped_count,
+                "dead_letter_count": self.dead_letter_count,
+                "consumers": len(self.consumers), "paused": self.paused, "mode": self.mode}
+
+    def room(self) -> int:
+        """How many more messages the queue takes (``max_size`` is not enforced in cluster
+        mode: JetStream's stream limits are; docs/cluster.md, "Limits")."""
+        return 1 << 30
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def attach(self, target: Any, *, ready: int = 0, credit: int = 0,
+               timeout: float | None = None, tag: Any = None) -> Consumer:
+        """Attach a local consumer; pulling starts with the first one."""
+        if self.deleted:
+            raise NoSuchQueue(self.name)
+        consumer = Consumer(self, target, ready, credit,
+                            self.msg_timeout if timeout is None else float(timeout), tag)
+        self.consumers.append(consumer)
+        if self._puller is None:
+            self._puller = Puller(self.broker.conn, STREAM, self.consumer, self._want,
+                                  self._pulled, max_batch=500)
+            self._puller.start()
+        self.dispatch()
+        return consumer
+
+    def detach(self, consumer: Consumer, requeue: bool = True) -> None:
+        """Detach: its in-flight messages go back to JetStream for redelivery (a node never
+        drops a message it did not finish)."""
+        if consumer not in self.consumers:
+            return
+        consumer.attached = False
+        self.consumers.remove(consumer)
+        mine = [mid for mid, rec in self._flight.items() if rec[0] is consumer]
+        self._nak([self._drop_flight(mid) for mid in mine], 0.0)
+        consumer.in_flight = 0
+        if not self.consumers:
+            self._stop_pulling()
+            if self.auto_delete:
+                self.broker.delete_queue(self.name)
+        else:
+            self.dispatch()
+
+    def _stop_pulling(self) -> None:
+        """No local consumer left: stop the puller and give back what was pulled."""
+        if self._puller is not None:
+            self._puller.stop()
+            self._puller = None
+        self._release_ready()
+
+    def _release_ready(self) -> None:
+        """Nak everything pulled but not delivered (other nodes may take it now)."""
+        if self._ready:
+            ready, self._ready = self._ready, []
+            self._nak([self._replies.pop(e[MSG_ID]) for e in ready
+                       if e[MSG_ID] in self._replies], 0.0)
+
+    def _want(self) -> int:
+        """What this node's consumers have room for, less what it holds ready."""
+        if self.paused:
+            return 0
+        room = 0
+        for consumer in self.consumers:
+            n = consumer.available()
+            if n > 0:
+                room += min(n, UNLIMITED_PULL)
+        return room - len(self._ready)
+
+    def _pulled(self, events: list[tuple]) -> None:
+        """Turn pulled messages into entries: dead-letter those past max attempts, drop the
+        expired, keep the rest ready (priority first), deliver."""
+        now = self.broker.clock.seconds()
+        blocks = self._blocks
+        replies = self._replies
+        flight = self._flight
+        fresh: list[Entry] = []
+        dead: list[tuple[Entry, str]] = []
+        expired: list[tuple[Entry, str]] = []
+        sort = False
+        pending = -1
+        for event in events:
+            reply = event[3]
+            tokens = reply.split(".")
+            if len(tokens) >= 12:
+                delivered, seq, pub_ns, pending = (int(tokens[6]), int(tokens[7]),
+                                                   int(tokens[9]), int(tokens[10]))
+            else:
+                delivered, seq, pub_ns, pending = (int(tokens[4]), int(tokens[5]),
+                                                   int(tokens[7]), int(tokens[8]))
+            held = flight.get(seq)
+            if held is not None:          # redelivered while still held here: keep one
+                replies[seq] = reply
+                continue
+            entry = entry_of(event, seq, delivered, blocks)
+            if self.masks and not self._mask_ok(entry[5]):
+                self.broker.conn_publish(ack_frames([reply]))
+                continue
+            if (self.ttl and now - pub_ns / 1e9 > self.ttl) or \
+                    (entry[4] and entry[4] <= now):
+                expired.append((entry, reply))
+                continue
+            if self.max_attempts and delivered > self.max_attempts:
+                dead.append((entry, reply))
+                continue
+            if entry[PRIORITY]:
+                sort = True
+            replies[seq] = reply
+            fresh.append(entry)
+        if pending >= 0:
+            self.pending = pending
+        if expired:
+            self.expired_count += len(expired)
+            if self.expire_to_dead_letters:
+                self.broker.dead_letter(self, expired, REASON_EXPIRED, None)
+            else:
+                self.broker.conn_publish(ack_frames([r for _, r in expired]))
+        if dead:
+            self.broker.dead_letter(self, dead, REASON_MAX_ATTEMPTS, "max attempts reached")
+        if fresh:
+            self._ready.extend(fresh)
+            if sort or self._ready[0][PRIORITY]:
+                self._ready.sort(key=entry_order)
+            self.message_count += len(fresh)
+        self.dispatch()
+
+    def _mask_ok(self, address: str) -> bool:
+        """Whether ``address`` matches one of the queue's patterns (for mask filters)."""
+        return any(pattern_matches(p, address) for p in self.patterns)
+
+    def dispatch(self) -> None:
+        """Deliver ready entries to consumers with room (round robin), then ask for more."""
+        ready = self._ready
+        if ready and not self.paused and self.consumers:
+            now = self.broker.clock.seconds()
+            consumers = self.consumers
+            n_cons = len(consumers)
+            start = self._rr % n_cons
+            self._rr += 1
+            for i in range(n_cons):
+                if not ready:
+                    break
+                consumer = consumers[(start + i) % n_cons]
+                n = consumer.available()
+                if n <= 0:
+                    continue
+                batch = ready[:n]
+                del ready[:n]
+                deadline = now + consumer.timeout
+                flight = self._flight
+                for entry in batch:
+                    flight[entry[MSG_ID]] = [consumer, deadline, entry]
+                consumer.in_flight += len(batch)
+                if consumer.credit > 0:
+                    consumer.credit = max(0, consumer.credit - len(batch))
+                self.broker.counted_delivery(consumer, len(batch))
+                consumer.target.deliver_batch(consumer, self.name, batch)
+        if ready and (self.paused or not any(c.available() > 0 for c in self.consumers)):
+            self._release_ready()
+        if self._puller is not None:
+            self._puller.refill()
+
+    # -- message operations ---------------------------------------------------------------------
+
+    def _drop_flight(self, msg_id: int) -> str:
+        """Forget an in-flight message; return its ack reply subject."""
+        del self._flight[msg_id]
+        return self._replies.pop(msg_id)
+
+    def _owned(self, consumer: Consumer, msg_ids: Iterable[int]
+               ) -> tuple[list[int], list[int]]:
+        """Split ids into those ``consumer`` holds in flight here and the others."""
+        flight = self._flight
+        mine: list[int] = []
+        failed: list[int] = []
+        for mid in msg_ids:
+            rec = flight.get(mid)
+            if rec is not None and rec[0] is consumer:
+                mine.append(mid)
+            else:
+                failed.append(mid)
+        return mine, failed
+
+    def ack(self, consumer: Consumer, msg_ids: Iterable[int]) -> list[int]:
+        """``+ACK`` what ``consumer`` holds; return the ids it did not hold."""
+        mine, failed = self._owned(consumer, msg_ids)
+        if mine:
+            replies = [self._drop_flight(mid) for mid in mine]
+            consumer.in_flight -= len(mine)
+            self.broker.conn_publish(ack_frames(replies))
+            self.broker.counted_ack(consumer, len(mine))
+            self.dispatch()
+        return failed
+
+    def requeue(self, consumer: Consumer, msg_ids: Iterable[int], delay: float = 0.0,
+                error: str | None = None) -> list[int]:
+        """``-NAK`` with ``delay`` (JetStream redelivers it then, to any node); a message on
+        its last attempt goes to the dead letters instead."""
+        mine, failed = self._owned(consumer, msg_ids)
+        if not mine:
+            return failed
+        back: list[str] = []
+        dead: list[tuple[Entry, str]] = []
+        for mid in mine:
+            entry = self._flight[mid][2]
+            reply = self._drop_flight(mid)
+            if self.max_attempts and entry[ATTEMPTS] >= self.max_attempts:
+                dead.append((entry, reply))
+            else:
+                back.append(reply)
+        consumer.in_flight -= len(mine)
+        self.requeue_count += len(back)
+        if back:
+            self._nak(back, delay)
+        if dead:
+            self.broker.dead_letter(self, dead, REASON_MAX_ATTEMPTS, error or
+                                    "max attempts reached")
+        self.dispatch()
+        return failed
+
+    def touch(self, consumer: Consumer, msg_ids: Iterable[int],
+              extend: float | None = None) -> list[int]:
+        """``+WPI`` (JetStream restarts its ack wait) and a new local deadline."""
+        mine, failed = self._owned(consumer, msg_ids)
+        if mine:
+            deadline = self.broker.clock.seconds() + (consumer.timeout if extend is None
+                                                      else float(extend))
+            for mid in mine:
+                self._flight[mid][1] = deadline
+            self.broker.conn_publish(ack_frames([self._replies[m] for m in mine], IN_PROGRESS))
+        return failed
+
+    def reject(self, consumer: Consumer, msg_ids: Iterable[int],
+               reason: str = REASON_REJECTED, error: str | None = None) -> list[int]:
+        """Dead-letter now."""
+        mine, failed = self._owned(consumer, msg_ids)
+        if mine:
+            dead = [(self._flight[mid][2], self._drop_flight(mid)) for mid in mine]
+            consumer.in_flight -= len(mine)
+            self.broker.dead_letter(self, dead, reason, error)
+            self.dispatch()
+        return failed
+
+    def failure_reasons(self, consumer: Consumer,
+                        msg_ids: Iterable[int]) -> list[tuple[int, str]]:
+        """Why each id cannot be acked by ``consumer`` here."""
+        out = []
+        for mid in msg_ids:
+            rec = self._flight.get(mid)
+            if rec is None:
+                out.append((mid, NOT_IN_FLIGHT))
+            elif rec[0] is not consumer:
+                out.append((mid, NOT_OWNER))
+            else:
+                out.append((mid, "ok"))
+        return out
+
+    def owner_of(self, msg_id: int) -> Consumer | None:
+        """The local consumer holding ``msg_id`` in flight."""
+        rec = self._flight.get(msg_id)
+        return rec[0] if rec is not None else None
+
+    def remove(self, msg_ids: Iterable[int]) -> list[int]:
+        """Finish ready (pulled, undelivered) entries by id; return the ids not removed."""
+        wanted = set(msg_ids)
+        keep: list[Entry] = []
+        done: list[str] = []
+        for entry in self._ready:
+            if entry[MSG_ID] in wanted:
+                wanted.discard(entry[MSG_ID])
+                done.append(self._replies.pop(entry[MSG_ID]))
+            else:
+                keep.append(entry)
+        self._ready = keep
+        if done:
+            self.broker.conn_publish(ack_frames(done))
+        return sorted(wanted)
+
+    def peek(self, limit: int) -> list[Entry]:
+        """Ready entries this node has pulled (in order, unchanged)."""
+        return self._ready[:limit]
+
+    def take(self, limit: int) -> list[Entry]:
+        """Remove and return pulled ready entries (acked: "read and marked consumed")."""
+        taken = self._ready[:limit]
+        del self._ready[:limit]
+        if taken:
+            self.broker.conn_publish(ack_frames([self._replies.pop(e[MSG_ID])
+                                                 for e in taken]))
+        return taken
+
+    def _nak(self, replies: list[str], delay: float) -> None:
+        """Send ``-NAK`` (with a delay) for ``replies``."""
+        if replies:
+            self.broker.conn_publish(nak_frames(replies, delay))
+
+    def expire_flight(self, now: float) -> None:
+        """In-flight messages past their local deadline go back (``-NAK``), counted as
+        timeouts; called by the broker's timer."""
+        late = [mid for mid, rec in self._flight.items() if rec[1] <= now]
+        if not late:
+            return
+        replies = []
+        for mid in late:
+            consumer = self._flight[mid][0]
+            consumer.in_flight -= 1
+            replies.append(self._drop_flight(mid))
+        self.timeout_count += len(late)
+        self._nak(replies, 0.0)
+        self.dispatch()
+
+    def tick(self) -> None:
+        """Periodic: keep the puller's requests alive."""
+        if self._puller is not None:
+            self._puller.tick()
+
+    # -- admin ------------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop delivering on this node (pulled messages go back)."""
+        self.paused = True
+        self._release_ready()
+
+    def unpause(self) -> None:
+        """Deliver again."""
+        self.paused = False
+        self.dispatch()
+
+    def empty(self) -> Any:
+        """Drop everything the queue holds: its consumer is made anew (deliver new)."""
+        self._release_ready()
+        return self.broker.reset_queue(self)
+
+    def close(self) -> None:
+        """The queue was deleted: stop pulling, forget local state."""
+        self.deleted = True
+        for consumer in list(self.consumers):
+            consumer.attached = False
+        self.consumers = []
+        if self._puller is not None:
+            self._puller.stop()
+            self._puller = None
+        self._ready = []
+        self._replies.clear()
+        self._flight.clear()
+
+    def __repr__(self) -> str:
+        """Readable form for the manhole."""
+        return f"<ClusterQueue {self.name} consumers={len(self.consumers)} " \
+               f"in_flight={len(self._flight)}>"
+
