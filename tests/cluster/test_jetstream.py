@@ -43,7 +43,7 @@ def _setup(driver: Driver, cluster: LocalCluster, uid: str) -> tuple[NatsConnect
     js = JetStream(conn)
     stream = uid.upper()
     driver.result(js.ensure_stream({
-        "name": stream, "subjects": [f"mq.{uid}.>", f"mqq.{uid}.>"], "retention": "interest",
+        "name": stream, "subjects": [f"{uid}.>"], "retention": "interest",
         "storage": "file", "num_replicas": 3, "allow_msg_ttl": True}))
     return conn, js, stream
 
@@ -61,9 +61,9 @@ def test_two_queues_each_get_a_copy_and_acks_remove_the_message(
     for queue in ("q1", "q2"):
         driver.result(js.ensure_consumer(stream, {
             "durable_name": queue, "ack_policy": "explicit", "ack_wait": 30_000_000_000,
-            "filter_subjects": [pattern_filter(f"{uid}.*")[0], f"mqq.{uid}.{queue}"],
+            "filter_subjects": [f"{uid}.a.*", f"{uid}.direct.{queue}"],
             "max_deliver": -1}))
-    driver.result(_publish(conn, f"mq.{uid}.a", [b"m%d" % i for i in range(50)]))
+    driver.result(_publish(conn, f"{uid}.a.b", [b"m%d" % i for i in range(50)]))
     got: dict[str, list] = {"q1": [], "q2": []}
     pullers = []
     for queue in ("q1", "q2"):
@@ -98,8 +98,8 @@ def test_nak_with_delay_redelivers_later_with_the_count(
         cluster: LocalCluster, driver: Driver, uid: str) -> None:
     conn, js, stream = _setup(driver, cluster, uid)
     driver.result(js.ensure_consumer(stream, {
-        "durable_name": "q", "ack_policy": "explicit", "filter_subject": f"mq.{uid}.>"}))
-    driver.result(_publish(conn, f"mq.{uid}.x", [b"one"]))
+        "durable_name": "q", "ack_policy": "explicit", "filter_subject": f"{uid}.>"}))
+    driver.result(_publish(conn, f"{uid}.x", [b"one"]))
     got: list = []
     p = Puller(conn, stream, "q", want=lambda: 10, handler=got.extend)
     p.start()
