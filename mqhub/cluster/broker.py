@@ -26,7 +26,7 @@ import base64
 import json
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -112,12 +112,13 @@ class ClusterBroker:
 
     def __init__(self, reactor: IReactorTCP, clock: IReactorTime, urls: list[str], *,
                  replicas: int = 3, name: str = "", store: Any = None, scheduler: Any = None,
-                 window: int = 10_000, timeout: float = 5.0) -> None:
+                 window: int = 10_000, timeout: float = 5.0, tls_ca: str | None = None,
+                 creds: str | None = None) -> None:
         self.clock = clock
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         # echo off: live copies this node forwards never come back to its own subscriptions
         self.conn = NatsConnection(reactor, clock, urls, name=f"mqhub {self.name}",
-                                   timeout=timeout, echo=False)
+                                   timeout=timeout, echo=False, tls_ca=tls_ca, creds=creds)
         self.js = JetStream(self.conn)
         self.replicas = replicas
         self.store = store
@@ -138,6 +139,15 @@ class ClusterBroker:
         self._live_subs: dict[str, str] = {}         # cluster subject (ml.) -> its sid
         self._parked: set[str] = set()
         self._settling: list[defer.Deferred[Any]] = []
+        #: queues whose consumer this node is creating or changing now
+        self._creating: set[str] = set()
+        self._resave: dict[str, str] = {}
+        self._refreshing: defer.Deferred[None] | None = None
+        self._refresh_again = False
+        self._after_save: dict[str, list[Callable[[], object]]] = {}
+        #: a counter of this node's directory changes, and the count at each queue's last one
+        self._generation = 0
+        self._changed_at: dict[str, int] = {}
         self._blocks = BlockCache()
         self._ticker: Any = None
         self._refresher: Any = None
@@ -147,6 +157,20 @@ class ClusterBroker:
         self.problem = "not connected"
         self.endpoints: dict[str, str] = {}
         self.conn.on_state.append(self._on_state)
+
+    @classmethod
+    def from_options(cls, options: Any, reactor: Any, clock: IReactorTime, store: Any,
+                     scheduler: Any) -> ClusterBroker:
+        """The broker ``twistd mqhub --cluster URLS ...`` runs (options as tap.py gives them;
+        ``endpoints`` become what this node announces: NATS and NSQ client addresses)."""
+        urls = [u.strip() for u in str(options["cluster"]).split(",") if u.strip()]
+        broker = cls(reactor, clock, urls, replicas=int(options.get("cluster-replicas") or 3),
+                     name=options.get("cluster-name") or "", store=store, scheduler=scheduler,
+                     window=int(options.get("window") or 10_000),
+                     tls_ca=options.get("cluster-tls-ca"),
+                     creds=options.get("cluster-creds"))
+        broker.endpoints = announced_endpoints(options.get("endpoints") or {})
+        return broker
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -290,10 +314,28 @@ class ClusterBroker:
 
     # -- the directory (every queue of the cluster) -------------------------------------------------
 
+    def refresh(self) -> defer.Deferred[None]:
+        """Read the directory again; while a read is under way, one more follows it (any
+        number of calls meanwhile are one read)."""
+        if self._refreshing is not None:
+            self._refresh_again = True
+            return self._refreshing
+        d = self._refreshing = self._read_directory()
+
+        def done(result: object) -> object:
+            self._refreshing = None
+            if self._refresh_again and self.started:
+                self._refresh_again = False
+                self.refresh().addErrback(lambda f: None)
+            return result
+        d.addBoth(done)
+        return d
+
     @defer.inlineCallbacks
-    def refresh(self) -> Any:
+    def _read_directory(self) -> Any:
         """Read every consumer of ``MQHUB``: learn queues made or deleted elsewhere, their
         bindings and settings, and their depths."""
+        asked_at = self._generation
         infos = yield self.js.consumers(STREAM)
         seen: set[str] = set()
         changed = False
@@ -309,6 +351,12 @@ class ClusterBroker:
                 queue = ClusterQueue(self, name)
                 self._queues[name] = queue
                 changed = True
+            queue.pending = int(info.get("num_pending", 0))
+            queue.ack_pending = int(info.get("num_ack_pending", 0))
+            if name not in self._creating:
+                queue.deliver = str(config.get("deliver_policy") or queue.deliver)
+            if self._changed_at.get(name, -1) >= asked_at or name in self._creating:
+                continue   # changed here since this list was asked for: ours is newer
             try:
                 queue.apply(json.loads(meta.get("mqhub_settings") or "{}"))
             except ValueError:
@@ -317,17 +365,15 @@ class ClusterBroker:
             if patterns != queue.patterns:
                 self._rebind(queue, patterns)
                 changed = True
-            queue.pending = int(info.get("num_pending", 0))
-            queue.ack_pending = int(info.get("num_ack_pending", 0))
         for name in list(self._queues):
             if name not in seen and not self._queues[name].consumers \
-                    and name not in self._creating:
+                    and name not in self._creating \
+                    and self._changed_at.get(name, -1) < asked_at:
                 self._forget(name)
                 changed = True
         if changed:
             self.router.changed()
 
-    _creating: set[str] = set()
 
     def _dir_in(self, events: list[Event]) -> None:
         """Another node changed a queue: refresh now."""
@@ -364,8 +410,10 @@ class ClusterBroker:
 
     # -- queues ----------------------------------------------------------------------------------
 
-    def _consumer_config(self, queue: ClusterQueue, deliver: str = "all") -> dict:
-        """The durable consumer of ``queue``."""
+    def _consumer_config(self, queue: ClusterQueue) -> dict:
+        """The durable consumer of ``queue`` (its deliver policy is the one it was made
+        with: JetStream does not change it later)."""
+        deliver = queue.deliver
         filters = _filters(queue.patterns) + [queue_subject(queue.name)]
         return {"durable_name": queue.consumer, "ack_policy": "explicit",
                 "ack_wait": int(max(1.0, queue.msg_timeout) * 1e9), "max_deliver": -1,
@@ -398,16 +446,49 @@ class ClusterBroker:
         self.save_queue(queue)
         return queue
 
-    def save_queue(self, queue: ClusterQueue, deliver: str = "all") -> None:
-        """Create or update the queue's consumer in the cluster."""
+    def save_queue(self, queue: ClusterQueue, then: Callable[[], object] | None = None) -> None:
+        """Create or update the queue's consumer in the cluster; ``then`` runs once the
+        config is in. One request per queue is in flight at a time (the server may apply
+        concurrent updates of one consumer in any order): a change made meanwhile is sent
+        after it, with the queue's config of that moment."""
+        self._generation += 1
+        self._changed_at[queue.name] = self._generation
+        if then is not None:
+            self._after_save.setdefault(queue.name, []).append(then)
+        if queue.name in self._creating:
+            self._resave[queue.name] = "again"
+            return
         self._creating.add(queue.name)
-        d = self.js.ensure_consumer(STREAM, self._consumer_config(queue, deliver))
+        # sent at the end of this turn: a declare, its bindings and settings made together
+        # (an NSQ SUB, a mailbox) become one consumer create, with its filters from the start
+        placeholder: defer.Deferred[Any] = defer.Deferred()
+        self._settle(placeholder, f"queue {queue.name}")
+
+        def go() -> None:
+            self._resave.pop(queue.name, None)
+            self._send_save(queue).chainDeferred(placeholder)
+        self.clock.callLater(0, go)
+
+    def _send_save(self, queue: ClusterQueue) -> defer.Deferred[Any]:
+        """One consumer create/update request (see :meth:`save_queue`)."""
+        d = self.js.ensure_consumer(STREAM, self._consumer_config(queue))
 
         def made(result: object) -> object:
+            if self._resave.pop(queue.name, None) is not None and not queue.deleted:
+                self._send_save(queue)
+                return result
             self._creating.discard(queue.name)
+            for hook in self._after_save.pop(queue.name, []):
+                hook()
+            queue.resume_pulling()
             return result
         d.addBoth(made)
         self._settle(d, f"queue {queue.name}")
+        return d
+
+    def changing(self, name: str) -> bool:
+        """Whether this node is creating or changing queue ``name``'s consumer now."""
+        return name in self._creating
 
     def queue(self, name: str) -> ClusterQueue | None:
         """The queue called ``name`` (any node's)."""
@@ -434,10 +515,10 @@ class ClusterBroker:
 
     def reset_queue(self, queue: ClusterQueue) -> defer.Deferred[Any]:
         """Empty a queue: its consumer is made again delivering only new messages."""
+        queue.deliver = "new"
         d = self.js.delete_consumer(STREAM, queue.consumer)
         d.addErrback(_ignore_not_found)
-        d.addCallback(lambda _: self.js.ensure_consumer(STREAM,
-                                                        self._consumer_config(queue, "new")))
+        d.addCallback(lambda _: self.js.ensure_consumer(STREAM, self._consumer_config(queue)))
         d.addCallback(lambda _: None)
         self._settle(d, f"empty {queue.name}")
         return d
@@ -457,20 +538,17 @@ class ClusterBroker:
         # the first queue of a parked address takes what the park held (deliver all)
         if pattern in self._parked:
             self._parked.discard(pattern)
-            self.save_queue(queue, "all")
-            d = self._settling[-1]
-            d.addCallback(lambda _: self.js.delete_consumer(STREAM, _park_name(pattern)))
-            d.addErrback(_ignore_not_found)
+
+            def unpark() -> None:
+                d = self.js.delete_consumer(STREAM, _park_name(pattern))
+                d.addErrback(_ignore_not_found)
+                self._settle(d, f"unpark {pattern}")
+            queue.deliver = "all"      # the first queue takes what the park held
+            self.save_queue(queue, then=unpark)
         else:
-            self.save_queue(queue, "new" if len(queue.patterns) == 1 and
-                            not self._declared_now(queue) else "all")
+            self.save_queue(queue)
         return next(b for b in self._bindings.values()
                     if b.queue is queue and b.pattern == pattern)
-
-    def _declared_now(self, queue: ClusterQueue) -> bool:
-        """Whether the queue's consumer is still being made (then its deliver policy is
-        still open)."""
-        return queue.name in self._creating
 
     def subscribe(self, pattern: str, target: Any, *, group: str | None = None,
                   tag: Any = None) -> Binding:
@@ -646,11 +724,11 @@ class ClusterBroker:
             return defer.fail(ClusterUnavailable(self.problem or "cluster not ready"))
 
         def send(_: object = None) -> defer.Deferred[Any]:
+            if self._settling:   # changes made (or chained) meanwhile: wait for those too
+                wait = defer.DeferredList(list(self._settling), consumeErrors=True)
+                return wait.addCallback(send)
             return self.conn.publish_acked(
                 lambda reply: publish_frames(subject, reply, bodies, blocks), len(bodies))
-        if self._settling:
-            wait = defer.DeferredList(list(self._settling), consumeErrors=True)
-            return wait.addCallback(send)
         return send()
 
     def _schedule(self, subject: str, bodies: list[bytes], blocks: bytes | list[bytes],
@@ -658,7 +736,7 @@ class ClusterBroker:
         """Deferred publishes: one message schedule per message (``mqs.<id>``)."""
         if not self.ready:
             return defer.fail(ClusterUnavailable(self.problem or "cluster not ready"))
-        when = datetime.fromtimestamp(deliver_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = datetime.fromtimestamp(deliver_at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         sched = [("Nats-Schedule", f"@at {when}"), ("Nats-Schedule-Target", subject)]
         frames_blocks: list[bytes] = []
         for i in range(len(bodies)):
@@ -981,6 +1059,23 @@ class ClusterBroker:
                 "pending_commits": len(self.conn.waiters),
                 "refused_retried": dict(self.counters.retried),
                 "cluster": self.health()}
+
+
+def announced_endpoints(endpoints: dict[str, dict[str, str]]) -> dict[str, str]:
+    """``plugin.role`` -> ``host:port`` of the TCP listeners (what other nodes tell their
+    clients: NATS ``connect_urls``, NSQ ``/lookup``)."""
+    out = {}
+    for plugin, roles in endpoints.items():
+        for role, endpoint in roles.items():
+            parts = str(endpoint).split(":")
+            if parts[0] not in ("tcp", "ssl") or len(parts) < 2 or not parts[1].isdigit():
+                continue
+            host = "127.0.0.1"
+            for part in parts[2:]:
+                if part.startswith("interface="):
+                    host = part[len("interface="):] or host
+            out[f"{plugin}.{role}"] = f"{host}:{parts[1]}"
+    return out
 
 
 def _pub(subject: str, body: bytes) -> bytes:

@@ -23,11 +23,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
 from twisted.internet import defer, protocol
-from twisted.internet.interfaces import IDelayedCall, IReactorTCP, IReactorTime, ITCPTransport
+from twisted.internet.interfaces import IDelayedCall, IReactorTCP, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -45,6 +46,7 @@ from mqhub.protocols.nats.codec import (
 from mqhub.protocols.nats.encoders import PING, PONG, encode_connect, encode_sub, encode_unsub
 
 __all__ = ["NatsConnection", "Waiter", "PublishBatch", "Request", "Event", "parse_status",
+           "sign_nonce",
            "ServerUrl", "DEFAULT_TIMEOUT"]
 
 log = Logger()
@@ -225,6 +227,28 @@ class Request(Waiter):
         self.done.errback(reason)
 
 
+def sign_nonce(creds_path: str, nonce: str) -> tuple[str, str]:
+    """The user JWT of a NATS credentials file and its nkey's signature of ``nonce``
+    (base64url without padding), as CONNECT carries them. Needs the ``nkeys`` package."""
+    import base64
+
+    try:
+        import nkeys
+    except ImportError as exc:
+        raise ClusterUnavailable("--cluster-creds needs the nkeys package") from exc
+    with open(creds_path) as f:
+        text = f.read()
+    blocks = [line.strip() for line in text.splitlines()
+              if line.strip() and not line.strip().startswith(("---", "***", "NATS", "*"))]
+    jwt = next((b for b in blocks if b.startswith("ey")), "")
+    seed = next((b for b in blocks if b.startswith("SU")), "")
+    if not jwt or not seed:
+        raise ClusterUnavailable(f"{creds_path}: no user JWT and nkey seed found")
+    user = nkeys.from_seed(seed.encode())
+    sig = base64.urlsafe_b64encode(user.sign(nonce.encode())).rstrip(b"=").decode()
+    return jwt, sig
+
+
 def _error_text(payload: bytes) -> str:
     """The description of a JetStream error reply."""
     try:
@@ -250,7 +274,7 @@ def _seq_of(event: Event) -> int:
 class _Wire(protocol.Protocol):
     """One TCP connection to one nats-server: handshake, parsing, dispatch to the owner."""
 
-    transport: ITCPTransport
+    transport: Any  # ITCPTransport and ITLSTransport
 
     def __init__(self, owner: NatsConnection, url: ServerUrl) -> None:
         """Belong to ``owner``; ``url`` gives the credentials sent in CONNECT."""
@@ -291,11 +315,21 @@ class _Wire(protocol.Protocol):
             self.owner._dispatch(msgs)
 
     def _info(self, info: dict) -> None:
-        """First INFO: answer with CONNECT and a PING (PONG = ready)."""
+        """First INFO: upgrade to TLS when asked for, answer with CONNECT (signing the
+        server's nonce with the credentials' nkey) and a PING (PONG = ready)."""
         first = not self.info
         self.info = info
         if not first:
             return
+        owner = self.owner
+        if self.url.tls or owner.tls_ca or info.get("tls_required"):
+            from twisted.internet import ssl
+
+            trust = None
+            if owner.tls_ca:
+                with open(owner.tls_ca, "rb") as f:
+                    trust = ssl.Certificate.loadPEM(f.read())
+            self.transport.startTLS(ssl.optionsForClientTLS(self.url.host, trustRoot=trust))
         options: dict[str, object] = {
             "verbose": False, "pedantic": False, "headers": True, "no_responders": True,
             "protocol": 1, "lang": "python-twisted", "version": "mqhub",
@@ -303,6 +337,10 @@ class _Wire(protocol.Protocol):
         if self.url.user is not None:
             options["user"] = self.url.user
             options["pass"] = self.url.password or ""
+        if owner.creds:
+            jwt, sig = sign_nonce(owner.creds, str(info.get("nonce", "")))
+            options["jwt"] = jwt
+            options["sig"] = sig
         self.transport.write(encode_connect(options) + PING)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
@@ -318,11 +356,14 @@ class NatsConnection:
     :param name: the client name servers show (the mqhub node's name).
     :param timeout: default seconds a publish batch or request may wait.
     :param echo: False: this connection's publishes never come back to its subscriptions.
+    :param tls_ca: PEM file of the CA of the servers' certificates (TLS is then required).
+    :param creds: NATS credentials file (user JWT and nkey seed).
     """
 
     def __init__(self, reactor: IReactorTCP, clock: IReactorTime, urls: Sequence[str],
                  name: str = "mqhub", timeout: float = DEFAULT_TIMEOUT,
-                 echo: bool = True) -> None:
+                 echo: bool = True, tls_ca: str | None = None,
+                 creds: str | None = None) -> None:
         """Prepare; :meth:`start` connects."""
         if not urls:
             raise ValueError("no cluster URLs")
@@ -333,6 +374,8 @@ class NatsConnection:
         self.timeout = timeout
         #: whether this connection's own publishes reach its own subscriptions
         self.echo = echo
+        self.tls_ca = tls_ca
+        self.creds = creds
         self.inbox = "_INBOX." + os.urandom(8).hex()
         self.wire: _Wire | None = None
         self.waiters: dict[str, Waiter] = {}

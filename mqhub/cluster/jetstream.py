@@ -243,6 +243,10 @@ def nak_frames(replies: list[str], delay: float) -> list[bytes]:
 
 # pulling ---------------------------------------------------------------------------------
 
+#: seconds a puller waits after a pull request failed (no consumer yet, too many requests)
+PULL_BACKOFF = 0.2
+
+
 class Puller:
     """Keeps pull requests open on one durable consumer for ``want()`` messages.
 
@@ -278,12 +282,15 @@ class Puller:
         self._prefix = ""
         self._sid: str | None = None
         self._serial = 0
+        self._pause_until = 0.0
 
     def start(self) -> None:
         """Subscribe to the puller's inbox and begin pulling (again after reconnects)."""
         self.running = True
         if self._sid is None:
-            self._prefix = self.conn.reply_subject() + "."
+            # its own inbox, outside the connection's ``_INBOX.<id>.>``: the server sends a
+            # no-responders status to one subscription only, and it must be this one
+            self._prefix = "_PULL" + self.conn.reply_subject()[6:] + "."
             self._sid = self.conn.subscribe(self._prefix + "*", self._receive)
             self.conn.on_state.append(self._on_state)
         self.refill()
@@ -307,16 +314,22 @@ class Puller:
             self.refill()
 
     def _receive(self, events: list[Event]) -> None:
-        """Count messages against the oldest requests, close requests on their status, and
-        hand the messages on."""
+        """Count messages against the oldest requests, close requests on their status (or
+        an error reply), and hand the messages on."""
         msgs = []
         for event in events:
             if event[3]:
                 msgs.append(event)
-            elif event[0] == OP_HMSG and parse_status(event[4])[0] != 100:
-                entry = self.open.pop(event[1], None)
-                if entry is not None:
-                    self.outstanding -= entry[0]
+                continue
+            code = parse_status(event[4])[0] if event[0] == OP_HMSG else 0
+            if code == 100:          # idle heartbeat
+                continue
+            entry = self.open.pop(event[1], None)
+            if entry is not None:
+                self.outstanding -= entry[0]
+            if code != 408:          # not a plain expiry: the consumer is missing or busy
+                self.last_error = f"pull: {code or event[-1][:120]!r}"
+                self._pause_until = self.conn.clock.seconds() + PULL_BACKOFF
         if msgs:
             n = len(msgs)
             self.outstanding -= n
@@ -338,6 +351,8 @@ class Puller:
         if not self.running or not self.conn.connected:
             return
         now = self.conn.clock.seconds()
+        if now < self._pause_until:
+            return
         if self.open:
             oldest = next(iter(self.open.values()))
             if oldest[1] < now:

@@ -27,7 +27,7 @@ __all__ = ["LocalCluster", "ServerProcess", "nats_server_binary", "free_port", "
 
 HOST = "127.0.0.1"
 #: seconds to wait for a cluster to form (three servers electing a meta leader take 1-3 s)
-FORM_TIMEOUT = 30.0
+FORM_TIMEOUT = 60.0
 
 
 def nats_server_binary() -> str:
@@ -174,6 +174,28 @@ class LocalCluster:
         name = wait_for(self.leader, "a JetStream meta leader", timeout)
         assert isinstance(name, str)
         return name
+
+    def consumers(self, stream: str = "MQHUB") -> dict[str, dict]:
+        """Every consumer of ``stream`` (name -> info) as the first running server reports
+        it (monitoring endpoint; {} while it does not answer)."""
+        for server in self.servers:
+            if not server.running:
+                continue
+            try:
+                with urllib.request.urlopen(
+                        f"http://{HOST}:{server.http_port}/jsz?consumers=true&config=true",
+                        timeout=2.0) as resp:
+                    jsz = json.loads(resp.read())
+            except (OSError, ValueError):
+                continue
+            out = {}
+            for account in jsz.get("account_details") or []:
+                for detail in account.get("stream_detail") or []:
+                    if detail.get("name") == stream:
+                        for info in detail.get("consumer_detail") or []:
+                            out[info["name"]] = info
+            return out
+        return {}
 
     def kill(self, index: int) -> None:
         """``kill -9`` server ``index`` and reap it."""

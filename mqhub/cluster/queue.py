@@ -30,6 +30,7 @@ from mqhub.cluster.messages import BlockCache, entry_of
 from mqhub.core.address import pattern_matches
 from mqhub.core.consumer import Consumer
 from mqhub.core.deadletter import REASON_EXPIRED, REASON_MAX_ATTEMPTS, REASON_REJECTED
+from mqhub.core.delivery import MAX_ATTEMPTS_HEADER
 from mqhub.errors import InvalidName, NoSuchQueue
 from mqhub.store.records import ATTEMPTS, MSG_ID, PRIORITY, Entry, entry_order
 
@@ -45,6 +46,16 @@ SETTINGS = ("tier", "max_size", "overflow", "ttl", "max_attempts", "msg_timeout"
             "expires_at", "auto_delete", "expire_to_dead_letters", "mode", "window")
 #: most messages one node asks for at once for a consumer without a limit (credit -1)
 UNLIMITED_PULL = 1000
+#: seconds pulled messages wait for a local consumer before they go back to the cluster
+HOLD_READY = 5.0
+
+
+def _header_limit(headers: dict[str, str], default: int) -> int:
+    """A message's own max attempts (header ``mqhub-max-attempts``), else ``default``."""
+    try:
+        return max(0, int(headers[MAX_ATTEMPTS_HEADER]))
+    except ValueError:
+        return default
 
 
 class ClusterQueue:
@@ -81,6 +92,9 @@ class ClusterQueue:
         self.window = int(window) or broker.window
         self.paused = False
         self.deleted = False
+        #: the consumer's deliver policy when made: "new" (a new queue gets what is
+        #: published from now on), "all" when its first binding takes a parked backlog
+        self.deliver = "new"
         self.patterns: list[str] = []
         #: patterns whose filter is wider than the pattern (MQKS masks): checked here
         self.masks: list[str] = []
@@ -92,6 +106,7 @@ class ClusterQueue:
         self._blocks = BlockCache()
         self._puller: Puller | None = None
         self._rr = 0
+        self._stalled_at = 0.0
         #: the cluster's count of messages not yet delivered (from the last pull or info)
         self.pending = 0
         self.ack_pending = 0
@@ -192,10 +207,17 @@ class ClusterQueue:
         self.consumers.append(consumer)
         if self._puller is None:
             self._puller = Puller(self.broker.conn, STREAM, self.consumer, self._want,
-                                  self._pulled, max_batch=500)
-            self._puller.start()
+                                  self._pulled, max_batch=500, expires=2.0)
+            self.resume_pulling()
         self.dispatch()
         return consumer
+
+    def resume_pulling(self) -> None:
+        """Start the puller once the queue's consumer exists (a pull request to a consumer
+        that is still being made is dropped by the server without an answer)."""
+        puller = self._puller
+        if puller is not None and not puller.running and not self.broker.changing(self.name):
+            puller.start()
 
     def detach(self, consumer: Consumer, requeue: bool = True) -> None:
         """Detach: its in-flight messages go back to JetStream for redelivery (a node never
@@ -272,7 +294,10 @@ class ClusterQueue:
                     (entry[4] and entry[4] <= now):
                 expired.append((entry, reply))
                 continue
-            if self.max_attempts and delivered > self.max_attempts:
+            limit = self.max_attempts
+            if entry[6] and MAX_ATTEMPTS_HEADER in entry[6]:
+                limit = _header_limit(entry[6], limit)
+            if limit and delivered > limit:
                 dead.append((entry, reply))
                 continue
             if entry[PRIORITY]:
@@ -327,8 +352,10 @@ class ClusterQueue:
                     consumer.credit = max(0, consumer.credit - len(batch))
                 self.broker.counted_delivery(consumer, len(batch))
                 consumer.target.deliver_batch(consumer, self.name, batch)
-        if ready and (self.paused or not any(c.available() > 0 for c in self.consumers)):
-            self._release_ready()
+        if not ready:
+            self._stalled_at = 0.0
+        elif not self._stalled_at:
+            self._stalled_at = self.broker.clock.seconds()
         if self._puller is not None:
             self._puller.refill()
 
@@ -376,7 +403,10 @@ class ClusterQueue:
         for mid in mine:
             entry = self._flight[mid][2]
             reply = self._drop_flight(mid)
-            if self.max_attempts and entry[ATTEMPTS] >= self.max_attempts:
+            limit = self.max_attempts
+            if entry[6] and MAX_ATTEMPTS_HEADER in entry[6]:
+                limit = _header_limit(entry[6], limit)
+            if limit and entry[ATTEMPTS] >= limit:
                 dead.append((entry, reply))
             else:
                 back.append(reply)
@@ -482,9 +512,18 @@ class ClusterQueue:
         self.dispatch()
 
     def tick(self) -> None:
-        """Periodic: keep the puller's requests alive."""
+        """Periodic: keep the puller's requests alive (or start it, once it may); give back
+        what was pulled when no local consumer took it for :data:`HOLD_READY` seconds (its
+        consumers withdrew their credit while pull requests were open)."""
+        if self._ready and self._stalled_at and \
+                self.broker.clock.seconds() - self._stalled_at > HOLD_READY:
+            self._release_ready()
+            self._stalled_at = 0.0
         if self._puller is not None:
-            self._puller.tick()
+            if self._puller.running:
+                self._puller.tick()
+            else:
+                self.resume_pulling()
 
     # -- admin ------------------------------------------------------------------------------------
 

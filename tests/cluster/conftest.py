@@ -8,14 +8,16 @@ that kills a server gets it back from :func:`cluster`'s check before the next te
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.epollreactor import EPollReactor
 
-from mqhub.cluster.local import LocalCluster, wait_for
+from mqhub.cluster.local import LocalCluster
+from tests.interop.broker import BrokerProcess
 
 #: seconds a test waits for a cluster-side condition
 WAIT = 20.0
@@ -98,4 +100,60 @@ def driver() -> Iterator[Driver]:
     d.close()
 
 
-__all__ = ["Driver", "WAIT", "wait_for", "Path"]
+@pytest.fixture
+def make_node(cluster: LocalCluster, tmp_path: Path,
+              uid: str) -> Iterator[Callable[..., BrokerProcess]]:
+    """``make_node(["nsq"])``: a started mqhub node of the cluster (stopped after the test)."""
+    made: list[BrokerProcess] = []
+
+    def make(protocols: list[str], *extra: str, start: bool = True) -> BrokerProcess:
+        n = len(made)
+        node = BrokerProcess(protocols, tmp_path / f"node{n}", log_dir=tmp_path,
+                             extra_args=["--durability", "none", "--cluster",
+                                         cluster.url_list, "--cluster-name",
+                                         f"{tmp_path.name[-12:]}-{n}", *extra])
+        made.append(node)
+        return node.start() if start else node
+
+    yield make
+    for node in made:
+        node.close()
+        print(f"--- {node.log_path} ---\n{node.output()[-6000:]}")
+    drop_consumers(cluster, uid)
+
+
+
+
+def queues_made(cluster: LocalCluster, *names: str, timeout: float = WAIT) -> None:
+    """Wait until the consumers of queues ``names`` exist in the cluster (a queue declared on
+    a node exists cluster-wide once JetStream made its consumer)."""
+    from mqhub.cluster.jetstream import consumer_name
+
+    wanted = {consumer_name(n) for n in names}
+    deadline = time.monotonic() + timeout
+    while not wanted <= set(cluster.consumers()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"queues {names} not made in the cluster")
+        time.sleep(0.05)
+
+
+def drop_consumers(cluster: LocalCluster, marker: str) -> None:
+    """Delete the consumers whose name holds ``marker`` (a test's uid): every R3 consumer is
+    a Raft group, and a shared cluster full of them slows every later test."""
+    import asyncio
+
+    import nats
+
+    names = [n for n in cluster.consumers() if marker in n]
+    if not names:
+        return
+
+    async def drop() -> None:
+        nc = await nats.connect(cluster.urls)
+        for name in names:
+            await nc.request(f"$JS.API.CONSUMER.DELETE.MQHUB.{name}", b"", timeout=10)
+        await nc.close()
+    try:
+        asyncio.run(drop())
+    except Exception as exc:  # cleanup only: a failure here must not hide the test's result
+        print(f"dropping consumers {names}: {exc}")
