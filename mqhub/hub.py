@@ -63,6 +63,12 @@ class Hub:
     journal: Any = None
 
 
+def standalone_core(store: Any, clock: Any) -> Broker:
+    """A core of its own over an opened ``store``, for a hub built without one (the NATS
+    server's unit tests build mq9 on such a hub); the caller starts and stops it."""
+    return Broker(store, clock)
+
+
 def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hub:
     """Create the store, scheduler and broker core for ``options`` (nothing is opened or started).
 

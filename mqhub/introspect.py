@@ -15,8 +15,8 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from mqhub.core.ids import format_id, parse_id
 from mqhub.listener import ListenerService
+from mqhub.records import format_id, parse_id
 
 log = Logger(namespace="mqhub.introspect")
 

@@ -19,40 +19,10 @@ import re
 from types import MappingProxyType
 from typing import Any
 
-from mqhub.errors import InvalidName
+from mqhub.records import MAX_ADDRESS, is_pattern, validate_address, validate_pattern
 
-MAX_ADDRESS = 1024
-_BAD = re.compile(r"[\s\x00]")
-
-
-def validate_address(address: str) -> None:
-    """Raise InvalidName unless ``address`` is a publishable address (no wildcards)."""
-    if not address or len(address) > MAX_ADDRESS or _BAD.search(address):
-        raise InvalidName(f"invalid address {address[:64]!r}")
-    for token in address.split("."):
-        if not token or token == ">" or token == "#" or "*" in token:
-            raise InvalidName(f"invalid address {address[:64]!r}")
-
-
-def validate_pattern(pattern: str) -> None:
-    """Raise InvalidName unless ``pattern`` is a valid subscription pattern."""
-    if not pattern or len(pattern) > MAX_ADDRESS or _BAD.search(pattern):
-        raise InvalidName(f"invalid pattern {pattern[:64]!r}")
-    tokens = pattern.split(".")
-    for i, token in enumerate(tokens):
-        if not token:
-            raise InvalidName(f"invalid pattern {pattern[:64]!r}")
-        if (token == ">" or token == "#") and i != len(tokens) - 1:
-            raise InvalidName(f"{token!r} must be the last token")
-        if len(token) > 1 and (">" in token or "#" in token):
-            raise InvalidName(f"invalid pattern {pattern[:64]!r}")
-
-
-def is_pattern(text: str) -> bool:
-    """True when ``text`` contains a wildcard (``*``, a final ``>`` or ``#``)."""
-    if "*" in text:
-        return True
-    return text.endswith((">", "#")) and (len(text) == 1 or text[-2] == ".")
+__all__ = ["MAX_ADDRESS", "AddressTrie", "is_pattern", "pattern_matches", "validate_address",
+           "validate_pattern"]
 
 
 def _mask_regex(token: str) -> re.Pattern[str]:

@@ -14,14 +14,17 @@ import json
 import logging
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
+from twisted.internet.task import LoopingCall
+from zope.interface import implementer
 
 from mqhub.core.account import MemoryAccount
 from mqhub.core.address import pattern_matches, validate_address, validate_pattern
 from mqhub.core.backlog import WINDOW_BYTES
 from mqhub.core.commits import Commits
+from mqhub.core.consumer import Consumer
 from mqhub.core.counters import Counters
 from mqhub.core.deadletter import DeadLetter, all_dead_letters, dlq_name, from_dead
 from mqhub.core.delays import (
@@ -35,10 +38,13 @@ from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
 from mqhub.core.parking import PARK_CUT_PREFIX, BrokerParking
 from mqhub.core.queue import Queue
 from mqhub.core.routing import Binding, Route, Router
+from mqhub.core.state import StoreState
 from mqhub.core.tail import TAILS_BYTES
 from mqhub.core.window import WINDOW_FLOOR, WINDOWS_BYTES
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
+from mqhub.interfaces import IBinding, ICore, IQueue
 from mqhub.store.batch import WriteBatch
+from mqhub.store.codec import encode_meta
 from mqhub.store.journal_recorder import NULL_RECORDER
 from mqhub.store.records import Entry, entry_order
 
@@ -56,8 +62,9 @@ def validate_queue_name(name: str) -> None:
         raise InvalidName(f"invalid queue name {name[:64]!r}")
 
 
+@implementer(ICore)
 class Broker(BrokerParking):
-    """The protocol-neutral broker core (see docs/core-api.md).
+    """The protocol-neutral broker core, the embedded implementation of ICore (docs/core-api.md).
 
     Parking and pausing are in :class:`mqhub.core.parking.BrokerParking`, on delays, due rows
     and queue expiry in :class:`mqhub.core.delays.BrokerDelays`; the write
@@ -86,6 +93,8 @@ class Broker(BrokerParking):
         self.ids = IdGenerator(clock)
         self.counters = Counters()  # admin/metrics totals, batch granularity (core/counters.py)
         self.journal: Any = NULL_RECORDER  # the flow journal's recorder (set by the hub)
+        #: adapters' own durable records (NSQ topics, mq9 mailboxes...): store meta and lists
+        self.state = StoreState(store)
         self.router = Router()
         #: address -> Route cache (read-only for adapters; cleared in place on epoch changes)
         self.routes = self.router.cache
@@ -106,6 +115,8 @@ class Broker(BrokerParking):
         self._expiry_at = float("inf")
         self._started = False
         self._sweep_cursor = 0
+        #: without a scheduler the broker runs its TTL sweep on a clock timer of its own
+        self._sweeper: LoopingCall | None = None
         #: address -> ids below this were held for it when empty_parked ran (their delays are dropped)
         self._park_cut: dict[str, int] = {}
         self._releasing: set[str] = set()
@@ -171,9 +182,22 @@ class Broker(BrokerParking):
                 self._arm_memory_expiry(q)
         self.router.changed()
         self._started = True
+        if self.scheduler is None:
+            self._sweeper = LoopingCall(self._sweep_all)
+            self._sweeper.clock = self.clock
+            self._sweeper.start(1.0, now=False)
+
+    def _sweep_all(self) -> None:
+        """The TTL sweep of a broker without a scheduler (the scheduler slices it otherwise)."""
+        now = self.clock.seconds()
+        while self.sweep_ttl(now, 10_000):
+            pass
 
     def stop(self) -> Deferred[None]:
         """Stop timers and fire when every pending store commit has fired."""
+        if self._sweeper is not None and self._sweeper.running:
+            self._sweeper.stop()
+        self._sweeper = None
         for t in list(self._mem_timers):
             if t.active():
                 t.cancel()
@@ -199,6 +223,11 @@ class Broker(BrokerParking):
         pending; errbacks with the store's error when one of those commits failed.
         """
         return self.commits.barrier()
+
+    def session(self, principal: object) -> Broker:
+        """The handle a connection of ``principal`` acts through: the core itself, as no rights
+        are configured (docs/core-api.md, "Sessions")."""
+        return self
 
     def persist_settings(self, queue: Queue, batch: WriteBatch | None = None) -> None:
         """Persist a durable queue's settings (into ``batch``, or in its own commit)."""
@@ -240,7 +269,7 @@ class Broker(BrokerParking):
         """The queue called ``name``, or None."""
         return self._queues.get(name)
 
-    def queues(self) -> list[Queue]:
+    def queues(self) -> list[IQueue]:
         """Every user queue (hidden parking queues excluded)."""
         return list(self._queues.values())
 
@@ -264,6 +293,12 @@ class Broker(BrokerParking):
             if q.expires_at:
                 b.delete_due(EXPIRY_PREFIX + name.encode())
         return self.commits.commit(b)
+
+    def attach(self, queue: IQueue, target: Any, *, ready: int = 0, credit: int = 0,
+               timeout: float | None = None, tag: Any = None) -> Consumer:
+        """Attach a consumer to ``queue`` (one of this core's: see :meth:`Queue.attach`)."""
+        return cast(Queue, queue).attach(target, ready=ready, credit=credit, timeout=timeout,
+                                         tag=tag)
 
     # -- bindings ------------------------------------------------------------------------------
 
@@ -304,7 +339,7 @@ class Broker(BrokerParking):
         validate_pattern(pattern)
         return self._add_binding(pattern, None, target, group or None, tag)
 
-    def unbind(self, binding: Binding) -> None:
+    def unbind(self, binding: IBinding) -> None:
         """Remove ``binding``."""
         if self._bindings.pop(binding.id, None) is None:
             return
@@ -321,7 +356,7 @@ class Broker(BrokerParking):
                 self.commits.commit(wb)
         self.router.changed()
 
-    def bindings(self, queue_name: str | None = None) -> list[Binding]:
+    def bindings(self, queue_name: str | None = None) -> list[IBinding]:
         """Every binding, or those of one queue."""
         if queue_name is None:
             return list(self._bindings.values())
@@ -376,6 +411,14 @@ class Broker(BrokerParking):
         route = self.route(address)
         deliver_at = max((e[3] for e in entries), default=0.0)
         return self._publish(route, address, entries, persist, deliver_at)
+
+    def entry_fits(self, address: str, headers: dict[str, str] | None, origin: str) -> bool:
+        """True when the store can hold an entry with these fields (64 KiB of meta)."""
+        try:
+            encode_meta(address, headers, origin)
+        except ValueError:
+            return False
+        return True
 
     def put_entries(self, queue_name: str, entries: list[Entry]) -> Deferred[None]:
         """Put prebuilt entries into queue ``queue_name`` only (no routing, no live targets).

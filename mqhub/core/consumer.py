@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from zope.interface import implementer
+
+from mqhub.interfaces import IConsumer
+
 
 class ConsumerQueue(Protocol):
     """The queue a consumer is attached to, as the consumer and adapters use it (a Protocol, so
@@ -38,6 +42,7 @@ class ConsumerQueue(Protocol):
         """Why ``consumer`` cannot ack each id."""
 
 
+@implementer(IConsumer)
 class Consumer:
     """One consumer attached to a queue: its target, credit/ready limits and in-flight count.
 

@@ -12,10 +12,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from zope.interface import implementer
+
+from mqhub.interfaces import ICounters
+
 #: Keys of a source's report.
 FIELDS = ("published", "delivered", "acked")
 
 
+@implementer(ICounters)
 class Counters:
     """Monotonic totals: published/delivered/acked per protocol, dead letters per reason,
     refused-and-retried messages per kind."""

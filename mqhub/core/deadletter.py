@@ -7,25 +7,26 @@ and replay strip again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
+from mqhub.records import (
+    H_ERROR,
+    H_PRIORITY,
+    H_QUEUE,
+    H_REASON,
+    H_TIME,
+    REASON_EXPIRED,
+    REASON_MAX_ATTEMPTS,
+    REASON_OVERFLOW,
+    REASON_REJECTED,
+    DeadLetter,
+    clean_headers,
+)
 from mqhub.store.records import Entry
 
 DLQ_PREFIX = "~dlq/"
-H_REASON = "mqhub-dlq-reason"
-H_ERROR = "mqhub-dlq-error"
-H_PRIORITY = "mqhub-dlq-priority"
-H_TIME = "mqhub-dlq-time"
-H_QUEUE = "mqhub-dlq-queue"
-RESERVED = (H_REASON, H_ERROR, H_PRIORITY, H_TIME, H_QUEUE)
-
-REASON_MAX_ATTEMPTS = "max_attempts"
-REASON_OVERFLOW = "overflow"
-REASON_EXPIRED = "expired"
-REASON_REJECTED = "rejected"
 
 
 def dlq_name(queue: str) -> str:
@@ -46,45 +47,11 @@ def to_dead(entry: Entry, queue: str, reason: str, error: str | None, now: float
     return (msg_id, 0, attempts, 0.0, 0.0, address, headers, body, origin)
 
 
-def _clean(headers: dict[str, str] | None) -> dict[str, str] | None:
-    """Headers without the reserved dead-letter keys (None when nothing is left)."""
-    if not headers:
-        return None
-    out = {k: v for k, v in headers.items() if k not in RESERVED}
-    return out or None
-
-
 def from_dead(dead: Entry) -> Entry:
     """Return the entry to put back on the queue when replaying ``dead`` (attempts reset)."""
     msg_id, _, _, _, _, address, headers, body, origin = dead
     priority = int((headers or {}).get(H_PRIORITY, "0") or 0)
-    return (msg_id, priority, 0, 0.0, 0.0, address, _clean(headers), body, origin)
-
-
-@dataclass
-class DeadLetter:
-    """A dead-lettered message with why it died (a cold-path record)."""
-
-    msg_id: int
-    queue: str
-    address: str
-    body: bytes
-    headers: dict[str, str] | None
-    priority: int
-    attempts: int
-    reason: str
-    last_error: str | None
-    origin: str
-    dead_at: float
-
-    @classmethod
-    def from_entry(cls, dead: Entry, queue: str) -> DeadLetter:
-        """Build the record from a stored dead-letter entry."""
-        msg_id, _, attempts, _, _, address, headers, body, origin = dead
-        h = headers or {}
-        return cls(msg_id, h.get(H_QUEUE, queue), address, body, _clean(headers),
-                   int(h.get(H_PRIORITY, "0") or 0), attempts, h.get(H_REASON, ""),
-                   h.get(H_ERROR), origin, float(h.get(H_TIME, "0") or 0.0))
+    return (msg_id, priority, 0, 0.0, 0.0, address, clean_headers(headers), body, origin)
 
 
 __all__ = ["DeadLetter", "dlq_name", "to_dead", "from_dead", "DLQ_PREFIX", "REASON_EXPIRED",

@@ -19,16 +19,13 @@ from mqhub.core.deadletter import REASON_MAX_ATTEMPTS, REASON_REJECTED
 from mqhub.core.ids import first_id_at
 from mqhub.core.window import QueueWindow
 from mqhub.errors import NoSuchQueue
+from mqhub.interfaces import IConsumer
+from mqhub.records import MAX_ATTEMPTS_HEADER, NOT_IN_FLIGHT, NOT_OWNER
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry
 
 log = logging.getLogger(__name__)
 
-#: failure reasons of ack/requeue/touch/reject (see QueueDelivery.failure_reasons)
-NOT_IN_FLIGHT = "not_in_flight"
-NOT_OWNER = "not_owner"
-#: Header a message may carry to override its queue's ``max_attempts``.
-MAX_ATTEMPTS_HEADER = "mqhub-max-attempts"
 INF = float("inf")
 _NO_MAP = NO_MAP
 _NO_LIST = NO_LIST
@@ -126,7 +123,7 @@ class QueueDelivery(QueueWindow):
         self.dispatch()
         return c
 
-    def detach(self, consumer: Consumer, requeue: bool = True) -> None:
+    def detach(self, consumer: IConsumer, requeue: bool = True) -> None:
         """Detach ``consumer``; its in-flight messages return to ready (attempts kept)."""
         if consumer.queue is not self:
             consumer.queue.detach(consumer, requeue)
@@ -319,7 +316,7 @@ class QueueDelivery(QueueWindow):
 
     # -- message operations -----------------------------------------------------------------
 
-    def _take(self, consumer: Consumer, msg_ids: Iterable[int]) -> tuple[list[Entry], list[int]]:
+    def _take(self, consumer: IConsumer, msg_ids: Iterable[int]) -> tuple[list[Entry], list[int]]:
         """Pop the in-flight records of ``msg_ids`` held by ``consumer``; return (entries, failed).
 
         Fast path (C-level passes only): the owner records are popped at once; when every id
@@ -371,7 +368,7 @@ class QueueDelivery(QueueWindow):
                 return rec[0]
         return None
 
-    def failure_reasons(self, consumer: Consumer,
+    def failure_reasons(self, consumer: IConsumer,
                         msg_ids: Iterable[int]) -> list[tuple[int, str]]:
         """Why ``consumer`` cannot ack/requeue/touch/reject each id: ``(msg_id, reason)``.
 
@@ -392,7 +389,7 @@ class QueueDelivery(QueueWindow):
                 out.append((mid, NOT_OWNER))
         return out
 
-    def ack(self, consumer: Consumer, msg_ids: Iterable[int]) -> list[int]:
+    def ack(self, consumer: IConsumer, msg_ids: Iterable[int]) -> list[int]:
         """Acknowledge (NSQ FIN); return the ids that were not in flight on ``consumer``."""
         if consumer.queue is not self:
             return consumer.queue.ack(consumer, msg_ids)
@@ -421,7 +418,7 @@ class QueueDelivery(QueueWindow):
         self.dispatch()
         return failed
 
-    def touch(self, consumer: Consumer, msg_ids: Iterable[int],
+    def touch(self, consumer: IConsumer, msg_ids: Iterable[int],
               extend: float | None = None) -> list[int]:
         """Reset the deadline of in-flight messages to now + ``extend`` (default: consumer timeout)."""
         if consumer.queue is not self:
@@ -443,14 +440,14 @@ class QueueDelivery(QueueWindow):
             self._push_deadline(deadline, touched)
         return failed
 
-    def requeue(self, consumer: Consumer, msg_ids: Iterable[int], delay: float = 0.0,
+    def requeue(self, consumer: IConsumer, msg_ids: Iterable[int], delay: float = 0.0,
                 error: str | None = None) -> list[int]:
         """Return in-flight messages to ready (or deferred by ``delay`` seconds); dead-letter at max attempts."""
         if consumer.queue is not self:
             return consumer.queue.requeue(consumer, msg_ids, delay, error)
         return self._requeue_ids(consumer, msg_ids, delay, error, count=True)
 
-    def _requeue_ids(self, consumer: Consumer, msg_ids: Iterable[int], delay: float,
+    def _requeue_ids(self, consumer: IConsumer, msg_ids: Iterable[int], delay: float,
                      error: str | None, count: bool) -> list[int]:
         """Shared by requeue, timeouts and detach."""
         got, failed = self._take(consumer, msg_ids)
@@ -491,7 +488,7 @@ class QueueDelivery(QueueWindow):
         self.dispatch()
         return failed
 
-    def reject(self, consumer: Consumer, msg_ids: Iterable[int], reason: str = REASON_REJECTED,
+    def reject(self, consumer: IConsumer, msg_ids: Iterable[int], reason: str = REASON_REJECTED,
                error: str | None = None) -> list[int]:
         """Dead-letter in-flight messages now with ``reason``; return ids not in flight."""
         if consumer.queue is not self:

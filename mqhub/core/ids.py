@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-#: 2020-01-01T00:00:00Z, the zero of the id time field.
-EPOCH = 1577836800.0
-SEQ_BITS = 22
-MAX_ID = (1 << 64) - 1
+from zope.interface import implementer
+
+from mqhub.interfaces import IIdSource
+from mqhub.records import EPOCH, MAX_ID, SEQ_BITS, first_id_at, format_id, id_time, parse_id
+
+__all__ = ["EPOCH", "MAX_ID", "SEQ_BITS", "IdGenerator", "first_id_at", "format_id", "id_time",
+           "parse_id"]
 
 
+@implementer(IIdSource)
 class IdGenerator:
     """Hands out strictly increasing, time-ordered 64-bit ids; time comes from an injected clock."""
 
@@ -48,26 +52,3 @@ class IdGenerator:
         """The last id handed out (0 before the first)."""
         return self._last
 
-
-def first_id_at(when: float) -> int:
-    """Return the lowest id made at POSIX time ``when`` (ids below it are older)."""
-    return int((when - EPOCH) * 1000.0) << SEQ_BITS
-
-
-def id_time(msg_id: int) -> float:
-    """Return the POSIX time (seconds) encoded in ``msg_id``."""
-    return EPOCH + (msg_id >> SEQ_BITS) / 1000.0
-
-
-def format_id(msg_id: int) -> str:
-    """Render ``msg_id`` as 16 lowercase hex characters (NSQ's message-id width)."""
-    return f"{msg_id:016x}"
-
-
-def parse_id(text: str | bytes) -> int:
-    """Parse a 16-hex-character id; raise ValueError on anything else."""
-    if isinstance(text, bytes):
-        text = text.decode("ascii", "replace")
-    if len(text) != 16:
-        raise ValueError("message id must be 16 hex characters")
-    return int(text, 16)

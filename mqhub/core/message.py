@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mqhub.core.ids import id_time
+from mqhub.records import TIER_DURABLE, TIER_MEMORY, TIERS, id_time
 from mqhub.store.records import (
     ADDRESS,
     ATTEMPTS,
@@ -24,11 +24,6 @@ from mqhub.store.records import (
 
 __all__ = ["ADDRESS", "ATTEMPTS", "BODY", "DELIVER_AT", "EXPIRES_AT", "HEADERS", "MSG_ID",
            "ORIGIN", "PRIORITY", "Entry", "Message", "TIER_DURABLE", "TIER_MEMORY", "TIERS"]
-
-TIER_MEMORY = "memory"
-TIER_DURABLE = "durable"
-TIERS = (TIER_MEMORY, TIER_DURABLE)
-
 
 @dataclass
 class Message:

@@ -62,14 +62,14 @@ class BrokerParking(BrokerDelays):
             self.router.changed()
         return q
 
-    def park(self, address: str) -> None:
+    def park(self, address: str) -> Deferred[None]:
         """Keep publishes to ``address`` while no queue is bound to it (NSQ topic without channels)."""
         validate_address(address)
         self._releasing.discard(address)
         self._park_queue(address)
         b = WriteBatch()
         b.put_meta("park/" + address, b"1")
-        self.commits.commit(b)
+        return self.commits.commit(b)
 
     def unpark(self, address: str) -> Deferred[None]:
         """Stop parking ``address``; parked messages go to the bound queues (or are dropped)."""
@@ -78,7 +78,7 @@ class BrokerParking(BrokerDelays):
         self.commits.commit(b)
         return self._release(address)
 
-    def pause_address(self, address: str) -> None:
+    def pause_address(self, address: str) -> Deferred[None]:
         """Hold every publish to ``address`` in its parking queue until resumed."""
         validate_address(address)
         self._park_queue(address)
@@ -86,7 +86,7 @@ class BrokerParking(BrokerDelays):
         self.router.changed()
         b = WriteBatch()
         b.put_meta("pause/" + address, b"1")
-        self.commits.commit(b)
+        return self.commits.commit(b)
 
     def resume_address(self, address: str) -> Deferred[None]:
         """Release a paused address: held messages go to the bound queues."""

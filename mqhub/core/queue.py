@@ -14,6 +14,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from zope.interface import implementer
+
 from mqhub.core.backlog import NO_IDS, NO_LIST, NO_MAP
 from mqhub.core.consumer import Consumer
 from mqhub.core.deadletter import REASON_EXPIRED, REASON_OVERFLOW, dlq_name, to_dead
@@ -21,6 +23,8 @@ from mqhub.core.delivery import MAX_ATTEMPTS_HEADER, NOT_IN_FLIGHT, NOT_OWNER
 from mqhub.core.fanout import QueueFanout
 from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
 from mqhub.errors import InvalidName
+from mqhub.interfaces import IQueue
+from mqhub.records import MODES, OVERFLOW_POLICIES
 from mqhub.store.batch import WriteBatch
 from mqhub.store.records import Entry
 
@@ -32,14 +36,13 @@ log = logging.getLogger(__name__)
 __all__ = ["Consumer", "Queue", "MAX_ATTEMPTS_HEADER", "OVERFLOW_POLICIES", "MODES",
            "NOT_IN_FLIGHT", "NOT_OWNER"]
 
-OVERFLOW_POLICIES = ("drop_oldest", "reject", "dead_letter")
-MODES = ("competing", "fanout")
 _MEM_DEAD_LIMIT = 10_000
 _NO_MAP = NO_MAP
 _NO_IDS = NO_IDS
 _NO_LIST = NO_LIST
 
 
+@implementer(IQueue)
 class Queue(QueueFanout):
     """Ready entries ordered by (priority desc, msg_id asc), in-flight entries with deadlines.
 

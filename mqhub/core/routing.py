@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from zope.interface import implementer
+
 from mqhub.core.address import AddressTrie
+from mqhub.interfaces import IBinding, IRoute
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.core.queue import Queue
@@ -16,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 MAX_CACHED_ROUTES = 100_000
 
 
+@implementer(IBinding)
 class Binding:
     """One subscription: ``pattern`` to a queue, or to a live ``target`` (IDeliveryTarget)."""
 
@@ -39,6 +43,7 @@ class Binding:
         return f"<Binding {self.id} {self.pattern} -> {to}{group}>"
 
 
+@implementer(IRoute)
 class Route:
     """Everything a publish to one address reaches; immutable except the group rotation.
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mqhub.protocols.emqp import frames as F
-from mqhub.store.records import HEADERS
+from mqhub.records import HEADERS
 
 Frames = list[bytes]
 Send = Callable[[Frames], None]

@@ -14,7 +14,7 @@ from mqhub.protocols.emqp import frames as F
 from mqhub.protocols.emqp.droplog import DropLog
 from mqhub.protocols.emqp.jobs import Frames, Send
 from mqhub.protocols.emqp.peers import PeerTable
-from mqhub.store.records import BODY, ORIGIN
+from mqhub.records import BODY, ORIGIN
 
 log = Logger(namespace="mqhub.emqp")
 

@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.errors import InvalidName, MqhubError
-from mqhub.interfaces import IDeliveryTarget
+from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.protocols.emqp import frames as F
 from mqhub.protocols.emqp.droplog import DropLog
 from mqhub.protocols.emqp.jobs import (
@@ -46,7 +46,7 @@ from mqhub.protocols.emqp.pubsub import PubRelay
 from mqhub.protocols.emqp.replies import StoredReplies, send_logged
 from mqhub.protocols.emqp.schedules import SCHEDULE_KEY_PREFIX, ScheduleFront
 from mqhub.protocols.emqp.workers import Routes, Worker
-from mqhub.store.records import ATTEMPTS, BODY, HEADERS, MSG_ID
+from mqhub.records import ATTEMPTS, BODY, HEADERS, MSG_ID
 
 log = Logger(namespace="mqhub.emqp")
 
@@ -80,7 +80,7 @@ class EmqpRouter:
         """
         self.hub = hub
         self.clock = hub.clock
-        self.broker = hub.broker
+        self.broker: ICore = hub.broker
         self.scheduler = hub.scheduler
         self.send_frontend = send_frontend
         self.send_backend = send_backend
@@ -152,7 +152,8 @@ class EmqpRouter:
             name = JOB_PREFIX + qname
             queue = self.broker.declare_queue(name, tier="durable")
             self.broker.bind_queue(name, name)
-            consumer = queue.attach(self, credit=0, timeout=CONSUMER_TIMEOUT, tag=qname)
+            consumer = self.broker.attach(queue, self, credit=0, timeout=CONSUMER_TIMEOUT,
+                                          tag=qname)
             self.consumers[qname] = consumer
         return consumer
 

@@ -31,10 +31,10 @@ from twisted.logger import Logger
 from txzmq import ZmqEndpoint, ZmqEndpointType, ZmqFactory
 from txzmq.connection import ZmqConnection
 
-from mqhub.core.address import validate_pattern
 from mqhub.errors import InvalidName, PluginError
 from mqhub.protocols.emqp.peers import row_count
 from mqhub.protocols.emqp.router import EmqpRouter
+from mqhub.records import validate_pattern
 
 log = Logger(namespace="mqhub.emqp")
 

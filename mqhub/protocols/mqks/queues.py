@@ -23,12 +23,10 @@ from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mqhub.core.address import validate_pattern
 from mqhub.errors import MqhubError
-from mqhub.interfaces import IDeliveryTarget
+from mqhub.interfaces import IAdapterState, ICore, IDeliveryTarget
 from mqhub.protocols.mqks.codec import ConsumeArgs, RequestError, apply_rebind, render_update
-from mqhub.store.batch import WriteBatch
-from mqhub.store.records import MSG_ID
+from mqhub.records import MSG_ID, Entry, validate_pattern
 
 log = Logger(namespace="mqhub.mqks")
 
@@ -143,18 +141,19 @@ class MqksConsumer:
 class MqksRegistry:
     """Every MQKS queue and consumer of the hub.
 
-    :param broker: the core :class:`mqhub.core.broker.Broker`.
-    :param store: the hub's IMessageStore (queue settings metadata).
+    :param broker: the core (ICore).
+    :param state: where queue settings records are kept (the core's IAdapterState, or
+        anything that adapts to it).
     :param clock: IReactorTime for the delete-when-unused timers.
     :param prefetch: unacked messages per consumer.
     :param window: ready messages a queue keeps in memory (the core queue's ``window``).
     """
 
-    def __init__(self, broker: Any, store: Any, clock: Any, prefetch: int = 1000,
+    def __init__(self, broker: ICore, state: Any, clock: Any, prefetch: int = 1000,
                  window: int = 50_000) -> None:
         """Start empty; call :meth:`load` to recover the queues."""
         self.broker = broker
-        self.store = store
+        self.state: IAdapterState = IAdapterState(state)
         self.clock = clock
         self.prefetch = prefetch
         self.window = window
@@ -167,7 +166,7 @@ class MqksRegistry:
 
     def load(self) -> Deferred[None]:
         """Recover queues and events from the core, settings from metadata; arm unused timers."""
-        d = self.store.scan_meta(META_PREFIX)
+        d = self.state.scan_meta(META_PREFIX)
 
         def restore(rows: list[tuple[str, bytes]]) -> None:
             """Rebuild the queues from the core's ``mqks/`` queues and their bindings."""
@@ -186,8 +185,7 @@ class MqksRegistry:
                 if q.delete_when_unused is not None:
                     self._start_unused(q)
 
-        d.addCallback(restore)
-        return d
+        return d.addCallback(restore)
 
     # queues -------------------------------------------------------------------------------------
 
@@ -211,13 +209,13 @@ class MqksRegistry:
 
     def _save_settings(self, q: MqksQueue) -> Deferred[Any]:
         """Persist the queue's delete-when-unused setting (metadata row)."""
-        batch = WriteBatch()
+        batch = self.state.batch()
         if q.delete_when_unused is None:
             batch.delete_meta(META_PREFIX + q.name)
         else:
             batch.put_meta(META_PREFIX + q.name,
                            json.dumps({"delete_when_unused": q.delete_when_unused}).encode())
-        d: Deferred[Any] = self.store.commit(batch)
+        d: Deferred[Any] = self.state.commit(batch)
         return d
 
     def consume(self, conn: Any, cid: bytes, args: ConsumeArgs) -> Deferred[Any]:
@@ -252,9 +250,10 @@ class MqksRegistry:
         self._meter(q, exclude=consumer)
         consumer.metered = len(q.consumers) > 1
         try:
-            consumer.core = q.core.attach(consumer, ready=self.prefetch,
-                                          credit=1 if consumer.metered else 0,
-                                          timeout=NO_TIMEOUT, tag=cid)
+            # through the connection's own core session (ICore.session)
+            consumer.core = conn.broker.attach(q.core, consumer, ready=self.prefetch,
+                                               credit=1 if consumer.metered else 0,
+                                               timeout=NO_TIMEOUT, tag=cid)
         except MqhubError as exc:  # the core queue went away behind MQKS's back (admin)
             self.consumers.pop(cid, None)
             q.consumers.pop(cid, None)
@@ -414,7 +413,9 @@ class MqksRegistry:
             return
         q = consumer.queue
         first = self.broker.ids.reserve(len(entries))
-        fresh = [(first + i, e[1], e[2], 0.0) + tuple(e[4:]) for i, e in enumerate(entries)]
+        fresh: list[Entry] = [(first + i, prio, attempts, 0.0, expires, address, headers, body,
+                               origin) for i, (_, prio, attempts, _, expires, address, headers,
+                                               body, origin) in enumerate(entries)]
         self.broker.put_entries(q.core.name, fresh)
         q.core.ack(consumer.core, [e[MSG_ID] for e in entries])
 

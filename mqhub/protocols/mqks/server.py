@@ -28,8 +28,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mqhub.core.ids import format_id
 from mqhub.errors import MqhubError
+from mqhub.interfaces import ICore
 from mqhub.listener import peer_text, set_no_delay
 from mqhub.protocols.mqks import codec as wire
 from mqhub.protocols.mqks.codec import (
@@ -44,7 +44,7 @@ from mqhub.protocols.mqks.codec import (
 from mqhub.protocols.mqks.config import MqksConfig
 from mqhub.protocols.mqks.evals import EvalRefused, answer
 from mqhub.protocols.mqks.queues import MqksConsumer, MqksRegistry
-from mqhub.store.records import ADDRESS, ATTEMPTS, BODY, HEADERS, MSG_ID, ORIGIN
+from mqhub.records import ADDRESS, ATTEMPTS, BODY, HEADERS, MSG_ID, ORIGIN, format_id
 
 log = Logger(namespace="mqhub.mqks")
 
@@ -123,7 +123,8 @@ class MqksProtocol(Protocol):
         """Bind to the factory's hub, config and registry."""
         self.factory = factory
         self.registry: MqksRegistry = factory.registry
-        self.broker = factory.hub.broker
+        #: the core session this connection publishes and consumes through (ICore.session)
+        self.broker: ICore = factory.hub.broker.session(None)
         self.clock = factory.hub.clock
         self.reader = wire.LineReader(factory.config.max_line)
         self.consumers: dict[bytes, MqksConsumer] = {}

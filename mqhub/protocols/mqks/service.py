@@ -23,7 +23,7 @@ class MqksService(ProtocolService):
         """Build the registry, factory and listener (nothing is bound yet)."""
         super().__init__(hub)
         self.config = config
-        self.registry = MqksRegistry(hub.broker, hub.store, hub.clock, config.prefetch,
+        self.registry = MqksRegistry(hub.broker, hub.broker.state, hub.clock, config.prefetch,
                                      config.window)
         self.factory = MqksFactory(hub, config, self.registry)
         self.tcp = self.add_listener("tcp", endpoints["tcp"], self.factory)

@@ -7,8 +7,9 @@ core has *foreign* bindings on the subject (another protocol's subscriber or a q
 message also handed to ``broker.publish_batch`` with ``origin="nats"``, and the NATS target
 skips entries of NATS origin so nobody gets a message twice.
 
-Nothing the core refuses goes unnoticed: a bridged message whose headers cannot fit an entry's
-meta field (``mqhub.store.codec.MAX_META``: NATS allows headers up to ``max_payload``) is left
+Nothing the core refuses goes unnoticed: a bridged message whose headers cannot fit an entry
+(``ICore.entry_fits``; the embedded store's meta field is 64 KiB, NATS allows headers up to
+``max_payload``) is left
 out of the batch before the core sees it, so it cannot sink the other messages of that batch;
 a batch the core refuses (synchronously, e.g. a ``reject`` queue that is full, or when its
 commit fails) counts all its messages. Both are counted in the server's
@@ -24,11 +25,10 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from mqhub.errors import MqhubError
-from mqhub.interfaces import IDeliveryTarget
+from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.mailbox import RESERVED_REPLY, rendered
-from mqhub.store.codec import encode_meta
-from mqhub.store.records import BODY, HEADERS, ORIGIN
+from mqhub.records import BODY, HEADERS, ORIGIN
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.protocols.nats.server import NatsServer, Subscription
@@ -70,8 +70,8 @@ class NatsTarget:
 class CoreBridge:
     """Binds NATS subscriptions in the core and forwards NATS publishes to foreign bindings."""
 
-    def __init__(self, server: NatsServer, broker: Any) -> None:
-        """Attach to ``broker`` (a :class:`mqhub.core.broker.Broker`)."""
+    def __init__(self, server: NatsServer, broker: ICore) -> None:
+        """Attach to ``broker`` (the hub's ICore)."""
         self.server = server
         self.broker = broker
         self.target = NatsTarget(server)
@@ -138,10 +138,8 @@ class CoreBridge:
             headers = dict(headers or {})
             headers[RESERVED_REPLY] = reply
         if headers is not None and len(hdr or b"") + len(reply or "") >= META_CHECK_FROM:
-            try:
-                encode_meta(subject, headers, ORIGIN_NAME)
-            except ValueError as exc:
-                self.refused(subject, 1, exc)
+            if not self.broker.entry_fits(subject, headers, ORIGIN_NAME):
+                self.refused(subject, 1, ValueError("headers too large for an entry"))
                 return 0
         pending = self._pending.get(subject)
         if pending is None:

@@ -23,10 +23,9 @@ from typing import Any, Protocol
 
 from zope.interface import implementer
 
-from mqhub.core.ids import id_time
 from mqhub.interfaces import IDeliveryTarget
 from mqhub.protocols.nats import codec
-from mqhub.store.records import ADDRESS, BODY, HEADERS, MSG_ID
+from mqhub.records import ADDRESS, BODY, HEADERS, MSG_ID, id_time
 
 
 class MailboxHost(Protocol):

@@ -30,7 +30,7 @@ from twisted.internet.defer import gatherResults, succeed
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from mqhub.core.ids import id_time
+from mqhub.interfaces import IAdapterState, ICore
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.mailbox import (
     INBOX,
@@ -61,8 +61,7 @@ from mqhub.protocols.nats.mq9_common import (
 )
 from mqhub.protocols.nats.mq9_inbox import InboxWriter
 from mqhub.protocols.nats.mq9_push import MailboxPushes
-from mqhub.store.batch import WriteBatch
-from mqhub.store.records import EXPIRES_AT, HEADERS, MSG_ID, PRIORITY
+from mqhub.records import EXPIRES_AT, HEADERS, MSG_ID, PRIORITY, id_time
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.protocols.nats.server import NatsConnection, NatsServer, Subscription
@@ -84,11 +83,12 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
     """The mq9 layer of one NATS server.
 
     :param server: the :class:`NatsServer` (used to deliver and to find subscribers).
-    :param store: the hub's IMessageStore.
+    :param store: the hub's IMessageStore (only for a private core, see ``broker``); mq9's
+        records live in the core's ``state`` (IAdapterState).
     :param clock: the hub's clock.
     :param broker: the hub's core :class:`~mqhub.core.broker.Broker`; None makes a private one
-        over ``store`` (a hub without a core, e.g. the NATS server's unit tests), which
-        :meth:`start` starts and :meth:`stop` stops.
+        over ``store`` (a hub without a core, e.g. the NATS server's unit tests,
+        :func:`mqhub.hub.standalone_core`), which :meth:`start` starts and :meth:`stop` stops.
     """
 
     def __init__(self, server: NatsServer, store: Any, clock: Any, broker: Any = None, *,
@@ -100,18 +100,18 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
         PersistedBroadcasts.__init__(self)
         self._own_broker = broker is None
         if broker is None:
-            from mqhub.core.broker import Broker
-            broker = Broker(store, clock)
-        self.broker = broker
+            from mqhub.hub import standalone_core
+            broker = standalone_core(store, clock)
+        self.broker: ICore = broker
         self.server = server
-        self.store = store
+        self.state: IAdapterState = broker.state
         self.clock = clock
         self.ids = broker.ids
         self.sweep_interval = sweep_interval
         self.max_unread = max_unread
         self.max_mailboxes = max_mailboxes
         self.mailboxes: dict[str, Mailbox] = {}
-        self.batch = WriteBatch()
+        self.batch = self.state.batch()
         self.ops: list[tuple] = []
         self._kick_call: Any = None
         self.inflight = 0
@@ -123,10 +123,10 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
     def start(self) -> Any:
         """Recover mailboxes (their queues are the core's) and persisted broadcasts; sweep."""
         d: Any = self.broker.start() if self._own_broker else succeed(None)
-        d.addCallback(lambda _: self.store.scan_meta(META_MAILBOX))
+        d.addCallback(lambda _: self.state.scan_meta(META_MAILBOX))
         d.addCallback(self._recover_mailboxes)
         d.addCallback(self.migrate_broadcasts)
-        d.addCallback(lambda _: self.store.read_entries(BCAST_QUEUE, None, 1 << 30))
+        d.addCallback(lambda _: self.state.read_entries(BCAST_QUEUE, None, 1 << 30))
         d.addCallback(self.recover_broadcasts)
         d.addCallback(self._start_sweep)
         return d
@@ -157,7 +157,7 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
 
     def _migrate(self, box: Mailbox, old: str) -> Any:
         """Move a mailbox's entries from the one-queue layout of older versions to its queues."""
-        d = self.store.read_entries(old, None, 1 << 30)
+        d = self.state.read_entries(old, None, 1 << 30)
 
         def move(entries: list[tuple]) -> Any:
             """Re-publish each entry to its INBOX address with its expiry derived again."""
@@ -323,10 +323,10 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
         if not self.batch and not self.ops:
             return
         ops, self.ops = self.ops, []
-        batch, self.batch = self.batch, WriteBatch()
+        batch, self.batch = self.batch, self.state.batch()
         if batch or self.inflight:
             self.inflight += 1
-            d = self.store.commit(batch)
+            d = self.state.commit(batch)
             d.addBoth(self.landed)
         else:
             d = succeed(None)
@@ -351,11 +351,11 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
 
     def _commit(self) -> Any:
         """Hand the pending batch to the store now (used outside reads: stop)."""
-        batch, self.batch = self.batch, WriteBatch()
+        batch, self.batch = self.batch, self.state.batch()
         if not batch:
             return succeed(None)
         self.inflight += 1
-        d = self.store.commit(batch)
+        d = self.state.commit(batch)
         d.addBoth(self.landed)
         return d
 
@@ -408,7 +408,7 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
 
         Only mailboxes whose TTL is due are visited (a heap of (time, mail_id) fed by CREATE
         and recovery). Message TTLs are entry expiries in the core queues, dropped by the
-        core's TTL sweep (run from here when the broker has no scheduler).
+        core's own TTL sweep.
         """
         now = self.clock.seconds()
         batch = self.batch
@@ -426,9 +426,6 @@ class Mq9(InboxWriter, MailboxPushes, PersistedBroadcasts):
             for name in mailbox_queues(mail_id):
                 self.broker.delete_queue(name)
             batch.delete_meta(META_MAILBOX + mail_id)
-        if self.broker.scheduler is None:
-            while self.broker.sweep_ttl(now, 10000):
-                pass
         self.expire_broadcasts(now)
         if self.batch:
             self.end_turn()

@@ -18,11 +18,10 @@ from twisted.internet.defer import succeed
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.mq9_common import OP_BROADCAST, headers_dict, ttl_header
 from mqhub.protocols.nats.sublist import subject_matches
-from mqhub.store.batch import WriteBatch
-from mqhub.store.records import ADDRESS, BODY, EXPIRES_AT, HEADERS, MSG_ID, PRIORITY, make_entry
+from mqhub.records import ADDRESS, BODY, EXPIRES_AT, HEADERS, MSG_ID, PRIORITY, make_entry
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mqhub.core.broker import Broker
+    from mqhub.interfaces import IAdapterState, ICore, IStateBatch
     from mqhub.protocols.nats.server import NatsConnection, NatsServer, Subscription
 
 DEFAULT_BROADCAST_TTL = 3600.0
@@ -35,18 +34,18 @@ OLD_BCAST_QUEUE = "mq9/bc"
 class PersistedBroadcasts:
     """The persisted broadcasts of :class:`~.mq9.Mq9` (one of its bases).
 
-    Reads ``broker``, ``server``, ``store``, ``clock``, ``ids``, ``max_unread``, ``stats``,
+    Reads ``broker``, ``server``, ``state``, ``clock``, ``ids``, ``max_unread``, ``stats``,
     ``batch``, ``ops``, ``kick`` and ``new_id`` of the assembled class.
     """
 
-    broker: Broker
+    broker: ICore
     server: NatsServer
-    store: Any
+    state: IAdapterState
     clock: Any
     ids: Any
     max_unread: int
     stats: dict[str, int]
-    batch: WriteBatch
+    batch: IStateBatch
     ops: list[tuple]
     kick: Callable[[], None]
     new_id: Callable[[], int]
@@ -60,14 +59,14 @@ class PersistedBroadcasts:
         recovers as one of its own queues) under :data:`BCAST_QUEUE`."""
         if self.broker.queue(OLD_BCAST_QUEUE) is None:
             return None
-        d = self.store.read_entries(OLD_BCAST_QUEUE, None, 1 << 30)
+        d = self.state.read_entries(OLD_BCAST_QUEUE, None, 1 << 30)
 
         def move(entries: list[tuple]) -> Any:
             """Write them under the new name, then drop the old queue."""
-            batch = WriteBatch()
+            batch = self.state.batch()
             if entries:
                 batch.put_entries(BCAST_QUEUE, entries)
-            d2 = self.store.commit(batch) if batch else succeed(None)
+            d2 = self.state.commit(batch) if batch else succeed(None)
             d2.addCallback(lambda _: self.broker.delete_queue(OLD_BCAST_QUEUE))
             return d2
         d.addCallback(move)
@@ -80,7 +79,7 @@ class PersistedBroadcasts:
             self.broadcasts.append((e, set()))
         if not entries:
             return None
-        d = self.store.scan_meta(META_BCAST_KEYS)
+        d = self.state.scan_meta(META_BCAST_KEYS)
 
         def keys(rows: list[tuple[str, bytes]]) -> None:
             """Attach the stored receiver sets to their broadcasts."""

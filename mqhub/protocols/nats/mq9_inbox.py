@@ -27,7 +27,7 @@ from mqhub.protocols.nats.mq9_common import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mqhub.core.broker import Broker
+    from mqhub.interfaces import ICore
     from mqhub.protocols.nats.server import NatsConnection
 
 log = Logger()
@@ -44,7 +44,7 @@ class InboxWriter:
     ``persisted_broadcast`` of the assembled class.
     """
 
-    broker: Broker
+    broker: ICore
     clock: Any
     ids: Any
     mailboxes: dict[str, Mailbox]

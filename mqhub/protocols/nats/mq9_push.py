@@ -23,9 +23,10 @@ from mqhub.protocols.nats.mailbox import (
     rendered,
 )
 from mqhub.protocols.nats.mq9_common import OP_PUSH
-from mqhub.store.records import ADDRESS, BODY, HEADERS, MSG_ID
+from mqhub.records import ADDRESS, BODY, HEADERS, MSG_ID
 
 if TYPE_CHECKING:  # pragma: no cover
+    from mqhub.interfaces import ICore
     from mqhub.protocols.nats.server import NatsServer, Subscription
 
 #: in-flight limit of a mailbox's pushing consumer. Entries are in flight only from the core's
@@ -39,10 +40,11 @@ PUSH_BATCH = 1 << 20
 class MailboxPushes:
     """Mailbox subscribers and the consumers that push to them (a base of :class:`~.mq9.Mq9`).
 
-    Reads ``server``, ``stats``, ``ops``, ``kick``, ``live`` and ``flush_pubs`` of the
+    Reads ``broker``, ``server``, ``stats``, ``ops``, ``kick``, ``live`` and ``flush_pubs`` of the
     assembled class.
     """
 
+    broker: ICore
     server: NatsServer
     stats: dict[str, int]
     ops: list[tuple]
@@ -80,7 +82,7 @@ class MailboxPushes:
         if q is None or q.deleted:
             return
         self.pushers[key] = None           # attaching: a push inside attach() sees the slot
-        consumer = q.attach(MailboxPusher(self, box.mail_id, prio), ready=PUSH_BATCH)
+        consumer = self.broker.attach(q, MailboxPusher(self, box.mail_id, prio), ready=PUSH_BATCH)
         if self.pushers.get(key, 0) is None:
             self.pushers[key] = consumer
         self.settle()

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mqhub.core.queue import NOT_OWNER
+from mqhub.interfaces import ICore
 from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq.codec import ProtocolError, encode_error
+from mqhub.records import NOT_OWNER
 
 if TYPE_CHECKING:
     from mqhub.protocols.nsq.auth import AuthState
@@ -38,6 +39,7 @@ class ConsumerCommands:
     identity: Identity
     auth: AuthState | None
     state: str
+    core: ICore
     consumer: Any
     queue: Any
     topic_name: str
@@ -71,7 +73,8 @@ class ConsumerCommands:
         self.queue = queue
         self.state = STATE_SUBSCRIBED
         self.respond(_OK)
-        self.consumer = queue.attach(self, ready=0, timeout=self.identity.msg_timeout / 1000.0)
+        self.consumer = self.core.attach(queue, self, ready=0,
+                                         timeout=self.identity.msg_timeout / 1000.0)
 
     def on_rdy(self, ev: wire.Rdy) -> None:
         """RDY n: how many messages may be in flight to this client."""

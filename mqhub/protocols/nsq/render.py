@@ -11,11 +11,10 @@ from bisect import bisect_left
 from itertools import chain, repeat
 from operator import itemgetter
 
-from mqhub.core.ids import EPOCH, SEQ_BITS
 from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq.codec import MSG_HEAD
 from mqhub.protocols.nsq.frames import id_struct
-from mqhub.store.records import ATTEMPTS, BODY, MSG_ID
+from mqhub.records import ATTEMPTS, BODY, EPOCH, MSG_ID, SEQ_BITS
 
 _EPOCH_MS = int(EPOCH * 1000)
 #: :func:`_scatter` takes batches of at least this many messages with bodies of at most this

@@ -33,7 +33,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.errors import InvalidName, MqhubError, QueueFull
-from mqhub.interfaces import IDeliveryTarget
+from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.listener import peer_text, set_no_delay
 from mqhub.protocols.nsq import codec as wire
 from mqhub.protocols.nsq import snappy
@@ -49,7 +49,7 @@ from mqhub.protocols.nsq.consumer import STATE_INIT, ConsumerCommands
 from mqhub.protocols.nsq.identify import Identity, default_identity, negotiate
 from mqhub.protocols.nsq.render import render_messages
 from mqhub.protocols.nsq.topics import TopicRegistry
-from mqhub.store.records import MSG_ID
+from mqhub.records import MSG_ID
 
 log = Logger(namespace="mqhub.nsq")
 
@@ -84,6 +84,8 @@ class NsqProtocol(ConsumerCommands, Protocol):
         self.config: NsqConfig = factory.config
         self.clock = factory.hub.clock
         self.registry: TopicRegistry = factory.registry
+        #: the core session this connection subscribes through (ICore.session)
+        self.core: ICore = factory.hub.broker.session(None)
         self.codec = wire.ServerCodec(
             max_msg_size=self.config.max_msg_size,
             max_body_size=self.config.max_body_size,

@@ -29,7 +29,7 @@ class NsqService(ProtocolService):
         """Build the factory, the HTTP site and their listeners (nothing is bound yet)."""
         super().__init__(hub)
         self.config = config
-        self.registry = TopicRegistry(hub.broker, hub.store, config.mem_queue_size)
+        self.registry = TopicRegistry(hub.broker, hub.broker.state, config.mem_queue_size)
         self.factory = NsqFactory(hub, config, self.registry, secrets)
         self.start_time = int(hub.clock.seconds())
         # the configured ports until the listeners report the ones they really bound

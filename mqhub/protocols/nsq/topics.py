@@ -24,8 +24,8 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
 
+from mqhub.interfaces import IAdapterState, ICore, IQueue
 from mqhub.protocols.nsq.codec import is_ephemeral
-from mqhub.store.batch import WriteBatch
 
 META_PREFIX = "nsq/topic/"
 QUEUE_PREFIX = "nsq/"
@@ -52,7 +52,7 @@ class Topic:
     name: str
     address: str
     ephemeral: bool
-    channels: dict[str, Any] = field(default_factory=dict)  # channel name -> core Queue
+    channels: dict[str, IQueue] = field(default_factory=dict)  # channel name -> core queue
     paused: bool = False
     message_count: int = 0
     message_bytes: int = 0
@@ -61,16 +61,17 @@ class Topic:
 class TopicRegistry:
     """Every NSQ topic and channel; shared by the TCP server and the HTTP API.
 
-    :param broker: the core :class:`mqhub.core.broker.Broker`.
-    :param store: the hub's IMessageStore (topic metadata).
+    :param broker: the core (ICore).
+    :param state: where topic records are kept (the core's IAdapterState, or anything that
+        adapts to it).
     :param channel_window: ready messages a durable channel keeps in memory (the core queue's
         ``window``; nsqd's ``--mem-queue-size``); 0 = the broker's default.
     """
 
-    def __init__(self, broker: Any, store: Any, channel_window: int = 0) -> None:
+    def __init__(self, broker: ICore, state: Any, channel_window: int = 0) -> None:
         """Start empty; call :meth:`load` to recover topics from the store."""
         self.broker = broker
-        self.store = store
+        self.state: IAdapterState = IAdapterState(state)
         self.channel_window = max(0, int(channel_window))
         self.topics: dict[str, Topic] = {}
         #: called with (topic, channel) when a channel is deleted (the server closes its clients)
@@ -80,7 +81,7 @@ class TopicRegistry:
 
     def load(self) -> Deferred[None]:
         """Recover topics from metadata and channels from the core's ``nsq/`` queues."""
-        d = self.store.scan_meta(META_PREFIX)
+        d = self.state.scan_meta(META_PREFIX)
 
         def restore(rows: list[tuple[str, bytes]]) -> None:
             """Rebuild topics from metadata rows and channels from the core's queues."""
@@ -99,8 +100,7 @@ class TopicRegistry:
                 topic.channels[cname] = queue
                 self._apply_window(queue)
 
-        d.addCallback(restore)
-        return d
+        return d.addCallback(restore)
 
     # topics -----------------------------------------------------------------------------------
 
@@ -121,9 +121,9 @@ class TopicRegistry:
         topic = self._topic_object(name)
         self.broker.park(topic.address)
         if not topic.ephemeral:
-            batch = WriteBatch()
+            batch = self.state.batch()
             batch.put_meta(META_PREFIX + name, b"")
-            self.store.commit(batch)
+            self.state.commit(batch)
         return topic
 
     def delete_topic(self, name: str) -> Deferred[Any]:
@@ -140,9 +140,9 @@ class TopicRegistry:
         ds.append(maybeDeferred(self.broker.unpark, topic.address))
         if topic.paused:
             ds.append(maybeDeferred(self.broker.resume_address, topic.address))
-        batch = WriteBatch()
+        batch = self.state.batch()
         batch.delete_meta(META_PREFIX + name)
-        ds.append(self.store.commit(batch))
+        ds.append(self.state.commit(batch))
         return DeferredList(ds, consumeErrors=True)
 
     def _empty_parked(self, topic: Topic) -> Deferred[Any]:
@@ -163,9 +163,9 @@ class TopicRegistry:
         else:
             d = maybeDeferred(self.broker.resume_address, topic.address)
         if not topic.ephemeral:
-            batch = WriteBatch()
+            batch = self.state.batch()
             batch.put_meta(META_PREFIX + name, b"paused" if paused else b"")
-            self.store.commit(batch)
+            self.state.commit(batch)
         return d
 
     def topic_depth(self, topic: Topic) -> int:
@@ -174,7 +174,7 @@ class TopicRegistry:
 
     # channels ---------------------------------------------------------------------------------
 
-    def ensure_channel(self, topic_name: str, channel: str) -> Any:
+    def ensure_channel(self, topic_name: str, channel: str) -> IQueue:
         """Return the queue of ``topic_name``/``channel``, creating topic, queue and binding."""
         topic = self.ensure_topic(topic_name)
         queue = topic.channels.get(channel)
@@ -192,12 +192,12 @@ class TopicRegistry:
         topic.channels[channel] = queue
         return queue
 
-    def _apply_window(self, queue: Any) -> None:
+    def _apply_window(self, queue: IQueue) -> None:
         """Give a durable channel the configured in-memory window (a queue made with another)."""
         if queue.durable and queue.window_setting != self.channel_window:
             queue.configure(window=self.channel_window)
 
-    def get_channel(self, topic_name: str, channel: str) -> Any:
+    def get_channel(self, topic_name: str, channel: str) -> IQueue | None:
         """The queue of a channel or None."""
         topic = self.topics.get(topic_name)
         return None if topic is None else topic.channels.get(channel)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqhub.core.deadletter import DeadLetter
+from mqhub.records import DeadLetter
 
 log = Logger(namespace="mqhub.vibemq")
 

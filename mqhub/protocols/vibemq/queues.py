@@ -24,7 +24,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
-from mqhub.core.address import validate_address
+from mqhub.interfaces import IAdapterState, ICore
 from mqhub.protocols.vibemq.options import (
     BLOCK_PUBLISHER,
     DROP_NEWEST,
@@ -33,7 +33,7 @@ from mqhub.protocols.vibemq.options import (
     REDIRECT_TO_DLQ,
     QueueOptions,
 )
-from mqhub.store.batch import WriteBatch
+from mqhub.records import validate_address
 
 log = Logger(namespace="mqhub.vibemq")
 
@@ -83,11 +83,13 @@ class VibeQueue:
 class QueueRegistry:
     """Every VibeMQ queue of the hub, and the dead-letter names that point at them."""
 
-    def __init__(self, broker: Any, store: Any, clock: Any, tier: str = "durable",
+    def __init__(self, broker: ICore, state: Any, clock: Any, tier: str = "durable",
                  ack_timeout: float = 30.0, window: int = 0) -> None:
-        """:param tier: core tier of the queues made here; ``window`` their in-memory window."""
+        """:param broker: the core (ICore); :param state: where queue records are kept (the
+        core's IAdapterState, or anything that adapts to it).
+        :param tier: core tier of the queues made here; ``window`` their in-memory window."""
         self.broker = broker
-        self.store = store
+        self.state: IAdapterState = IAdapterState(state)
         self.clock = clock
         self.tier = tier
         self.ack_timeout = ack_timeout
@@ -97,7 +99,7 @@ class QueueRegistry:
 
     def load(self) -> Deferred[None]:
         """Recover the VibeMQ queues from store metadata."""
-        d = self.store.scan_meta(META_PREFIX)
+        d = self.state.scan_meta(META_PREFIX)
 
         def got(rows: list[tuple[str, bytes]]) -> None:
             """Re-declare each recorded queue (the core already recovered its entries)."""
@@ -155,10 +157,10 @@ class QueueRegistry:
         self.queues[name] = q
         self.dlqs[q.dlq_name] = q
         if persist:
-            b = WriteBatch()
+            b = self.state.batch()
             b.put_meta(META_PREFIX + name, json.dumps(
                 {"options": opts.to_record(), "created_at": created_at}).encode())
-            q.saved = self.store.commit(b)
+            q.saved = self.state.commit(b)
             q.saved.addErrback(lambda f: None)  # a failed write is retried by the next create
         return q
 
@@ -167,9 +169,9 @@ class QueueRegistry:
         q = self.queues.get(name)
         if q is not None:
             self._forget(q)
-        b = WriteBatch()
+        b = self.state.batch()
         b.delete_meta(META_PREFIX + name)
-        self.store.commit(b)
+        self.state.commit(b)
         if self.broker.queue(name) is None:
             return succeed(None)
         return self.broker.delete_queue(name)

@@ -24,9 +24,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mqhub.core.deadletter import REASON_MAX_ATTEMPTS
 from mqhub.errors import InvalidName, MqhubError
-from mqhub.interfaces import IDeliveryTarget
+from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.listener import set_no_delay, set_read_size
 from mqhub.protocols.vibemq import codec as c
 from mqhub.protocols.vibemq.admin import handle_admin
@@ -46,6 +45,7 @@ from mqhub.protocols.vibemq.render import (
     queue_field,
     render_payload,
 )
+from mqhub.records import REASON_MAX_ATTEMPTS
 
 log = Logger(namespace="mqhub.vibemq")
 
@@ -136,7 +136,8 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         """Bind to the factory's config, registry and users."""
         self.factory = factory
         cfg = self.config = factory.config
-        self.broker = factory.broker
+        #: the core session this connection publishes and subscribes through (ICore.session)
+        self.broker: ICore = factory.broker.session(None)
         self.clock = factory.clock
         self.registry = factory.registry
         self.decoder = c.FrameDecoder(cfg.max_frame_size, cfg.max_decompressed)
@@ -473,7 +474,7 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             return
         self.reply(c.SUBSCRIBE_ACK, f.id, name)
         self.subs[name] = (vq, None)
-        consumer = vq.core.attach(self, ready=self.config.prefetch, tag=name)
+        consumer = self.broker.attach(vq.core, self, ready=self.config.prefetch, tag=name)
         if name in self.subs and not self.closed:
             self.subs[name] = (vq, consumer)
         else:

@@ -25,7 +25,7 @@ class VibeMQService(ProtocolService):
         """Build the registry, factory and listener (nothing is bound yet)."""
         super().__init__(hub)
         self.config = config
-        self.registry = QueueRegistry(hub.broker, hub.store, hub.clock, config.tier,
+        self.registry = QueueRegistry(hub.broker, hub.broker.state, hub.clock, config.tier,
                                       config.ack_timeout, config.window)
         self.factory = VibeMQFactory(hub, config, self.registry, users)
         self.tcp = self.add_listener("tcp", endpoints["tcp"], self.factory)

@@ -11,6 +11,12 @@ import mqhub.core
 
 CORE = Path(mqhub.core.__file__).parent
 PACKAGE = "mqhub.core"
+ROOT = CORE.parent.parent
+#: what calls the core through its seam (mqhub.interfaces ICore...), never its internals
+SEAM_USERS = ("mqhub/protocols", "plugins", "mqhub/web", "mqhub/introspect.py",
+              "mqhub/manhole.py")
+#: what a seam user may not import: the core's modules and the embedded store's
+BEHIND_THE_SEAM = ("mqhub.core", "mqhub.store")
 MAX_LINES = 620
 
 
@@ -143,3 +149,28 @@ def test_no_core_module_is_much_over_600_lines() -> None:
     long = {p.name: n for p in CORE.glob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def _seam_user_files() -> list[Path]:
+    """Every Python file of the protocol packages, the plugins and the admin surfaces."""
+    out: list[Path] = []
+    for where in SEAM_USERS:
+        path = ROOT / where
+        out += [path] if path.is_file() else sorted(path.rglob("*.py"))
+    return out
+
+
+def test_protocol_adapters_import_only_the_seam() -> None:
+    """Protocol packages, plugins and admin surfaces import the core seam (mqhub.interfaces),
+    the records (mqhub.records) and mqhub.errors, never a module of mqhub.core or mqhub.store
+    (type-only and function-local imports included): a second backend of the seam serves them
+    unchanged."""
+    files = _seam_user_files()
+    assert len(files) > 50, "the protocol packages were not found"
+    problems = []
+    for path in files:
+        tree = ast.parse(path.read_text(), str(path))
+        for module, _ in _imports(tree):
+            if any(module == p or module.startswith(p + ".") for p in BEHIND_THE_SEAM):
+                problems.append(f"{path.relative_to(ROOT)}: imports {module}")
+    assert not problems, "\n".join(problems)

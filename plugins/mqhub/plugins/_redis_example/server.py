@@ -21,10 +21,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mqhub.core.address import validate_address
 from mqhub.errors import InvalidName, MqhubError
 from mqhub.interfaces import IDeliveryTarget
-from mqhub.store.records import BODY
+from mqhub.records import BODY, validate_address
 
 from .resp import NEED_DATA, ErrorReply, ProtocolError, Reply, RespCodec, SimpleString, encode
 
