@@ -65,9 +65,12 @@ from mqhub.core.deadletter import (
 )
 from mqhub.core.ids import IdGenerator
 from mqhub.core.routing import Binding, Route, Router
+from mqhub.core.state import StoreState
 from mqhub.errors import ClusterUnavailable, InvalidName, NoSuchQueue
-from mqhub.interfaces import IDeliveryTarget
+from mqhub.interfaces import IBinding, ICore, IDeliveryTarget, IQueue
 from mqhub.protocols.nats.codec import OP_HMSG, build_headers, parse_headers
+from mqhub.store.codec import encode_meta
+from mqhub.store.journal_recorder import NULL_RECORDER
 from mqhub.store.records import Entry
 
 __all__ = ["ClusterBroker", "Forwarder", "LIVE_PREFIX", "NODES_SUBJECT", "DIR_SUBJECT"]
@@ -98,6 +101,7 @@ class Forwarder:
         """Not called: :meth:`ClusterBroker.publish_batch` forwards once per batch itself."""
 
 
+@implementer(ICore)
 class ClusterBroker:
     """See the module docstring.
 
@@ -123,7 +127,9 @@ class ClusterBroker:
         self.replicas = replicas
         self.store = store
         self.scheduler = scheduler
-        self.journal: Any = None
+        self.journal: Any = NULL_RECORDER   # the flow journal's recorder (set by the hub)
+        #: adapters' own records: in this node's store (docs/cluster.md, "Limits")
+        self.state = StoreState(store) if store is not None else None
         self.window = window
         self.ids = IdGenerator(clock)
         self.counters = Counters()
@@ -473,6 +479,19 @@ class ClusterBroker:
         """One consumer create/update request (see :meth:`save_queue`)."""
         d = self.js.ensure_consumer(STREAM, self._consumer_config(queue))
 
+        def adopt(failure: Any) -> Any:
+            """Another node made the consumer with the other deliver policy: keep theirs."""
+            failure.trap(JetStreamError)
+            if failure.value.err_code != 10012:
+                return failure
+            info = self.js.consumer_info(STREAM, queue.consumer)
+
+            def retry(reply: dict) -> Any:
+                queue.deliver = str(reply["config"].get("deliver_policy") or queue.deliver)
+                return self.js.ensure_consumer(STREAM, self._consumer_config(queue))
+            return info.addCallback(retry)
+        d.addErrback(adopt)
+
         def made(result: object) -> object:
             if self._resave.pop(queue.name, None) is not None and not queue.deleted:
                 self._send_save(queue)
@@ -486,6 +505,26 @@ class ClusterBroker:
         self._settle(d, f"queue {queue.name}")
         return d
 
+    def session(self, principal: object) -> ClusterBroker:
+        """The handle a connection acts through: the broker itself (no rights configured)."""
+        return self
+
+    def attach(self, queue: IQueue, target: Any, *, ready: int = 0, credit: int = 0,
+               timeout: float | None = None, tag: Any = None) -> Any:
+        """Attach a consumer to one of this broker's queues."""
+        if not isinstance(queue, ClusterQueue):
+            raise NoSuchQueue(getattr(queue, "name", "?"))
+        return queue.attach(target, ready=ready, credit=credit, timeout=timeout, tag=tag)
+
+    def entry_fits(self, address: str, headers: dict[str, str] | None, origin: str) -> bool:
+        """True when a message with these fields fits (the same 64 KiB rule as the embedded
+        store, so an adapter behaves alike in both modes)."""
+        try:
+            encode_meta(address, headers, origin)
+        except ValueError:
+            return False
+        return True
+
     def changing(self, name: str) -> bool:
         """Whether this node is creating or changing queue ``name``'s consumer now."""
         return name in self._creating
@@ -494,7 +533,7 @@ class ClusterBroker:
         """The queue called ``name`` (any node's)."""
         return self._queues.get(name)
 
-    def queues(self) -> list[ClusterQueue]:
+    def queues(self) -> list[IQueue]:
         """Every queue of the cluster."""
         return list(self._queues.values())
 
@@ -562,7 +601,7 @@ class ClusterBroker:
         self._live_patterns_changed()
         return b
 
-    def unbind(self, binding: Binding) -> None:
+    def unbind(self, binding: IBinding) -> None:
         """Remove a binding (a queue's: its consumer's filters shrink)."""
         if self._bindings.pop(binding.id, None) is None:
             return
@@ -576,9 +615,10 @@ class ClusterBroker:
         else:
             self._live_patterns_changed()
 
-    def bindings(self, queue_name: str | None = None) -> list[Binding]:
+    def bindings(self, queue_name: str | None = None) -> list[IBinding]:
         """Bindings (of one queue), remote interest not included."""
-        out = [b for b in self._bindings.values() if b.target is not self.forwarder]
+        out: list[IBinding] = [b for b in self._bindings.values()
+                               if b.target is not self.forwarder]
         if queue_name is not None:
             out = [b for b in out if b.queue is not None and b.queue.name == queue_name]
         return out
@@ -593,17 +633,18 @@ class ClusterBroker:
 
     # -- parking (NSQ topics without channels) -------------------------------------------------------
 
-    def park(self, address: str) -> None:
+    def park(self, address: str) -> defer.Deferred[Any]:
         """Hold what is published to ``address`` until a queue is bound to it: a consumer
         nobody pulls keeps the messages (interest retention)."""
         if any(b.pattern == address for b in self._bindings.values() if b.queue is not None):
-            return
+            return defer.succeed(None)
         self._parked.add(address)
         d = self.js.ensure_consumer(STREAM, {
             "durable_name": _park_name(address), "ack_policy": "explicit",
             "filter_subject": address_subject(address), "deliver_policy": "all",
             "metadata": {"mqhub_park": address}})
         self._settle(d, f"park {address}")
+        return d
 
     def unpark(self, address: str) -> defer.Deferred[Any]:
         """Stop holding ``address``."""

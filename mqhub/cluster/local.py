@@ -166,6 +166,11 @@ class LocalCluster:
                 return None
             if meta.get("cluster_size", 0) < len(self.servers):
                 return None
+            peers = meta.get("replicas") or []
+            if server.name == leader and len(running) == len(self.servers) and (
+                    len(peers) < len(self.servers) - 1
+                    or not all(p.get("current") for p in peers)):
+                return None    # (the leader's view) a restarted server has not caught up
             names.add(leader)
         return names.pop() if len(names) == 1 else None
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from zope.interface import implementer
+
 from mqhub.cluster.jetstream import (
     IN_PROGRESS,
     STREAM,
@@ -32,6 +34,7 @@ from mqhub.core.consumer import Consumer
 from mqhub.core.deadletter import REASON_EXPIRED, REASON_MAX_ATTEMPTS, REASON_REJECTED
 from mqhub.core.delivery import MAX_ATTEMPTS_HEADER
 from mqhub.errors import InvalidName, NoSuchQueue
+from mqhub.interfaces import IConsumer, IQueue
 from mqhub.store.records import ATTEMPTS, MSG_ID, PRIORITY, Entry, entry_order
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,6 +61,7 @@ def _header_limit(headers: dict[str, str], default: int) -> int:
         return default
 
 
+@implementer(IQueue)
 class ClusterQueue:
     """One queue as seen from this node (see the module docstring).
 
@@ -219,10 +223,10 @@ class ClusterQueue:
         if puller is not None and not puller.running and not self.broker.changing(self.name):
             puller.start()
 
-    def detach(self, consumer: Consumer, requeue: bool = True) -> None:
+    def detach(self, consumer: IConsumer, requeue: bool = True) -> None:
         """Detach: its in-flight messages go back to JetStream for redelivery (a node never
         drops a message it did not finish)."""
-        if consumer not in self.consumers:
+        if not isinstance(consumer, Consumer) or consumer not in self.consumers:
             return
         consumer.attached = False
         self.consumers.remove(consumer)
@@ -366,7 +370,7 @@ class ClusterQueue:
         del self._flight[msg_id]
         return self._replies.pop(msg_id)
 
-    def _owned(self, consumer: Consumer, msg_ids: Iterable[int]
+    def _owned(self, consumer: IConsumer, msg_ids: Iterable[int]
                ) -> tuple[list[int], list[int]]:
         """Split ids into those ``consumer`` holds in flight here and the others."""
         flight = self._flight
@@ -380,7 +384,7 @@ class ClusterQueue:
                 failed.append(mid)
         return mine, failed
 
-    def ack(self, consumer: Consumer, msg_ids: Iterable[int]) -> list[int]:
+    def ack(self, consumer: IConsumer, msg_ids: Iterable[int]) -> list[int]:
         """``+ACK`` what ``consumer`` holds; return the ids it did not hold."""
         mine, failed = self._owned(consumer, msg_ids)
         if mine:
@@ -391,7 +395,7 @@ class ClusterQueue:
             self.dispatch()
         return failed
 
-    def requeue(self, consumer: Consumer, msg_ids: Iterable[int], delay: float = 0.0,
+    def requeue(self, consumer: IConsumer, msg_ids: Iterable[int], delay: float = 0.0,
                 error: str | None = None) -> list[int]:
         """``-NAK`` with ``delay`` (JetStream redelivers it then, to any node); a message on
         its last attempt goes to the dead letters instead."""
@@ -420,7 +424,7 @@ class ClusterQueue:
         self.dispatch()
         return failed
 
-    def touch(self, consumer: Consumer, msg_ids: Iterable[int],
+    def touch(self, consumer: IConsumer, msg_ids: Iterable[int],
               extend: float | None = None) -> list[int]:
         """``+WPI`` (JetStream restarts its ack wait) and a new local deadline."""
         mine, failed = self._owned(consumer, msg_ids)
@@ -432,7 +436,7 @@ class ClusterQueue:
             self.broker.conn_publish(ack_frames([self._replies[m] for m in mine], IN_PROGRESS))
         return failed
 
-    def reject(self, consumer: Consumer, msg_ids: Iterable[int],
+    def reject(self, consumer: IConsumer, msg_ids: Iterable[int],
                reason: str = REASON_REJECTED, error: str | None = None) -> list[int]:
         """Dead-letter now."""
         mine, failed = self._owned(consumer, msg_ids)
@@ -443,7 +447,7 @@ class ClusterQueue:
             self.dispatch()
         return failed
 
-    def failure_reasons(self, consumer: Consumer,
+    def failure_reasons(self, consumer: IConsumer,
                         msg_ids: Iterable[int]) -> list[tuple[int, str]]:
         """Why each id cannot be acked by ``consumer`` here."""
         out = []
