@@ -180,6 +180,25 @@ class LocalCluster:
         assert isinstance(name, str)
         return name
 
+    def stream_leader(self, stream: str = "MQHUB") -> str | None:
+        """The server name leading ``stream`` (None while none does)."""
+        for server in self.servers:
+            if not server.running:
+                continue
+            try:
+                with urllib.request.urlopen(
+                        f"http://{HOST}:{server.http_port}/jsz?streams=true", timeout=2.0) as resp:
+                    jsz = json.loads(resp.read())
+            except (OSError, ValueError):
+                continue
+            for account in jsz.get("account_details") or []:
+                for detail in account.get("stream_detail") or []:
+                    if detail.get("name") == stream:
+                        leader = (detail.get("cluster") or {}).get("leader")
+                        if leader:
+                            return str(leader)
+        return None
+
     def consumers(self, stream: str = "MQHUB") -> dict[str, dict]:
         """Every consumer of ``stream`` (name -> info) as the first running server reports
         it (monitoring endpoint; {} while it does not answer)."""
