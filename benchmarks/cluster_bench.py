@@ -11,6 +11,16 @@ alternate between the engine alone and the gateway, so load from elsewhere hits 
   them; rate = messages / (first publish → last message consumed); also the publish rate.
 * ``nats-server pub->sub <size>``: core NATS through one nats-server of the cluster, with the
   raw-socket publisher and subscriber of ``benchmarks/nats_bench.py``.
+* ``mqhub nsq <pub|mpub> <size>``: NSQ through one mqhub node (``--cluster``) with the
+  producer and consumer of ``benchmarks/nsq_bench.py`` (publish and end-to-end rates; the
+  consumer FINs everything), to compare with ``engine e2e``.
+* ``mqhub nats pub->sub <size>``: core NATS through one mqhub node (publisher and subscriber
+  on that node), to compare with ``nats-server pub->sub``.
+* ``two nodes nsq mpub <size>``: two producer/consumer pairs at once, each on its own node,
+  summed; to compare with one node's ``mqhub nsq mpub``.
+* ``failover``: seconds from ``kill -9`` of the node an NSQ consumer reads through until it
+  reads through another node; seconds from ``kill -9`` of the ``MQHUB`` stream leader until
+  JetStream named a new leader, and until a publish through mqhub was OK'd again.
 
 Output: ``<figure> <value> <unit>`` lines; ratios are printed once both sides of a figure ran.
 
@@ -24,6 +34,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -32,17 +43,18 @@ from collections.abc import Callable
 from typing import Any
 
 try:
-    from benchmarks import nats_bench
+    from benchmarks import _common, nats_bench, nsq_bench
 except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common  # type: ignore[no-redef]
     import nats_bench  # type: ignore[no-redef]
+    import nsq_bench  # type: ignore[no-redef]
 
 from mqhub.cluster.local import LocalCluster
 
+HOST = "127.0.0.1"
+
 #: payload sizes of the figures
 SIZES = (16, 1024)
-#: the stream layout cluster mode uses for durable addresses (docs/cluster.md)
-STREAM_CONFIG = {"retention": "interest", "num_replicas": 3, "storage": "file",
-                 "allow_msg_ttl": True, "allow_msg_schedules": True}
 
 
 async def _api(nc: Any, subject: str, payload: dict | None) -> dict:
@@ -98,25 +110,30 @@ async def _engine_publish(url: str, subject: str, body: bytes, count: int) -> tu
 
 
 def engine_run(cluster: LocalCluster, size: int, count: int) -> tuple[float, float]:
-    """One engine-alone run; returns (publish rate, end-to-end rate) in msg/s."""
+    """One engine-alone run into cluster mode's own stream ``MQHUB`` (made with its config
+    when no node made it yet); returns (publish rate, end-to-end rate) in msg/s."""
     import nats
 
-    stream = f"BENCH{int(time.time() * 1000) % 10**9}"
-    subject = f"mq.{stream.lower()}"
+    from mqhub.cluster.jetstream import STREAM, stream_config
+
+    durable = f"bench{time.time_ns() % 10**9}"
+    subject = f"mq.{durable}"
 
     async def setup() -> None:
         nc = await nats.connect(cluster.urls[0])
-        await _api(nc, f"$JS.API.STREAM.CREATE.{stream}",
-                   dict(STREAM_CONFIG, name=stream, subjects=[f"{subject}.>", subject]))
-        await _api(nc, f"$JS.API.CONSUMER.CREATE.{stream}.q", {
-            "stream_name": stream, "config": {"durable_name": "q", "ack_policy": "explicit",
+        try:
+            await _api(nc, f"$JS.API.STREAM.INFO.{STREAM}", None)
+        except RuntimeError:
+            await _api(nc, f"$JS.API.STREAM.CREATE.{STREAM}", stream_config(3)[0])
+        await _api(nc, f"$JS.API.CONSUMER.CREATE.{STREAM}.{durable}", {
+            "stream_name": STREAM, "config": {"durable_name": durable, "ack_policy": "explicit",
                                               "max_ack_pending": 20000,
                                               "filter_subject": subject}})
         await nc.close()
 
     async def teardown() -> None:
         nc = await nats.connect(cluster.urls[0])
-        await _api(nc, f"$JS.API.STREAM.DELETE.{stream}", None)
+        await _api(nc, f"$JS.API.CONSUMER.DELETE.{STREAM}.{durable}", None)
         await nc.close()
 
     asyncio.run(setup())
@@ -124,7 +141,7 @@ def engine_run(cluster: LocalCluster, size: int, count: int) -> tuple[float, flo
     ready = ctx.Event()
     recv, send = ctx.Pipe(False)
     proc = ctx.Process(target=engine_consumer,
-                       args=(cluster.urls[1], stream, "q", count, ready, send))
+                       args=(cluster.urls[1], STREAM, durable, count, ready, send))
     proc.start()
     ready.wait(30)
     t0, t1 = asyncio.run(_engine_publish(cluster.urls[0], subject, b"x" * size, count))
@@ -147,6 +164,100 @@ def nats_core_run(cluster: LocalCluster, size: int, count: int) -> float:
     return rate
 
 
+def start_node(cluster: LocalCluster, root: str, name: str,
+               protocols: str = "nsq,nats") -> tuple[Any, int, int]:
+    """An mqhub node of the cluster: (process, NSQ port, NATS port)."""
+    nsq_port, nats_port = _common.free_port(), _common.free_port()
+    data = os.path.join(root, name)
+    os.makedirs(data, exist_ok=True)
+    listens = [f"nsq.tcp=tcp:{nsq_port}:interface=127.0.0.1",
+               f"nsq.http=tcp:{_common.free_port()}:interface=127.0.0.1"]
+    if "nats" in protocols:
+        listens.append(f"mq9.tcp=tcp:{nats_port}:interface=127.0.0.1")
+    proc = _common.start_mqhub(
+        protocols, listens,
+        data, "none", os.path.join(data, "mqhub.log"), wait_for=nsq_port,
+        extra=("--cluster", cluster.url_list, "--cluster-name", name, "--no-admin"))
+    return proc, nsq_port, nats_port
+
+
+def nsq_run(port: int, pid: int, mode: str, size: int, duration: float) -> tuple[float, float]:
+    """NSQ producer/consumer through one node: (publish, end-to-end) msg/s."""
+    return nsq_bench.run_scenario(HOST, port, mode, size, duration, pid)
+
+
+def two_nodes_run(ports: list[tuple[int, int]], size: int,
+                  duration: float) -> float:
+    """Two NSQ pairs at once, one per node: the summed end-to-end rate."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+
+    def one(port: int, pid: int) -> None:
+        out.put(nsq_bench.run_scenario(HOST, port, "mpub", size, duration, None)[1])
+    procs = [ctx.Process(target=one, args=p) for p in ports]
+    for proc in procs:
+        proc.start()
+    total = sum(out.get(timeout=duration + 120) for _ in procs)
+    for proc in procs:
+        proc.join(10)
+    return total
+
+
+def failover(cluster: LocalCluster, root: str) -> dict[str, float]:
+    """The two failover figures (see the module docstring)."""
+    from mqhub.protocols.nsq import codec as wire
+    from tests.cluster.crash import Collector, Producer
+
+    a, a_nsq, _ = start_node(cluster, root, f"fa{time.time_ns() % 10**6}", "nsq")
+    b, b_nsq, _ = start_node(cluster, root, f"fb{time.time_ns() % 10**6}", "nsq")
+    topic = f"failover{time.time_ns() % 10**9}"
+    out: dict[str, float] = {}
+    try:
+        reader = Collector(a_nsq, topic, "ch")
+        producer = Producer(lambda: b_nsq, topic, window=20)
+        deadline = time.monotonic() + 30
+        while not reader.got and time.monotonic() < deadline:
+            producer.step()
+            reader.pump(0.05)
+        a.kill()
+        a.wait()
+        killed = time.monotonic()
+        try:
+            reader.sock.read(0.05)
+        except ConnectionError:
+            pass
+        reader = Collector(b_nsq, topic, "ch")      # the client's reconnect to another node
+        while not reader.got and time.monotonic() - killed < 30:
+            producer.step()
+            reader.pump(0.05)
+        out["failover node kill -> consuming again"] = time.monotonic() - killed
+        leader = cluster.stream_leader()
+        assert leader is not None
+        index = cluster.index_of(leader)
+        for _ in range(5):
+            producer.step()
+        cluster.kill(index)
+        killed = time.monotonic()
+        recovered = resumed = 0.0
+        while time.monotonic() - killed < 60 and not (recovered and resumed):
+            if not recovered:
+                now_leader = cluster.stream_leader()
+                if now_leader and now_leader != leader:
+                    recovered = time.monotonic() - killed
+            if not resumed and producer.step():
+                resumed = time.monotonic() - killed
+            time.sleep(0.01)
+        out["failover stream leader kill -> new leader"] = recovered
+        out["failover stream leader kill -> publishing again"] = resumed
+        producer.close()
+        cluster.restart(index)
+        del wire
+    finally:
+        for proc in (a, b):
+            _common.stop(proc)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the cluster, run every figure ``--rounds`` times alternating, print medians."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -155,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="messages per core NATS run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="", help="run only figures whose name contains this")
+    ap.add_argument("--duration", type=float, default=4.0,
+                    help="seconds of publishing per NSQ run")
     args = ap.parse_args(argv)
     runs: list[tuple[str, Callable[[LocalCluster], dict[str, float]]]] = []
     for size in SIZES:
@@ -166,16 +279,63 @@ def main(argv: list[str] | None = None) -> int:
             return {f"nats-server pub->sub {s}B": nats_core_run(c, s, args.core_count)}
 
         runs += [(f"engine {size}B", engine), (f"nats-server pub->sub {size}B", core)]
+    nodes: list[tuple[Any, int, int]] = []
+
+    def gateway(c: LocalCluster) -> dict[str, float]:
+        out = {}
+        proc, nsq_port, nats_port = nodes[0]
+        for size in SIZES:
+            for mode in ("pub", "mpub"):
+                publish, e2e = nsq_run(nsq_port, proc.pid, mode, size, args.duration)
+                out[f"mqhub nsq {mode} publish {size}B"] = publish
+                out[f"mqhub nsq {mode} e2e {size}B"] = e2e
+            subject = f"bench.core.{size}"
+            spec = ("fixed", subject, size, args.core_count)
+            expected = nats_bench.frames_fixed(subject, size, args.core_count)[1]
+            out[f"mqhub nats pub->sub {size}B"] = nats_bench.run_once(
+                nats_port, spec, args.core_count, expected, subject)[0]
+        return out
+
+    def two(c: LocalCluster) -> dict[str, float]:
+        ports = [(n[1], n[0].pid) for n in nodes[:2]]
+        return {f"two nodes nsq mpub e2e {s}B": two_nodes_run(ports, s, args.duration)
+                for s in SIZES}
+
+    runs += [("mqhub gateway", gateway), ("two nodes", two)]
     runs = [r for r in runs if args.only in r[0]]
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="mqhub-cluster-bench-") as root:
-        with LocalCluster(root) as cluster:
-            for _ in range(args.rounds):
-                for _name, run in runs:
-                    for figure, value in run(cluster).items():
+        with LocalCluster(os.path.join(root, "cluster")) as cluster:
+            if any(name in ("mqhub gateway", "two nodes") for name, _ in runs):
+                nodes.append(start_node(cluster, root, "bench-a"))
+                nodes.append(start_node(cluster, root, "bench-b"))
+            try:
+                for _ in range(args.rounds):
+                    for _name, run in runs:
+                        for figure, value in run(cluster).items():
+                            results.setdefault(figure, []).append(value)
+                if args.only in "failover":
+                    for figure, value in failover(cluster, root).items():
                         results.setdefault(figure, []).append(value)
+            finally:
+                for proc, _, _ in nodes:
+                    _common.stop(proc)
     for figure, values in results.items():
-        print(f"{figure} {statistics.median(values):.0f} msg/s")
+        unit = "s" if figure.startswith("failover") else "msg/s"
+        fmt = "{:.2f}" if unit == "s" else "{:.0f}"
+        print(f"{figure} {fmt.format(statistics.median(values))} {unit}")
+    for size in SIZES:
+        for mode in ("pub", "mpub"):
+            mine = results.get(f"mqhub nsq {mode} e2e {size}B")
+            base = results.get(f"engine e2e {size}B")
+            if mine and base:
+                print(f"ratio nsq {mode} {size}B e2e / engine e2e "
+                      f"{statistics.median(mine) / statistics.median(base):.2f}")
+        mine = results.get(f"mqhub nats pub->sub {size}B")
+        base = results.get(f"nats-server pub->sub {size}B")
+        if mine and base:
+            print(f"ratio nats pub->sub {size}B mqhub / nats-server "
+                  f"{statistics.median(mine) / statistics.median(base):.2f}")
     return 0
 
 

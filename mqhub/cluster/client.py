@@ -285,6 +285,13 @@ class _Wire(protocol.Protocol):
         self.ready = False
         self.pings_out = 0
 
+    def connectionMade(self) -> None:
+        """No Nagle: a batch's last frames must not wait for the previous ones' ACKs."""
+        try:
+            self.transport.setTcpNoDelay(True)
+        except (AttributeError, OSError):
+            pass
+
     def dataReceived(self, data: bytes) -> None:
         """Parse everything buffered and hand it to the owner in one call."""
         parser = self.parser
