@@ -51,7 +51,7 @@ from mqhub.cluster.jetstream import (
     queue_subject,
     stream_config,
 )
-from mqhub.cluster.messages import BlockCache, header_block, publish_frames
+from mqhub.cluster.messages import H_MSG_ID, BlockCache, header_block, publish_frames
 from mqhub.cluster.queue import ClusterQueue
 from mqhub.core.address import validate_address, validate_pattern
 from mqhub.core.counters import Counters
@@ -66,7 +66,7 @@ from mqhub.core.deadletter import (
 from mqhub.core.ids import IdGenerator
 from mqhub.core.routing import Binding, Route, Router
 from mqhub.core.state import StoreState
-from mqhub.errors import ClusterUnavailable, InvalidName, NoSuchQueue
+from mqhub.errors import ClusterUnavailable, InvalidName, NoSuchQueue, QueueFull
 from mqhub.interfaces import IBinding, ICore, IDeliveryTarget, IQueue
 from mqhub.protocols.nats.codec import OP_HMSG, build_headers, parse_headers
 from mqhub.store.codec import encode_meta
@@ -99,6 +99,21 @@ class Forwarder:
 
     def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
         """Not called: :meth:`ClusterBroker.publish_batch` forwards once per batch itself."""
+
+
+class ParkedAddress:
+    """What a route's ``park`` is while an address is parked: its name and held count."""
+
+    __slots__ = ("name", "broker")
+
+    def __init__(self, address: str, broker: ClusterBroker) -> None:
+        self.name = address
+        self.broker = broker
+
+    @property
+    def depth(self) -> int:
+        """Messages held for the address."""
+        return self.broker.parked_depth(self.name)
 
 
 @implementer(ICore)
@@ -144,6 +159,8 @@ class ClusterBroker:
         self._remote_bindings: dict[str, Binding] = {}  # remote live pattern -> binding
         self._live_subs: dict[str, str] = {}         # cluster subject (ml.) -> its sid
         self._parked: set[str] = set()
+        #: parked address -> messages its park consumer holds (as last read)
+        self._park_depth: dict[str, int] = {}
         self._settling: list[defer.Deferred[Any]] = []
         #: queues whose consumer this node is creating or changing now
         self._creating: set[str] = set()
@@ -348,9 +365,16 @@ class ClusterBroker:
         for info in infos:
             config = info.get("config") or {}
             meta = config.get("metadata") or {}
+            park = meta.get("mqhub_park")
+            if park:
+                self._park_depth[park] = int(info.get("num_pending", 0))
+                continue
             name = meta.get("mqhub_queue")
             if not name:
                 continue
+            if name not in self._queues and '"tier": "memory"' in (meta.get("mqhub_settings")
+                                                                  or ""):
+                continue     # a memory-tier queue is known only on the node that declared it
             seen.add(name)
             queue = self._queues.get(name)
             if queue is None:
@@ -421,7 +445,9 @@ class ClusterBroker:
         with: JetStream does not change it later)."""
         deliver = queue.deliver
         filters = _filters(queue.patterns) + [queue_subject(queue.name)]
-        return {"durable_name": queue.consumer, "ack_policy": "explicit",
+        memory = {"mem_storage": True, "num_replicas": 1, "inactive_threshold": 60_000_000_000} \
+            if queue.tier == "memory" else {}
+        return {**memory, "durable_name": queue.consumer, "ack_policy": "explicit",
                 "ack_wait": int(max(1.0, queue.msg_timeout) * 1e9), "max_deliver": -1,
                 "filter_subjects": filters, "deliver_policy": deliver,
                 "max_ack_pending": 100_000, "max_waiting": 4096,
@@ -577,6 +603,8 @@ class ClusterBroker:
         # the first queue of a parked address takes what the park held (deliver all)
         if pattern in self._parked:
             self._parked.discard(pattern)
+            self.router.parking.pop(pattern, None)
+            self.router.changed()
 
             def unpark() -> None:
                 d = self.js.delete_consumer(STREAM, _park_name(pattern))
@@ -639,6 +667,8 @@ class ClusterBroker:
         if any(b.pattern == address for b in self._bindings.values() if b.queue is not None):
             return defer.succeed(None)
         self._parked.add(address)
+        self.router.parking[address] = ParkedAddress(address, self)  # type: ignore[assignment]
+        self.router.changed()
         d = self.js.ensure_consumer(STREAM, {
             "durable_name": _park_name(address), "ack_policy": "explicit",
             "filter_subject": address_subject(address), "deliver_policy": "all",
@@ -649,6 +679,8 @@ class ClusterBroker:
     def unpark(self, address: str) -> defer.Deferred[Any]:
         """Stop holding ``address``."""
         self._parked.discard(address)
+        if self.router.parking.pop(address, None) is not None:
+            self.router.changed()
         d = self.js.delete_consumer(STREAM, _park_name(address))
         d.addErrback(_ignore_not_found)
         return d
@@ -674,8 +706,9 @@ class ClusterBroker:
         return d
 
     def parked_depth(self, address: str) -> int:
-        """Messages held for a parked address (as last counted; 0 when unknown)."""
-        return 0
+        """Messages held for a parked address (its park consumer's count at the last
+        directory read)."""
+        return self._park_depth.get(address, 0) if address in self._parked else 0
 
     def empty_parked(self, address: str) -> defer.Deferred[Any]:
         """Drop what a parked address holds (its park consumer is made again)."""
@@ -698,6 +731,9 @@ class ClusterBroker:
         n = len(bodies)
         if not n:
             return defer.succeed(None)
+        for queue in route.queues:
+            if queue.overflow == "reject" and queue.max_size and queue.room() < n:
+                raise QueueFull(f"queue {queue.name} is full")
         priority = 0 if priority < 0 else 9 if priority > 9 else priority
         first = self.ids.reserve(n)
         self.last_ids = range(first, first + n)
@@ -723,16 +759,24 @@ class ClusterBroker:
 
     def publish_entries(self, address: str, entries: list[Entry], *,
                         persist: bool = True) -> defer.Deferred[None]:
-        """Publish prebuilt entries (their ids are not kept: the stream gives new ones)."""
+        """Publish prebuilt entries (replays, moves): delivered under their own ids."""
+        route = self.route(address)
         if not entries:
             return defer.succeed(None)
-        ds = []
-        for entry in entries:
-            ds.append(self.publish_batch(address, [entry[7]], origin=entry[8],
-                                         headers=entry[6], priority=entry[1],
-                                         expires_at=entry[4], deliver_at=entry[3],
-                                         persist=persist))
-        return _all(ds)
+        live, forward = self._live_targets(route)
+        if live:
+            self._deliver_live(route, live, address, entries)
+        if forward:
+            for e in entries:
+                self._forward(address, [e[7]], e[6], e[8], e[1])
+        if not persist:
+            return defer.succeed(None)
+        if not self.ready:
+            return defer.fail(ClusterUnavailable(self.problem or "cluster not ready"))
+        if not (route.queues or address in self._parked):
+            return defer.succeed(None)
+        blocks = [header_block(e[8], e[1], 0.0, e[4], e[6], msg_id=e[0]) for e in entries]
+        return self._acked(address_subject(address), [e[7] for e in entries], blocks)
 
     def put_entries(self, queue_name: str, entries: list[Entry]) -> defer.Deferred[None]:
         """Put entries into one queue only (its ``mqq.`` subject)."""
@@ -741,7 +785,8 @@ class ClusterBroker:
             raise NoSuchQueue(queue_name)
         if not entries:
             return defer.succeed(None)
-        blocks = [header_block(e[8], e[1], 0.0, e[4], e[6], address=e[5]) for e in entries]
+        blocks = [header_block(e[8], e[1], 0.0, e[4], e[6], address=e[5], msg_id=e[0])
+                  for e in entries]
         bodies = [e[7] for e in entries]
         return self._acked(queue_subject(queue_name), bodies, blocks)
 
@@ -755,7 +800,10 @@ class ClusterBroker:
         else:
             blocks = header_block(origin, priority, ttl, expires_at, headers)
         if deliver_at > now + 0.5:
-            return self._schedule(subject, bodies, blocks, deliver_at)
+            d = self._schedule(subject, bodies, blocks, deliver_at)
+            for queue in self.route(subject[3:]).queues:
+                queue.deferred += len(bodies)
+            return d
         return self._acked(subject, bodies, blocks)
 
     def _acked(self, subject: str, bodies: list[bytes],
@@ -768,8 +816,9 @@ class ClusterBroker:
             if self._settling:   # changes made (or chained) meanwhile: wait for those too
                 wait = defer.DeferredList(list(self._settling), consumeErrors=True)
                 return wait.addCallback(send)
-            return self.conn.publish_acked(
+            d = self.conn.publish_acked(
                 lambda reply: publish_frames(subject, reply, bodies, blocks), len(bodies))
+            return d.addCallback(lambda _: None)
         return send()
 
     def _schedule(self, subject: str, bodies: list[bytes], blocks: bytes | list[bytes],
@@ -856,7 +905,7 @@ class ClusterBroker:
         for event in events:
             address = event[1][len(LIVE_PREFIX):]
             if event[0] == OP_HMSG:
-                headers, origin, priority, expires, _ = self._blocks.parse(event[4])
+                headers, origin, priority, expires = self._blocks.parse(event[4])[:4]
                 body = event[5]
             else:
                 headers, origin, priority, expires, body = None, "", 0, 0.0, event[4]
@@ -987,6 +1036,7 @@ class ClusterBroker:
         for entry, _ in dead:
             items = [(H_REASON, reason), (H_QUEUE, queue.name), (H_TIME, repr(now)),
                      (H_PRIORITY, str(entry[1])), ("Mqhub-Address", entry[5]),
+                     (H_MSG_ID, str(entry[0])),
                      ("Mqhub-Attempts", str(entry[2])), ("Mqhub-Origin", entry[8] or "")]
             if error:
                 items.append((H_ERROR, str(error)[:1024].replace("\r", " ").replace("\n", " ")))
@@ -1039,7 +1089,7 @@ class ClusterBroker:
         for seq, h, body in rows:
             user = {k: v for k, v in h.items() if not k.lower().startswith("mqhub-")}
             out.append(DeadLetter(
-                seq, h.get(H_QUEUE, queue_name), h.get("Mqhub-Address", ""), body,
+                _own_id(h, seq), h.get(H_QUEUE, queue_name), h.get("Mqhub-Address", ""), body,
                 user or None, int(h.get(H_PRIORITY, "0") or 0),
                 int(h.get("Mqhub-Attempts", "0") or 0), h.get(H_REASON, ""), h.get(H_ERROR),
                 h.get("Mqhub-Origin", ""), float(h.get(H_TIME, "0") or 0.0)))
@@ -1051,13 +1101,13 @@ class ClusterBroker:
         """Put dead letters back on their queue (its ``mqq.`` subject), then delete them."""
         wanted = None if msg_ids is None else set(msg_ids)
         rows = yield self._dead_messages(queue_name, 1_000_000, None)
-        chosen = [r for r in rows if wanted is None or r[0] in wanted]
+        chosen = [r for r in rows if wanted is None or _own_id(r[1], r[0]) in wanted]
         if not chosen:
             return 0
         entries = []
         for seq, h, body in chosen:
             user = {k: v for k, v in h.items() if not k.lower().startswith("mqhub-")}
-            entries.append((seq, int(h.get(H_PRIORITY, "0") or 0), 0, 0.0, 0.0,
+            entries.append((_own_id(h, seq), int(h.get(H_PRIORITY, "0") or 0), 0, 0.0, 0.0,
                             h.get("Mqhub-Address", ""), user or None, body,
                             h.get("Mqhub-Origin", "")))
         yield self.put_entries(queue_name, entries)
@@ -1077,8 +1127,12 @@ class ClusterBroker:
             yield self.js.purge(DLQ_STREAM, _dlq_subject(queue_name))
             n = len(rows)
         else:
+            wanted = set(msg_ids)
+            rows = yield self._dead_messages(queue_name, 1_000_000, None)
             n = 0
-            for seq in msg_ids:
+            for seq, h, _ in rows:
+                if _own_id(h, seq) not in wanted:
+                    continue
                 try:
                     yield self.js.delete_message(DLQ_STREAM, seq)
                     n += 1
@@ -1122,6 +1176,12 @@ def announced_endpoints(endpoints: dict[str, dict[str, str]]) -> dict[str, str]:
 def _pub(subject: str, body: bytes) -> bytes:
     """A PUB frame."""
     return b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(body), body)
+
+
+def _own_id(headers: dict[str, str], seq: int) -> int:
+    """A dead letter's message id (the one it had on its queue), else its DLQ sequence."""
+    value = headers.get(H_MSG_ID, "")
+    return int(value) if value.isdigit() else seq
 
 
 def _dlq_subject(queue: str) -> str:

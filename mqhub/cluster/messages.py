@@ -17,7 +17,7 @@ from __future__ import annotations
 from mqhub.protocols.nats.codec import OP_HMSG, ProtocolError, build_headers, parse_headers
 from mqhub.store.records import Entry
 
-__all__ = ["H_ORIGIN", "H_PRIORITY", "H_TTL", "H_DEADLINE", "H_ADDRESS", "RESERVED", "header_block",
+__all__ = ["H_ORIGIN", "H_PRIORITY", "H_TTL", "H_DEADLINE", "H_ADDRESS", "H_MSG_ID", "H_SCHEDULER", "RESERVED", "header_block",
            "publish_frames", "BlockCache", "entry_of"]
 
 H_ORIGIN = "Mqhub-Origin"
@@ -28,19 +28,26 @@ H_TTL = "Nats-TTL"
 H_DEADLINE = "Mqhub-Expires"
 #: the address of a message sent to one queue's ``mqq.`` subject (replays, re-queues)
 H_ADDRESS = "Mqhub-Address"
-RESERVED = frozenset({H_ORIGIN, H_PRIORITY, H_TTL, H_DEADLINE, H_ADDRESS, "Nats-Msg-Id",
-                      "Nats-Scheduler", "Nats-Schedule-Next", "Nats-Schedule",
+#: a prebuilt entry's own id (prebuilt entries, replays): delivered under it, not under
+#: its stream sequence
+H_MSG_ID = "Mqhub-Msg-Id"
+#: set by JetStream on a message a schedule produced
+H_SCHEDULER = "Nats-Scheduler"
+RESERVED = frozenset({H_ORIGIN, H_PRIORITY, H_TTL, H_DEADLINE, H_ADDRESS, H_MSG_ID,
+                      "Nats-Msg-Id", H_SCHEDULER, "Nats-Schedule-Next", "Nats-Schedule",
                       "Nats-Schedule-Target"})
 _CACHE_MAX = 4096
 
 
 def header_block(origin: str, priority: int, ttl: float, expires_at: float,
-                 headers: dict[str, str] | None, address: str = "") -> bytes:
+                 headers: dict[str, str] | None, address: str = "", msg_id: int = 0) -> bytes:
     """The NATS header block of one message ("" when it needs none); ``address`` only for a
-    message sent to one queue's subject."""
+    message sent to one queue's subject, ``msg_id`` for a prebuilt entry's own id."""
     items: list[tuple[str, str]] = []
     if address:
         items.append((H_ADDRESS, address))
+    if msg_id:
+        items.append((H_MSG_ID, str(msg_id)))
     if origin:
         items.append((H_ORIGIN, origin))
     if priority:
@@ -84,14 +91,18 @@ def publish_frames(subject: str, reply: str, bodies: list[bytes],
     return out
 
 
+#: what a header block says: headers, origin, priority, expires_at, address, msg id, scheduled
+Parsed = tuple[dict[str, str] | None, str, int, float, str, int, bool]
+
+
 class BlockCache:
-    """Parsed header blocks: block bytes -> (headers or None, origin, priority, expires_at,
-    address or "")."""
+    """Parsed header blocks: block bytes -> :data:`Parsed` (headers or None, origin, priority,
+    expires_at, address or "", own msg id or 0, made by a schedule)."""
 
     def __init__(self) -> None:
-        self._cache: dict[bytes, tuple[dict[str, str] | None, str, int, float, str]] = {}
+        self._cache: dict[bytes, Parsed] = {}
 
-    def parse(self, block: bytes) -> tuple[dict[str, str] | None, str, int, float, str]:
+    def parse(self, block: bytes) -> Parsed:
         """The mqhub view of a header block (cached)."""
         hit = self._cache.get(block)
         if hit is not None:
@@ -105,9 +116,15 @@ class BlockCache:
         priority = 0
         expires = 0.0
         address = ""
+        msg_id = 0
+        scheduled = False
         for name, value in items:
             if name == H_ADDRESS:
                 address = value
+            elif name == H_MSG_ID:
+                msg_id = int(value) if value.isdigit() else 0
+            elif name == H_SCHEDULER:
+                scheduled = True
             elif name == H_ORIGIN:
                 origin = value
             elif name == H_PRIORITY:
@@ -119,19 +136,20 @@ class BlockCache:
                     expires = 0.0
             elif name not in RESERVED:
                 headers[name] = value
-        hit = (headers or None, origin, min(priority, 9), expires, address)
+        hit = (headers or None, origin, min(priority, 9), expires, address, msg_id, scheduled)
         if len(self._cache) >= _CACHE_MAX:
             self._cache.clear()
         self._cache[block] = hit
         return hit
 
 
-def entry_of(event: tuple, seq: int, delivered: int, blocks: BlockCache) -> Entry:
-    """The entry of one pulled message (``event`` a MSG/HMSG parser event)."""
+def entry_of(event: tuple, seq: int, delivered: int, blocks: BlockCache) -> tuple[Entry, bool]:
+    """The entry of one pulled message (``event`` a MSG/HMSG parser event), and whether a
+    schedule produced it."""
     subject = event[1]
     address = subject[3:] if subject.startswith("mq.") else subject
     if event[0] == OP_HMSG:
-        headers, origin, priority, expires, direct = blocks.parse(event[4])
-        return (seq, priority, delivered, 0.0, expires, direct or address, headers, event[5],
-                origin)
-    return (seq, 0, delivered, 0.0, 0.0, address, None, event[4], "")
+        headers, origin, priority, expires, direct, own, scheduled = blocks.parse(event[4])
+        return (own or seq, priority, delivered, 0.0, expires, direct or address, headers,
+                event[5], origin), scheduled
+    return (seq, 0, delivered, 0.0, 0.0, address, None, event[4], ""), False

@@ -107,6 +107,8 @@ class ClusterQueue:
         self._replies: dict[int, str] = {}
         #: in flight on a local consumer: msg_id -> [consumer, deadline, entry]
         self._flight: dict[int, list] = {}
+        #: ids requeued with a delay (counted in ``deferred`` until they come back)
+        self._delayed: set[int] = set()
         self._blocks = BlockCache()
         self._puller: Puller | None = None
         self._rr = 0
@@ -195,9 +197,11 @@ class ClusterQueue:
                 "consumers": len(self.consumers), "paused": self.paused, "mode": self.mode}
 
     def room(self) -> int:
-        """How many more messages the queue takes (``max_size`` is not enforced in cluster
-        mode: JetStream's stream limits are; docs/cluster.md, "Limits")."""
-        return 1 << 30
+        """How many more messages fit before ``max_size``, by the depth last read from the
+        cluster (an estimate: docs/cluster.md, "Limits"); a large number when unbounded."""
+        if not self.max_size:
+            return 1 << 30
+        return max(0, self.max_size - self.depth)
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -286,11 +290,14 @@ class ClusterQueue:
             else:
                 delivered, seq, pub_ns, pending = (int(tokens[4]), int(tokens[5]),
                                                    int(tokens[7]), int(tokens[8]))
-            held = flight.get(seq)
-            if held is not None:          # redelivered while still held here: keep one
-                replies[seq] = reply
+            entry, scheduled = entry_of(event, seq, delivered, blocks)
+            mid = entry[MSG_ID]
+            if scheduled or mid in self._delayed:
+                self._delayed.discard(mid)
+                self.deferred = max(0, self.deferred - 1)
+            if mid in flight:             # redelivered while still held here: keep one
+                replies[mid] = reply
                 continue
-            entry = entry_of(event, seq, delivered, blocks)
             if self.masks and not self._mask_ok(entry[5]):
                 self.broker.conn_publish(ack_frames([reply]))
                 continue
@@ -306,7 +313,7 @@ class ClusterQueue:
                 continue
             if entry[PRIORITY]:
                 sort = True
-            replies[seq] = reply
+            replies[mid] = reply
             fresh.append(entry)
         if pending >= 0:
             self.pending = pending
@@ -403,6 +410,7 @@ class ClusterQueue:
         if not mine:
             return failed
         back: list[str] = []
+        back_ids: list[int] = []
         dead: list[tuple[Entry, str]] = []
         for mid in mine:
             entry = self._flight[mid][2]
@@ -414,9 +422,13 @@ class ClusterQueue:
                 dead.append((entry, reply))
             else:
                 back.append(reply)
+                back_ids.append(mid)
         consumer.in_flight -= len(mine)
         self.requeue_count += len(back)
         if back:
+            if delay > 0:
+                self._delayed.update(back_ids)
+                self.deferred += len(back_ids)
             self._nak(back, delay)
         if dead:
             self.broker.dead_letter(self, dead, REASON_MAX_ATTEMPTS, error or
