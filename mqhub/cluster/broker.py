@@ -178,6 +178,9 @@ class ClusterBroker:
         self.started = False
         self.ready = False
         self.problem = "not connected"
+        #: why the last durable publish was refused ("" once one was stored again)
+        self.refusing = ""
+        self.refused_at = 0.0
         self.endpoints: dict[str, str] = {}
         self.conn.on_state.append(self._on_state)
 
@@ -302,8 +305,11 @@ class ClusterBroker:
 
     def health(self) -> dict[str, Any]:
         """What /healthz and /api/stats say about the cluster."""
+        problem = self.problem
+        if not problem and self.refusing:
+            problem = f"publishes refused: {self.refusing}"
         return {"mode": "cluster", "node": self.name, "connected": self.conn.connected,
-                "ready": self.ready, "problem": self.problem or None,
+                "ready": self.ready, "problem": problem or None,
                 "server": (f"{self.conn.wire.url.host}:{self.conn.wire.url.port}"
                            if self.conn.wire is not None else None),
                 "reconnects": max(0, self.conn.connects - 1),
@@ -818,8 +824,19 @@ class ClusterBroker:
                 return wait.addCallback(send)
             d = self.conn.publish_acked(
                 lambda reply: publish_frames(subject, reply, bodies, blocks), len(bodies))
-            return d.addCallback(lambda _: None)
+            return d.addCallbacks(self._published, self._refused)
         return send()
+
+    def _published(self, _: object) -> None:
+        """A batch was stored: publishing works (again)."""
+        self.refusing = ""
+
+    def _refused(self, failure: Any) -> Any:
+        """A batch was refused: remember why for /healthz (the stream's quorum may be gone
+        while the connection is up)."""
+        self.refusing = str(failure.value)
+        self.refused_at = self.clock.seconds()
+        return failure
 
     def _schedule(self, subject: str, bodies: list[bytes], blocks: bytes | list[bytes],
                   deliver_at: float) -> defer.Deferred[Any]:

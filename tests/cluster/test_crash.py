@@ -4,7 +4,10 @@ and back. In each, every message that got its OK is delivered (at least once).""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 
 import pytest
@@ -15,6 +18,16 @@ from tests.cluster.crash import Collector, Producer
 from tests.interop.broker import BrokerProcess
 
 pytestmark = pytest.mark.interop
+
+
+def health(node: BrokerProcess) -> tuple[int, dict]:
+    """The node's /healthz status and document."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.port('admin', 'http')}/healthz",
+                                    timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 
 
 def test_kill_9_of_the_node_a_producer_pipelines_into(
@@ -85,14 +98,18 @@ def test_the_whole_cluster_unreachable_refuses_publishes_then_resumes(
     producer = Producer(lambda: a.port("nsq", "tcp"), uid)
     for _ in range(4):
         assert producer.step()
+    assert health(a)[0] == 200
     cluster.stop()
     refused_before = producer.refused
     for _ in range(3):
         assert not producer.step()               # E_PUB_FAILED, never an OK
     assert producer.refused == refused_before + 3
+    code, body = health(a)
+    assert code == 503 and body["cluster"]["connected"] is False and body["problems"]
     cluster.start()
     stop = time.monotonic() + 60
     while not producer.step():
         assert time.monotonic() < stop, "publishing never resumed"
     collector.until_has(producer.confirmed)
+    assert health(a)[0] == 200
     producer.close()
