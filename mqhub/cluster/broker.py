@@ -313,6 +313,7 @@ class ClusterBroker:
                 "server": (f"{self.conn.wire.url.host}:{self.conn.wire.url.port}"
                            if self.conn.wire is not None else None),
                 "reconnects": max(0, self.conn.connects - 1),
+                "directory_changes_pending": len(self._settling),
                 "nodes": sorted([self.name, *self._remote])}
 
     # -- timers ----------------------------------------------------------------------------------
@@ -758,8 +759,11 @@ class ClusterBroker:
             return defer.succeed(None)
         if not self.ready:   # this node cannot know the cluster's queues now: refuse
             return defer.fail(ClusterUnavailable(self.problem or "cluster not ready"))
-        if not (route.queues or address in self._parked):
-            return defer.succeed(None)
+        if not (route.queues or address in self._parked) and (live or forward):
+            return defer.succeed(None)   # only live subscribers know this address
+        # an address this node knows no binding of still goes to JetStream: another node may
+        # have bound a queue this node has not heard of yet, and the stream keeps a message
+        # only for the consumers it matches (none: it is dropped there)
         return self._publish_durable(address_subject(address), bodies, headers, origin,
                                      priority, ttl, expires_at, deliver_at, now)
 
@@ -779,7 +783,7 @@ class ClusterBroker:
             return defer.succeed(None)
         if not self.ready:
             return defer.fail(ClusterUnavailable(self.problem or "cluster not ready"))
-        if not (route.queues or address in self._parked):
+        if not (route.queues or address in self._parked) and (live or forward):
             return defer.succeed(None)
         blocks = [header_block(e[8], e[1], 0.0, e[4], e[6], msg_id=e[0]) for e in entries]
         return self._acked(address_subject(address), [e[7] for e in entries], blocks)

@@ -124,14 +124,23 @@ def make_node(cluster: LocalCluster, tmp_path: Path,
 
 
 
-def queues_made(cluster: LocalCluster, *names: str, timeout: float = WAIT) -> None:
+def queues_made(cluster: LocalCluster, *names: str, bound: str = "",
+                timeout: float = WAIT) -> None:
     """Wait until the consumers of queues ``names`` exist in the cluster (a queue declared on
-    a node exists cluster-wide once JetStream made its consumer)."""
+    a node exists cluster-wide once JetStream made its consumer), and with ``bound`` until
+    they filter that address (a binding made after the declaration is a later update)."""
     from mqhub.cluster.jetstream import consumer_name
 
     wanted = {consumer_name(n) for n in names}
+
+    def made() -> bool:
+        infos = cluster.consumers()
+        if not wanted <= set(infos):
+            return False
+        return not bound or all(
+            f"mq.{bound}" in (infos[w]["config"].get("filter_subjects") or []) for w in wanted)
     deadline = time.monotonic() + timeout
-    while not wanted <= set(cluster.consumers()):
+    while not made():
         if time.monotonic() > deadline:
             raise AssertionError(f"queues {names} not made in the cluster")
         time.sleep(0.05)
