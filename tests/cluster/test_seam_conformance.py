@@ -51,11 +51,15 @@ class ClusterHarness:
         """Directory changes made, deliveries landed, figures read back from the cluster."""
         core = self.core
         self.driver.until(lambda: not core._settling, "directory changes")
-        self.advance(0.3)
+        self._run(0.3)
         self.driver.result(core.refresh())
 
     def advance(self, seconds: float) -> None:
         """Let ``seconds`` of wall time pass with the reactor running."""
+        self._run(seconds)
+
+    def _run(self, seconds: float) -> None:
+        """Iterate the reactor for ``seconds`` of wall time."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             self.driver.reactor.iterate(0.01)
@@ -88,6 +92,30 @@ def seam(cluster: LocalCluster, driver: Driver) -> Iterator[ClusterHarness]:
     harness.close()
 
 
+#: the suite's tests this backend does not pass yet, and why (docs/cluster.md, "Limits");
+#: strict: a test that starts passing fails here until it is taken off this list
+KNOWN_GAPS = {
+    "test_competing_consumers_share_and_fanout_consumers_each_get_a_copy":
+        "fan-out queues are not built in cluster mode",
+    "test_parked_and_paused_addresses_hold_publishes":
+        "a paused address pauses its queues' consumers: held messages count in their depth",
+    "test_prebuilt_entries_peek_take_and_remove":
+        "peek/take see only what this node pulled for a local consumer",
+}
+
+
+def _imported(test: Any) -> Any:
+    """The suite's test under this module's ``seam`` fixture (a new function: a mark set here
+    must not reach the embedded run of the same test)."""
+    def run(seam: ClusterHarness) -> None:
+        test(seam)
+    run.__name__ = test.__name__
+    run.__doc__ = test.__doc__
+    if test.__name__ in KNOWN_GAPS:
+        return pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[test.__name__])(run)
+    return run
+
+
 for _name in dir(suite):
     if _name.startswith("test_"):
-        globals()[_name] = getattr(suite, _name)
+        globals()[_name] = _imported(getattr(suite, _name))
