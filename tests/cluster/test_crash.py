@@ -30,6 +30,17 @@ def health(node: BrokerProcess) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
+def started(node: BrokerProcess, cluster: LocalCluster, uid: str,
+            windows: int) -> tuple[Collector, Producer]:
+    """A channel consumed on ``node`` and a producer that got ``windows`` windows OK'd."""
+    collector = Collector(node.port("nsq", "tcp"), uid, "ch")
+    queues_made(cluster, f"nsq/{uid}/ch")
+    producer = Producer(lambda: node.port("nsq", "tcp"), uid)
+    for _ in range(windows):
+        assert producer.step()
+    return collector, producer
+
+
 def test_kill_9_of_the_node_a_producer_pipelines_into(
         make_node: Callable[..., BrokerProcess], cluster: LocalCluster, uid: str) -> None:
     a = make_node(["nsq"])
@@ -52,11 +63,7 @@ def test_kill_9_of_the_node_a_producer_pipelines_into(
 def test_kill_9_of_the_stream_leader_loses_nothing_confirmed_and_publishing_resumes(
         make_node: Callable[..., BrokerProcess], cluster: LocalCluster, uid: str) -> None:
     a = make_node(["nsq"])
-    collector = Collector(a.port("nsq", "tcp"), uid, "ch")
-    queues_made(cluster, f"nsq/{uid}/ch")
-    producer = Producer(lambda: a.port("nsq", "tcp"), uid)
-    for _ in range(10):
-        assert producer.step()
+    collector, producer = started(a, cluster, uid, 10)
     name = cluster.stream_leader()
     assert name is not None
     leader = cluster.index_of(name)
@@ -93,11 +100,7 @@ def test_every_node_restarted_keeps_queues_and_messages(
 def test_the_whole_cluster_unreachable_refuses_publishes_then_resumes(
         make_node: Callable[..., BrokerProcess], cluster: LocalCluster, uid: str) -> None:
     a = make_node(["nsq"])
-    collector = Collector(a.port("nsq", "tcp"), uid, "ch")
-    queues_made(cluster, f"nsq/{uid}/ch")
-    producer = Producer(lambda: a.port("nsq", "tcp"), uid)
-    for _ in range(4):
-        assert producer.step()
+    collector, producer = started(a, cluster, uid, 4)
     assert health(a)[0] == 200
     cluster.stop()
     refused_before = producer.refused
