@@ -322,7 +322,7 @@ class ClusterBroker:
         """In-flight deadlines and pull requests."""
         now = self.clock.seconds()
         for queue in list(self._queues.values()):
-            if queue._flight:
+            if queue.in_flight:
                 queue.expire_flight(now)
             queue.tick()
         if self.started:
@@ -557,6 +557,16 @@ class ClusterBroker:
         except ValueError:
             return False
         return True
+
+    @property
+    def parked(self) -> list[str]:
+        """The addresses this node parked."""
+        return sorted(self._parked)
+
+    @property
+    def settled(self) -> bool:
+        """Whether every directory change this node made is in the cluster."""
+        return not self._settling
 
     def changing(self, name: str) -> bool:
         """Whether this node is creating or changing queue ``name``'s consumer now."""

@@ -50,7 +50,7 @@ class ClusterHarness:
     def settle(self) -> None:
         """Directory changes made, deliveries landed, figures read back from the cluster."""
         core = self.core
-        self.driver.until(lambda: not core._settling, "directory changes")
+        self.driver.until(lambda: core.settled, "directory changes")
         self._run(0.3)
         self.driver.result(core.refresh())
 
@@ -77,7 +77,7 @@ class ClusterHarness:
                 self.driver.result(core.delete_queue(queue.name))
             except Exception:  # cleanup only
                 pass
-        for address in list(core._parked):
+        for address in core.parked:
             self.driver.result(core.unpark(address))
         # schedules still waiting would publish into the next test's queues
         self.driver.result(core.js.purge("MQHUB", f"mqs.{core.name_token}.>"))
