@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 DATA   ?= ./var
 
-.PHONY: venv run test test-fast lint typecheck bench clean node browser reliability fuzz
+.PHONY: venv bytecode run test test-fast lint typecheck bench clean node web browser reliability fuzz
 
 venv: $(STAMP)
 
@@ -22,9 +22,25 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	$(PY) -c "from twisted.application.service import IServiceMaker; from twisted.plugin import getPlugins; assert 'mqhub' in {m.tapname for m in getPlugins(IServiceMaker)}, 'twistd cannot find the mqhub plugin'"
 	$(PY) -c "import mqhub.plugins; from mqhub.interfaces import IProtocolPlugin; from twisted.plugin import getPlugins; list(getPlugins(IProtocolPlugin, mqhub.plugins))"
 	touch $(STAMP)
+	$(MAKE) --no-print-directory bytecode
+
+# Byte-compile the checkout as an installed package is: with PYTHONDONTWRITEBYTECODE set, a
+# source tree would compile every module on every start (docs/operations.md, Fast start).
+bytecode:
+	$(PY) -m compileall -q -j 0 mqhub twisted
 
 node: venv
 	@if [ -f tests/interop/node/package.json ]; then cd tests/interop/node && npm install --no-audit --no-fund --silent; fi
+
+# The admin page's chart library (uPlot, pinned in mqhub/web/package-lock.json), installed from
+# npm into mqhub/web/node_modules and served by the admin listener itself (no CDN). Separate from
+# tests/interop/node: this one is what the broker serves, that one holds test clients.
+WEB_STAMP := mqhub/web/node_modules/.installed
+web: $(WEB_STAMP)
+
+$(WEB_STAMP): mqhub/web/package.json mqhub/web/package-lock.json
+	cd mqhub/web && npm ci --no-audit --no-fund --silent
+	touch $@
 
 # The admin page's end-to-end test drives Debian's headless Chromium through chromedriver;
 # the manhole test logs in with OpenSSH's client. Installed (as root) only when missing.
@@ -33,11 +49,11 @@ browser:
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver openssh-client; \
 	fi
 
-run: venv
+run: venv web bytecode
 	mkdir -p $(DATA)
 	$(VENV)/bin/twistd -n --pidfile= mqhub --protocols all --data-dir $(DATA)
 
-test: venv node browser
+test: venv node web browser
 	$(PY) -m pytest -q tests
 
 # The reliability suite's long runs (the short versions run in `make test`): crash cycles per

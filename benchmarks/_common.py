@@ -82,6 +82,9 @@ def start_mqhub(protocols: str, listens: Sequence[str], data_dir: str | os.PathL
                               "--data-dir", str(data_dir), "--durability", durability]
     for listen in listens:
         cmd += ["--listen", listen]
+    if not any(listen.startswith("admin") for listen in listens) and "--no-admin" not in extra:
+        # its own admin port: side-by-side servers (and other users' brokers) never share 8750
+        cmd += ["--listen", f"admin.http=tcp:{free_port()}:interface=127.0.0.1"]
     cmd += list(extra)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -138,3 +141,23 @@ def server_cpu(pid: int | None) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+#: the users file of the benchmarks' "rights on" runs: one user whose rights are patterns
+#: (never the ``>`` that would skip the checks), its token the clients present
+BENCH_TOKEN = "bench-token"
+BENCH_USERS = f"""
+[[user]]
+name = "bench"
+token = "{BENCH_TOKEN}"
+publish = ["bench.>", "*", "$mq9.>", "_INBOX.>"]
+subscribe = ["bench.>", "*", "$mq9.>", "_INBOX.>"]
+"""
+
+
+def users_file(directory: str | os.PathLike[str]) -> str:
+    """Write :data:`BENCH_USERS` into ``directory``; return the path (for ``--users``)."""
+    path = os.path.join(directory, "users.toml")
+    with open(path, "w") as f:
+        f.write(BENCH_USERS)
+    return path

@@ -19,7 +19,9 @@ ratios included; about 60 s in all.
 
 ``--only`` runs the figures whose name contains the text; ``--base-tree`` also runs the mqhub of
 another source tree (e.g. ``git archive main | tar -x -C DIR``) alternating with this one, and
-prints its rate, its server CPU per message and the ratio (a same-run A/B).
+prints its rate, its server CPU per message and the ratio (a same-run A/B). ``--rights`` also
+runs this tree with a users file (``--users``: the clients CONNECT with a token, their rights
+are patterns) and prints ``<figure>_rights_cost`` against the run without (docs/security.md).
 """
 
 from __future__ import annotations
@@ -48,16 +50,23 @@ HOST = _common.HOST
 free_port, wait_port, stop = _common.free_port, _common.wait_port, _common.stop
 CHUNK = 64 * 1024
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true}\r\n'
+#: port -> the CONNECT line of a server that wants credentials (the ``--rights`` server)
+CONNECTS: dict[int, bytes] = {}
 
 
 def start_mqhub(data_dir: str, extra: tuple[str, ...] = (),
-                tree: str | None = None) -> tuple[subprocess.Popen, int]:
+                tree: str | None = None, users: bool = False) -> tuple[subprocess.Popen, int]:
     """Start ``twistd -n mqhub --protocols nats`` on a free port with a durable store.
 
     With ``tree``, the mqhub of that other source tree (``git archive REV | tar -x -C tree``):
-    run from it, its ``mqhub`` package first on PYTHONPATH.
+    run from it, its ``mqhub`` package first on PYTHONPATH. With ``users``, a users file (and
+    the clients present its token).
     """
     port = free_port()
+    if users:
+        extra = (*extra, "--users", _common.users_file(data_dir))
+        CONNECTS[port] = CONNECT.replace(b'"protocol":1', b'"protocol":1,"auth_token":"'
+                                         + _common.BENCH_TOKEN.encode() + b'"')
     where: dict[str, Any] = {}
     if tree:
         where = {"cwd": tree, "env": dict(os.environ, PYTHONPATH=os.path.abspath(tree))}
@@ -93,7 +102,7 @@ def _handshake(port: int, extra: bytes = b"") -> tuple[socket.socket, bytes]:
     buf = b""
     while b"\r\n" not in buf:
         buf += s.recv(4096)
-    s.sendall(CONNECT + extra + b"PING\r\n")
+    s.sendall(CONNECTS.get(port, CONNECT) + extra + b"PING\r\n")
     buf = b""
     while b"PONG\r\n" not in buf:
         chunk = s.recv(65536)
@@ -108,8 +117,8 @@ def create_mailbox(port: int) -> str:
     s = socket.create_connection((HOST, port))
     s.settimeout(20)
     s.recv(4096)
-    s.sendall(CONNECT + b"SUB _INBOX.bench 9\r\nPUB $mq9.AI.MAILBOX.CREATE _INBOX.bench 2\r\n"
-              b"{}\r\n")
+    s.sendall(CONNECTS.get(port, CONNECT) + b"SUB _INBOX.bench 9\r\n"
+              b"PUB $mq9.AI.MAILBOX.CREATE _INBOX.bench 2\r\n{}\r\n")
     buf = b""
     while b"MSG _INBOX.bench" not in buf or buf.count(b"\r\n") < 2:
         buf += s.recv(65536)
@@ -277,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="run only the figures whose name contains this")
     ap.add_argument("--base-tree", default="",
                     help="also run the mqhub of this source tree, alternating (same-run A/B)")
+    ap.add_argument("--rights", action="store_true",
+                    help="also run this tree with a users file, alternating (same-run A/B)")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="nats-bench-")
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
@@ -293,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             base = os.path.join(work, "base")
             os.makedirs(base)
             servers["mqhub_base"] = start_mqhub(base, tree=args.base_tree)
+        if args.rights:
+            rights = os.path.join(work, "rights")
+            os.makedirs(rights)
+            servers["mqhub_rights"] = start_mqhub(rights, users=True)
         binary = None if args.skip_reference else nats_server_binary()
         if binary:
             servers["nats_server"] = start_nats_server(binary, work)
@@ -345,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
             base_cpu = statistics.median(cpus[(figure, "mqhub_base")])
             print(f"{figure}_mqhub_base {b:.0f} msg/s, server cpu {base_cpu:.2f} us/msg")
             print(f"{figure}_vs_base {m / b:.2f} x")
+        rights_rates = rates.get((figure, "mqhub_rights"))
+        if rights_rates:
+            r_ = statistics.median(rights_rates)
+            r_cpu = statistics.median(cpus[(figure, "mqhub_rights")])
+            print(f"{figure}_mqhub_rights {r_:.0f} msg/s, server cpu {r_cpu:.2f} us/msg")
+            print(f"{figure}_rights_cost {100 * (1 - r_ / m):+.1f} % (server cpu "
+                  f"{100 * (r_cpu / statistics.median(cpus[(figure, 'mqhub')]) - 1):+.1f} %)")
         ref = rates.get((figure, "nats_server"))
         if ref:
             r = statistics.median(ref)

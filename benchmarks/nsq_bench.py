@@ -15,7 +15,9 @@ first, FINs every message (FINs batched per read). Figures (``<figure> <value> <
 ``--base-tree DIR`` (a source tree, e.g. ``git archive main | tar -x -C DIR``) runs each scenario
 against a fresh server of this tree and of ``DIR``, alternating which goes first, and prints
 ``<figure>_e2e`` and ``<figure>_e2e_base`` with each run's server CPU per message (a same-run
-A/B; ``--rounds N`` repeats it).
+A/B; ``--rounds N`` repeats it). ``--rights`` does the same A/B between this tree without and
+with a users file (``--users``; the clients AUTH with a token, rights are patterns), figures
+suffixed ``_rights`` (docs/security.md).
 
     python benchmarks/nsq_bench.py [--duration 4] [--address 127.0.0.1:4150]
     python benchmarks/nsq_bench.py --base-tree /tmp/main --rounds 3 --sizes 16
@@ -53,26 +55,33 @@ OK_FRAME = wire.OK_FRAME
 WINDOW = 8
 
 
+#: the AUTH secret the clients send first (set in the parent before the clients fork)
+SECRET: bytes = b""
+
+
 def start_mqhub(data_dir: str, durability: str, journal: str = "on",
-                tree: str = "") -> tuple[subprocess.Popen, int]:
+                tree: str = "", users: str = "") -> tuple[subprocess.Popen, int]:
     """Start ``twistd -n mqhub --protocols nsq`` on free loopback ports (``--journal journal``).
 
     :param tree: another source tree (``git archive REV | tar -x -C tree``) whose ``mqhub``
         package runs instead of this one (same-run A/B, ``--base-tree``).
+    :param users: a users file (``--users``) for the rights-on runs.
     """
     tcp, http = free_port(), free_port()
     listens = [f"nsq.tcp=tcp:{tcp}:interface={HOST}", f"nsq.http=tcp:{http}:interface={HOST}"]
     log_path = os.path.join(data_dir, "..", "mqhub.log" + (".base" if tree else ""))
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree)) if tree else None
+    extra = ["--journal", journal] + (["--users", users] if users else [])
     proc = _common.start_mqhub("nsq", listens, data_dir, durability, log_path, wait_for=tcp,
-                               extra=["--journal", journal], cwd=tree or None, env=env)
+                               extra=extra, cwd=tree or None, env=env)
     return proc, tcp
 
 
 def _connect(port: int, host: str) -> socket.socket:
-    """A connected socket with the V2 magic sent."""
+    """A connected socket with the V2 magic sent (and AUTH with :data:`SECRET` when set: its
+    JSON answer comes before anything the caller waits for)."""
     sock = _common.connect(port, host)
-    sock.sendall(wire.MAGIC_V2)
+    sock.sendall(wire.MAGIC_V2 + (wire.encode_auth(SECRET) if SECRET else b""))
     return sock
 
 
@@ -248,10 +257,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the mqhub of this source tree, alternating with this "
                              "one per scenario (figures suffixed _base): a same-run A/B")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the scenarios (A/B pairs)")
+    parser.add_argument("--rights", action="store_true",
+                        help="A/B of this tree without and with a users file (figures suffixed "
+                             "_rights): the cost of per-topic rights")
     args = parser.parse_args(argv)
-    if args.base_tree and args.address:
-        parser.error("--base-tree runs its own servers: no --address")
-    if args.base_tree:
+    if (args.base_tree or args.rights) and args.address:
+        parser.error("--base-tree and --rights run their own servers: no --address")
+    if args.base_tree and args.rights:
+        parser.error("one A/B at a time: --base-tree or --rights")
+    if args.base_tree or args.rights:
         return _ab(args)
     proc: subprocess.Popen | None = None
     tmp: str | None = None
@@ -284,9 +298,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ab(args: argparse.Namespace) -> int:
-    """Alternate this tree's server and ``--base-tree``'s, a fresh server per scenario."""
+    """Alternate this tree's server and ``--base-tree``'s (or, with ``--rights``, this tree
+    with a users file), a fresh server per scenario."""
+    global SECRET
     tmp = tempfile.mkdtemp(prefix="nsq-bench-ab-")
-    print(f"# nsq A/B: this tree vs {args.base_tree}, durability={args.durability}, "
+    other = "users file" if args.rights else args.base_tree
+    label, suffix = ("rights", "_rights") if args.rights else ("base", "_base")
+    print(f"# nsq A/B: this tree vs {other}, durability={args.durability}, "
           f"{args.duration:g}s per scenario")
     try:
         run = 0
@@ -294,18 +312,26 @@ def _ab(args: argparse.Namespace) -> int:
             for mode in args.modes.split(","):
                 for size in (int(s) for s in args.sizes.split(",")):
                     tag = f"{mode}_{size}B" if size < 1024 else f"{mode}_{size // 1024}KiB"
-                    order = ("", args.base_tree) if run % 2 == 0 else (args.base_tree, "")
+                    order = (False, True) if run % 2 == 0 else (True, False)
                     run += 1
-                    for tree in order:
-                        data_dir = os.path.join(tmp, f"data{run}{'b' if tree else 'a'}")
+                    for other_side in order:
+                        data_dir = os.path.join(tmp, f"data{run}{'b' if other_side else 'a'}")
                         os.makedirs(data_dir)
-                        proc, port = start_mqhub(data_dir, args.durability, args.journal, tree)
+                        rights = args.rights and other_side
+                        users = _common.users_file(data_dir) if rights else ""
+                        tree = args.base_tree if other_side else ""
+                        SECRET = _common.BENCH_TOKEN.encode() if rights else b""
+                        proc, port = start_mqhub(data_dir, args.durability, args.journal, tree,
+                                                 users)
                         try:
-                            print(f"# {'base' if tree else 'this'}:", end=" ")
-                            _, e2e = run_scenario(HOST, port, mode, size, args.duration, proc.pid)
+                            print(f"# {label if other_side else 'this'}:", end=" ")
+                            published, e2e = run_scenario(HOST, port, mode, size, args.duration,
+                                                          proc.pid)
                         finally:
                             _common.stop(proc)
-                        print(f"{tag}_e2e{'_base' if tree else ''} {e2e:.0f} msg/s", flush=True)
+                        end = suffix if other_side else ""
+                        print(f"{tag}_publish{end} {published:.0f} msg/s")
+                        print(f"{tag}_e2e{end} {e2e:.0f} msg/s", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

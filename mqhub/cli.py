@@ -1,7 +1,7 @@
 """The ``mqhub`` command: operational subcommands beside ``twistd mqhub`` (which runs the broker).
 
 Commands: ``snapshot`` (online copy of a store), ``export`` (snapshot to Parquet), ``analytics``
-(the Spark report) and ``bench``; the admin commands (``stats``, ``queues``, ``dlq``) live in
+(the Spark report), ``bench`` and ``users`` (:mod:`mqhub.identity.cli`); the admin commands (``stats``, ``queues``, ``dlq``) live in
 :mod:`mqhub.cli_admin`. The analytics commands import pyarrow and pyspark lazily (extras
 ``mqhub[export]`` and ``mqhub[spark]``).
 """
@@ -18,6 +18,7 @@ import click
 
 from mqhub import __version__
 from mqhub.cli_admin import register as register_admin_commands
+from mqhub.identity.cli import register as register_users_commands
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = SOURCE_ROOT / "benchmarks"
@@ -147,6 +148,7 @@ def analytics(src: Path, out_dir: Path, master: str, read: str) -> None:
 
 
 register_admin_commands(main)
+register_users_commands(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

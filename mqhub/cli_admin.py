@@ -1,12 +1,18 @@
-"""``mqhub stats``, ``mqhub queues`` and ``mqhub dlq``: the admin JSON API from a terminal.
+"""``mqhub stats``, ``queues``, ``dlq`` and ``lameduck``: the admin JSON API from a terminal.
 
 They talk HTTP to a running broker's ``admin.http`` listener (``--url``, default
 http://127.0.0.1:8750, or ``$MQHUB_ADMIN_URL``) and print rich tables, or JSON with ``--json``.
+Credentials, on every request: the token file (``--token-file`` or
+``$MQHUB_ADMIN_TOKEN_FILE``), else ``$MQHUB_USER`` and ``$MQHUB_PASSWORD`` (Basic; a broker with
+a users file needs one for reads too, and ``admin = true`` for changes).
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -38,12 +44,16 @@ def call(url: str, path: str, method: str = "GET", body: Any = None,
     if method != "GET":
         data = json.dumps(body or {}).encode()
         headers["Content-Type"] = "application/json"
-        if token_file:
-            with open(token_file, encoding="utf-8") as f:
-                headers["Authorization"] = "Bearer " + f.readline().strip()
+    token_file = token_file or os.environ.get("MQHUB_ADMIN_TOKEN_FILE")
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            headers["Authorization"] = "Bearer " + f.readline().strip()
+    elif os.environ.get("MQHUB_USER"):  # a users-file user (twistd mqhub --users)
+        pair = f"{os.environ['MQHUB_USER']}:{os.environ.get('MQHUB_PASSWORD', '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
     req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10, context=https_context(url)) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as err:
         try:
@@ -54,6 +64,19 @@ def call(url: str, path: str, method: str = "GET", body: Any = None,
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise click.ClickException(f"cannot reach {url}: {reason}") from None
+
+
+def https_context(url: str) -> ssl.SSLContext | None:
+    """For an https:// admin URL: trust ``$MQHUB_ADMIN_CA`` (else the system's CAs) and
+    present ``$MQHUB_ADMIN_CERT`` (+ ``$MQHUB_ADMIN_KEY``) to a listener that verifies
+    clients (``--admin-tls-verify``)."""
+    if not url.startswith("https:"):
+        return None
+    ctx = ssl.create_default_context(cafile=os.environ.get("MQHUB_ADMIN_CA") or None)
+    cert = os.environ.get("MQHUB_ADMIN_CERT")
+    if cert:
+        ctx.load_cert_chain(cert, os.environ.get("MQHUB_ADMIN_KEY") or None)
+    return ctx
 
 
 def print_json(data: Any) -> None:
@@ -260,9 +283,38 @@ def dlq_purge(url: str, as_json: bool, token_file: str | None, queue: str,
     _dlq_action("purge", url, queue, ids, token_file, as_json)
 
 
+@click.command()
+@url_option
+@json_option
+@token_option
+@click.option("--duration", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Seconds to close every client in (default: the broker's "
+                   "--lame-duck-duration).")
+@click.option("--grace", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Seconds before the first client is closed (default: --lame-duck-grace).")
+@click.option("--status", "status_only", is_flag=True, help="Only show the lame-duck status.")
+def lameduck(url: str, as_json: bool, token_file: str | None, duration: float | None,
+             grace: float | None, status_only: bool) -> None:
+    """Put the broker into lame-duck mode (as SIGUSR2): it stops accepting clients, closes the
+    open ones over the lame-duck duration, then stops."""
+    if status_only:
+        answer = call(url, "/api/lameduck")
+    else:
+        body = {k: v for k, v in (("duration", duration), ("grace", grace)) if v is not None}
+        answer = call(url, "/api/lameduck", "POST", body, token_file)
+    if as_json:
+        print_json(answer)
+    elif not answer.get("lame_duck"):
+        click.echo("not in lame-duck mode")
+    else:
+        click.echo(f"lame-duck mode: {answer.get('connections', 0)} client(s) open, "
+                   f"{answer.get('closed', 0)} closed; clients close over "
+                   f"{answer['duration']:g} s after a {answer['grace']:g} s grace period")
+
+
 def register(group: click.Group) -> None:
     """Add the admin commands to the ``mqhub`` group."""
-    for command in (stats, queues, dlq):
+    for command in (stats, queues, dlq, lameduck):
         group.add_command(command)
 
 

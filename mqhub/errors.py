@@ -43,3 +43,18 @@ class PluginError(MqhubError):
 class ClusterUnavailable(StoreError):
     """Cluster mode: the JetStream cluster (or a stream's quorum) did not accept a write in
     time. A StoreError, so every protocol refuses the publish with its own error."""
+
+
+class Unauthorized(MqhubError):
+    """The connection's principal may not do this (mqhub.identity): each protocol answers
+    with its own refusal and the connection goes on.
+
+    :ivar action: ``publish``, ``subscribe`` or ``admin``.
+    :ivar address: the address or pattern refused.
+    """
+
+    def __init__(self, action: str, address: str) -> None:
+        """Remember what was refused."""
+        super().__init__(f"not allowed to {action} {address!r}")
+        self.action = action
+        self.address = address

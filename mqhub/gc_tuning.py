@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import gc
 
-from twisted.application.internet import TimerService
+from twisted.application.service import Service
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
 
 #: containers allocated (net of those freed) before a young-generation collection
 GEN0_THRESHOLD = 50_000
@@ -45,9 +46,29 @@ def collect_young() -> int:
     return gc.collect(0)
 
 
-def young_sweeps(clock: IReactorTime, interval: float = SWEEP_INTERVAL) -> TimerService:
+class YoungSweeps(Service):
+    """Collects the young generation every ``interval`` seconds on ``clock`` while running
+    (once at start, like Twisted's TimerService, whose module costs ~15 ms of startup)."""
+
+    def __init__(self, clock: IReactorTime, interval: float) -> None:
+        """Sweep on ``clock``."""
+        self.interval = interval
+        self.call = LoopingCall(collect_young)
+        self.call.clock = clock
+
+    def startService(self) -> None:
+        """Collect now and every interval."""
+        super().startService()
+        self.call.start(self.interval, now=True)
+
+    def stopService(self) -> None:
+        """Stop collecting."""
+        if self.call.running:
+            self.call.stop()
+        super().stopService()
+
+
+def young_sweeps(clock: IReactorTime, interval: float = SWEEP_INTERVAL) -> YoungSweeps:
     """A service collecting the young generation every ``interval`` seconds on ``clock``
     (see the module docstring: the threshold alone can leave it to grow without bound)."""
-    service = TimerService(interval, collect_young)
-    service.clock = clock
-    return service
+    return YoungSweeps(clock, interval)

@@ -26,6 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqhub.core.broker import Broker
+from mqhub.identity import Directory
 from mqhub.scheduler.service import SchedulerService
 from mqhub.store.journal import DEFAULT_RETENTION_BYTES, DEFAULT_RETENTION_SECONDS, Journal
 from mqhub.store.journal_recorder import JournalRecorder
@@ -51,6 +52,7 @@ class Hub:
     :ivar data_dir: where durable data lives, or None for a memory hub.
     :ivar reactor: the reactor listeners bind with (None in unit tests: nothing listens).
     :ivar journal: the flow journal's files (:class:`mqhub.store.journal.Journal`), or None.
+    :ivar identity: the :class:`mqhub.identity.Directory` (users, rights, denials), or None.
     """
 
     clock: Any
@@ -61,6 +63,7 @@ class Hub:
     data_dir: str | None = None
     reactor: Any = None
     journal: Any = None
+    identity: Any = None
 
 
 def standalone_core(store: Any, clock: Any) -> Broker:
@@ -81,6 +84,8 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     ``Broker(window=..., window_bytes=..., tails_bytes=..., windows_bytes=...)``; unset or None:
     the Broker's defaults).
     The store is ``LmdbStore(DATA_DIR/store)``, or a MemoryStore for a memory hub.
+    ``users`` (a users file, read now; None: every client may do everything) makes
+    ``hub.identity``.
     """
     data_dir = options.get("data-dir", options.get("data_dir"))
     durability = options.get("durability") or "sync"
@@ -112,6 +117,8 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
             store.path, broker.journal,
             retention_seconds=float(days) * 86400.0 if days else DEFAULT_RETENTION_SECONDS,
             retention_bytes=int(max_bytes) if max_bytes else DEFAULT_RETENTION_BYTES)
+    identity = Directory(clock, options.get("users") or None)
+    identity.load()
     return Hub(
         clock=clock,
         store=store,
@@ -121,6 +128,7 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
         data_dir=data_dir,
         reactor=reactor,
         journal=journal,
+        identity=identity,
     )
 
 
@@ -142,6 +150,8 @@ class HubService(MultiService):
         self.setName("mqhub")
         self.hub = hub
         self.started: Deferred[None] = Deferred()
+        #: the hub's lame-duck controller (:class:`mqhub.lameduck.LameDuck`; set by the tap)
+        self.lame_duck: Any = None
         self._on_start_failure = on_start_failure
         self.stop_budget = {"listeners": 2.5, "scheduler": 0.5, "broker": 0.5, "store": 1.0}
         if stop_budget:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from twisted.application.service import IService
     from twisted.internet.defer import Deferred
 
-    from mqhub.records import DeadLetter, Entry
+    from mqhub.records import DeadLetter, Entry, Peer
 
 
 class IProtocolPlugin(IPlugin):
@@ -229,6 +229,12 @@ class IAdapterState(Interface):
                      limit: int) -> Deferred[list[Entry]]:
         """Fire with up to ``limit`` entries of the list ``name`` in ready order after ``after``."""
 
+    def watch(prefix: str, changed: Callable[[str, bytes | None], None]) -> None:
+        """Call ``changed(key, value)`` for every record under ``prefix`` that another node of
+        the hub puts (``value``) or deletes (None), once it is durable; a registry that keeps
+        such records in memory stays in step this way. Never called for this node's own commits
+        (the embedded core has no other node: it never calls it)."""
+
 
 class IRoute(Interface):
     """Everything a publish to one address reaches now (cached until ``ICore.epoch`` changes)."""
@@ -389,6 +395,16 @@ class ICore(Interface):
     def barrier() -> Deferred[None]:
         """Fire once every write issued through the core so far is durable (acks, settings,
         bindings, declarations included); errback with the store's error if one failed."""
+
+    def settled(handle: Any) -> Deferred[None]:
+        """Fire once the declaration, binding or attachment behind ``handle`` (an IQueue,
+        IBinding or IConsumer this core returned) is in effect everywhere it must be, so an
+        adapter can confirm a SUB or a consume (the embedded core: at once, the handle is in
+        effect when returned; its durability is ``barrier()``'s)."""
+
+    def peers(protocol: str) -> list[Peer]:
+        """The other nodes of the hub that serve ``protocol``, with their client endpoints (for
+        NATS INFO ``connect_urls``, NSQ ``/lookup``); empty for the embedded core."""
 
     def session(principal: object) -> ICore:
         """The handle one connection acts through, for ``principal`` (its authenticated user,

@@ -165,7 +165,8 @@ class Inspector:
         """``(protocol, listener)`` for every protocol listener (admin surfaces excluded)."""
         if self.root is None:
             return []
-        return [(n, ls) for n, ls in walk_listeners(self.root) if n not in self.skip]
+        return [(n, ls) for n, ls in walk_listeners(self.root)
+                if n not in self.skip and not ls.observer]
 
     def protocols(self) -> list[str]:
         """Names of the protocol services the hub runs."""

@@ -8,11 +8,17 @@ connection and fires when they are gone, aborting the stragglers after ``drain_t
 Connections are tracked without wrapping them: the factory handed to the endpoint only records
 each protocol it builds (in a WeakSet), so protocols see their real transport (TLS handshake
 callbacks, producer registration) and the hot path pays nothing.
+
+Every TCP listener has TCP_NODELAY set on its listening socket, which accepted sockets inherit
+(Linux, the BSDs): no client connection of any protocol waits for Nagle's algorithm (a reply
+followed by a PONG would otherwise wait for the peer's delayed ACK, ~40 ms).
 """
 
 from __future__ import annotations
 
+import socket
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import Service
@@ -85,13 +91,18 @@ class ListenerService(Service):
         factory: Any,
         reactor: Any = None,
         drain_timeout: float = 2.0,
+        observer: bool = False,
     ) -> None:
         """:param endpoint: a Twisted server endpoint string, e.g. ``tcp:4150:interface=127.0.0.1``.
         :param reactor: the reactor to listen with (``hub.reactor``). The global reactor is
             never used: a hub without a reactor (unit tests) builds listeners but cannot start them.
         :param drain_timeout: seconds to wait for connections to close before aborting them.
+        :param observer: an operator's surface (admin, manhole, NATS monitoring), not a
+            protocol's clients: it keeps serving in lame-duck mode and its connections are not
+            counted as the protocol's.
         """
         self.endpoint = endpoint
+        self.observer = observer
         self.factory = factory
         self._reactor = reactor
         self.drain_timeout = drain_timeout
@@ -121,6 +132,7 @@ class ListenerService(Service):
     def _listened(self, port: IListeningPort) -> None:
         """Remember the port; stop it at once if we were stopped meanwhile."""
         self.port = port
+        no_delay_listening(port)
         self.log.info("{name} listening on {endpoint}", name=self.name, endpoint=self.endpoint)
         if not self.running:
             port.stopListening()
@@ -136,6 +148,16 @@ class ListenerService(Service):
         )
         self.listening.errback(failure)
         self.listening.addErrback(lambda _: None)
+
+    def stop_accepting(self) -> Deferred[Any]:
+        """Stop listening but keep the open connections (lame-duck mode); stopService later
+        still closes them."""
+        port, self.port = self.port, None
+        if port is None:
+            return succeed(None)
+        self.log.info("{name} stopped accepting on {endpoint}", name=self.name,
+                      endpoint=self.endpoint)
+        return maybeDeferred(port.stopListening)
 
     @property
     def connections(self) -> list[Any]:
@@ -189,6 +211,60 @@ class ListenerService(Service):
                 abort()
 
 
+#: seconds after its port is bound that a :class:`DeferredFactory` is built
+BUILD_DELAY = 0.05
+
+
+class DeferredFactory(Factory):
+    """A listener's factory built on first use, or :data:`BUILD_DELAY` seconds after its port
+    is bound (:func:`build_soon`), so the modules it needs (twisted.web, autobahn, ...) are not
+    imported before the protocol ports answer their first clients (issue 28, fast start)."""
+
+    noisy = False
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        """Build the real factory with ``build()`` when first needed."""
+        self.build = build
+        self.built: Any = None
+        self.started = False
+
+    def ensure(self) -> Any:
+        """The real factory, built now if it was not yet (and started if the port is)."""
+        if self.built is None:
+            self.built = self.build()
+            if self.started:
+                self.built.doStart()
+        return self.built
+
+    def doStart(self) -> None:
+        """The port is listening."""
+        self.started = True
+        if self.built is not None:
+            self.built.doStart()
+
+    def doStop(self) -> None:
+        """The port stopped."""
+        self.started = False
+        if self.built is not None:
+            self.built.doStop()
+
+    def buildProtocol(self, addr: Any) -> Any:
+        """A protocol of the (built) factory."""
+        return self.ensure().buildProtocol(addr)
+
+
+def build_soon(listener: ListenerService, factory: DeferredFactory, clock: Any,
+               delay: float = BUILD_DELAY) -> None:
+    """Build ``factory`` ``delay`` seconds after ``listener`` is bound (a later reactor turn)."""
+
+    def bound(port: Any) -> Any:
+        """Schedule the build."""
+        clock.callLater(delay, factory.ensure)
+        return port
+
+    listener.listening.addCallback(bound)
+
+
 def peer_text(transport: Any) -> str:
     """``host:port`` of a connection's peer for logs and stats (``?`` when it has none)."""
     try:
@@ -196,6 +272,16 @@ def peer_text(transport: Any) -> str:
         return f"{peer.host}:{peer.port}"
     except Exception:
         return "?"
+
+
+def no_delay_listening(port: Any) -> None:
+    """Set TCP_NODELAY on a TCP listening port's socket (accepted sockets inherit it)."""
+    sock = getattr(port, "socket", None)
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
 
 
 def set_no_delay(transport: Any) -> None:

@@ -1,7 +1,8 @@
 """The SSH manhole (twisted.conch): a Python shell inside the running broker, key login only.
 
 Off unless ``--manhole ENDPOINT`` is given, and refused at start without ``--manhole-keys FILE``
-(an OpenSSH authorized_keys file; every key in it may log in as any user name). The shell runs
+(an OpenSSH authorized_keys file; every key in it may log in as any user name — with a users
+file, only as a user with ``admin = true``, docs/security.md). The shell runs
 on the reactor thread: an expression blocks the broker for as long as it runs, so the helpers
 return what the core already holds (no store scans) and dead-letter reads return Deferreds the
 shell prints when they fire.
@@ -100,14 +101,25 @@ def check_config(endpoint: str, key_file: str | None) -> list[keys.Key]:
 
 @implementer(IAuthorizedKeysDB)
 class KeyList:
-    """An IAuthorizedKeysDB holding one list of keys valid for every user name."""
+    """An IAuthorizedKeysDB holding one list of keys valid for every user name — or, with a
+    users file (``--users``), only for the names of its users with ``admin = true`` (asked
+    at each login, so a reload applies)."""
 
-    def __init__(self, authorized: list[keys.Key]) -> None:
-        """Accept ``authorized``."""
+    def __init__(self, authorized: list[keys.Key], identity: Any = None) -> None:
+        """Accept ``authorized``; ``identity``: the hub's Directory (None: any name)."""
         self.authorized = authorized
+        self.identity = identity
 
     def getAuthorizedKeys(self, username: bytes) -> list[keys.Key]:
-        """Every key, whatever the user name."""
+        """Every key for an allowed user name, else none (a refused login is counted)."""
+        identity = self.identity
+        if identity is None or not identity.enforcing:
+            return list(self.authorized)
+        name = username.decode("utf-8", "replace")
+        user = identity.named(name)
+        if user is None or not user.rights.admin:
+            identity.refused("manhole", name[:64], "login", "manhole")
+            return []
         return list(self.authorized)
 
 
@@ -181,7 +193,7 @@ def make_manhole_factory(hub: Any, inspector: Inspector,
 
     realm = manhole_ssh.TerminalRealm()
     realm.chainedProtocolFactory = terminal  # type: ignore[assignment]
-    checker = SSHPublicKeyChecker(KeyList(authorized))
+    checker = SSHPublicKeyChecker(KeyList(authorized, getattr(hub, "identity", None)))
     factory = manhole_ssh.ConchFactory(portal.Portal(realm, [checker]))  # type: ignore[arg-type]
     key = host_key(hub.data_dir)
     public: Any = key.public()
@@ -200,6 +212,6 @@ def make_manhole_service(hub: Any, root: Any, endpoint: str, key_file: str | Non
     authorized = check_config(endpoint, key_file)
     inspector = Inspector(hub, root)
     service = ListenerService(endpoint, make_manhole_factory(hub, inspector, authorized),
-                              reactor=hub.reactor)
+                              reactor=hub.reactor, observer=True)
     service.setName("manhole")
     return service

@@ -20,6 +20,8 @@ from mqhub.discovery import Discovery, load_plugins, plugin_dirs
 from mqhub.errors import PluginError
 from mqhub.gc_tuning import tune_gc, young_sweeps
 from mqhub.hub import PAGING_KEYWORDS, HubService, build_hub
+from mqhub.lameduck import DEFAULT_DURATION, DEFAULT_GRACE, LameDuck
+from mqhub.lameduck import install_signal as install_lame_duck_signal
 from mqhub.logs import forward_stdlib_logging
 from mqhub.plugins.builtin import BUILTIN
 from mqhub.store.journal import DEFAULT_RETENTION_BYTES, DEFAULT_RETENTION_SECONDS
@@ -73,6 +75,7 @@ Examples:
   twistd -n mqhub --listen nsq.tcp=tcp:4150:interface=0.0.0.0 --listen mq9=tcp:4333
   twistd -n mqhub --plugin-path plugins --protocols redis
   twistd -n mqhub --listen admin.http=tcp:9750:interface=127.0.0.1 --admin-token token.txt
+  twistd -n mqhub --users users.toml                  per-user rights for every protocol
   twistd -n mqhub --manhole tcp:8722:interface=127.0.0.1 --manhole-keys ~/.ssh/authorized_keys
 """
 
@@ -85,10 +88,22 @@ Examples:
         ["durability", None, "sync", "Store commit mode: sync (fsync per group), batch, none."],
         ["admin-token", None, None,
          "File whose first line is the admin API token state changes must carry."],
+        ["users", None, None,
+         "TOML users file: credentials and publish/subscribe rights for every protocol "
+         "(docs/security.md); re-read on SIGHUP. Without it every client may do everything."],
+        ["admin-tls-cert", None, None,
+         "PEM certificate (and key) making the admin listener HTTPS."],
+        ["admin-tls-key", None, None, "PEM key when not in the --admin-tls-cert file."],
+        ["admin-tls-ca", None, None,
+         "PEM CA certificates admin clients' certificates must chain to (--admin-tls-verify)."],
         ["manhole", None, None, "Endpoint of the SSH manhole (off unless given)."],
         ["manhole-keys", None, None,
          "OpenSSH authorized_keys file of the keys that may log in to the manhole."],
         ["journal", None, "on", "Flow journal for analytics (docs/analytics.md): on or off."],
+        ["lame-duck-duration", None, "120",
+         "Seconds lame-duck mode (SIGUSR2, mqhub lameduck) takes to close every client."],
+        ["lame-duck-grace", None, "10",
+         "Seconds lame-duck mode waits before it starts closing clients."],
         ["journal-days", None, f"{DEFAULT_RETENTION_SECONDS / 86400.0:g}",
          "Delete closed journal files older than this many days."],
         ["journal-max-bytes", None, str(DEFAULT_RETENTION_BYTES),
@@ -123,6 +138,8 @@ Examples:
 
     optFlags: list[list[Any]] = [
         ["no-admin", None, "Do not serve the admin page, JSON API and /metrics (admin.http)."],
+        ["admin-tls-verify", None, "Admin HTTPS clients must present a certificate signed by "
+         "--admin-tls-ca."],
     ]
 
     def __init__(self) -> None:
@@ -232,6 +249,14 @@ Examples:
         if self["store-map-size"] is not None:
             self._mib("store-map-size", 1, "must be at least 1 (MiB)")
         self._mib("store-reserve", 0, "must not be negative")
+        try:
+            for key in ("lame-duck-duration", "lame-duck-grace"):
+                self[key] = float(self[key])
+                if self[key] < 0:
+                    raise ValueError
+        except ValueError:
+            raise usage.UsageError(
+                "--lame-duck-duration and --lame-duck-grace must be seconds >= 0") from None
         self._paging()
         self._cluster()
         found = self._discover()
@@ -261,7 +286,8 @@ Examples:
                 raise usage.UsageError(f"--listen: unknown protocol {name!r}; available: {available}")
             if canonical not in endpoints:
                 raise usage.UsageError(f"--listen: protocol {name!r} is not enabled")
-            roles = list(found.plugins[canonical].default_endpoints)
+            plugin = found.plugins[canonical]
+            roles = [*plugin.default_endpoints, *getattr(plugin, "optional_roles", ())]
             if role is None:
                 role = roles[0]
             if role not in roles:
@@ -283,16 +309,39 @@ Examples:
 
     def _check_admin(self) -> None:
         """Read the admin token and validate the manhole settings (refusing a bad start)."""
-        from mqhub.manhole import ManholeError, check_config
-        from mqhub.web.service import read_token
-
+        # imported only when used: twisted.conch and the web stack cost startup time
         self["admin_token_value"] = None
+        if self["users"]:
+            from mqhub.identity import UsersFile, UsersFileError
+
+            try:
+                UsersFile.load(self["users"])
+            except UsersFileError as exc:
+                raise usage.UsageError(f"--users: {exc}") from None
+            self["users"] = os.path.abspath(self["users"])
+        self["admin_tls"] = None
+        if self["admin-tls-cert"]:
+            from mqhub.tls import TlsConfigError, server_context
+
+            try:
+                self["admin_tls"] = server_context(
+                    self["admin-tls-cert"], self["admin-tls-key"], self["admin-tls-ca"],
+                    bool(self["admin-tls-verify"]))
+            except TlsConfigError as exc:
+                raise usage.UsageError(f"--admin-tls-cert: {exc}") from None
+        elif self["admin-tls-verify"] or self["admin-tls-key"] or self["admin-tls-ca"]:
+            raise usage.UsageError("--admin-tls-key, --admin-tls-ca and --admin-tls-verify "
+                                   "need --admin-tls-cert")
         if self["admin-token"]:
+            from mqhub.web.service import read_token
+
             try:
                 self["admin_token_value"] = read_token(self["admin-token"])
             except (OSError, ValueError) as exc:
                 raise usage.UsageError(f"--admin-token: {exc}") from None
         if self["manhole"]:
+            from mqhub.manhole import ManholeError, check_config
+
             try:
                 check_config(self["manhole"], self["manhole-keys"])
             except ManholeError as exc:
@@ -337,6 +386,25 @@ def install_stop_signals(reactor: Any) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
+def install_reload_signal(reactor: Any, identity: Any) -> None:
+    """Make SIGHUP re-read the users file (``--users``); a bad file keeps the rights in force."""
+    from mqhub.identity import UsersFileError
+
+    def reload() -> None:
+        """Reload in the reactor thread (the error is already logged by the directory)."""
+        try:
+            identity.reload()
+        except UsersFileError:
+            pass
+
+    def on_signal(signum: int, frame: Any) -> None:
+        """Hand the reload to the reactor (safe from a signal handler)."""
+        log.info("received SIGHUP: reloading the users file")
+        reactor.callFromThread(reload)
+
+    signal.signal(signal.SIGHUP, on_signal)
+
+
 def makeService(options: Options) -> HubService:
     """twistd entry point: :func:`build_service` with the global reactor.
 
@@ -352,6 +420,9 @@ def makeService(options: Options) -> HubService:
     reactor.callWhenRunning(sweeps.startService)
     reactor.addSystemEventTrigger("before", "shutdown", sweeps.stopService)
     reactor.callWhenRunning(install_stop_signals, reactor)
+    if root.hub.identity is not None and root.hub.identity.enforcing:
+        reactor.callWhenRunning(install_reload_signal, reactor, root.hub.identity)
+    reactor.callWhenRunning(install_lame_duck_signal, reactor, root.lame_duck)
     return root
 
 
@@ -375,6 +446,9 @@ def build_service(options: Options, reactor: Any) -> HubService:
             reactor.callWhenRunning(reactor.stop)
 
     root = HubService(hub, on_start_failure=stop_reactor)
+    root.lame_duck = LameDuck(root, reactor, reactor.stop,
+                              duration=float(options.get("lame-duck-duration", DEFAULT_DURATION)),
+                              grace=float(options.get("lame-duck-grace", DEFAULT_GRACE)))
     for plugin in options["plugins"]:
         endpoints = options["endpoints"][plugin.name]
         try:
@@ -400,7 +474,7 @@ def add_admin_services(root: HubService, hub: Any, options: Options) -> None:
 
         root.add_listener("admin", make_admin_service(
             hub, root, options.get("admin_endpoint") or ADMIN_ENDPOINT,
-            token=options.get("admin_token_value")))
+            token=options.get("admin_token_value"), tls=options.get("admin_tls")))
     if options.get("manhole"):
         from mqhub.manhole import make_manhole_service
 

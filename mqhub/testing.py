@@ -21,6 +21,7 @@ from mqhub.core.broker import Broker
 from mqhub.errors import StoreError
 from mqhub.hub import Hub
 from mqhub.interfaces import IDeliveryTarget
+from mqhub.records import get_body, get_msg_id
 from mqhub.scheduler.service import SchedulerService
 from mqhub.store.batch import WriteBatch
 from mqhub.store.memory import MemoryStore
@@ -183,11 +184,11 @@ class CollectingTarget:
     @property
     def bodies(self) -> list[bytes]:
         """The bodies received, in order."""
-        return [e[7] for e in self.entries]
+        return list(map(get_body, self.entries))
 
     def ids(self) -> list[int]:
         """The msg ids received, in order."""
-        return [e[0] for e in self.entries]
+        return list(map(get_msg_id, self.entries))
 
     def clear(self) -> None:
         """Forget what was received."""

@@ -1,17 +1,17 @@
-"""A broker-wide account of memory that some part of every durable queue holds.
+"""A broker-wide account of memory that some part of every durable queue takes up.
 
 The broker keeps two: ``broker.tails`` (the remembered tails of the stored backlogs,
 :mod:`mqhub.core.tail`) and ``broker.windows`` (the body bytes of the ready windows,
-:mod:`mqhub.core.window`). Each queue charges its own holding per batch-level change, so the
+:mod:`mqhub.core.window`). Each queue charges what it takes per batch-level change, so the
 account's ``used`` is the sum of the queues' charges; a queue asks :meth:`MemoryAccount.room`
-how far its holding may grow.
+how far its charge may grow.
 """
 
 from __future__ import annotations
 
 
 class MemoryAccount:
-    """Bytes the queues of one broker hold together in one kind of memory, and their limit."""
+    """Bytes the queues of one broker take up together in one kind of memory, and their limit."""
 
     __slots__ = ("limit", "used", "floor")
 
@@ -22,6 +22,6 @@ class MemoryAccount:
         self.used = 0
         self.floor = floor
 
-    def room(self, held: int) -> int:
-        """Bytes a queue now charged ``held`` may grow to (its own charge included)."""
-        return self.limit - self.used + held
+    def room(self, charged: int) -> int:
+        """Bytes a queue now charged ``charged`` may grow to (its own charge included)."""
+        return self.limit - self.used + charged

@@ -114,13 +114,13 @@ class AddressTrie:
                     node.rebuild()
                 node = node.star
             elif "*" in token:
-                entry = node.masks.get(token)
-                if entry is None:
+                mask = node.masks.get(token)
+                if mask is None:
                     if node.masks is _NO_MAP:
                         node.masks = {}
-                    entry = node.masks[token] = (_mask_regex(token), _Node())
+                    mask = node.masks[token] = (_mask_regex(token), _Node())
                     node.rebuild()
-                node = entry[1]
+                node = mask[1]
             else:
                 child = node.children.get(token)
                 if child is None:
@@ -146,8 +146,8 @@ class AddressTrie:
             if token == "*":
                 nxt = node.star
             elif "*" in token:
-                entry = node.masks.get(token)
-                nxt = entry[1] if entry else None
+                mask = node.masks.get(token)
+                nxt = mask[1] if mask else None
             else:
                 nxt = node.children.get(token)
             if nxt is None:

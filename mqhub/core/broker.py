@@ -1,11 +1,19 @@
-"""The Broker: queues, bindings, routes, publishing, parking and dead letters over one store.
+"""The Broker: queues, bindings, routes, publishing and dead letters over one store.
 
 Protocol adapters hand the broker one batch per read (``publish_batch``); it resolves the route
 once per address (cached until the binding epoch changes), fills one WriteBatch and makes one
-store commit, and delivers to live targets synchronously. Durable state lives in store meta:
-``q/<queue>`` (settings, JSON), ``b/<queue>\\x1f<pattern>`` (bindings), ``park/<address>`` and
-``pause/<address>``; deferred messages are due rows ``dq/<queue>/<msg_id>`` until due.
-Parking and pausing are in :mod:`mqhub.core.parking`, delays in :mod:`mqhub.core.delays`.
+store commit, and delivers to live targets synchronously. It is the embedded implementation of
+the core seam (``mqhub.interfaces.ICore``) and an owner of parts:
+
+- ``router`` (:mod:`mqhub.core.routing`): bindings, the address trie, the route cache;
+- ``commits`` (:mod:`mqhub.core.commits`): every write batch and its store commit;
+- ``delays`` (:mod:`mqhub.core.delays`): deferred messages until due, and clock ``timers``;
+- ``parking`` (:mod:`mqhub.core.parking`): parked and paused addresses and their queues;
+- ``expiry`` (:mod:`mqhub.core.expiry`): queues with an expiry of their own.
+
+Durable state lives in store meta: ``q/<queue>`` (settings, JSON, written by the queue),
+``b/<queue>\\x1f<pattern>`` (bindings), ``park/<address>``, ``pause/<address>`` and
+``pcut/<address>``; deferred messages are due rows until due.
 """
 
 from __future__ import annotations
@@ -27,25 +35,22 @@ from mqhub.core.commits import Commits
 from mqhub.core.consumer import Consumer
 from mqhub.core.counters import Counters
 from mqhub.core.deadletter import DeadLetter, all_dead_letters, dlq_name, from_dead
-from mqhub.core.delays import (
-    ADDRESS_DUE_PREFIX,
-    DUE_PREFIX,
-    EXPIRY_PREFIX,
-    PARK_PREFIX,
-)
+from mqhub.core.delays import PARK_PREFIX, Delays, Timers
+from mqhub.core.expiry import QueueExpiry
 from mqhub.core.ids import IdGenerator
 from mqhub.core.message import TIER_DURABLE, TIER_MEMORY
-from mqhub.core.parking import PARK_CUT_PREFIX, BrokerParking
-from mqhub.core.queue import Queue
+from mqhub.core.parking import PARK_CUT_PREFIX, Parking
+from mqhub.core.queue import SETTINGS_PREFIX, Queue, QueueContext
 from mqhub.core.routing import Binding, Route, Router
 from mqhub.core.state import StoreState
 from mqhub.core.tail import TAILS_BYTES
 from mqhub.core.window import WINDOW_FLOOR, WINDOWS_BYTES
 from mqhub.errors import InvalidName, NoSuchQueue, QueueFull
 from mqhub.interfaces import IBinding, ICore, IQueue
+from mqhub.records import DELIVER_AT, MSG_ID, Peer, get_msg_id
 from mqhub.store.batch import WriteBatch
 from mqhub.store.codec import encode_meta
-from mqhub.store.journal_recorder import NULL_RECORDER
+from mqhub.store.journal_recorder import NULL_RECORDER, NullRecorder
 from mqhub.store.records import Entry, entry_order
 
 log = logging.getLogger(__name__)
@@ -63,13 +68,8 @@ def validate_queue_name(name: str) -> None:
 
 
 @implementer(ICore)
-class Broker(BrokerParking):
-    """The protocol-neutral broker core, the embedded implementation of ICore (docs/core-api.md).
-
-    Parking and pausing are in :class:`mqhub.core.parking.BrokerParking`, on delays, due rows
-    and queue expiry in :class:`mqhub.core.delays.BrokerDelays`; the write
-    batches and their commits in :class:`mqhub.core.commits.Commits` (``self.commits``).
-    """
+class Broker:
+    """The protocol-neutral broker core, the embedded implementation of ICore (docs/core-api.md)."""
 
     def __init__(self, store: Any, clock: Any, *, scheduler: Any = None,
                  window: int = 10_000, window_bytes: int = WINDOW_BYTES,
@@ -92,42 +92,53 @@ class Broker(BrokerParking):
         self.windows = MemoryAccount(windows_bytes, WINDOW_FLOOR)
         self.ids = IdGenerator(clock)
         self.counters = Counters()  # admin/metrics totals, batch granularity (core/counters.py)
-        self.journal: Any = NULL_RECORDER  # the flow journal's recorder (set by the hub)
         #: adapters' own durable records (NSQ topics, mq9 mailboxes...): store meta and lists
         self.state = StoreState(store)
         self.router = Router()
         #: address -> Route cache (read-only for adapters; cleared in place on epoch changes)
         self.routes = self.router.cache
         self.last_ids: range = range(0)
+        #: the write batches and their commits (see mqhub.core.commits)
+        self.commits = Commits(store, clock)
+        self.timers = Timers(clock)
+        self.delays = Delays(clock, scheduler, self.commits, self.counters, self.timers,
+                             self._any_queue, self.router.route)
+        self.expiry = QueueExpiry(clock, scheduler, self._expired, self._queues_get)
+        self._journal: NullRecorder = NULL_RECORDER
+        self._ctx = self._context()
+        self.parking = Parking(self.router, self.commits, clock, self.counters, self.ids,
+                               self.delays, self.timers, self._parking_queue)
         self._queues: dict[str, Queue] = {}
-        self._hidden: dict[str, Queue] = {}
         self._bindings: dict[int, Binding] = {}
         #: queue name -> pattern -> its binding (a queue's bindings without a scan)
         self._queue_bindings: dict[str, dict[str, Binding]] = {}
         self._next_binding = 0
-        #: the write batches and their commits (see mqhub.core.commits)
-        self.commits = Commits(store, clock)
-        self._mem_timers: set[Any] = set()
-        #: queue expiries without the scheduler: one heap, one clock timer for all of them
-        self._expiries: list[tuple[float, int, Queue]] = []
-        self._expiry_seq = 0
-        self._expiry_call: Any = None
-        self._expiry_at = float("inf")
-        self._started = False
         self._sweep_cursor = 0
         #: without a scheduler the broker runs its TTL sweep on a clock timer of its own
         self._sweeper: LoopingCall | None = None
-        #: address -> ids below this were held for it when empty_parked ran (their delays are dropped)
-        self._park_cut: dict[str, int] = {}
-        self._releasing: set[str] = set()
-        self._park_retry: set[str] = set()
-        self._park_moving: dict[str, int] = {}
-        self._park_draining: dict[str, list[Deferred[None]]] = {}
         if scheduler is not None:
-            scheduler.register(DUE_PREFIX, self._on_due)
-            scheduler.register(ADDRESS_DUE_PREFIX, self._on_address_due)
-            scheduler.register(EXPIRY_PREFIX, self._on_queue_expiry)
             scheduler.add_sweep("ttl", self.sweep_ttl, 1.0)
+
+    def _context(self) -> QueueContext:
+        """What the queues of this broker may use of it."""
+        return QueueContext(
+            clock=self.clock, store=self.store, ids=self.ids, commits=self.commits,
+            counters=self.counters, journal=self._journal, tails=self.tails,
+            windows=self.windows, window=self.window, window_bytes=self.window_bytes,
+            defer=self.delays.defer, unused=self._unused, expiry_changed=self.expiry.arm)
+
+    @property
+    def journal(self) -> NullRecorder:
+        """The flow journal's recorder (the hub sets it; a NullRecorder until then)."""
+        return self._journal
+
+    @journal.setter
+    def journal(self, recorder: NullRecorder) -> None:
+        """Record the flow from now on with ``recorder`` (every queue gets it)."""
+        self._journal = recorder
+        self._ctx = self._context()
+        for q in self._every_queue():
+            q.rewire(self._ctx)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -143,45 +154,42 @@ class Broker(BrokerParking):
     @inlineCallbacks
     def _recover(self) -> Any:
         """The recovery steps of :meth:`start` (cold path)."""
-        for key, value in (yield self.store.scan_meta("q/")):
+        for key, value in (yield self.store.scan_meta(SETTINGS_PREFIX)):
             settings = json.loads(value)
-            name = key[2:]
+            name = key[len(SETTINGS_PREFIX):]
             own = int(settings.pop("window", 0) or 0)
-            self._queues[name] = Queue(self, name, window=own or self.window,
+            self._queues[name] = Queue(self._ctx, name, window=own or self.window,
                                        window_setting=own, **settings)
         for prefix in ("park/", "pause/"):
             for key, _ in (yield self.store.scan_meta(prefix)):
-                address = key[len(prefix):]
-                self._park_queue(address)
-                if prefix == "pause/":
-                    self.router.paused.add(address)
+                self.parking.recover(key[len(prefix):], prefix == "pause/")
         for key, value in (yield self.store.scan_meta(PARK_CUT_PREFIX)):
-            self._park_cut[key[len(PARK_CUT_PREFIX):]] = int(value)
+            self.delays.cut(key[len(PARK_CUT_PREFIX):], int(value))
         for name in (yield self.store.queue_names()):
             # entries without queue metadata (written before a crash cut the meta commit, or by
             # an older layout) are never orphaned: recover them as a default durable queue
             if name.startswith(PARK_PREFIX):
-                if name not in self._hidden:
-                    self._park_queue(name[len(PARK_PREFIX):])
+                if name not in self.parking.queues:
+                    self.parking.queue_of(name[len(PARK_PREFIX):])
             elif not name.startswith("~") and name not in self._queues:
                 log.warning("recovering queue %r, which had entries but no settings", name)
-                self._queues[name] = Queue(self, name, window=self.window,
-                                           incarnation=self.ids.next_id())
-                self.persist_settings(self._queues[name])
+                orphan = self._queues[name] = Queue(self._ctx, name, window=self.window,
+                                                    incarnation=self.ids.next_id())
+                orphan.save_settings()
         for key, _ in (yield self.store.scan_meta("b/")):
             name, _, pattern = key[2:].partition(SEP)
-            q = self._queues.get(name)
-            if q is not None:
-                self._add_binding(pattern, q, None, None, None)
-        for q in list(self._queues.values()) + list(self._hidden.values()):
+            bound = self._queues.get(name)
+            if bound is not None:
+                self._add_binding(pattern, bound, None, None, None)
+        for q in self._every_queue():
             if q.durable:
                 count = yield self.store.count_entries(q.name)
                 q.dead_letter_count = yield self.store.count_entries(dlq_name(q.name))
                 q.recovered(count)
             if q.expires_at and self.scheduler is None:
-                self._arm_memory_expiry(q)
+                self.expiry.arm_timed(q)
         self.router.changed()
-        self._started = True
+        self.delays.started = self.expiry.started = True
         if self.scheduler is None:
             self._sweeper = LoopingCall(self._sweep_all)
             self._sweeper.clock = self.clock
@@ -198,22 +206,14 @@ class Broker(BrokerParking):
         if self._sweeper is not None and self._sweeper.running:
             self._sweeper.stop()
         self._sweeper = None
-        for t in list(self._mem_timers):
-            if t.active():
-                t.cancel()
-        self._mem_timers.clear()
-        if self._expiry_call is not None and self._expiry_call.active():
-            self._expiry_call.cancel()
-        self._expiry_call = None
-        self._expiry_at = float("inf")
-        for q in list(self._queues.values()) + list(self._hidden.values()):
+        self.timers.stop()
+        self.expiry.stop()
+        for q in self._every_queue():
             q.stop_timer()
         pending = list(self.commits.pending)
         if not pending:
             return succeed(None)
         return DeferredList(pending, consumeErrors=True).addCallback(lambda _: None)
-
-    # -- store plumbing ------------------------------------------------------------------------
 
     def barrier(self) -> Deferred[None]:
         """Fire once every store write the broker issued so far is durable (acks included).
@@ -224,21 +224,51 @@ class Broker(BrokerParking):
         """
         return self.commits.barrier()
 
-    def session(self, principal: object) -> Broker:
-        """The handle a connection of ``principal`` acts through: the core itself, as no rights
-        are configured (docs/core-api.md, "Sessions")."""
-        return self
+    def settled(self, handle: Any) -> Deferred[None]:
+        """A handle of the embedded core is in effect when it is returned."""
+        return succeed(None)
 
-    def persist_settings(self, queue: Queue, batch: WriteBatch | None = None) -> None:
-        """Persist a durable queue's settings (into ``batch``, or in its own commit)."""
-        if not queue.durable or queue.name.startswith("~") or queue.deleted:
-            return
-        b = batch if batch is not None else WriteBatch()
-        b.put_meta("q/" + queue.name, json.dumps(queue.settings()).encode())
-        if batch is None:
-            self.commits.commit(b)
+    def peers(self, protocol: str) -> list[Peer]:
+        """One node: no peers."""
+        return []
+
+    def session(self, principal: Any) -> ICore:
+        """The handle a connection of ``principal`` acts through (docs/core-api.md, "Sessions"):
+        the core itself when ``principal`` is None (no rights in force, or not authenticated);
+        otherwise the handle the principal makes of this core, ``principal.handle(core)`` (an
+        :class:`mqhub.identity.Session`: its rights enforced at this seam)."""
+        if principal is None:
+            return self
+        return principal.handle(self)
 
     # -- queues --------------------------------------------------------------------------------
+
+    def _every_queue(self) -> list[Queue]:
+        """Declared and parking queues."""
+        return list(self._queues.values()) + list(self.parking.queues.values())
+
+    def _any_queue(self, name: str) -> Queue | None:
+        """The queue named ``name``: a declared one, else a parking one, else None."""
+        return self._queues.get(name) or self.parking.queues.get(name)
+
+    def _queues_get(self, name: str) -> Queue | None:
+        """The declared queue named ``name``, or None."""
+        return self._queues.get(name)
+
+    def _parking_queue(self, name: str) -> Queue:
+        """A new (durable) parking queue."""
+        return Queue(self._ctx, name, window=self.window)
+
+    def _unused(self, queue: Queue) -> None:
+        """An ``auto_delete`` queue lost its last consumer: delete it."""
+        self.delete_queue(queue.name)
+
+    def _expired(self, queue: Queue, now: float) -> None:
+        """``queue``'s own time may have come: delete it if it is still the live queue of its
+        name and expired."""
+        if (self._queues.get(queue.name) is queue and queue.expires_at
+                and queue.expires_at <= now):
+            self.delete_queue(queue.name)
 
     def declare_queue(self, name: str, *, tier: str = TIER_DURABLE, max_size: int = 0,
                       overflow: str = "drop_oldest", ttl: float = 0.0, max_attempts: int = 0,
@@ -254,15 +284,15 @@ class Broker(BrokerParking):
             return q
         validate_queue_name(name)
         window = max(0, int(window))
-        q = Queue(self, name, tier=tier, max_size=max_size, overflow=overflow, ttl=ttl,
+        q = Queue(self._ctx, name, tier=tier, max_size=max_size, overflow=overflow, ttl=ttl,
                   max_attempts=max_attempts, msg_timeout=msg_timeout, expires_at=expires_at,
                   auto_delete=auto_delete, expire_to_dead_letters=expire_to_dead_letters,
                   window=window or self.window, incarnation=self.ids.next_id(), mode=mode,
                   window_setting=window)
         self._queues[name] = q
-        self.persist_settings(q)
+        q.save_settings()
         if expires_at:
-            self.schedule_expiry(q)
+            self.expiry.arm(q)
         return q
 
     def queue(self, name: str) -> Queue | None:
@@ -289,9 +319,9 @@ class Broker(BrokerParking):
         if q.durable:
             b.purge_queue(name)
             b.purge_queue(dlq_name(name))
-            b.delete_meta("q/" + name)
+            b.delete_meta(SETTINGS_PREFIX + name)
             if q.expires_at:
-                b.delete_due(EXPIRY_PREFIX + name.encode())
+                self.expiry.forget(name, b)
         return self.commits.commit(b)
 
     def attach(self, queue: IQueue, target: Any, *, ready: int = 0, credit: int = 0,
@@ -328,9 +358,7 @@ class Broker(BrokerParking):
             wb = WriteBatch()
             wb.put_meta("b/" + queue_name + SEP + pattern, b"")
             self.commits.commit(wb)
-        for address in list(self.router.parking):
-            if pattern_matches(pattern, address):
-                self._drain_park(address)
+        self.parking.drain_matching(lambda address: pattern_matches(pattern, address))
         return b
 
     def subscribe(self, pattern: str, target: Any, *, group: str | None = None,
@@ -344,15 +372,16 @@ class Broker(BrokerParking):
         if self._bindings.pop(binding.id, None) is None:
             return
         self.router.trie.remove(binding.pattern, binding)
-        if binding.queue is not None:
-            own = self._queue_bindings.get(binding.queue.name)
+        queue = binding.queue
+        if queue is not None:
+            own = self._queue_bindings.get(queue.name)
             if own is not None and own.get(binding.pattern) is binding:
                 del own[binding.pattern]
                 if not own:
-                    del self._queue_bindings[binding.queue.name]
-            if binding.queue.durable:
+                    del self._queue_bindings[queue.name]
+            if queue.durable:
                 wb = WriteBatch()
-                wb.delete_meta("b/" + binding.queue.name + SEP + binding.pattern)
+                wb.delete_meta("b/" + queue.name + SEP + binding.pattern)
                 self.commits.commit(wb)
         self.router.changed()
 
@@ -371,6 +400,33 @@ class Broker(BrokerParking):
             validate_address(address)
             r = self.router.route(address)
         return r
+
+    # -- parked and paused addresses -----------------------------------------------------------
+
+    def park(self, address: str) -> Deferred[None]:
+        """Keep publishes to ``address`` while no queue is bound to it (NSQ topic without
+        channels); see :class:`mqhub.core.parking.Parking`."""
+        return self.parking.park(address)
+
+    def unpark(self, address: str) -> Deferred[None]:
+        """Stop parking ``address``; parked messages go to the bound queues (or are dropped)."""
+        return self.parking.unpark(address)
+
+    def pause_address(self, address: str) -> Deferred[None]:
+        """Keep every publish to ``address`` until resumed."""
+        return self.parking.pause(address)
+
+    def resume_address(self, address: str) -> Deferred[None]:
+        """Release a paused address: its parked messages go to the bound queues."""
+        return self.parking.resume(address)
+
+    def parked_depth(self, address: str) -> int:
+        """Messages parked for ``address`` (parked or paused)."""
+        return self.parking.depth(address)
+
+    def empty_parked(self, address: str) -> Deferred[None]:
+        """Drop every message parked for ``address`` (NSQ ``/topic/empty``)."""
+        return self.parking.empty(address)
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -409,7 +465,7 @@ class Broker(BrokerParking):
                         persist: bool = True) -> Deferred[None]:
         """Publish prebuilt entry tuples (replays, moves) to ``address``."""
         route = self.route(address)
-        deliver_at = max((e[3] for e in entries), default=0.0)
+        deliver_at = max((e[DELIVER_AT] for e in entries), default=0.0)
         return self._publish(route, address, entries, persist, deliver_at)
 
     def entry_fits(self, address: str, headers: dict[str, str] | None, origin: str) -> bool:
@@ -426,7 +482,7 @@ class Broker(BrokerParking):
         MQKS reject re-queues at the tail this way; entries keep their attempts. Raises NoSuchQueue.
         """
         q, b = self._get(queue_name), WriteBatch()
-        return self.commits.in_window(b, lambda: q.put(entries, b, True, self.clock.seconds()))
+        return self.commits.fill(b, lambda: q.put(entries, b, True, self.clock.seconds()))
 
     def _publish(self, route: Route, address: str, entries: list[Entry], persist: bool,
                  deliver_at: float, uniform: bool = False, run: bool = False) -> Deferred[None]:
@@ -437,29 +493,30 @@ class Broker(BrokerParking):
         for q in queues:
             if q.max_size and q.overflow == "reject" and q.room() < n:
                 raise QueueFull(q.name)
-        self.journal.published(address, entries, queues, persist, route, uniform)
+        self._journal.published(address, entries, queues, persist, route, uniform)
         now = self.clock.seconds() if deliver_at else 0.0
         if not queues:
             # live subscribers only: nothing to store
             if deliver_at > now and (route.targets or route.groups):
-                # live subscribers see a delayed message when it is due (memory-held, like them)
-                self._later(deliver_at - now, self._deliver_live, address, entries)
+                # live subscribers see a delayed message when it is due (on a clock timer,
+                # at-most-once like all live delivery)
+                self.timers.later(deliver_at - now, self._deliver_live, address, entries)
             else:
                 self._deliver_live(address, entries, route)
             return succeed(None)
         commits = self.commits
-        # the batch stays open while its entries are delivered: commits issued meanwhile
+        # the batch is being filled while its entries are delivered: commits issued meanwhile
         # (acks in deliver_batch) join it or follow it, never precede it
         batch, outer = commits.begin()
         try:
             if deliver_at > now:
-                self._defer_address(address, queues, entries, deliver_at, batch, persist)
+                self.delays.defer_address(address, queues, entries, deliver_at, batch, persist)
             else:
                 now = now or self.clock.seconds()
                 for q in queues:
                     q.put(entries, batch, persist, now, uniform, run)
             if deliver_at > now and (route.targets or route.groups):
-                self._later(deliver_at - now, self._deliver_live, address, entries)
+                self.timers.later(deliver_at - now, self._deliver_live, address, entries)
             else:
                 self._deliver_live(address, entries, route)
         except BaseException:
@@ -488,6 +545,24 @@ class Broker(BrokerParking):
                 except Exception:
                     log.exception("deliver_batch of %r failed", b.target)
 
+    # -- message TTL ---------------------------------------------------------------------------
+
+    def sweep_ttl(self, now: float, budget: int) -> bool:
+        """Drop expired ready messages from queue windows, at most ``budget`` scanned; True =
+        more to do."""
+        queues = [q for q in self._queues.values() if q.needs_sweep]
+        if not queues:
+            return False
+        used = 0
+        i = self._sweep_cursor % len(queues)
+        visited = 0
+        while visited < len(queues) and used < budget:
+            used += queues[i].sweep(now, budget - used)
+            i = (i + 1) % len(queues)
+            visited += 1
+        self._sweep_cursor = i
+        return visited < len(queues)
+
     # -- dead letters --------------------------------------------------------------------------
 
     def _get(self, queue_name: str) -> Queue:
@@ -502,7 +577,7 @@ class Broker(BrokerParking):
         """List up to ``limit`` dead letters of the queue, oldest first, after msg id ``after``."""
         q = self._get(queue_name)
         if not q.durable:
-            items = [e for e in q.memory_dead_letters() if after is None or e[0] > after][:limit]
+            items = [e for e in q.memory_dead_letters() if after is None or e[MSG_ID] > after][:limit]
             return succeed([DeadLetter.from_entry(e, queue_name) for e in items])
         d = self.store.read_entries(dlq_name(queue_name),
                                     None if after is None else (0, after), limit)
@@ -515,19 +590,19 @@ class Broker(BrokerParking):
         q = self._get(queue_name)
         wanted = None if msg_ids is None else set(msg_ids)
         dead = yield all_dead_letters(self.store, q)
-        chosen = [e for e in dead if wanted is None or e[0] in wanted]
+        chosen = [e for e in dead if wanted is None or e[MSG_ID] in wanted]
         if not chosen:
             return 0
         b = WriteBatch()
         if q.durable:
-            b.delete_entries(dlq_name(queue_name), [(0, e[0]) for e in chosen])
+            b.delete_entries(dlq_name(queue_name), [(0, e[MSG_ID]) for e in chosen])
         else:
-            ids = {e[0] for e in chosen}
-            q.keep_memory_dead_letters([e for e in q.memory_dead_letters() if e[0] not in ids],
+            ids = set(map(get_msg_id, chosen))
+            q.keep_memory_dead_letters([e for e in q.memory_dead_letters() if e[MSG_ID] not in ids],
                                        replace=True)
         entries = sorted((from_dead(e) for e in chosen), key=entry_order)
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
-        yield self.commits.in_window(b, lambda: q.put(entries, b, True, self.clock.seconds()))
+        yield self.commits.fill(b, lambda: q.put(entries, b, True, self.clock.seconds()))
         return len(chosen)
 
     @inlineCallbacks
@@ -537,17 +612,17 @@ class Broker(BrokerParking):
         q = self._get(queue_name)
         dead = yield all_dead_letters(self.store, q)
         wanted = None if msg_ids is None else set(msg_ids)
-        chosen = [e for e in dead if wanted is None or e[0] in wanted]
+        chosen = [e for e in dead if wanted is None or e[MSG_ID] in wanted]
         if q.durable:
             b = WriteBatch()
             if wanted is None:
                 b.purge_queue(dlq_name(queue_name))
             else:
-                b.delete_entries(dlq_name(queue_name), [(0, e[0]) for e in chosen])
+                b.delete_entries(dlq_name(queue_name), [(0, e[MSG_ID]) for e in chosen])
             yield self.commits.commit(b)
         else:
-            ids = {e[0] for e in chosen}
-            q.keep_memory_dead_letters([e for e in q.memory_dead_letters() if e[0] not in ids],
+            ids = set(map(get_msg_id, chosen))
+            q.keep_memory_dead_letters([e for e in q.memory_dead_letters() if e[MSG_ID] not in ids],
                                        replace=True)
         q.dead_letter_count = max(0, q.dead_letter_count - len(chosen))
         return len(chosen)

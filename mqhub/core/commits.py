@@ -1,10 +1,10 @@
 """Commits: the one owner of the core's write batches and their store commits.
 
 Everything the core writes goes through :class:`Commits`: background commits (acks, settings,
-bindings), the *open* batch a publish fills while its entries are delivered (commits issued from
-inside that delivery join it or follow it, never precede it), the batches a scheduler handler
-fills, the barriers waiting for all of them, and the settle callbacks that tell a queue its batch
-reached the store. Nothing here knows what a queue is: a watcher is any object with
+bindings), the batch *being filled* while its entries are delivered (a publish, a due slice:
+commits issued from inside that delivery join it or follow it, never precede it), the barriers
+waiting for all of them, and the settle callbacks that tell a queue its batch reached the
+store. Nothing here knows what a queue is: a watcher is any object with
 ``batch_settled(batch, ok)`` and ``batch_merged(batch, into)`` (see :class:`BatchWatcher`).
 """
 
@@ -82,7 +82,7 @@ class Commits:
     """Write batches, group commit, joined publishes and settle callbacks over one store.
 
     :ivar pending: uncommitted store commits -> the barriers waiting for them.
-    :ivar open: the put batch being filled while its entries are delivered, or None.
+    :ivar filling: the put batch being filled while its entries are delivered, or None.
     """
 
     def __init__(self, store: Any, clock: Any) -> None:
@@ -90,11 +90,12 @@ class Commits:
         self.store = store
         self.clock = clock
         self.pending: dict[Deferred[Any], list[_Barrier]] = {}
-        self.open: WriteBatch | None = None
+        self.filling: WriteBatch | None = None
         self._watchers: dict[int, list[BatchWatcher]] = {}
-        #: commits merged into the open batch (their Deferreds) and the ones that must follow it
+        #: commits merged into the batch being filled (their Deferreds) and the ones committed
+        #: after it
         self._joined: list[Deferred[None]] = []
-        self._held: list[tuple[WriteBatch, Deferred[None]]] = []
+        self._after: list[tuple[WriteBatch, Deferred[None]]] = []
 
     # -- settle callbacks ----------------------------------------------------------------------
 
@@ -121,12 +122,12 @@ class Commits:
     def commit(self, batch: WriteBatch) -> Deferred[None]:
         """Commit ``batch`` (background write: failures are logged).
 
-        While a put batch is open (its entries are being delivered) the commit joins it instead,
-        so it can never reach the store before the puts it settles (see :meth:`_join`).
+        While a put batch is being filled (its entries are being delivered) the commit joins it
+        instead, so it can never reach the store before the puts it settles (see :meth:`_join`).
         """
         if not batch:
             return succeed(None)
-        if self.open is not None:
+        if self.filling is not None:
             return self._join(batch)
         return self._commit_now(batch)
 
@@ -154,22 +155,22 @@ class Commits:
         return d
 
     def _join(self, batch: WriteBatch) -> Deferred[None]:
-        """A commit issued while :attr:`open` is being filled and delivered (an adapter acking,
+        """A commit issued while :attr:`filling` is being filled and delivered (an adapter acking,
         rejecting or requeueing inside ``deliver_batch``, or publishing again from there).
 
-        Attempt updates and entry deletes only (acks) are merged into the open batch: the store
-        applies a batch's puts before its attempts and deletes, so the result is the same as
-        committing them after it, in one commit. Anything else is held and committed right
-        after the open batch, in issue order. Returns a Deferred that fires when it is stored.
+        Attempt updates and entry deletes only (acks) are merged into the batch being filled: the
+        store applies a batch's puts before its attempts and deletes, so the result is the same
+        as committing them after it, in one commit. Anything else is committed right after that
+        batch, in issue order. Returns a Deferred that fires when it is stored.
         """
         d: Deferred[None] = Deferred()
         self._track(d)
         d.addErrback(_log_failure)
         if (batch.purges or batch.puts or batch.due_puts or batch.due_deletes
                 or batch.meta_puts or batch.meta_deletes):
-            self._held.append((batch, d))
+            self._after.append((batch, d))
             return d
-        into = self.open
+        into = self.filling
         assert into is not None
         for name, items in batch.attempts.items():
             into.set_attempts(name, items)
@@ -183,32 +184,32 @@ class Commits:
         self._joined.append(d)
         return d
 
-    def _commit_held(self) -> None:
-        """Commit the batches held while a batch was open, in the order they were issued."""
-        if self._held:
-            held, self._held = self._held, []
-            for b, proxy in held:
+    def _commit_after(self) -> None:
+        """Commit the batches issued while a batch was being filled, in issue order."""
+        if self._after:
+            after, self._after = self._after, []
+            for b, proxy in after:
                 self._commit_now(b, [proxy])
 
-    # -- the open batch ------------------------------------------------------------------------
+    # -- the batch being filled ------------------------------------------------------------------------
 
     def begin(self) -> tuple[WriteBatch, WriteBatch | None]:
-        """A publish to queues starts: open a batch for its puts (or keep the one already open,
-        when published from inside a delivery). Returns ``(batch, outer)`` for :meth:`finish`
+        """A publish to queues starts: fill a batch with its puts (or the one being filled, when
+        published from inside a delivery). Returns ``(batch, outer)`` for :meth:`finish`
         or :meth:`abort`."""
-        outer = self.open
-        batch = self.open = outer if outer is not None else WriteBatch()
+        outer = self.filling
+        batch = self.filling = outer if outer is not None else WriteBatch()
         return batch, outer
 
     def abort(self, batch: WriteBatch, outer: WriteBatch | None) -> None:
-        """The publish begun with :meth:`begin` raised: close (and commit) what it opened."""
-        self.open = outer
+        """The publish begun with :meth:`begin` raised: close (and commit) the batch it filled."""
+        self.filling = outer
         if outer is None:
-            self.close_window(batch, None)
+            self.close_batch(batch, None)
 
     def finish(self, batch: WriteBatch, outer: WriteBatch | None) -> Deferred[None]:
         """The publish begun with :meth:`begin` is delivered: commit its batch (with every commit
-        that joined it), then the held ones. Fires when its writes are durable."""
+        that joined it), then the ones issued after it. Fires when its writes are durable."""
         if outer is not None:
             # published from inside another delivery: stored with the outer batch
             d: Deferred[None] = Deferred()
@@ -217,24 +218,25 @@ class Commits:
             return d
         return self._close(batch, background=False)
 
-    def open_window(self, batch: WriteBatch) -> WriteBatch | None:
+    def open_batch(self, batch: WriteBatch) -> WriteBatch | None:
         """Start filling ``batch`` with puts whose entries may be delivered at once; returns the
-        batch that was open before (give it to :meth:`close_window`)."""
-        prev = self.open
-        self.open = batch
+        batch that was being filled before (give it to :meth:`close_batch`)."""
+        prev = self.filling
+        self.filling = batch
         return prev
 
-    def close_window(self, batch: WriteBatch, prev: WriteBatch | None) -> Deferred[None]:
-        """Close the window opened on ``batch`` and commit it, then the held batches."""
+    def close_batch(self, batch: WriteBatch, prev: WriteBatch | None) -> Deferred[None]:
+        """Stop filling ``batch`` and commit it, then the batches issued meanwhile."""
         if prev is not None:
-            self.open = prev
+            self.filling = prev
             return self.commit(batch)
         return self._close(batch, background=True)
 
     def _close(self, batch: WriteBatch, background: bool) -> Deferred[None]:
-        """Close the open ``batch`` (no outer one): commit it with every commit that joined it
-        (those fire with it; with nothing to store they fire now), then the held batches."""
-        self.open = None
+        """Stop filling ``batch`` (no outer one): commit it with every commit that joined it
+        (those fire with it; with nothing to store they fire now), then the batches issued
+        meanwhile."""
+        self.filling = None
         joined, self._joined = self._joined, []
         if batch:
             d = self._commit_now(batch, joined, background)
@@ -242,40 +244,40 @@ class Commits:
             # nothing to store (memory queues); publishes nested in the delivery fire too
             d = succeed(None)
             _fire_joined(None, joined)
-        self._commit_held()
+        self._commit_after()
         return d
 
-    def in_window(self, batch: WriteBatch, fill: Callable[[], object],
+    def fill(self, batch: WriteBatch, fill: Callable[[], object],
                   refused: Callable[[], object] | None = None) -> Deferred[None]:
-        """Run ``fill`` (puts into ``batch``) inside a window opened on ``batch``; commit it.
+        """Run ``fill`` (puts into ``batch``) while ``batch`` is being filled; commit it.
 
         ``refused``: called if the commit fails, after the queues dropped its puts (see
         :meth:`on_settled`); the returned Deferred fires with None either way (a failure is
         logged).
         """
-        prev = self.open_window(batch)
+        prev = self.open_batch(batch)
         try:
             fill()
         finally:
             if refused is not None and batch:
                 self.on_settled(batch, lambda ok: ok or refused())
-            d = self.close_window(batch, prev)
+            d = self.close_batch(batch, prev)
         return d
 
-    def close_due_window(self, batch: WriteBatch, prev: WriteBatch | None) -> Any:
+    def close_due_batch(self, batch: WriteBatch, prev: WriteBatch | None) -> Any:
         """A scheduler handler filled ``batch``, which the scheduler commits after it returns.
 
         Returns the after-commit hook (or None), which the scheduler calls with the commit's
         result (None, or the Failure): it settles the watchers and fires the merged commits.
         Until then the scheduler's commit counts as pending (a :meth:`barrier` waits for it).
-        Held batches are committed on the next turn, after the scheduler's commit.
+        Batches issued meanwhile are committed on the next turn, after the scheduler's commit.
         """
-        self.open = prev
+        self.filling = prev
         if prev is not None:
             return None
         joined, self._joined = self._joined, []
-        if self._held:
-            self.clock.callLater(0, self._commit_held)
+        if self._after:
+            self.clock.callLater(0, self._commit_after)
         if not joined and id(batch) not in self._watchers:
             return None
         stored: Deferred[None] = Deferred()

@@ -34,7 +34,7 @@ class Counters:
         self.acked: defaultdict[str, int] = defaultdict(int)
         self.dead: defaultdict[str, int] = defaultdict(int)
         #: messages whose store commit was refused (a full disk) and that the core kept and
-        #: tries again, per kind: "park" (a parked move), "delay" (a memory-held delay)
+        #: tries again, per kind: "park" (a parked move), "delay" (a timed delay)
         self.retried: defaultdict[str, int] = defaultdict(int)
         #: protocol -> callable returning {"published": n, "delivered": n} for traffic the
         #: protocol moves without the core; added to the core's own figures.

@@ -17,6 +17,8 @@ from mqhub.records import (
     H_QUEUE,
     H_REASON,
     H_TIME,
+    MSG_ID,
+    PRIORITY,
     REASON_EXPIRED,
     REASON_MAX_ATTEMPTS,
     REASON_OVERFLOW,
@@ -70,4 +72,4 @@ def all_dead_letters(store: Any, queue: Any) -> Any:
         out.extend(page)
         if len(page) < 1000:
             return out
-        after = (page[-1][1], page[-1][0])
+        after = (page[-1][PRIORITY], page[-1][MSG_ID])

@@ -11,6 +11,7 @@ A store adapts to IAdapterState too (``IAdapterState(store)`` wraps it in a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zope.interface import implementer
@@ -37,6 +38,9 @@ class StoreState:
     def __init__(self, store: IMessageStore) -> None:
         """Keep the adapters' state in ``store``."""
         self.store = store
+
+    def watch(self, prefix: str, changed: Callable[[str, bytes | None], None]) -> None:
+        """One node: no other node ever writes these records, so ``changed`` is never called."""
 
     def batch(self) -> WriteBatch:
         """A new, empty batch of writes."""

@@ -14,7 +14,8 @@ from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
 
-from mqhub.store.records import Entry
+from mqhub.records import PRIORITY, Entry
+from mqhub.records import entry_order as ready_key
 
 #: memory an entry of the remembered tail costs beyond its body (the 9-tuple, its id, the body's
 #: bytes object and the deque slot: 205 B measured with tracemalloc for a 16 B body); the tail
@@ -29,10 +30,8 @@ TAILS_BYTES = 256 * 1024 * 1024
 
 _popleft = deque.popleft
 
-
-def ready_key(entry: Entry) -> tuple[int, int]:
-    """An entry's place in ready order: priority descending, then msg_id."""
-    return (-entry[1], entry[0])
+__all__ = ["ENTRY_COST", "TAILS_BYTES", "pop_head", "ready_key", "sized", "stays_sorted",
+           "tail_limit", "trim"]
 
 
 def tail_limit(budget: int, body_max: int) -> int:
@@ -54,7 +53,7 @@ def stays_sorted(tail: deque[Entry], entries: list[Entry], uniform: bool) -> boo
     first = entries[0]
     if tail and ready_key(first) < ready_key(tail[-1]):
         return False
-    return uniform or all(e[1] == first[1] for e in entries)
+    return uniform or all(e[PRIORITY] == first[PRIORITY] for e in entries)
 
 
 def pop_head(tail: deque[Entry], room: int, cap: tuple[int, int] | None) -> list[Entry]:

@@ -36,6 +36,8 @@ class BuiltinProtocol:
     description: str
     default_endpoints: dict[str, str]
     aliases: tuple[str, ...] = field(default=())
+    #: roles that exist but are off unless ``--listen NAME.ROLE=ENDPOINT`` turns them on
+    optional_roles: tuple[str, ...] = field(default=())
     option_lines: tuple[OptionLine, ...] = field(default=())
 
     def make_service(self, hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -> Any:
@@ -77,6 +79,8 @@ mq9 = BuiltinProtocol(
     description="NATS client protocol; $mq9.AI.* subjects get mq9 agent-mailbox semantics",
     default_endpoints={"tcp": _tcp(4222)},
     aliases=("nats",),
+    # nats-server's monitoring port (-m 8222) and websocket {} block, off unless asked for
+    optional_roles=("monitor", "ws"),
 )
 
 emqp = BuiltinProtocol(

@@ -21,6 +21,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from mqhub.errors import InvalidName, MqhubError, NoSuchQueue
+from mqhub.history import History
 from mqhub.introspect import Inspector, clamp
 
 log = Logger()
@@ -49,12 +50,18 @@ class ApiResource(Resource):
     """``/api/*`` and ``/healthz``: a leaf resource routing on the path itself."""
 
     isLeaf = True
+    #: what ``/api/history`` and a queue's detail read (None: 404, and no series in the detail)
+    history: History | None = None
 
-    def __init__(self, inspector: Inspector, token: str | None = None) -> None:
-        """:param token: the admin token state changes need (None: none needed)."""
+    def __init__(self, inspector: Inspector, token: str | None = None,
+                 identity: Any = None) -> None:
+        """:param token: the admin token state changes need (None: none needed).
+        :param identity: the hub's identity Directory (``/api/users/reload``, the ``auth``
+            row of ``/api/stats``), or None."""
         super().__init__()
         self.inspector = inspector
         self.token = token
+        self.identity = identity
         self.routes: dict[tuple[bytes, str], Callable[..., Any]] = {
             (b"GET", "healthz"): self.get_health,
             (b"GET", "stats"): self.get_stats,
@@ -67,7 +74,11 @@ class ApiResource(Resource):
             (b"GET", "schedules"): self.get_schedules,
             (b"GET", "dlq"): self.get_dlq,
             (b"POST", "dlq"): self.post_dlq,
+            (b"POST", "users"): self.post_users,
+            (b"GET", "lameduck"): self.get_lameduck,
+            (b"POST", "lameduck"): self.post_lameduck,
         }
+        self.routes[(b"GET", "history")] = self.get_history
 
     # plumbing ----------------------------------------------------------------------------
 
@@ -184,8 +195,25 @@ class ApiResource(Resource):
         return (200 if ok else 503), details
 
     def get_stats(self, request: Any, rest: list[str]) -> Any:
-        """/api/stats."""
-        return self.inspector.stats()
+        """/api/stats (with the identity directory's ``auth`` row: denials, sessions)."""
+        stats = self.inspector.stats()
+        if self.identity is not None:
+            stats["auth"] = self.identity.stats()
+        return stats
+
+    def post_users(self, request: Any, rest: list[str]) -> Any:
+        """POST /api/users/reload: re-read the users file (as SIGHUP does)."""
+        from mqhub.identity import UsersFileError
+
+        if rest[:1] != ["reload"]:
+            raise ApiError(404, "users actions: reload")
+        self.json_body(request)
+        if self.identity is None or not self.identity.enforcing:
+            raise ApiError(409, "no users file is configured (twistd mqhub --users FILE)")
+        try:
+            return {"reloaded": True, **self.identity.reload()}
+        except UsersFileError as exc:
+            raise ApiError(400, f"users file not reloaded, the rights in force stay: {exc}") from None
 
     def get_queues(self, request: Any, rest: list[str]) -> Any:
         """/api/queues (a page) or /api/queues/{name} (one queue)."""
@@ -193,6 +221,9 @@ class ApiResource(Resource):
             detail = self.inspector.queue_detail(rest[0])
             if detail is None:
                 raise ApiError(404, f"no such queue: {rest[0]}")
+            if self.history is not None:
+                self.history.watch(rest[0])
+                detail["history"] = self.history.queue_history(rest[0], _arg(request, "window", "10m"))
             return detail
         return self.inspector.queue_page(_arg(request, "offset", "0"), _arg(request, "limit", "50"),
                                          _arg(request, "sort", "name"), _arg(request, "q"))
@@ -220,6 +251,13 @@ class ApiResource(Resource):
         else:
             raise ApiError(404, "queue actions: pause, resume, purge")
         return {"queue": name, "paused": queue.paused}
+
+    def get_history(self, request: Any, rest: list[str]) -> Any:
+        """/api/history?series=a,b&window=10m|24h (docs/operations.md)."""
+        if self.history is None:
+            raise ApiError(404, "no history on this listener")
+        series = [s.strip() for s in _arg(request, "series").split(",")]
+        return self.history.read(_arg(request, "window", "10m"), series)
 
     def get_addresses(self, request: Any, rest: list[str]) -> Any:
         """/api/addresses."""
@@ -303,6 +341,35 @@ class ApiResource(Resource):
             d = broker.purge_dead_letters(name, ids)
             return d.addCallback(lambda n: {"queue": name, "purged": n})
         raise ApiError(404, "dead-letter actions: replay, purge")
+
+    def _lame_duck(self) -> Any:
+        """The hub's lame-duck controller.
+
+        :raises ApiError: 501 when this hub has none (not started by twistd).
+        """
+        lame = getattr(self.inspector.root, "lame_duck", None)
+        if lame is None:
+            raise ApiError(501, "this hub has no lame-duck mode (not run by twistd)")
+        return lame
+
+    def get_lameduck(self, request: Any, rest: list[str]) -> Any:
+        """/api/lameduck: whether lame-duck mode is on, its timing and the clients left."""
+        return self._lame_duck().status()
+
+    def post_lameduck(self, request: Any, rest: list[str]) -> Any:
+        """POST /api/lameduck, body ``{}`` or ``{"duration": s, "grace": s}``: enter lame-duck
+        mode (as SIGUSR2); 202 with the status, since the hub stops once clients are gone."""
+        body = self.json_body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "body must be a JSON object")
+        timing = {}
+        for key in ("duration", "grace"):
+            value = body.get(key)
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    raise ApiError(400, f"{key} must be a number of seconds >= 0")
+                timing[key] = float(value)
+        return 202, self._lame_duck().start(**timing)
 
 
 #: Queues whose dead-letter reasons /api/dlq tallies (the rest are listed without them).

@@ -78,6 +78,14 @@ class HubCollector:
                                 value=sum(q.in_flight for q in queues))
         yield GaugeMetricFamily("mqhub_dead_letters", "Dead letters held, over every queue.",
                                 value=sum(q.dead_letter_count for q in queues))
+        identity = getattr(ins.hub, "identity", None)
+        if identity is not None:
+            denied = CounterMetricFamily(
+                "mqhub_auth_denied", "Refused logins, publishes, subscriptions and admin "
+                "requests, by protocol and action.", labels=["protocol", "action"])
+            for (protocol, action), n in sorted(identity.counters.items()):
+                denied.add_metric([protocol, action], n)
+            yield denied
         yield GaugeMetricFamily("mqhub_uptime_seconds", "Seconds since the admin surface started.",
                                 value=ins.now() - ins.started_at)
         store = ins.store_stats()

@@ -77,16 +77,23 @@ def click_row(driver: Any, queue: str) -> bool:
     return True
 
 
-def test_page_shows_depth_dead_letter_and_replays_it(make_broker: Any, browser: Any,
-                                                     tmp_path: Path) -> None:
-    """The Done-when scenario of issue 14, step by step."""
-    from selenium.webdriver.common.by import By
-
+def orders_and_payments(make_broker: Any) -> Any:
+    """A broker (NSQ and mq9, no fsync) with topics ``orders`` and ``payments`` and their
+    channels ``archive`` and ``ledger``."""
     broker = make_broker(["nsq", "mq9"], extra_args=["--durability", "none"])
     ok(broker, "/topic/create?topic=orders")
     ok(broker, "/channel/create?topic=orders&channel=archive")
     ok(broker, "/topic/create?topic=payments")
     ok(broker, "/channel/create?topic=payments&channel=ledger")
+    return broker
+
+
+def test_page_shows_depth_dead_letter_and_replays_it(make_broker: Any, browser: Any,
+                                                     tmp_path: Path) -> None:
+    """The Done-when scenario of issue 14, step by step."""
+    from selenium.webdriver.common.by import By
+
+    broker = orders_and_payments(make_broker)
     ok(broker, "/mpub?topic=orders", b"order-1\norder-2\norder-3")
     ok(broker, "/pub?topic=payments", b"payment-1")
 

@@ -29,12 +29,17 @@ class PubBridge:
 
     protocol_name = "emqp"
 
-    def __init__(self, send_pub: Send) -> None:
-        """:param send_pub: sends ``[topic, message]`` on the PUB socket."""
+    def __init__(self, send_pub: Send, guard: Any = None) -> None:
+        """:param send_pub: sends ``[topic, message]`` on the PUB socket.
+        :param guard: the :class:`~.access.EmqpGuard` when a users file is in force: an address
+            goes out only if everyone who can connect to PUB may read it."""
         self.send_pub = send_pub
+        self.guard = guard
 
     def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
         """Forward every foreign message of the batch as one PUB message each."""
+        if self.guard is not None and not self.guard.audience_may(address):
+            return
         topic = address.encode()
         send = self.send_pub
         for entry in messages:
@@ -47,12 +52,13 @@ class PubRelay:
 
     def __init__(self, broker: Any, send_pub: Send | None, drops: DropLog, max_body: int,
                  stats: dict[str, int], patterns: tuple[str, ...], publishers: PeerTable,
-                 clock: Any) -> None:
+                 clock: Any, guard: Any = None) -> None:
         """:param send_pub: sends ``[topic, message]`` on PUB (None: hub only, no PUB socket).
         :param stats: the router's counters (``published`` is counted here).
         :param patterns: hub address patterns bridged to PUB while started.
         :param publishers: where the identities that PUBLISH are noted.
-        :param clock: IReactorTime giving when they were seen."""
+        :param clock: IReactorTime giving when they were seen.
+        :param guard: the :class:`~.access.EmqpGuard` (None: every peer may do everything)."""
         self.broker = broker
         self.publishers = publishers
         self.clock = clock
@@ -62,11 +68,12 @@ class PubRelay:
         self.stats = stats
         self.patterns = tuple(patterns)
         self.bindings: list[Any] = []
+        self.guard = guard
 
     def start(self) -> None:
         """Subscribe the bridge to every pattern (when there is a PUB socket)."""
         if self.send_pub is not None:
-            bridge = PubBridge(self.send_pub)
+            bridge = PubBridge(self.send_pub, self.guard)
             for pattern in self.patterns:
                 self.bindings.append(self.broker.subscribe(pattern, bridge))
 
@@ -89,11 +96,17 @@ class PubRelay:
                 topic, message = cmd.body
                 if not topic:
                     raise F.ProtocolError(F.E_BAD_VALUE, "empty topic")
+                guard = self.guard
+                if guard is not None and not guard.may_publish(
+                        "pub-in", cmd.peer, topic.decode("utf-8", "replace")):
+                    raise F.ProtocolError(F.E_UNAUTHORIZED, "not allowed to publish to "
+                                          + topic.decode("utf-8", "replace"))
             except F.ProtocolError as exc:
                 self.drops.drop("pub-in", frames[0] if frames else b"", str(exc))
                 continue
             mark(cmd.peer)
-            if self.send_pub is not None:
+            if self.send_pub is not None and (self.guard is None or self.guard.audience_may(
+                    topic.decode("utf-8", "replace"))):
                 self.send_pub([topic, message])
             topics.setdefault(topic, []).append(message)
             self.stats["published"] += 1

@@ -24,6 +24,7 @@ from zope.interface import implementer
 from mqhub.errors import InvalidName, MqhubError
 from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.protocols.emqp import frames as F
+from mqhub.protocols.emqp.access import EmqpGuard, refusal_result
 from mqhub.protocols.emqp.droplog import DropLog
 from mqhub.protocols.emqp.jobs import (
     CONSUMER_TIMEOUT,
@@ -51,6 +52,11 @@ from mqhub.records import ATTEMPTS, BODY, HEADERS, MSG_ID
 log = Logger(namespace="mqhub.emqp")
 
 
+def _text(raw: bytes) -> str:
+    """A queue name frame as text (undecodable bytes replaced)."""
+    return raw.decode("utf-8", "replace") or "default"
+
+
 @implementer(IDeliveryTarget)
 class EmqpRouter:
     """eventmq's router, scheduler front and pub/sub relay on the hub core (see module doc)."""
@@ -62,7 +68,7 @@ class EmqpRouter:
                  heartbeat_timeout: float = 15.0,
                  default_queues: list[tuple[int, str]] | None = None,
                  forward_schedules: bool = False, max_body: int = F.DEFAULT_MAX_BODY,
-                 pub_bridge: tuple[str, ...] = ()) -> None:
+                 pub_bridge: tuple[str, ...] = (), guard: EmqpGuard | None = None) -> None:
         """Build the router; nothing runs until :meth:`start`.
 
         :param hub: the Hub (clock, broker, scheduler).
@@ -77,10 +83,14 @@ class EmqpRouter:
         :param max_body: largest accepted frame.
         :param pub_bridge: hub address patterns whose messages from other protocols are copied
             to the PUB socket (e.g. ``("news.>",)``).
+        :param guard: peers' users and rights (:mod:`.access`); None or not enforcing: every
+            peer may do everything.
         """
         self.hub = hub
         self.clock = hub.clock
         self.broker: ICore = hub.broker
+        #: the peers' rights when a users file is in force (None: nothing is checked)
+        self.guard = guard if guard is not None and guard.enforcing else None
         self.scheduler = hub.scheduler
         self.send_frontend = send_frontend
         self.send_backend = send_backend
@@ -112,7 +122,9 @@ class EmqpRouter:
         self.stats = {"requests": 0, "dispatched": 0, "replies": 0, "retries": 0,
                       "published": 0, "scheduled_runs": 0, "late_replies": 0, "refused": 0}
         self.pubsub = PubRelay(self.broker, send_pub, self.drops, max_body, self.stats,
-                               tuple(pub_bridge), self.publishers, self.clock)
+                               tuple(pub_bridge), self.publishers, self.clock, self.guard)
+        if self.guard is not None:
+            self.guard.on_change(self._rights_changed)
         self.schedules = ScheduleFront(self.scheduler, self.schedulers, send_frontend, self.ids,
                                        self.stats, forward=forward_schedules, known=self.known,
                                        enqueue=self.enqueue)
@@ -181,6 +193,11 @@ class EmqpRouter:
                 elif name == b"INFORM":
                     self._inform_scheduler(cmd, now)
                 elif name == b"SCHEDULE" or name == b"UNSCHEDULE":
+                    if self.guard is not None and cmd.body and not self.guard.may_publish(
+                            "frontend", cmd.peer, JOB_PREFIX + _text(cmd.body[0])):
+                        self.stats["refused"] += 1
+                        raise F.ProtocolError(F.E_UNAUTHORIZED, "not allowed to schedule on "
+                                              + _text(cmd.body[0]))
                     self.schedules.command(cmd)
                 elif name == b"DISCONNECT" or name == b"KBYE":
                     self.clients.seen_all(seen, now)  # before it is forgotten, as in order
@@ -204,6 +221,12 @@ class EmqpRouter:
         qname = queue_raw.decode() or "default"
         if not self.known(qname):
             qname = "default"
+        if self.guard is not None and not self.guard.may_publish("frontend", cmd.peer,
+                                                                 JOB_PREFIX + qname):
+            self.stats["refused"] += 1
+            self.send_frontend(F.reply_result(cmd.peer, self.ids.next(), refusal_result(
+                f"not allowed to publish to {JOB_PREFIX + qname}"), cmd.msgid))
+            return
         if not valid_job(body):
             raise F.ProtocolError(F.E_BAD_VALUE, "REQUEST body is not an eventmq job")
         meta = request_headers(cmd, headers_raw)
@@ -303,6 +326,11 @@ class EmqpRouter:
     def _inform_worker(self, cmd: F.Command, now: float) -> None:
         """INFORM from a jobmanager: (re)register it with no slots, ACK, and heartbeat it."""
         queues = F.parse_inform_queues(cmd.body[0]) or list(self.default_queues)
+        if self.guard is not None:
+            queues = [(w, q) for w, q in queues
+                      if self.guard.may_receive("backend", cmd.peer, JOB_PREFIX + q)]
+            if not queues:
+                raise F.ProtocolError(F.E_UNAUTHORIZED, "INFORM: no queue this worker may serve")
         good: list[tuple[int, str]] = []
         for weight, qname in queues:
             try:
@@ -321,6 +349,26 @@ class EmqpRouter:
         # eventmq's jobmanager starts its processes on the broker's first HEARTBEAT
         self.send_backend(F.heartbeat(cmd.peer, self.ids.next(), now))
         log.info("eMQP: worker {p} serves {q}", p=F.peer_label(cmd.peer), q=good)
+
+    def _rights_changed(self) -> None:
+        """The users file was reloaded: a worker serves only the queues it may still receive
+        (one left with none is removed; its unfinished jobs follow the lost-worker rule)."""
+        guard = self.guard
+        if guard is None:
+            return
+        for worker in list(self.workers.values()):
+            kept = [(w, q) for w, q in worker.queues
+                    if guard.may_receive("backend", worker.peer, JOB_PREFIX + q)]
+            if len(kept) == len(worker.queues):
+                continue
+            log.info("eMQP: worker {p} may no longer serve {q}", p=F.peer_label(worker.peer),
+                     q=[q for _, q in worker.queues if (_, q) not in kept])
+            self.routes.remove(worker)
+            if not kept:
+                self._remove_worker(worker)
+                continue
+            worker.queues = kept
+            self.routes.add(worker)
 
     def _reply(self, worker: Worker, cmd: F.Command, acks: dict[str, list[int]],
                retries: dict[str, list[int]], results: list[Frames]) -> None:

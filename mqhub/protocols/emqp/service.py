@@ -32,6 +32,7 @@ from txzmq import ZmqEndpoint, ZmqEndpointType, ZmqFactory
 from txzmq.connection import ZmqConnection
 
 from mqhub.errors import InvalidName, PluginError
+from mqhub.protocols.emqp.access import EmqpGuard
 from mqhub.protocols.emqp.peers import row_count
 from mqhub.protocols.emqp.router import EmqpRouter
 from mqhub.records import validate_pattern
@@ -136,7 +137,7 @@ class BatchSocket(ZmqConnection):
                  on_unreachable: Callable[[bytes], None] | None = None,
                  sndhwm: int = 0, curve_secret: bytes | None = None,
                  barrier: Callable[[], Deferred[None]] | None = None,
-                 rcvhwm: int = RECEIVE_HWM) -> None:
+                 rcvhwm: int = RECEIVE_HWM, keys: dict[bytes, str] | None = None) -> None:
         """Create the socket of ``socket_type`` and bind it to ``address``.
 
         :param sndhwm: messages queued per peer before sends fail (ROUTER) or are dropped
@@ -147,6 +148,8 @@ class BatchSocket(ZmqConnection):
             changed later).
         :param barrier: ``broker.barrier``: when given, reading stops once UNSTORED_BYTES read
             since the last barrier may still be waiting for their commit, until one fires.
+        :param keys: when given, each message's sender key (CURVE's ZAP User-Id) is noted
+            there under its routing id (users file: the key is the peer's user).
         """
         self.socketType = socket_type
         self.on_batch = on_batch
@@ -158,6 +161,7 @@ class BatchSocket(ZmqConnection):
         self.held = False
         self.on_unreachable = on_unreachable
         self.drainer = drainer
+        self.keys = keys
         super().__init__(factory)
         if socket_type == zmq.ROUTER:
             self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -191,10 +195,13 @@ class BatchSocket(ZmqConnection):
         recv = _RECV
         batch: list[list[bytes]] = []
         nbytes = 0
+        keys = self.keys
         try:
             while True:
                 frame = recv(sock, _NOBLOCK, False)
                 data = frame.bytes
+                if keys is not None:
+                    keys[data] = str(frame.get("User-Id"))
                 message = [data]
                 size = len(data)
                 while frame.more:
@@ -273,8 +280,10 @@ class EmqpService(Service):
         self.factory: ZmqFactory | None = None
         self.sockets: dict[str, BatchSocket] = {}
         self.drainer: Drainer | None = None
+        self.guard = EmqpGuard(getattr(hub, "identity", None), curve is not None,
+                               curve.clients if curve is not None else None)
         self.router = EmqpRouter(hub, self._sender("frontend"), self._sender("backend"),
-                                 self._sender("pub-out"), **settings)
+                                 self._sender("pub-out"), guard=self.guard, **settings)
 
     def peers(self) -> list[dict[str, Any]]:
         """The eMQP peers the router knows, as connection rows (admin ``/api/connections``)."""
@@ -314,18 +323,21 @@ class EmqpService(Service):
         drainer = self.drainer = Drainer(self.hub.clock)
         secret = self.curve.secret if self.curve is not None else None
         if self.curve is not None:
-            self.authenticator = start_authenticator(factory.context, self.curve)
+            self.authenticator = start_authenticator(
+                factory.context, self.curve, self.guard if self.guard.enforcing else None)
+        guard = self.guard
         try:
             # eventmq clients often never read their acks: bound what waits for each of them
             front = BatchSocket(factory, zmq.ROUTER, self.endpoints["frontend"],
                                 router.frontend_received, drainer, sndhwm=CLIENT_HWM,
                                 curve_secret=secret, barrier=self.hub.broker.barrier,
-                                rcvhwm=self.receive_hwm)
+                                rcvhwm=self.receive_hwm, keys=guard.table("frontend"))
             back = BatchSocket(factory, zmq.ROUTER, self.endpoints["backend"],
                                router.backend_received, drainer, router.peer_unreachable,
-                               curve_secret=secret)
+                               curve_secret=secret, keys=guard.table("backend"))
             pub_in = BatchSocket(factory, zmq.ROUTER, self.endpoints["pub-in"],
-                                 router.pubin_received, drainer, curve_secret=secret)
+                                 router.pubin_received, drainer, curve_secret=secret,
+                                 keys=guard.table("pub-in"))
             pub_out = BatchSocket(factory, zmq.PUB, self.endpoints["pub-out"], None, drainer,
                                   sndhwm=SUBSCRIBER_HWM, curve_secret=secret)
         except zmq.ZMQError as exc:
@@ -403,13 +415,18 @@ def curve_settings(options: dict[str, Any]) -> CurveSettings | None:
     return CurveSettings(public, secret, str(clients) if clients else None)
 
 
-def start_authenticator(context: zmq.Context[Any], curve: CurveSettings) -> Any:
-    """Start pyzmq's ZAP handler thread: only ``curve.clients`` (or any CURVE client) get in."""
+def start_authenticator(context: zmq.Context[Any], curve: CurveSettings,
+                        provider: Any = None) -> Any:
+    """Start pyzmq's ZAP handler thread: only ``curve.clients`` (or any CURVE client) get in;
+    with a users file, ``provider`` (:class:`EmqpGuard`) decides by key instead."""
     from zmq.auth.thread import ThreadAuthenticator
 
     auth = ThreadAuthenticator(context)
     auth.start()
-    auth.configure_curve(domain="*", location=curve.clients or zmq.auth.CURVE_ALLOW_ANY)
+    if provider is not None:
+        auth.configure_curve_callback(domain="*", credentials_provider=provider)
+    else:
+        auth.configure_curve(domain="*", location=curve.clients or zmq.auth.CURVE_ALLOW_ANY)
     return auth
 
 

@@ -22,13 +22,16 @@ class MqksConfig:
     ``--option mqks.max_line=BYTES`` (longest request line, default 1 MiB),
     ``--option mqks.window=N`` (ready messages a queue keeps in memory before the rest is read
     back from the store, default 50,000, like NSQ's channels) and
-    ``--mqks-eval off|stats`` (default ``off``; ``--option mqks.eval=`` works too).
+    ``--mqks-eval off|stats`` (default ``off``; ``--option mqks.eval=`` works too) and
+    ``--option mqks.user=NAME`` (with ``--users``: the user every MQKS connection acts as;
+    unset: ``[anonymous]``; see docs/security.md).
     """
 
     prefetch: int = 1000
     max_line: int = DEFAULT_MAX_LINE
     eval: str = "off"
     window: int = 50_000
+    user: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MqksConfig:

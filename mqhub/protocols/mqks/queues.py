@@ -24,7 +24,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from mqhub.errors import MqhubError
-from mqhub.interfaces import IAdapterState, ICore, IDeliveryTarget
+from mqhub.interfaces import IAdapterState, ICore, IDeliveryTarget, IQueue
 from mqhub.protocols.mqks.codec import ConsumeArgs, RequestError, apply_rebind, render_update
 from mqhub.records import MSG_ID, Entry, validate_pattern
 
@@ -175,17 +175,36 @@ class MqksRegistry:
                 if not core.name.startswith(QUEUE_PREFIX):
                     continue
                 name = core.name[len(QUEUE_PREFIX):]
-                q = self.queues[name] = MqksQueue(name, core)
-                if core.window_setting != self.window:
-                    core.configure(window=self.window)
-                for binding in self.broker.bindings(core.name):
-                    q.events.add(binding.pattern)
-                    q.bindings[binding.pattern] = binding
+                q = self._adopt(name, core)
                 q.delete_when_unused = _unused_setting(name, settings.get(name))
                 if q.delete_when_unused is not None:
                     self._start_unused(q)
+            self.state.watch(META_PREFIX, self.record_changed)
 
         return d.addCallback(restore)
+
+    def _adopt(self, name: str, core: IQueue) -> MqksQueue:
+        """Know the core queue of MQKS queue ``name`` with its events (its bindings)."""
+        q = self.queues[name] = MqksQueue(name, core)
+        if core.window_setting != self.window:
+            core.configure(window=self.window)
+        for binding in self.broker.bindings(core.name):
+            q.events.add(binding.pattern)
+            q.bindings[binding.pattern] = binding
+        return q
+
+    def record_changed(self, key: str, value: bytes | None) -> None:
+        """Another node of the hub wrote queue ``key``'s settings (``IAdapterState.watch``):
+        know the queue if the core has it, and its ``delete_when_unused`` (the timer is armed
+        here when a consumer of this node leaves)."""
+        name = key[len(META_PREFIX):]
+        q = self.queues.get(name)
+        if q is None:
+            core = self.broker.queue(QUEUE_PREFIX + name)
+            if core is None:
+                return      # learned when it is used here (ensure_queue)
+            q = self._adopt(name, core)
+        q.delete_when_unused = _unused_setting(name, value)
 
     # queues -------------------------------------------------------------------------------------
 

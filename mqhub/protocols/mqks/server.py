@@ -29,9 +29,11 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.errors import MqhubError
+from mqhub.identity import Session
 from mqhub.interfaces import ICore
 from mqhub.listener import peer_text, set_no_delay
 from mqhub.protocols.mqks import codec as wire
+from mqhub.protocols.mqks.access import MqksGuard, Refused, check_events
 from mqhub.protocols.mqks.codec import (
     CONFIRM,
     FATAL_TOO_LONG,
@@ -128,6 +130,8 @@ class MqksProtocol(Protocol):
         self.clock = factory.hub.clock
         self.reader = wire.LineReader(factory.config.max_line)
         self.consumers: dict[bytes, MqksConsumer] = {}
+        #: who this connection acts as (None: nothing is checked)
+        self.session: Session | None = None
         self.writes_paused = False
         self.closed = False
         self._closing = False  # a fatal line: read nothing more, close once replies are out
@@ -155,6 +159,11 @@ class MqksProtocol(Protocol):
         self.factory.clients.add(self)
         set_no_delay(self.transport)  # small replies must not wait for Nagle
         self.transport.registerProducer(self, True)
+        self.session = self.factory.guard.open(self._peer())
+        if self.session is not None:
+            self.session.on_revoke = self._rights_changed
+            # publishes and consumers go through this handle: the rights enforced at the seam
+            self.broker = self.factory.hub.broker.session(self.session)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         """Delete this connection's consumers (their unacked messages return with retry + 1)."""
@@ -422,6 +431,9 @@ class MqksProtocol(Protocol):
         args = wire.parse_consume(data)
         if len(self.consumers) >= MAX_CONSUMERS and rid not in self.consumers:
             raise RequestError(f"more than {MAX_CONSUMERS} consumers on one connection")
+        if self.session is not None:
+            check_events(self.session, args.queue, wire.apply_rebind(
+                self._events(args.queue), args.replace, [], [], args.add))
         d = self.registry.consume(self, rid, args)
         if confirm:
             self._confirm_after(rid, d)
@@ -429,6 +441,9 @@ class MqksProtocol(Protocol):
     def on_rebind(self, rid: bytes, data: bytes, confirm: bool) -> None:
         """``rebind {queue} [ev..] [--remove ev..] [--remove-mask m..] [--add ev..]``."""
         a = wire.parse_rebind(data)
+        if self.session is not None:
+            check_events(self.session, a.queue, wire.apply_rebind(
+                self._events(a.queue), a.replace, a.remove, a.remove_mask, a.add))
         d = self.registry.rebind(a.queue, a.replace, a.remove, a.remove_mask, a.add)
         if confirm:
             self._confirm_after(rid, d)
@@ -452,9 +467,28 @@ class MqksProtocol(Protocol):
 
     def on_delete_queue(self, rid: bytes, data: bytes, confirm: bool) -> None:
         """``delete_queue {queue}``; always confirmed (even for an unknown queue)."""
-        d = self.registry.delete_queue(wire.text(data))
+        name = wire.text(data)
+        if self.session is not None:
+            check_events(self.session, name, self._events(name))
+        d = self.registry.delete_queue(name)
         if confirm:
             self._confirm_after(rid, d)
+
+    def _events(self, queue: str) -> set[str]:
+        """The events queue ``queue`` is bound to now (none for an unknown queue)."""
+        q = self.registry.queues.get(queue)
+        return set(q.events) if q is not None else set()
+
+    def _rights_changed(self, session: Session) -> None:
+        """The users file was reloaded: a consumer whose queue receives events this
+        connection may no longer read is deleted (its unacked messages return), with an
+        error line under its consumer id."""
+        for cid, consumer in list(self.consumers.items()):
+            try:
+                check_events(session, consumer.queue.name, consumer.queue.events)
+            except Refused as exc:
+                self.registry.delete_consumer(cid)
+                self.error(cid, f"consumer deleted after a users reload: {exc}")
 
     def on_ping(self, rid: bytes, data: bytes, confirm: bool) -> None:
         """``ping {data}`` → ``{id} ok {data}`` (one reply, even with ``--confirm``)."""
@@ -490,6 +524,8 @@ class MqksFactory(Factory):
         self.hub = hub
         self.config = config
         self.registry = registry
+        #: the listener-level user (``mqks.user``) or anonymous, with a users file
+        self.guard = MqksGuard(getattr(hub, "identity", None), config.user)
         self.clients: set[MqksProtocol] = set()
         self.rng = random.Random()
 

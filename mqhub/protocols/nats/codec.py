@@ -18,12 +18,16 @@ A parser made with ``server=True`` accepts what clients send (CONNECT, PUB, HPUB
 PING, PONG, +OK, -ERR); with ``server=False`` what servers send (INFO, MSG, HMSG, PING, PONG,
 +OK, -ERR). The buffer is an immutable ``bytes`` object walked with an offset; each distinct
 PUB control line is parsed once and cached, which is what makes the hot path cheap.
+
+The parser only parses: it knows nothing of subscriptions or routes. The server's fast path,
+which delivers PUB frames straight out of this buffer, is :class:`mqhub.protocols.nats.router.
+PubRouter`; it reads through :meth:`NatsParser.window`, :meth:`NatsParser.seek` and
+:meth:`NatsParser.next_read`, and takes turns with :meth:`NatsParser.events_until`.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+from collections.abc import Callable
 
 # re-exported so codec.encode_msg, codec.PONG... keep working (encoders.py defines __all__)
 from mqhub.protocols.nats import encoders
@@ -46,10 +50,7 @@ from mqhub.protocols.nats.grammar import (  # noqa: F401  (re-exported: codec.Pr
     valid_publish_subject,
     valid_subject,
 )
-from mqhub.protocols.nats.heads import route_heads
 from mqhub.protocols.nats.reads import frame_completion
-from mqhub.protocols.nats.runs import RUN_MAX_FRAME, RUN_MIN, routable, run_length
-from mqhub.protocols.nats.scan import HeadScanner
 
 __all__ = [
     "NEED_DATA", "ProtocolError", "NatsParser", "MAX_CONTROL_LINE", "DEFAULT_MAX_PAYLOAD",
@@ -101,13 +102,11 @@ class NatsParser:
         self._need = 0                   # bytes needed past _pos before parsing is worthwhile
         self._next: bytes | None = None  # a read that continues after _buf (see reads.py)
         self._next_pos = 0
-        self.last_sent = 0               # MSG copies the last route_pubs call wrote
         self._pub_cache: dict[bytes, tuple] = {}
         self._hpub_cache: dict[bytes, tuple] = {}
         self._head_cache: dict[bytes, tuple[str, str | None]] = {}
         self._pending: list[Event] = []
         self._dead: ProtocolError | None = None
-        self._scanner = HeadScanner()
 
     # input -------------------------------------------------------------------------------
 
@@ -115,7 +114,6 @@ class NatsParser:
         """Append ``data`` (any split of the stream) to the buffer."""
         if not data:
             return
-        self._scanner.release()
         if self._next is not None:
             self._advance()
         if self._need:
@@ -186,8 +184,13 @@ class NatsParser:
         """
         return self._run()
 
-    def _run(self, fast_routes: tuple[dict[bytes, tuple], dict[bytes, tuple]] | None = None
-             ) -> list[Event]:
+    def events_until(self, stop: Callable[[bytes], bool]) -> list[Event]:
+        """Like :meth:`events`, but stop before the first control line (as received, with its
+        CR) for which ``stop`` is true, once at least one event was parsed (a router takes such
+        lines itself, see router.py)."""
+        return self._run(stop)
+
+    def _run(self, stop: Callable[[bytes], bool] | None = None) -> list[Event]:
         """Parse what is buffered (see :meth:`_parse`); a raised error is fatal and ends the list."""
         if self._dead is not None:
             return [(OP_ERROR, self._dead)]
@@ -195,10 +198,10 @@ class NatsParser:
             return []
         out: list[Event] = []
         try:
-            self._parse(out, fast_routes)
+            self._parse(out, stop)
             while self._next is not None:
                 self._advance()
-                self._parse(out, fast_routes)
+                self._parse(out, stop)
         except ProtocolError as err:
             err.fatal = True
             self._dead = err
@@ -206,19 +209,13 @@ class NatsParser:
             self._pos = 0
             self._next = None
             out.append((OP_ERROR, err))
-        if not out:
-            self._scanner.release()     # the read is done: do not keep its pieces
         return out
 
     # parsing -----------------------------------------------------------------------------
 
-    def _parse(self, out: list[Event],
-               fast_routes: tuple[dict[bytes, tuple], dict[bytes, tuple]] | None = None) -> None:
-        """Parse every buffered event into ``out``.
-
-        With ``fast_routes = (routes, head_routes)`` parsing also stops before the first line that
-        :meth:`route_pubs` can deliver (after at least one event).
-        """
+    def _parse(self, out: list[Event], claims: Callable[[bytes], bool] | None = None) -> None:
+        """Parse every buffered event into ``out`` (up to a line ``claims`` is true of, see
+        :meth:`events_until`)."""
         buf = self._buf
         pos = self._pos
         n = len(buf)
@@ -234,7 +231,7 @@ class NatsParser:
                         raise ProtocolError(E_MAX_CONTROL, "maximum control line exceeded")
                     break
                 raw = buf[pos:i]
-                if fast_routes is not None and out and routable(raw, fast_routes):
+                if claims is not None and out and claims(raw):
                     break
                 hit = pub_cache.get(raw)
                 if hit is not None:
@@ -258,137 +255,27 @@ class NatsParser:
         finally:
             self._pos = pos
 
-    def slow_run(self, routes: dict[bytes, tuple],
-                 head_routes: dict[bytes, tuple]) -> list[Event]:
-        """Parse events up to the next line :meth:`route_pubs` can deliver (or the end)."""
-        return self._run((routes, head_routes))
+    # the cursor a router reads through (see router.py) ------------------------------------------
 
-    def route_pubs(self, routes: dict[bytes, tuple], dirty: list[Any],
-                   head_routes: dict[bytes, tuple] | None = None) -> int:
-        """Fast path: deliver consecutive PUBs whose raw control line has a simple route.
-
-        ``routes`` maps a raw PUB line (``hit[0]``) to ``(targets, special, size)``, usable when
-        ``special`` is None; a target ``(owner, out, prefix)`` gets prefix and one slice
-        ``payload + CRLF`` appended to ``out`` (``owner`` goes to ``dirty`` when ``out`` was
-        empty). Runs of one repeated line go per run (see ``runs.py``). ``head_routes`` maps
-        a line's head (``PUB subject [reply]``) to ``(heads, special, one, table)`` (``one``:
-        the only target, or None; ``table``: that target's head -> MSG head table), so a new
-        size on a known subject is delivered as ``head`` and one slice ``size CRLF payload
-        CRLF`` without parsing; stretches of such frames for one receiver are split and
-        delivered a whole read at a time (``scan.py``), the rest a line at a time
-        (``heads.py``). Stops at the first line that needs anything else (:meth:`slow_run`
-        takes it); touches only the buffer offset.
-        Returns the PUBs delivered; ``last_sent`` then holds the MSG copies written.
-        """
-        count = self._route(routes, dirty, head_routes)
-        if self._next is not None and self._pos >= len(self._buf):
-            sent = self.last_sent
-            self._advance()         # the next read, without copying it
-            count += self._route(routes, dirty, head_routes)
-            self.last_sent += sent
-        return count
-
-    def _route(self, routes: dict[bytes, tuple], dirty: list[Any],
-               head_routes: dict[bytes, tuple] | None) -> int:
-        """The loop of :meth:`route_pubs` over the current buffer."""
+    def window(self) -> tuple[bytes, int] | None:
+        """The current buffer and the offset of the next unparsed frame, or None while parsing
+        cannot go on (a large payload is still arriving, or the stream is dead)."""
         if self._need or self._dead is not None:
-            self.last_sent = 0
-            return 0
-        buf = self._buf
-        pos = self._pos
-        n = len(buf)
-        find = buf.find
-        get = routes.get
-        hget = head_routes.get if head_routes else None
-        max_payload = self.max_payload
-        dappend = dirty.append
-        count = 0
-        extra = 0    # MSG copies beyond one per PUB (the one-target case costs nothing)
-        run_max = max_payload + 4096   # frames up to this size try a run; 0 once one failed
-        scanner = self._scanner
-        while True:
-            i = find(b"\n", pos)
-            if i < 0:
-                break
-            if (r := get(buf[pos:i])) is None:
-                if hget is None:
-                    break
-                # mixed traffic: known subjects at new sizes, a whole stretch at once
-                k, used = scanner.take(buf, pos, hget, dappend, max_payload)
-                if k:
-                    pos += used
-                    count += k
-                    continue
-                # what the scanner cannot take: one frame (it retries after), or a stretch
-                pos, k, more = route_heads(buf, pos, hget, dappend, max_payload,
-                                           1 if scanner.parts is not None else sys.maxsize)
-                if not k:
-                    break
-                count += k
-                extra += more
-                continue
-            if r[1] is not None:
-                break
-            stop = i + 1 + r[2]
-            if stop + 2 > n or buf[stop] != 13 or buf[stop + 1] != 10:
-                break
-            targets = r[0]
-            step = stop + 2 - pos
-            if step <= run_max and n - pos >= step * RUN_MIN \
-                    and buf[stop + 2:stop + 3 + i - pos] == buf[pos:i + 1] \
-                    and buf[pos + step * (RUN_MIN - 1):i + 1 + step * (RUN_MIN - 1)] \
-                    == buf[pos:i + 1]:
-                k = run_length(buf, pos, i + 1 - pos, step)
-                if k >= RUN_MIN:
-                    hlen = i + 1 - pos
-                    end = pos + k * step
-                    if step <= RUN_MAX_FRAME:
-                        head = buf[pos:i + 1]
-                        seg = buf[pos:end]
-                        # a header's only LF ends it, so copies cannot overlap: k of them
-                        # means no payload holds one (the replace swaps exactly k headers)
-                        if seg.count(head) == k:
-                            for owner, out, prefix in targets:
-                                if not out:
-                                    dappend(owner)
-                                out.append(seg.replace(head, prefix))
-                            extra += (len(targets) - 1) * k
-                            pos = end
-                            count += k
-                            continue
-                    # larger frames: k payload+CRLF slices in one comprehension, shared
-                    pieces = [buf[at:at + step - hlen] for at in range(pos + hlen, end, step)]
-                    for owner, out, prefix in targets:
-                        if not out:
-                            dappend(owner)
-                        pairs = [prefix] * (2 * k)
-                        pairs[1::2] = pieces
-                        out.extend(pairs)
-                    extra += (len(targets) - 1) * k
-                    pos = end
-                    count += k
-                    continue
-                run_max = 0     # a failed attempt: no more this call (bounds the work)
-            # payload and its CRLF in one slice
-            payload = buf[i + 1:stop + 2]
-            if len(targets) == 1:
-                owner, out, prefix = targets[0]
-                if not out:
-                    dappend(owner)
-                out.append(prefix)
-                out.append(payload)
-            else:
-                extra += len(targets) - 1
-                for owner, out, prefix in targets:
-                    if not out:
-                        dappend(owner)
-                    out.append(prefix)
-                    out.append(payload)
-            pos = stop + 2
-            count += 1
+            return None
+        return self._buf, self._pos
+
+    def seek(self, pos: int) -> None:
+        """Mark everything of the current buffer before ``pos`` as consumed (``pos`` must be a
+        frame boundary at or after the offset :meth:`window` gave)."""
         self._pos = pos
-        self.last_sent = count + extra
-        return count
+
+    def next_read(self) -> bool:
+        """Move on into the read that follows a used-up buffer (no copy); False when there is none
+        or the current buffer still has unparsed bytes."""
+        if self._next is None or self._pos < len(self._buf):
+            return False
+        self._advance()
+        return True
 
     def _wait(self, pos: int, need: int) -> None:
         """Remember that ``need`` bytes from ``pos`` are required before parsing again."""

@@ -1,15 +1,20 @@
 """One NATS client connection and its subscriptions: parse each read, route PUBs, write output.
 
 The Twisted side of :class:`mqhub.protocols.nats.server.NatsServer`: CONNECT and auth, the
-per-connection rules (verbose, pedantic, echo, headers, no_responders), the fused fast loop over
-the codec's ``route_pubs``, and the output path: each read's output is written straight to the
+per-connection rules (verbose, pedantic, echo, headers, no_responders), the fast loop that takes
+turns between the router (:mod:`mqhub.protocols.nats.router`) and the parser's events, and the
+output path: each read's output is written straight to the
 socket while Twisted holds none of it (:mod:`mqhub.protocols.nats.output`), with the
-slow-consumer accounting of nats-server (max_pending, write deadline).
+slow-consumer rule of nats-server: output that waits for a subscriber is bounded by
+``max_pending`` bytes and by ``write_deadline`` seconds of being backed up; past either the
+subscriber is cut at once. A publisher whose read left a subscriber above 3/4 of its budget
+is not read for a few milliseconds (nats-server's fast-producer stall, 2–5 ms): a reader
+that is only briefly behind catches up instead of being cut, while one that stopped reading
+reaches its budget within a fraction of a second; nobody else waits.
 """
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from twisted.internet.interfaces import IPushProducer
@@ -18,8 +23,16 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mqhub.listener import set_read_size
+from mqhub.identity import Session
+from mqhub.listener import set_no_delay, set_read_size
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.auth import (
+    ANONYMOUS,
+    AUTH_EXPIRED,
+    AUTH_VIOLATION,
+    Principal,
+    new_nonce,
+)
 from mqhub.protocols.nats.codec import (
     OP_CONNECT,
     OP_ERR,
@@ -37,16 +50,30 @@ from mqhub.protocols.nats.codec import (
 from mqhub.protocols.nats.host import NatsHost
 from mqhub.protocols.nats.mq9_common import sub_pattern
 from mqhub.protocols.nats.output import direct_socket, remainder, send_chunks
+from mqhub.protocols.nats.rights import PublishTables, publish_violation, subscribe_violation
+from mqhub.protocols.nats.router import PubRouter
 from mqhub.protocols.nats.settings import (
     CRLF,
     MQ9_PREFIX,
     READ_SIZE,
+    STALL_MAX,
+    STALL_MIN,
     WIRE_ERRORS,
 )
 
 __all__ = ["NatsConnection", "Subscription"]
 
 log = Logger()
+
+
+def stall_duration(pending: int, budget: int) -> float:
+    """How long a publisher is not read after feeding a subscriber with ``pending`` of its
+    ``budget`` bytes waiting: :data:`STALL_MIN`, growing past half the budget, at most
+    :data:`STALL_MAX` (nats-server's fast-producer stall)."""
+    half = budget // 2
+    if pending <= half:
+        return STALL_MIN
+    return min(STALL_MAX, STALL_MIN + (STALL_MAX - STALL_MIN) * (pending - half) / max(half, 1))
 
 
 class Subscription:
@@ -86,10 +113,23 @@ class NatsConnection(Protocol):
         s = server.settings
         self.parser = NatsParser(server=True, max_payload=s.max_payload,
                                  max_control_line=s.max_control_line)
+        self.router = PubRouter(self.parser)
         self.out: list[bytes] = []
         self.subs: dict[str, Subscription] = {}
         self.connected = False       # transport open
-        self.authed = not s.auth_required
+        self.authed = not server.guard.required
+        #: who authenticated (name, account, expiry; :mod:`mqhub.protocols.nats.auth`)
+        self.principal: Principal = ANONYMOUS
+        #: what it may do: its rights' session (None: no per-subject rights are checked)
+        self.session: Session | None = None
+        #: a restricted publisher's own route tables (None: the server's are used)
+        self.pub_tables: PublishTables | None = None
+        #: events waiting behind a CONNECT whose turn has not come (failed-login slowdown)
+        self.waiting: list[tuple] | None = None
+        self._turn = False
+        self._connect_wait = 0.0
+        #: the INFO nonce an nkey/JWT client signs (None when no signature check is configured)
+        self.nonce: str | None = new_nonce() if server.guard.needs_nonce else None
         self.got_connect = False
         self.verbose = True
         self.pedantic = True
@@ -111,7 +151,17 @@ class NatsConnection(Protocol):
         self._pinger: LoopingCall | None = None
         self._auth_timer: Any = None
         self._deadline: Any = None
+        self._expiry: Any = None
+        self._stall: Any = None          # the timer that reads this publisher again
         self.closing = False
+        #: monitoring (/connz): when it connected and last read, PUBs in, wire bytes in and out
+        self.start = server.clock.seconds()
+        self.last_activity = self.start
+        self.in_msgs = 0
+        self.in_bytes = 0
+        self.out_bytes = 0
+        #: set by the WebSocket listener for its connections (/connz ``type``)
+        self.websocket = False
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -125,16 +175,20 @@ class NatsConnection(Protocol):
         self.peer_host = getattr(peer, "host", "") or ""
         # bigger reads = bigger groups per store commit for mq9, fewer turns for core
         set_read_size(self.transport, READ_SIZE)
+        set_no_delay(self.transport)    # a reply then a PONG must not wait for Nagle
         try:
             self.transport.registerProducer(self, True)
         except Exception:  # pragma: no cover - transports without producer support
             pass
         s = srv.settings
-        if s.tls_context is None:
+        tls = None if self.websocket else s.tls_context   # WebSocket has its own TLS
+        if tls is None:
             self.sock = direct_socket(self.transport)
+        elif s.tls_handshake_first:       # TLS before INFO: INFO is the first encrypted bytes
+            self.transport.startTLS(tls)
         self.write_out(codec.encode_info(srv.info(self)))
-        if s.tls_context is not None:
-            self.transport.startTLS(s.tls_context)
+        if tls is not None and not s.tls_handshake_first:
+            self.transport.startTLS(tls)
         if s.ping_interval > 0:
             self._pinger = LoopingCall(self._ping)
             self._pinger.clock = srv.clock
@@ -149,19 +203,23 @@ class NatsConnection(Protocol):
         self.connected = False
         srv = self.server
         srv.connections.pop(self.cid, None)
+        # wire bytes of closed connections (the open ones are summed by /varz)
+        srv.stats["in_bytes"] += self.in_bytes
+        srv.stats["out_bytes"] += self.out_bytes
         if self._pinger is not None and self._pinger.running:
             self._pinger.stop()
         if self._auth_timer is not None and self._auth_timer.active():
             self._auth_timer.cancel()
+        if self._expiry is not None and self._expiry.active():
+            self._expiry.cancel()
         subs, self.subs = self.subs, {}
         for sub in subs.values():
             srv.remove_sub(sub)
         self.out.clear()
         self.held.clear()
         self._cancel_deadline()
-        srv.uncongest(self)
-        if self in srv.stalled:
-            srv.stalled.remove(self)
+        if self._stall is not None and self._stall.active():
+            self._stall.cancel()
 
     def close(self, text: str | None) -> None:
         """Send ``-ERR 'text'`` (unless None) with pending output, then close."""
@@ -180,14 +238,20 @@ class NatsConnection(Protocol):
         self.transport.unregisterProducer()
         self.transport.loseConnection()
 
-    # producer (slow-consumer accounting) ------------------------------------------------------
+    def lame_duck_close(self) -> None:
+        """Closed by the hub's lame-duck mode: pending output first, no -ERR (as nats-server)."""
+        self.close(None)
+
+    # producer (the slow-consumer rule) ---------------------------------------------------------
 
     def pauseProducing(self) -> None:
-        """The transport's buffer is full: start counting what piles up."""
-        self.paused = True
+        """The transport's buffer is full: count what piles up, start the write deadline."""
+        if not self.paused:
+            self.paused = True
+            self._arm_deadline()
 
     def resumeProducing(self) -> None:
-        """The transport drained: send what was held, let stalled publishers go on."""
+        """The transport drained: send what was held."""
         self.paused = False
         self.paused_bytes = 0
         self._cancel_deadline()
@@ -195,7 +259,12 @@ class NatsConnection(Protocol):
             held, self.held = self.held, []
             # what the socket refuses of it is backed up again and counts toward max_pending
             self.paused_bytes = self._send_direct(held)
-        self.server.uncongest(self)
+
+    def _arm_deadline(self) -> None:
+        """Backed up from now: a slow consumer unless it drains within the write deadline."""
+        if self._deadline is None and self.server.settings.write_deadline > 0:
+            self._deadline = self.server.clock.callLater(
+                self.server.settings.write_deadline, self._deadline_passed)
 
     def _cancel_deadline(self) -> None:
         """Forget a pending write-deadline check."""
@@ -211,15 +280,16 @@ class NatsConnection(Protocol):
         """Write delivery output, closing the connection when it is a slow consumer."""
         if self.closing:
             return
+        self.out_bytes += len(data)
         if self.paused:
             self.paused_bytes += len(data)
-            if self.paused_bytes > self.server.stall_bytes and self not in self.server.congested:
-                self.server.congested.add(self)
-                self._deadline = self.server.clock.callLater(
-                    self.server.settings.write_deadline, self._deadline_passed)
-            if self.paused_bytes > self.server.settings.max_pending:
-                self.slow_consumer("max_pending exceeded")
+            budget = self.server.settings.max_pending
+            if self.paused_bytes > budget:
+                self.slow_consumer(f"MaxPending of {budget} exceeded")
                 return
+            if self.paused_bytes * 4 > budget * 3:
+                self.server.stall_for = max(self.server.stall_for,
+                                            stall_duration(self.paused_bytes, budget))
             if self.sock is not None:
                 self.held.append(data)
                 return
@@ -246,19 +316,24 @@ class NatsConnection(Protocol):
         if data:
             self.transport.write(data)
             self.transport.producerPaused = True
-            self.paused = True
+            if not self.paused:
+                self.paused = True
+                self._arm_deadline()
         return len(data)
 
     def _deadline_passed(self) -> None:
         """Backed up for a whole write deadline: a slow consumer (nats-server's WriteDeadline)."""
         self._deadline = None
-        if self.connected and self.paused and self in self.server.congested:
-            self.slow_consumer("write deadline exceeded")
+        if self.connected and self.paused:
+            self.slow_consumer(f"WriteDeadline of {self.server.settings.write_deadline:g}s "
+                               f"exceeded with {self.paused_bytes} bytes pending")
 
     def slow_consumer(self, why: str) -> None:
-        """Close this subscriber without -ERR, as nats-server does, and free stalled publishers."""
+        """Cut this subscriber at once, without -ERR, as nats-server does (logged once: the
+        connection is closing and is never cut twice); its pending output is dropped."""
         self.server.stats["slow_consumers"] += 1
-        log.warn("nats: slow consumer cid={cid} closed: {why}", cid=self.cid, why=why)
+        log.warn("nats: Slow Consumer Detected: {why}; closing cid={cid} {peer} name={name!r}",
+                 cid=self.cid, why=why, peer=self.peer_host, name=self.name)
         self.closing = True
         abort = getattr(self.transport, "abortConnection", None)
         if abort is not None:
@@ -282,6 +357,19 @@ class NatsConnection(Protocol):
         if not self.authed:
             self.close("Authentication Timeout")
 
+    def _credentials_expired(self) -> None:
+        """The principal's credentials (a user JWT's ``exp``) ran out while connected."""
+        self._expiry = None
+        self.close(AUTH_EXPIRED)
+
+    def tls_subject(self) -> str | None:
+        """The RFC 4514 subject of a verified client certificate, or None."""
+        get = getattr(self.transport, "getPeerCertificate", None)
+        cert = get() if get is not None else None
+        if cert is None:
+            return None
+        return str(cert.to_cryptography().subject.rfc4514_string())
+
     # input -------------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
@@ -289,40 +377,54 @@ class NatsConnection(Protocol):
         if self.closing:
             return
         srv = self.server
+        if self.waiting is not None:
+            self.parser.receive_data(data)
+            return
         bridge = srv.bridge
         if bridge is not None and bridge.epoch != srv.core_epoch:
             srv.core_epoch = bridge.epoch
             srv.changed()
         parser = self.parser
         parser.receive_data(data)
-        srv.fed_congested = False
         before = srv.stats["in_msgs"]
+        self.in_bytes += len(data)
+        self.last_activity = srv.clock.seconds()
+        srv.stall_for = 0.0
         try:
             if self.fast:
-                self._fast_loop(parser)
+                self._fast_loop(self.router)
             else:
                 self._general(parser.events(), 0)
         finally:
             srv.end_turn()
+            self.in_msgs += srv.stats["in_msgs"] - before
             if srv.journal is not None and srv.stats["in_msgs"] != before:
                 srv.journal.traffic("*", "nats-core", srv.stats["in_msgs"] - before, len(data))
-        if srv.fed_congested:
-            # this read fed a backed-up subscriber: stop reading this publisher for a while
-            srv.fed_congested = False
-            if self.connected and self not in srv.congested:
-                srv.stall(self)
+        if srv.stall_for and self._stall is None and self.connected and not self.closing:
+            # this read left a subscriber near its budget: let it catch up (fast-producer stall)
+            self.transport.pauseProducing()
+            self._stall = srv.clock.callLater(srv.stall_for, self._unstall)
 
-    def _fast_loop(self, parser: NatsParser) -> None:
-        """Alternate the codec's fused PUB fast path with one-event steps for everything else."""
+    def _unstall(self) -> None:
+        """The fast-producer stall is over: read this publisher again."""
+        self._stall = None
+        if self.connected and not self.closing:
+            self.transport.resumeProducing()
+
+    def _fast_loop(self, router: PubRouter) -> None:
+        """Alternate the router's PUB fast path with one-event steps for everything else."""
         srv = self.server
-        routes = srv.routes
+        tables = self.pub_tables
+        if tables is None:
+            routes, head_routes = srv.routes, srv.head_routes
+        else:   # only subjects this publisher may publish to are in its own tables
+            routes, head_routes = tables.tables(srv.epoch)
         dirty = srv.dirty
         stats = srv.stats
-        head_routes = srv.head_routes
         while self.fast:
-            stats["in_msgs"] += parser.route_pubs(routes, dirty, head_routes)
-            stats["out_msgs"] += parser.last_sent
-            events = parser.slow_run(routes, head_routes)
+            stats["in_msgs"] += router.route_pubs(routes, dirty, head_routes)
+            stats["out_msgs"] += router.last_sent
+            events = router.slow_run(routes, head_routes)
             if not events:
                 return
             for i, ev in enumerate(events):
@@ -334,15 +436,20 @@ class NatsConnection(Protocol):
                 else:
                     self._general([ev], 0)
         if not self.closing:
-            self._general(parser.events(), 0)
+            self._general(router.parser.events(), 0)
 
     def _fast_pub(self, hit: tuple, payload: bytes) -> None:
         """Route one PUB by its cached route (fast-loop misses: queue groups, mq9, foreign...;
         and the general path when echo is on): plain targets, the special part, no-responders."""
         srv = self.server
+        tables = self.pub_tables
+        if tables is not None and not self._may_publish(hit[1]):
+            return
         route = srv.routes.get(hit[0])
         if route is None:
             route = srv.resolve(hit)
+        if tables is not None and route[1] is None:
+            tables.keep(hit, route, srv.head_routes)
         dirty = srv.dirty
         for conn, out, prefix in route[0]:
             if not out:
@@ -387,7 +494,8 @@ class NatsConnection(Protocol):
                 if not self._publish(hit[1], hit[2], ev[2], ev[3], None):
                     continue
             elif op == OP_SUB:
-                self._sub(ev[1], ev[2], ev[3])
+                if not self._sub(ev[1], ev[2], ev[3]):
+                    continue
             elif op == OP_UNSUB:
                 self._unsub(ev[1], ev[2])
             elif op == OP_PING:
@@ -400,6 +508,14 @@ class NatsConnection(Protocol):
                 continue
             elif op == OP_CONNECT:
                 if not self._connect(ev[1]):
+                    if self.waiting is None and not self.closing:
+                        # its turn comes later: keep this CONNECT and what follows it (the
+                        # client did send CONNECT in time: no auth timeout while it waits)
+                        self.waiting = events[i:]
+                        if self._auth_timer is not None and self._auth_timer.active():
+                            self._auth_timer.cancel()
+                        self.transport.pauseProducing()
+                        self.server.clock.callLater(self._connect_wait, self._connect_turn)
                     return
             elif op == OP_OK or op == OP_ERR:
                 continue
@@ -418,9 +534,57 @@ class NatsConnection(Protocol):
         self.fast = (self.authed and self.got_connect and not self.verbose and not self.pedantic
                      and self.echo and not self.closing)
 
+    def _connect_turn(self) -> None:
+        """A held CONNECT's turn has come: handle it and what followed, then read again."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is None or self.closing or not self.connected:
+            return
+        self._turn = True
+        try:
+            self._general(waiting, 0)
+        finally:
+            self._turn = False
+            self.server.end_turn()
+        if self.waiting is None and not self.closing:
+            self.transport.resumeProducing()
+            self.dataReceived(b"")
+
+    def _rights_changed(self, session: Session) -> None:
+        """The users file was reloaded: drop the subscriptions this client may no longer hold
+        (``-ERR 'Permissions Violation for Subscription to ...'`` each, as nats-server does on
+        a reload) and start its publish tables over."""
+        self._use_rights(session)
+        for sid, sub in list(self.subs.items()):
+            if session.may_subscribe(sub.subject, sub.queue):
+                continue
+            session.refuse("subscribe", sub.subject)
+            del self.subs[sid]
+            self.server.remove_sub(sub)
+            self.out_ctl(codec.encode_err(subscribe_violation(sub.wire_subject, sub.queue)))
+        self.server.flush()
+
+    def _use_rights(self, session: Session | None) -> None:
+        """Act as ``session``: a restricted publisher gets its own publish tables; a reload of
+        the users file re-checks its subscriptions."""
+        self.session = session
+        if session is None or session.publish_all:
+            self.pub_tables = None
+        else:
+            self.pub_tables = PublishTables(session)
+        if session is not None:
+            session.on_revoke = self._rights_changed
+
+    def _may_publish(self, subject: str) -> bool:
+        """The publish check: ``-ERR 'Permissions Violation for Publish to "x"'`` when refused."""
+        session = self.session
+        if session is None or session.publish_all or session.check_publish(subject):
+            return True
+        self.out_ctl(codec.encode_err(publish_violation(subject)))
+        return False
+
     def _connect(self, opts: dict[str, Any]) -> bool:
-        """Apply CONNECT options and check credentials; return False when closed."""
-        s = self.server.settings
+        """Apply CONNECT options and check credentials; return False when closed, or when
+        the check waits for its turn (``_connect_wait`` seconds, failed-login slowdown)."""
         proto = opts.get("protocol", 0)
         if not isinstance(proto, int) or proto < 0 or proto > 1:
             self.close("invalid client protocol")
@@ -436,20 +600,35 @@ class NatsConnection(Protocol):
         self.name = str(opts.get("name", ""))
         self.lang = str(opts.get("lang", ""))
         self.version = str(opts.get("version", ""))
-        if s.auth_required and not self.authed:
-            if s.token:
-                ok = secrets.compare_digest(str(opts.get("auth_token", "")), s.token)
-            else:
-                ok = (secrets.compare_digest(str(opts.get("user", "")), s.user or "")
-                      and secrets.compare_digest(str(opts.get("pass", "")), s.password or ""))
-            if not ok:
-                self.close("Authorization Violation")
+        if not self.authed:
+            if not self._turn:
+                self._connect_wait = self.server.guard.wait(self.peer_host)
+                if self._connect_wait > 0:
+                    return False
+            if not self._authenticate(opts):
                 return False
-            self.authed = True
-            if self._auth_timer is not None and self._auth_timer.active():
-                self._auth_timer.cancel()
         self.got_connect = True
         self._update_fast()
+        return True
+
+    def _authenticate(self, opts: dict[str, Any]) -> bool:
+        """Turn CONNECT's credentials into this connection's principal and rights (the users
+        file, or the plugin's own checks: :class:`~mqhub.protocols.nats.rights.NatsGuard`);
+        False when closed."""
+        srv = self.server
+        admitted = srv.guard.connect(opts, self.peer_host, self.nonce, self.tls_subject(),
+                                     srv.clock.seconds())
+        if admitted is None:
+            self.close(AUTH_VIOLATION)
+            return False
+        principal = self.principal = admitted.principal
+        self._use_rights(admitted.session)
+        self.authed = True
+        if self._auth_timer is not None and self._auth_timer.active():
+            self._auth_timer.cancel()
+        if principal.expires is not None:
+            self._expiry = srv.clock.callLater(
+                max(0.0, principal.expires - srv.clock.seconds()), self._credentials_expired)
         return True
 
     def _publish(self, subject: str, reply: str | None, hdr: bytes | None, payload: bytes,
@@ -458,6 +637,8 @@ class NatsConnection(Protocol):
         srv = self.server
         if self.pedantic and not codec.valid_publish_subject(subject):
             self.out_ctl(codec.encode_err("Invalid Publish Subject"))
+            return False
+        if self.session is not None and not self._may_publish(subject):
             return False
         if hit is not None and self.echo:
             self._fast_pub(hit, payload)
@@ -472,13 +653,23 @@ class NatsConnection(Protocol):
             srv.no_responders(self, subject, reply)
         return True
 
-    def _sub(self, subject: str, queue: str | None, sid: str) -> None:
-        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server)."""
+    def _sub(self, subject: str, queue: str | None, sid: str) -> bool:
+        """Register a subscription (replacing nothing: a reused sid is ignored like nats-server).
+
+        False when the user's rights do not cover ``subject`` (answered with -ERR).
+        """
         if sid in self.subs:
-            return
-        sub = Subscription(self, sub_pattern(subject), queue, sid, subject)
+            return True
+        pattern = sub_pattern(subject)
+        session = self.session
+        if session is not None and not session.subscribe_all and \
+                not session.check_subscribe(pattern, queue):
+            self.out_ctl(codec.encode_err(subscribe_violation(subject, queue)))
+            return False
+        sub = Subscription(self, pattern, queue, sid, subject)
         self.subs[sid] = sub
         self.server.add_sub(sub)
+        return True
 
     def _unsub(self, sid: str, max_msgs: int | None) -> None:
         """Remove a subscription now, or after ``max_msgs`` total deliveries."""

@@ -1,7 +1,7 @@
 """The head-route loop of the NATS fast path: PUB lines whose subject is known, any size.
 
 Mixed traffic (many subjects, many sizes) rarely repeats a whole control line, so the codec's
-``NatsParser.route_pubs`` hands such stretches to :func:`route_heads`: one tight loop with
+``PubRouter.route_pubs`` (router.py) hands such stretches to :func:`route_heads`: one tight loop with
 every name local, per frame one LF search, one space search, two dict lookups (size field
 with its CR, see ``sizes.py``; line head ``PUB subject [reply]``) and one slice
 ``size CRLF payload CRLF`` shared by every target. Sans-IO, no Twisted.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, TypeVar
 
+from mqhub.protocols.nats.auth import Authenticator
 from mqhub.protocols.nats.settings import NatsSettings
 
 __all__ = ["NatsHost"]
@@ -27,6 +28,8 @@ class NatsHost(Protocol[C, S_contra]):
     """The members of ``NatsServer`` that a connection reads, writes or calls."""
 
     settings: NatsSettings
+    #: turns CONNECT credentials into a principal (:class:`mqhub.protocols.nats.auth.Authenticator`)
+    auth: Authenticator
     clock: Any
     stats: dict[str, int]
     connections: dict[int, C]
@@ -34,14 +37,15 @@ class NatsHost(Protocol[C, S_contra]):
     dirty: list[C]
     routes: dict[bytes, tuple]
     head_routes: dict[bytes, tuple]
-    congested: set[C]
-    stalled: list[C]
-    stall_bytes: int
-    fed_congested: bool
     core_epoch: int
+    stall_for: float
     bridge: Any
     mq9: Any
     journal: Any
+    #: the routing epoch (bumped by :meth:`changed`)
+    epoch: int
+    #: CONNECT's credentials onto users (:class:`mqhub.protocols.nats.rights.NatsGuard`)
+    guard: Any
 
     def info(self, conn: C) -> dict[str, Any]:
         """The INFO object for ``conn``."""
@@ -69,11 +73,8 @@ class NatsHost(Protocol[C, S_contra]):
     def no_responders(self, pub: C, subject: str, reply: str) -> None:
         """Send ``pub`` the 503 no-responders status."""
 
-    def stall(self, conn: C) -> None:
-        """Stop reading from a publisher."""
-
-    def uncongest(self, conn: C) -> None:
-        """``conn`` drained or left."""
-
     def end_turn(self) -> None:
         """Finish one read."""
+
+    def flush(self) -> None:
+        """Write every touched connection's output."""

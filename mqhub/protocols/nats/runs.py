@@ -1,7 +1,7 @@
 """Runs of identical PUB frames: found with C-level strided compares, no bytecode per frame.
 
 A publisher streaming one subject at one size sends the same control line over and over; the
-codec's fused path (``NatsParser.route_pubs``) delivers such a run in one step per receiver.
+codec's fused path (``PubRouter.route_pubs`` (router.py)) delivers such a run in one step per receiver.
 ``routable`` tells which lines that fused path can take at all. Sans-IO, no Twisted.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["RUN_MIN", "RUN_MAX_FRAME", "run_length", "routable"]
 
-#: consecutive identical PUB frames worth the run path of ``NatsParser.route_pubs``
+#: consecutive identical PUB frames worth the run path of ``PubRouter.route_pubs`` (router.py)
 RUN_MIN = 8
 #: frames above this size are not run through ``bytes.replace`` (it scans them twice; measured
 #: 10 % slower at 1 KiB) but appended as prefix/payload-slice pairs built by one comprehension
@@ -36,7 +36,7 @@ def run_length(buf: bytes, pos: int, hlen: int, step: int) -> int:
 
 
 def routable(raw: bytes, stop: tuple[dict[bytes, tuple], dict[bytes, tuple]]) -> bool:
-    """True when ``NatsParser.route_pubs`` has a simple route for the raw line ``raw``."""
+    """True when ``PubRouter.route_pubs`` (router.py) has a simple route for the raw line ``raw``."""
     r = stop[0].get(raw)
     if r is not None:
         return r[1] is None

@@ -5,7 +5,7 @@ a PUB looks up its *route* by the raw control line (cached until any subscriptio
 the "epoch"); a route holds, per receiving subscription, the prebuilt ``MSG subj sid n``
 line and the receiver's output list, so delivering is two list appends (prefix, then
 payload and CRLF as one slice); a run of identical frames is one block per receiver (see
-``NatsParser.route_pubs``). Every connection touched during a read gets one write at the end
+``PubRouter.route_pubs`` (router.py)). Every connection touched during a read gets one write at the end
 of that read, straight to its socket while Twisted holds none of its output (see
 :mod:`mqhub.protocols.nats.connection`, which holds the per-connection protocol).
 
@@ -23,8 +23,9 @@ from typing import Any
 from twisted.internet.protocol import Factory
 
 from mqhub.protocols.nats import codec
+from mqhub.protocols.nats.auth import Authenticator, shared_secret_checks
 from mqhub.protocols.nats.connection import NatsConnection, Subscription
-from mqhub.protocols.nats.scan import frame_pattern
+from mqhub.protocols.nats.rights import NatsGuard
 from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-exported)
     BROADCAST_PREFIX,
     CRLF,
@@ -49,12 +50,23 @@ class NatsServer(Factory):
 
     protocol = None  # buildProtocol is overridden
 
-    def __init__(self, hub: Any, settings: NatsSettings | None = None) -> None:
-        """Build empty state; nothing listens until a port uses this factory."""
+    def __init__(self, hub: Any, settings: NatsSettings | None = None,
+                 auth: Authenticator | None = None) -> None:
+        """Build empty state; nothing listens until a port uses this factory.
+
+        :param auth: the credential checks (default: the settings' token or user/password).
+        """
         self.hub = hub
         self.clock = hub.clock
         self.settings = settings or NatsSettings()
-        frame_pattern(self.settings.max_payload)   # compiled now (~0.1 s), not in the first read
+        self.auth = auth or Authenticator(
+            shared_secret_checks(self.settings.token, self.settings.user, self.settings.password))
+        #: CONNECT's credentials onto the hub's users, then the plugin's own checks
+        self.guard = NatsGuard(getattr(hub, "identity", None), self.auth)
+        #: lame-duck mode: new INFOs say ``ldm`` (:mod:`mqhub.lameduck`)
+        self.lame_duck = False
+        #: when the server was built (POSIX seconds; /varz ``start``)
+        self.started = self.clock.seconds()
         self.sublist = Sublist()
         self.routes: dict[bytes, tuple] = {}
         self.sroutes: dict[tuple[str, str | None], tuple] = {}
@@ -70,14 +82,15 @@ class NatsServer(Factory):
         self.mq9: Any = None
         self.bridge: Any = None
         self.core_epoch = -1
-        self.congested: set[NatsConnection] = set()
-        self.fed_congested = False
-        self.stalled: list[NatsConnection] = []
-        #: a subscriber with this much output waiting stalls its publishers (nats-server: 75 %)
-        self.stall_bytes = min(int(self.settings.max_pending * 0.75), self.settings.stall_bytes)
+        #: seconds to stop reading the publisher of this read (a subscriber it fed is near its
+        #: budget: the fast-producer stall, see connection.py); 0 for none
+        self.stall_for = 0.0
         #: bridge_refused: NATS messages a foreign binding matched that the core did not keep
+        #: in_bytes/out_bytes: wire bytes of connections already closed (see monitor.py);
+        #: sub_inserts/sub_removes: trie changes (/subsz)
         self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0,
-                      "bridge_refused": 0}
+                      "bridge_refused": 0, "in_bytes": 0, "out_bytes": 0, "sub_inserts": 0,
+                      "sub_removes": 0}
         #: the flow journal's recorder: NATS core PUBs are counted per read (docs/analytics.md)
         self.journal = getattr(hub.broker, "journal", None)
 
@@ -98,11 +111,26 @@ class NatsServer(Factory):
             "port": s.port, "headers": True, "max_payload": s.max_payload,
             "client_id": conn.cid, "client_ip": conn.peer_host,
         }
-        if s.auth_required:
+        if self.guard.required:
             info["auth_required"] = True
-        if s.tls_context is not None:
+        if conn.nonce is not None:
+            info["nonce"] = conn.nonce
+        if s.tls_context is not None and not conn.websocket:
             info["tls_required"] = True
+            if s.tls_verify:
+                info["tls_verify"] = True
+        if self.lame_duck:
+            info["ldm"] = True
         return info
+
+    def enter_lame_duck(self) -> None:
+        """Lame-duck mode: INFO says ``ldm`` from now on; every client gets one INFO now (nats.py
+        and nats.go then call their lame-duck callback and look for another server)."""
+        self.lame_duck = True
+        for conn in list(self.connections.values()):
+            if conn.connected and not conn.closing:
+                conn.out_ctl(codec.encode_info(self.info(conn)))
+        self.flush()
 
     # subscriptions ------------------------------------------------------------------------
 
@@ -121,6 +149,7 @@ class NatsServer(Factory):
             self.mq9.subscribe(sub)
             return
         self.sublist.insert(sub)
+        self.stats["sub_inserts"] += 1
         self.changed()
         if self.bridge is not None:
             self.bridge.bind(sub)
@@ -133,6 +162,7 @@ class NatsServer(Factory):
             self.mq9.unsubscribe(sub)
             return
         if self.sublist.remove(sub):
+            self.stats["sub_removes"] += 1
             self.changed()
         if self.bridge is not None:
             self.bridge.unbind(sub)
@@ -310,23 +340,6 @@ class NatsServer(Factory):
                 data = b"".join(out)
                 out.clear()
                 conn.write_out(data)
-                if conn.paused and self.congested and conn in self.congested:
-                    self.fed_congested = True
-
-    def stall(self, conn: NatsConnection) -> None:
-        """Stop reading from a publisher while some subscriber's output is backed up."""
-        if conn not in self.stalled:
-            self.stalled.append(conn)
-            conn.transport.pauseProducing()
-
-    def uncongest(self, conn: NatsConnection) -> None:
-        """``conn`` drained (or left): when nobody is backed up, resume stalled publishers."""
-        self.congested.discard(conn)
-        if not self.congested and self.stalled:
-            stalled, self.stalled = self.stalled, []
-            for pub in stalled:
-                if pub.connected:
-                    pub.transport.resumeProducing()
 
     def end_turn(self) -> None:
         """Finish one read: let mq9 commit its group, then write all output."""

@@ -8,8 +8,8 @@ from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.mq9_common import BROADCAST as BROADCAST_PREFIX
 from mqhub.protocols.nats.mq9_common import PREFIX as MQ9_PREFIX
 
-__all__ = ["NatsSettings", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
-           "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK"]
+__all__ = ["NatsSettings", "flag", "SERVER_VERSION", "WIRE_ERRORS", "CRLF", "MQ9_PREFIX",
+           "BROADCAST_PREFIX", "READ_SIZE", "NO_RESPONDERS_BLOCK", "STALL_MIN", "STALL_MAX"]
 
 CRLF = b"\r\n"
 SERVER_VERSION = "2.10.0"
@@ -27,6 +27,23 @@ WIRE_ERRORS: dict[str, str | None] = {
 
 #: bytes read per turn: bigger reads = bigger mq9 groups per store commit, fewer turns for core
 READ_SIZE = 256 * 1024
+#: seconds a publisher is not read after a read that left a subscriber above 3/4 of its
+#: ``max_pending`` (from STALL_MIN at half the budget up to STALL_MAX at all of it), as
+#: nats-server's fast-producer stall (2–5 ms)
+STALL_MIN = 0.002
+STALL_MAX = 0.005
+
+
+def flag(value: Any) -> bool:
+    """A boolean option given as a bool or as text (true/false, yes/no, on/off, 1/0)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
 
 
 class NatsSettings:
@@ -37,7 +54,6 @@ class NatsSettings:
         self.max_payload: int = int(kw.get("max_payload", codec.DEFAULT_MAX_PAYLOAD))
         self.max_control_line: int = int(kw.get("max_control_line", codec.MAX_CONTROL_LINE))
         self.max_pending: int = int(kw.get("max_pending", 64 * 1024 * 1024))
-        self.stall_bytes: int = int(kw.get("stall_bytes", 8 * 1024 * 1024))
         self.write_deadline: float = float(kw.get("write_deadline", 10.0))
         self.ping_interval: float = float(kw.get("ping_interval", 120.0))
         self.ping_max: int = int(kw.get("ping_max", 2))
@@ -46,6 +62,10 @@ class NatsSettings:
         self.user: str | None = kw.get("user") or None
         self.password: str | None = kw.get("password") or kw.get("pass") or None
         self.tls_context: Any = kw.get("tls_context")
+        #: client certificates are required and checked against the CA (INFO ``tls_verify``)
+        self.tls_verify: bool = flag(kw.get("tls_verify", False))
+        #: TLS starts at once, before INFO (nats-server's ``handshake_first``)
+        self.tls_handshake_first: bool = flag(kw.get("tls_handshake_first", False))
         self.server_name: str = kw.get("server_name") or "mqhub"
         self.host: str = kw.get("host", "127.0.0.1")
         self.port: int = int(kw.get("port", 4222))

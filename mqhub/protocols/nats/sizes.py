@@ -23,11 +23,15 @@ SIZES: dict[bytes, int] = {}
 def size_of(field: bytes) -> int:
     """The value of a size field ending in CR (``b"123\\r"``), or -1 when it is not one.
 
+    Only canonical fields count (no leading zero): the fast path copies the field into the
+    ``MSG`` line as it is, and a subscriber must get ``3``, as nats-server writes it, not
+    ``03`` (a zero-padded field goes the per-line way, which writes the number anew).
     Valid fields are remembered in :data:`SIZES` (up to :data:`SIZES_LIMIT` of them) so the
     next lookup of the same field is a plain dict hit.
     """
     digits = field[:-1]
-    if not 0 < len(digits) <= MAX_DIGITS or field[-1:] != b"\r" or not digits.isdigit():
+    if not 0 < len(digits) <= MAX_DIGITS or field[-1:] != b"\r" or not digits.isdigit() \
+            or (digits[0] == 48 and len(digits) > 1):
         return -1
     value = int(digits)
     if len(SIZES) < SIZES_LIMIT:

@@ -39,6 +39,11 @@ class NsqConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_required: bool = False
+    #: CA certificates (PEM) client certificates must chain to (nsqd's --tls-root-ca-file)
+    tls_ca: str | None = None
+    #: require and verify a client certificate after tls_v1 (nsqd's
+    #: --tls-client-auth-policy=require-verify)
+    tls_verify: bool = False
     auth_secrets: str | None = None
     broadcast_address: str = "127.0.0.1"
     hostname: str = field(default_factory=socket.gethostname)

@@ -1,9 +1,14 @@
 """nsqd's HTTP API (port 4151) plus the nsqlookupd queries, on twisted.web.
 
 Every response carries ``X-NSQ-Content-Type: nsq; version=1.0``. Errors are JSON
-``{"message": "CODE"}`` with nsqd's status codes. Publishing answers ``OK`` only after the store
+``{"message": "CODE"}`` with nsqd's status codes. With a users file (``--users``), POSTs act as
+the user of their ``Authorization`` header (``Bearer TOKEN`` or ``Basic``), else as anonymous:
+``/pub`` and ``/mpub`` need the right to publish to the topic, the other POSTs (topics and
+channels) ``admin``; refusals are 401 ``AUTH_REQUIRED``/``AUTH_FAILED`` and 403
+``UNAUTHORIZED``. nsqd's HTTP API has no auth; reads stay open. Publishing answers ``OK`` only after the store
 commit holding the messages. The lookupd endpoints (/lookup, /topics, /channels, /nodes) list
-this broker as the only producer, so clients configured with lookupd HTTP addresses find it.
+this broker as a producer (with the hub's other NSQ nodes, ``ICore.peers``: none for one node),
+so clients configured with lookupd HTTP addresses find it.
 """
 
 from __future__ import annotations
@@ -22,11 +27,18 @@ from twisted.web.resource import Resource
 from mqhub.errors import MqhubError
 from mqhub.protocols.nsq.codec import is_valid_name
 from mqhub.protocols.nsq.stats import build_stats, render_text_stats
+from mqhub.protocols.nsq.topics import topic_address
 
 log = Logger(namespace="mqhub.nsq.http")
 
 _JSON = b"application/json; charset=utf-8"
 _TEXT = b"text/plain; charset=utf-8"
+
+
+def _host(request: Any) -> str:
+    """The client's host (failed logins are counted per host)."""
+    addr = request.getClientAddress()
+    return str(getattr(addr, "host", "") or addr)
 
 
 class HttpError(Exception):
@@ -134,7 +146,18 @@ class NsqHttpResource(Resource):
         if getattr(request, "body_too_big", False):
             too_big = "MSG_TOO_BIG" if request.path.rstrip(b"/") == b"/pub" else "BODY_TOO_BIG"
             return self._error(request, HttpError(413, too_big))
+        guard = self.service.factory.guard
+        if guard.enforcing and request.method in (b"POST", b"PUT") and request.getHeader(
+                "authorization") and not getattr(request, "mqhub_turn", False):
+            wait = guard.wait(_host(request))
+            if wait > 0:  # failed logins from this peer: its turn comes later
+                request.mqhub_turn = True
+                call = self.service.hub.clock.callLater(wait, self._render_later, request)
+                request.notifyFinish().addErrback(lambda _: call.active() and call.cancel())
+                return server.NOT_DONE_YET
         try:
+            if guard.enforcing and request.method in (b"POST", b"PUT"):
+                request.mqhub_session = self._caller(request, guard)
             result = handler(request)
         except HttpError as exc:
             return self._error(request, exc)
@@ -146,6 +169,48 @@ class NsqHttpResource(Resource):
                                 lambda f: self._failed(request, f))
             return server.NOT_DONE_YET
         return self._body(request, result)
+
+    def _render_later(self, request: Any) -> None:
+        """Answer a request whose login turn has come."""
+        if getattr(request, "_disconnected", False):
+            return
+        body = self.render(request)
+        if body is not server.NOT_DONE_YET:
+            request.write(body)
+            request.finish()
+
+    @staticmethod
+    def _caller(request: Any, guard: Any) -> Any:
+        """The session a POST acts as (users file in force).
+
+        :raises HttpError: 401 when the credentials are wrong, or absent and anonymous
+            clients are refused.
+        """
+        directory = guard.identity
+        peer = _host(request)
+        who, given, tried = directory.by_authorization(request.getHeader("authorization") or "")
+        if given and who is None:
+            directory.login_failed("nsq", peer, tried)
+            raise HttpError(401, "AUTH_FAILED")
+        if who is None:
+            session = directory.anonymous_session("nsq", peer)
+            if session is None:
+                raise HttpError(401, "AUTH_REQUIRED")
+            return session
+        if given:
+            directory.login_succeeded(peer)
+        return directory.session("nsq", who, peer)
+
+    @staticmethod
+    def _admin(request: Any) -> None:
+        """Topic and channel changes need an admin when a users file is in force.
+
+        :raises HttpError: 403 ``UNAUTHORIZED``.
+        """
+        session = getattr(request, "mqhub_session", None)
+        if session is not None and not session.admin:
+            session.refuse("admin", request.path.decode("utf-8", "replace"))
+            raise HttpError(403, "UNAUTHORIZED")
 
     def _body(self, request: Any, body: Any) -> bytes:
         """Encode a handler's result: bytes as text, dicts as JSON, None as empty."""
@@ -262,7 +327,7 @@ class NsqHttpResource(Resource):
         body = self._read_body(request, self.config.max_msg_size, "MSG_TOO_BIG")
         if not body:
             raise HttpError(400, "MSG_EMPTY")
-        return self._publish(topic, [body], defer_ms)
+        return self._publish(topic, [body], defer_ms, request)
 
     def mpub(self, request: Any) -> Any:
         """POST /mpub?topic=T[&binary=true]: newline-separated or binary-framed messages."""
@@ -279,7 +344,7 @@ class NsqHttpResource(Resource):
                     raise HttpError(413, "MSG_TOO_BIG")
         if not bodies:
             raise HttpError(400, "MSG_EMPTY")
-        return self._publish(topic, bodies, 0)
+        return self._publish(topic, bodies, 0, request)
 
     def _binary_messages(self, body: bytes) -> list[bytes]:
         """Decode ``[int32 count]([int32 size][data])*``."""
@@ -305,8 +370,15 @@ class NsqHttpResource(Resource):
             pos = end
         return out
 
-    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int) -> Any:
-        """Publish through the core; the Deferred fires with ``OK`` once durable."""
+    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int,
+                 request: Any = None) -> Any:
+        """Publish through the core; the Deferred fires with ``OK`` once durable.
+
+        :raises HttpError: 403 ``UNAUTHORIZED`` when the caller may not publish to the topic.
+        """
+        session = getattr(request, "mqhub_session", None)
+        if session is not None and not session.check_publish(topic_address(topic_name)):
+            raise HttpError(403, "UNAUTHORIZED")
         return self.service.registry.publish(topic_name, bodies, defer_ms).addCallback(
             lambda _: b"OK")
 
@@ -325,50 +397,60 @@ class NsqHttpResource(Resource):
 
     def topic_create(self, request: Any) -> None:
         """Create a topic (idempotent)."""
+        self._admin(request)
         self.service.registry.ensure_topic(self._name_arg(request, "topic"))
 
     def topic_delete(self, request: Any) -> Any:
         """Delete a topic and its channels."""
+        self._admin(request)
         topic = self._existing_topic(request)
         return self.service.registry.delete_topic(topic.name).addCallback(lambda _: None)
 
     def topic_empty(self, request: Any) -> Any:
         """Drop the topic's own backlog."""
+        self._admin(request)
         topic = self._existing_topic(request)
         return self.service.registry.empty_topic(topic.name).addCallback(lambda _: None)
 
     def topic_pause(self, request: Any) -> Any:
         """Stop the topic handing messages to its channels."""
+        self._admin(request)
         topic = self._existing_topic(request)
         return self.service.registry.pause_topic(topic.name, True).addCallback(lambda _: None)
 
     def topic_unpause(self, request: Any) -> Any:
         """Resume a paused topic."""
+        self._admin(request)
         topic = self._existing_topic(request)
         return self.service.registry.pause_topic(topic.name, False).addCallback(lambda _: None)
 
     def channel_create(self, request: Any) -> None:
         """Create a channel of an existing topic."""
+        self._admin(request)
         topic = self._existing_topic(request)
         self.service.registry.ensure_channel(topic.name, self._name_arg(request, "channel"))
 
     def channel_delete(self, request: Any) -> Any:
         """Delete a channel."""
+        self._admin(request)
         topic, channel = self._existing_channel(request)
         return self.service.registry.delete_channel(topic.name, channel).addCallback(lambda _: None)
 
     def channel_empty(self, request: Any) -> Any:
         """Drop every message of a channel."""
+        self._admin(request)
         topic, channel = self._existing_channel(request)
         return topic.channels[channel].empty().addCallback(lambda _: None)
 
     def channel_pause(self, request: Any) -> None:
         """Stop delivery from a channel."""
+        self._admin(request)
         topic, channel = self._existing_channel(request)
         topic.channels[channel].pause()
 
     def channel_unpause(self, request: Any) -> None:
         """Resume a paused channel."""
+        self._admin(request)
         topic, channel = self._existing_channel(request)
         topic.channels[channel].unpause()
 
@@ -386,12 +468,25 @@ class NsqHttpResource(Resource):
             "version": self.config.version,
         }
 
+    def _peers(self) -> list[dict[str, Any]]:
+        """The hub's other nodes serving NSQ (``ICore.peers``) as lookupd producer records;
+        none for one node."""
+        return [{
+            "remote_address": f"{peer.host}:{peer.ports.get('tcp', 0)}",
+            "hostname": peer.node,
+            "broadcast_address": peer.host,
+            "tcp_port": peer.ports.get("tcp", 0),
+            "http_port": peer.ports.get("http", 0),
+            "version": self.config.version,
+        } for peer in self.service.registry.broker.peers("nsq")]
+
     def lookup(self, request: Any) -> dict[str, Any]:
-        """/lookup?topic=T: this broker produces every topic (it creates them on first use)."""
+        """/lookup?topic=T: this broker (and every other node of the hub) produces every topic
+        (each creates them on first use)."""
         name = self._name_arg(request, "topic")
         topic = self.service.registry.get_topic(name)
         channels = sorted(topic.channels) if topic is not None else []
-        return {"channels": channels, "producers": [self._producer()]}
+        return {"channels": channels, "producers": [self._producer(), *self._peers()]}
 
     def topics(self, request: Any) -> dict[str, Any]:
         """/topics: every known topic."""
@@ -406,7 +501,8 @@ class NsqHttpResource(Resource):
     def nodes(self, request: Any) -> dict[str, Any]:
         """/nodes: this broker with its topics."""
         topics = sorted(self.service.registry.topics)
-        producer = self._producer()
-        producer["tombstones"] = [False] * len(topics)
-        producer["topics"] = topics
-        return {"producers": [producer]}
+        producers = [self._producer(), *self._peers()]
+        for producer in producers:
+            producer["tombstones"] = [False] * len(topics)
+            producer["topics"] = topics
+        return {"producers": producers}

@@ -17,6 +17,7 @@ from mqhub.protocols.nsq.config import NsqConfig
 from mqhub.protocols.nsq.http import NsqHttpResource, request_factory
 from mqhub.protocols.nsq.server import NsqFactory
 from mqhub.protocols.nsq.topics import TopicRegistry
+from mqhub.tls import TlsConfigError, server_context
 
 
 class NsqService(ProtocolService):
@@ -54,6 +55,11 @@ class NsqService(ProtocolService):
         """The HTTP port (for /info and /lookup): the bound one once listening."""
         return self.ports["http"]
 
+    def lame_duck(self) -> None:
+        """Hub lame-duck mode: every subscribed consumer enters CLOSE_WAIT (see mqhub.lameduck)."""
+        for client in list(self.factory.clients):
+            client.close_wait()
+
     def recover(self) -> Any:
         """Load the NSQ topics before anything listens."""
         return self.registry.load()
@@ -80,8 +86,10 @@ def make_service(hub: Any, endpoints: dict[str, str], options: dict[str, Any]) -
     config = NsqConfig.from_options(options)
     secrets = SecretsFile.load(config.auth_secrets) if config.auth_secrets else None
     if config.tls_cert:
-        try:
-            open(config.tls_cert, "rb").close()
-        except OSError as exc:
-            raise PluginError(f"nsq: cannot read TLS certificate: {exc}") from exc
+        try:   # fail the start now, not at a client's first tls_v1
+            server_context(config.tls_cert, config.tls_key, config.tls_ca, config.tls_verify)
+        except TlsConfigError as exc:
+            raise PluginError(f"nsq: {exc}") from exc
+    elif config.tls_verify:
+        raise PluginError("nsq: tls_verify needs tls_cert")
     return NsqService(hub, endpoints, config, secrets)

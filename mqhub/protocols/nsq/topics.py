@@ -89,18 +89,41 @@ class TopicRegistry:
                 name = key[len(META_PREFIX):]
                 topic = self._topic_object(name)
                 topic.paused = value == b"paused"
-            for queue in self.broker.queues():
-                qname = queue.name
-                if not qname.startswith(QUEUE_PREFIX):
-                    continue
-                tname, _, cname = qname[len(QUEUE_PREFIX):].partition("/")
-                if not cname:
-                    continue
-                topic = self.topics.get(tname) or self._topic_object(tname)
+            self._adopt_channels()
+            self.state.watch(META_PREFIX, self.record_changed)
+
+        return d.addCallback(restore)
+
+    def _adopt_channels(self, only: str | None = None) -> None:
+        """Know every channel queue (``nsq/T/C``) of the core, of topic ``only`` or of all."""
+        for queue in self.broker.queues():
+            qname = queue.name
+            if not qname.startswith(QUEUE_PREFIX):
+                continue
+            tname, _, cname = qname[len(QUEUE_PREFIX):].partition("/")
+            if not cname or (only is not None and tname != only):
+                continue
+            topic = self.topics.get(tname) or self._topic_object(tname)
+            if topic.channels.get(cname) is not queue:
                 topic.channels[cname] = queue
                 self._apply_window(queue)
 
-        return d.addCallback(restore)
+    def record_changed(self, key: str, value: bytes | None) -> None:
+        """Another node of the hub wrote topic ``key``'s record (``IAdapterState.watch``): know
+        the topic, its pause and its channels; a deleted topic goes, and the clients of its
+        channels here are closed, as nsqd does."""
+        name = key[len(META_PREFIX):]
+        if value is None:
+            topic = self.topics.pop(name, None)
+            if topic is not None:
+                gone = list(topic.channels)
+                topic.channels.clear()
+                for channel in gone:
+                    self._notify_deleted(name, channel)
+            return
+        topic = self.topics.get(name) or self._topic_object(name)
+        topic.paused = value == b"paused"
+        self._adopt_channels(name)
 
     # topics -----------------------------------------------------------------------------------
 
@@ -228,18 +251,22 @@ class TopicRegistry:
         if topic.ephemeral and not topic.channels:
             self.delete_topic(topic_name)
 
-    def publish(self, name: str, bodies: list[bytes], defer_ms: int = 0) -> Deferred[None]:
+    def publish(self, name: str, bodies: list[bytes], defer_ms: int = 0,
+                core: ICore | None = None) -> Deferred[None]:
         """Publish ``bodies`` to topic ``name`` (created if new) with one core call; count them.
 
         The Deferred fires once the messages are durable (at once for an ephemeral topic).
+        ``core`` is the publishing connection's handle (its rights; default: the hub's core).
 
-        :raises QueueFull: or InvalidName, from the core, before anything is counted.
+        :raises QueueFull: or InvalidName, from the core, before anything is counted;
+            Unauthorized when the connection may not publish to the topic.
         """
         topic = self.ensure_topic(name)
         broker = self.broker
         deliver_at = broker.clock.seconds() + defer_ms / 1000.0 if defer_ms else 0.0
-        d: Deferred[None] = broker.publish_batch(topic.address, bodies, origin="nsq",
-                                                 deliver_at=deliver_at, persist=not topic.ephemeral)
+        d: Deferred[None] = (core or broker).publish_batch(
+            topic.address, bodies, origin="nsq", deliver_at=deliver_at,
+            persist=not topic.ephemeral)
         topic.message_count += len(bodies)
         topic.message_bytes += sum(map(len, bodies))
         return d

@@ -9,7 +9,11 @@ creates or changes with ``passwordHash``, PBKDF2-SHA256)::
        "permissions": [{"queuePattern": "orders.*", "operations": ["Publish", "Subscribe"]}]}
     ]}
 
-No Twisted import.
+With the hub's users file (``--users``) a Connect's username and password are checked there
+first; this file (``--vibemq-users``) is kept as a shorthand and answers for names the users
+file does not know. Its users become principals whose grants are their Publish and Subscribe
+globs (:meth:`User.principal`); their other operations keep this file's per-operation ACL.
+:class:`VibeGuard` is what the adapter asks. No Twisted import.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+
+from mqhub.identity import ALL_RIGHTS, Grants, Principal, Rights, Session
 
 OPERATIONS = ("Publish", "Subscribe", "CreateQueue", "DeleteQueue", "PurgeQueue",
               "GetQueueInfo", "ListQueues")
@@ -98,6 +104,21 @@ class User:
             if operation in ops and (queue is None or glob_matches(pattern, queue)):
                 return True
         return False
+
+    def principal(self) -> Principal:
+        """This user as a principal: its Publish and Subscribe globs (read at each decision,
+        so admin commands take effect at once) are legacy grants; a superuser may do all."""
+        if self.superuser:
+            return Principal(self.username, ALL_RIGHTS, "vibemq-users")
+
+        def publish(address: str, group: str | None) -> bool:
+            return self.allowed("Publish", address)
+
+        def subscribe(address: str, group: str | None) -> bool:
+            return self.allowed("Subscribe", address)
+
+        return Principal(self.username, Rights(Grants(matchers=(publish,)),
+                                               Grants(matchers=(subscribe,))), "vibemq-users")
 
     def to_json(self) -> dict[str, Any]:
         """The file record of this user."""
@@ -218,5 +239,76 @@ class UserStore:
         return user
 
 
-__all__ = ["UserStore", "User", "UsersError", "OPERATIONS", "hash_password", "check_hash",
-           "glob_matches", "normalize_operation"]
+#: operations answered from the users file's rights: the queue's address must be ...
+NEEDS_PUBLISH_OR_SUBSCRIBE = frozenset({"CreateQueue", "GetQueueInfo", "ListQueues"})
+NEEDS_SUBSCRIBE = frozenset({"Subscribe", "DeleteQueue", "PurgeQueue"})
+
+
+class VibeGuard:
+    """Identity for VibeMQ connections: the hub's users (when enforcing) and the users file.
+
+    :param identity: the hub's :class:`mqhub.identity.Directory`, or None.
+    :param users: the ``--vibemq-users`` file, or None.
+    """
+
+    def __init__(self, identity: Any, users: UserStore | None) -> None:
+        """Nothing is checked when neither is in force (:attr:`active` is False)."""
+        self.identity = identity
+        self.users = users
+        self.enforcing = identity is not None and identity.enforcing
+        #: False: the open broker of the original's default (no Connect needed)
+        self.active = self.enforcing or users is not None
+
+    def wait(self, peer: str) -> float:
+        """Seconds a Connect from ``peer`` waits before it is checked (failed-login slowdown)."""
+        return self.identity.login_wait(peer) if self.identity is not None else 0.0
+
+    def connect(self, name: str | None, password: str | None,
+                peer: str) -> tuple[Session | None, User | None] | str:
+        """The session (and legacy user) a Connect opens, or the error code to answer
+        (``AUTH_REQUIRED``: credentials missing and no anonymous rights; ``AUTH_FAILED``)."""
+        directory = self.identity
+        if not name or not password:
+            if self.enforcing and directory.anonymous is not None:
+                return directory.anonymous_session("vibemq", peer), None
+            return "AUTH_REQUIRED"
+        principal = directory.by_password(name, password) if self.enforcing else None
+        user: User | None = None
+        if principal is None and self.users is not None:
+            user = self.users.authenticate(name, password)
+            principal = user.principal() if user is not None else None
+        if principal is None:
+            if directory is not None:
+                directory.login_failed("vibemq", peer, name[:64])
+            return "AUTH_FAILED"
+        if directory is None:
+            return Session("vibemq", principal, peer), user
+        directory.login_succeeded(peer)
+        return directory.session("vibemq", principal, peer), user
+
+
+def allowed(session: Session, user: User | None, operation: str, queue: str | None) -> bool:
+    """May this connection do ``operation`` on ``queue`` (None: any)? A refusal is counted.
+
+    A ``--vibemq-users`` user keeps that file's per-operation ACL. For a users-file principal:
+    Publish needs publish on the queue's address, Subscribe, DeleteQueue and PurgeQueue need
+    subscribe, CreateQueue, GetQueueInfo and ListQueues either right.
+    """
+    if user is not None:
+        ok = user.allowed(operation, queue)
+    elif queue is None:
+        ok = operation in NEEDS_PUBLISH_OR_SUBSCRIBE or operation == "Publish"
+    elif operation == "Publish":
+        ok = session.may_publish(queue)
+    elif operation in NEEDS_SUBSCRIBE:
+        ok = session.may_subscribe(queue)
+    else:
+        ok = session.may_publish(queue) or session.may_subscribe(queue)
+    if not ok:
+        session.refuse("publish" if operation == "Publish" else "subscribe",
+                       f"{queue or '*'} ({operation})")
+    return ok
+
+
+__all__ = ["UserStore", "User", "UsersError", "OPERATIONS", "VibeGuard", "allowed",
+           "hash_password", "check_hash", "glob_matches", "normalize_operation"]

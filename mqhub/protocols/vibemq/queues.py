@@ -104,17 +104,33 @@ class QueueRegistry:
         def got(rows: list[tuple[str, bytes]]) -> None:
             """Re-declare each recorded queue (the core already recovered its entries)."""
             for key, value in rows:
-                try:
-                    rec = json.loads(value)
-                    opts = QueueOptions.from_record(rec["options"])
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    log.warn("vibemq queue {key!r}: unreadable metadata row {value!r} skipped",
-                             key=key, value=value[:80])
-                    continue
-                self._make(key[len(META_PREFIX):], opts, float(rec.get("created_at", 0.0)),
-                           persist=False)
+                self._from_record(key, value)
+            self.state.watch(META_PREFIX, self.record_changed)
 
         return d.addCallback(got)
+
+    def _from_record(self, key: str, value: bytes) -> None:
+        """Declare the queue a metadata row records (logged and skipped when unreadable)."""
+        try:
+            rec = json.loads(value)
+            opts = QueueOptions.from_record(rec["options"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warn("vibemq queue {key!r}: unreadable metadata row {value!r} skipped",
+                     key=key, value=value[:80])
+            return
+        self._make(key[len(META_PREFIX):], opts, float(rec.get("created_at", 0.0)),
+                   persist=False)
+
+    def record_changed(self, key: str, value: bytes | None) -> None:
+        """Another node of the hub created or deleted queue ``key`` (``IAdapterState.watch``):
+        know it, or forget it."""
+        name = key[len(META_PREFIX):]
+        q = self.queues.get(name)
+        if value is None:
+            if q is not None:
+                self._forget(q)
+        elif q is None:
+            self._from_record(key, value)
 
     def get(self, name: str) -> VibeQueue | None:
         """The queue named ``name`` (None when there is none)."""

@@ -89,24 +89,23 @@ def deliver_frames(entries: list[tuple], queue: str, flag: int, threshold: int,
     fast = b"%b\x00" + _DELIVER_HEAD + b"%016x" + qf.replace(b"%", b"%%") + b"%b%b\x00\x01" + _ATTEMPTS_KEY + b"%b"
     # body = head(4) + id(16) + queue + u32 + payload + u16 count + key + u16 len + attempts
     fixed = 4 + 16 + len(qf) + 4 + 2 + len(_ATTEMPTS_KEY) + 2
-    for e in entries:
-        body_ = e[7]
-        if e[6] is None and e[8] == "vibemq" and body_:
-            a = b"%d" % e[2]
+    for msg_id, _, attempts, _, _, _, headers, body_, origin in entries:
+        if headers is None and origin == "vibemq" and body_:
+            a = b"%d" % attempts
             size = fixed + len(body_) + len(a)
             if size > limit:
-                too_big.append(e[0])
+                too_big.append(msg_id)
                 continue
             if not flag or size < threshold:
-                out.append(fast % (pack(size), e[0], pack(len(body_)), body_,
+                out.append(fast % (pack(size), msg_id, pack(len(body_)), body_,
                                    _U16.pack(len(a)) + a))
                 continue
-        payload, enc = render_payload(e[7], e[8])
-        body = deliver_body(e[0], qf, payload, e[6],
-                            ((H_ENCODING, enc),) if enc else (), e[2])
+        payload, enc = render_payload(body_, origin)
+        body = deliver_body(msg_id, qf, payload, headers,
+                            ((H_ENCODING, enc),) if enc else (), attempts)
         data = frame(body, flag, threshold)
         if len(data) - 5 > limit:
-            too_big.append(e[0])
+            too_big.append(msg_id)
             continue
         out.append(data)
     return b"".join(out), too_big

@@ -2,8 +2,10 @@
 
 - ``dataReceived`` decodes every complete frame of the read. Consecutive Publishes to one queue
   become ONE ``publish_batch`` (one store commit); their PublishAcks are written in that
-  Deferred's callback, so a PublishAck always means "stored" (durable by default); see
-  ``publishing.py``. Acks of a read become one ``queue.ack`` call per subscription.
+  Deferred's callback, so a PublishAck always means "stored" (durable by default). A full
+  DropNewest queue drops (and counts) what does not fit; a full BlockPublisher queue withholds
+  it, retried on the clock, without blocking anything else. Acks of a read become one
+  ``queue.ack`` call per subscription.
 - Deliveries are pushed by the core through ``deliver_batch`` (this protocol is the consumer's
   ``IDeliveryTarget``), one write per batch, with a ``deliveryAttempts`` header.
 - Every error answers with the request id when the frame had one. A framing error (bad length or
@@ -19,33 +21,40 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mqhub.errors import InvalidName, MqhubError
+from mqhub.errors import InvalidName, MqhubError, QueueFull, Unauthorized
+from mqhub.identity import Session
 from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.listener import set_no_delay, set_read_size
 from mqhub.protocols.vibemq import codec as c
+from mqhub.protocols.vibemq import publishing
 from mqhub.protocols.vibemq.admin import handle_admin
-from mqhub.protocols.vibemq.auth import UserStore
+from mqhub.protocols.vibemq.auth import UserStore, VibeGuard, allowed
 from mqhub.protocols.vibemq.config import VibeMQConfig
 from mqhub.protocols.vibemq.dlq import DeadLetterView
 from mqhub.protocols.vibemq.options import (
+    BLOCK_PUBLISHER,
+    DROP_NEWEST,
     PayloadError,
     QueueOptions,
+    parse_priority,
     queue_info_json,
 )
-from mqhub.protocols.vibemq.publishing import PublishingMixin
+from mqhub.protocols.vibemq.publishing import MAX_HEADER_VALUE, MAX_HEADERS, validate_json
 from mqhub.protocols.vibemq.queues import QueueRegistry, VibeQueue, valid_queue_name
 from mqhub.protocols.vibemq.render import (
     deliver_body,
     deliver_frames,
+    publish_acks,
     queue_field,
     render_payload,
 )
-from mqhub.records import REASON_MAX_ATTEMPTS
+from mqhub.records import ATTEMPTS, MSG_ID, REASON_MAX_ATTEMPTS, get_msg_id
 
 log = Logger(namespace="mqhub.vibemq")
 
@@ -81,6 +90,8 @@ class VibeMQFactory(Factory):
         self.config = config
         self.registry = registry
         self.users = users
+        #: the hub's users (--users) and this users file: who a Connect makes a client
+        self.guard = VibeGuard(getattr(hub, "identity", None), users)
         self.clients: set[VibeMQProtocol] = set()
         self.views: dict[str, DeadLetterView] = {}
         self.accepts: dict[str, deque[float]] = {}
@@ -126,7 +137,7 @@ class VibeMQFactory(Factory):
 
 
 @implementer(IDeliveryTarget)
-class VibeMQProtocol(PublishingMixin, Protocol):
+class VibeMQProtocol(Protocol):
     """One VibeMQ client connection (publisher, subscriber or both)."""
 
     protocol_name = "vibemq"
@@ -141,8 +152,11 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         self.clock = factory.clock
         self.registry = factory.registry
         self.decoder = c.FrameDecoder(cfg.max_frame_size, cfg.max_decompressed)
-        self.authenticated = factory.users is None
+        self.authenticated = not factory.guard.active
+        #: the --vibemq-users user (its per-operation ACL), or None
         self.user: Any = None
+        #: who this connection acts as (None: nothing is checked)
+        self.session: Session | None = None
         self.flag = c.FLAG_NONE
         self.threshold = cfg.compression_threshold
         self.subs: dict[str, tuple[VibeQueue, Any]] = {}
@@ -306,8 +320,9 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             self.error(f.id, "SERVER_ERROR", f"Internal error: {type(exc).__name__}")
 
     def _allowed(self, operation: str, queue: str | None) -> bool:
-        """ACL check (always true on an open broker)."""
-        return self.user is None or self.user.allowed(operation, queue)
+        """ACL check (always true on an open broker; a refusal is counted)."""
+        session = self.session
+        return session is None or allowed(session, self.user, operation, queue)
 
     def _queue_ok(self, f: c.Frame, operation: str, what: str) -> bool:
         """Name check then ACL check, answering the error; True when both pass."""
@@ -324,20 +339,37 @@ class VibeMQProtocol(PublishingMixin, Protocol):
 
     # connect / ping --------------------------------------------------------------------------
 
-    def on_connect(self, f: c.Frame) -> None:
-        """Authenticate (when a users file is set), negotiate compression, send ConnectAck."""
+    def on_connect(self, f: c.Frame, turn: bool = False) -> None:
+        """Authenticate (users file or --vibemq-users), negotiate compression, send ConnectAck.
+
+        A Connect from a peer with failed logins behind it is checked at its turn (``turn``:
+        it has come); the connection reads nothing meanwhile (the .NET client waits for
+        ConnectAck anyway).
+        """
         h = f.headers or {}
-        users = self.factory.users
-        if users is not None:
+        guard = self.factory.guard
+        if guard.active:
             name, password = h.get("authUsername"), h.get("authPassword")
-            if not name or not password:
-                self.error(f.id, "AUTH_REQUIRED", "Username and password are required.")
+            peer = getattr(self.transport.getPeer(), "host", "") or ""
+            wait = guard.wait(peer) if name and password and not turn else 0.0
+            if wait > 0:
+                self._paused = True
+                self._sync_reading()
+                self.clock.callLater(wait, self._connect_turn, f)
                 return
-            user = users.authenticate(name, password)
-            if user is None:
-                self.error(f.id, "AUTH_FAILED", "Invalid username or password.")
+            result = guard.connect(name, password, peer)
+            if isinstance(result, str):
+                self.error(f.id, result, "Username and password are required."
+                           if result == "AUTH_REQUIRED" else "Invalid username or password.")
                 return
-            self.user = user
+            old = self.session
+            if old is not None:
+                old.on_revoke = None
+            self.session, self.user = result
+            # this connection's handle on the core: its rights enforced at the seam
+            self.broker = self.factory.broker.session(self.session)
+            if self.session is not None:
+                self.session.on_revoke = self._rights_changed
             self.authenticated = True
         chosen = c.negotiate_compression(h.get("supported-compression", ""),
                                          self.factory.server_compressions)
@@ -345,6 +377,38 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             c.CONNECT_ACK, _random_id(), None, None,
             {"negotiated-compression": chosen} if chosen else None)))
         self.flag = c.COMPRESSIONS[chosen] if chosen else c.FLAG_NONE
+
+    def _connect_turn(self, f: c.Frame) -> None:
+        """A held Connect's turn has come: answer it and read again."""
+        if self.closed:
+            return
+        self._paused = False
+        self.on_connect(f, turn=True)
+        self._sync_reading()
+
+    def _rights_changed(self, session: Session) -> None:
+        """The users file was reloaded: leave every queue this client may no longer read
+        (unacked deliveries go back), telling it ``NOT_AUTHORIZED`` for each."""
+        if self.closed:
+            return
+        for name, (vq, consumer) in list(self.subs.items()):
+            if session.may_subscribe(name):
+                continue
+            session.refuse("subscribe", f"{name} (Subscribe, reloaded)")
+            del self.subs[name]
+            if consumer is not None:
+                try:
+                    vq.core.detach(consumer, requeue=True)
+                except MqhubError:
+                    pass
+            self.error(None, "NOT_AUTHORIZED", f"Access to '{name}' was revoked.")
+        for name, view in list(self.dlq_subs.items()):
+            if session.may_subscribe(view.source):
+                continue
+            session.refuse("subscribe", f"{view.source} ({name}, reloaded)")
+            del self.dlq_subs[name]
+            view.unsubscribe(self)
+            self.error(None, "NOT_AUTHORIZED", f"Access to '{name}' was revoked.")
 
     def on_ping(self, f: c.Frame) -> None:
         """Pong with the same id (allowed before Connect)."""
@@ -381,6 +445,156 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             else:
                 self.transport.pauseProducing()
 
+    # publishing ------------------------------------------------------------------------------
+
+    def _valid_publish(self, f: c.Frame) -> bool:
+        """Check one Publish (queue, ACL, headers, JSON); answer and refuse it when bad."""
+        if not self._queue_ok(f, "Publish", "publish"):
+            return False
+        h = f.headers
+        if h and (len(h) > MAX_HEADERS or any(len(v) > MAX_HEADER_VALUE for v in h.values())):
+            self.error(f.id, "INVALID_MESSAGE", "Too many headers or a header value too long.")
+            return False
+        if f.payload is not None and len(f.payload) > self.config.max_frame_size - 1024:
+            # it arrived compressed; uncompressed it could not be delivered to a .NET client
+            self.error(f.id, "INVALID_MESSAGE", "Message too large.")
+            return False
+        if f.payload is not None and self.config.validate_json:
+            try:
+                validate_json(f.payload)
+            except (ValueError, msgspec.DecodeError, RecursionError):
+                self.error(f.id, "INVALID_MESSAGE", "Payload is not valid UTF-8 JSON.")
+                return False
+        return True
+
+    def _target(self, f: c.Frame) -> VibeQueue | None:
+        """The queue a publish goes to (auto-created), or None after answering an error."""
+        vq = self.registry.get(f.queue)  # type: ignore[arg-type]
+        if vq is not None:
+            return vq
+        if not self.config.auto_create:
+            self.error(f.id, "QUEUE_NOT_FOUND", f"Queue '{f.queue}' does not exist.")
+            return None
+        try:
+            return self.registry.create(f.queue)  # type: ignore[arg-type]
+        except InvalidName as exc:
+            self.error(f.id, "INVALID_QUEUE", str(exc))
+            return None
+
+    def _publish(self, run: list[c.Frame]) -> None:
+        """Publish a run of frames to one queue with one core call."""
+        vq = self._target(run[0])
+        if vq is None:
+            for f in run[1:]:
+                self.error(f.id, "QUEUE_NOT_FOUND", f"Queue '{f.queue}' does not exist.")
+            return
+        if self.blocked:
+            self._block(vq, run)
+            return
+        try:
+            self._put(vq, run)
+        except QueueFull:
+            self._overflow(vq, run)
+        except InvalidName as exc:
+            for f in run:
+                self.error(f.id, "INVALID_QUEUE", str(exc))
+        except Unauthorized:  # the seam's refusal (each frame was checked before)
+            for f in run:
+                self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
+
+    def _put(self, vq: VibeQueue, run: list[c.Frame]) -> None:
+        """The core call; PublishAcks go out once the batch is stored."""
+        bodies = [f.payload or b"" for f in run]
+        headers: list[dict[str, str] | None] | None = [f.headers for f in run]
+        if not any(headers):  # type: ignore[arg-type]
+            headers = None
+        if vq.priority:
+            first = self.broker.ids.reserve(len(run))
+            name = vq.name
+            entries = [(first + i, parse_priority((f.headers or {}).get("priority")), 0, 0.0,
+                        0.0, name, f.headers, bodies[i], "vibemq") for i, f in enumerate(run)]
+            d = self.broker.publish_entries(name, entries)
+        else:
+            d = self.broker.publish_batch(vq.name, bodies, origin="vibemq", headers=headers)
+        ids = [f.id for f in run]
+        self._unconfirmed += len(ids)
+        if self._unconfirmed > publishing.MAX_UNCONFIRMED and not self._backlog:
+            self._backlog = True
+            self._sync_reading()
+        d.addCallbacks(self._stored, self._store_failed, callbackArgs=(ids, vq.name),
+                       errbackArgs=(ids,))
+
+    def _stored(self, _: Any, ids: list[str], queue: str) -> None:
+        """Send the PublishAcks of a stored batch."""
+        self._settled(len(ids))
+        self.write(publish_acks(ids, queue))
+
+    def _store_failed(self, failure: Failure, ids: list[str]) -> None:
+        """The store refused the batch: every publisher of it gets an error."""
+        self._settled(len(ids))
+        log.failure("vibemq: publish batch not stored", failure)
+        for i in ids:
+            self.error(i, "SERVER_ERROR", "The message could not be stored.")
+
+    def _settled(self, n: int) -> None:
+        """Count settled publishes; read again once commits caught up."""
+        self._unconfirmed -= n
+        if self._backlog and self._unconfirmed <= publishing.MAX_UNCONFIRMED // 2:
+            self._backlog = False
+            self._sync_reading()
+
+    def _overflow(self, vq: VibeQueue, run: list[c.Frame]) -> None:
+        """A full DropNewest or BlockPublisher queue: put what fits, drop or withhold the rest."""
+        room = max(0, vq.core.room())
+        fits, rest = run[:room], run[room:]
+        if fits:
+            self._put(vq, fits)
+        if vq.options.overflow_strategy == BLOCK_PUBLISHER:
+            self._block(vq, rest)
+            return
+        if vq.options.overflow_strategy == DROP_NEWEST:
+            self.factory.counters["dropped_newest"] += len(rest)
+            log.debug("vibemq: {n} messages dropped (DropNewest) on {q}", n=len(rest), q=vq.name)
+            self.write(b"".join(c.frame(c.encode_body(c.PUBLISH_ACK, f.id, vq.name, None,
+                                                      {"overflow": "dropped"})) for f in rest))
+            return
+        for f in rest:
+            self.error(f.id, "QUEUE_FULL", f"Queue '{vq.name}' is full.")
+
+    def _block(self, vq: VibeQueue, run: list[c.Frame]) -> None:
+        """Withhold these publishes until their queue has room (other connections go on)."""
+        self.factory.counters["blocked"] += len(run)
+        self.blocked.extend((vq, f) for f in run)
+        if len(self.blocked) >= self.config.max_blocked and not self._paused:
+            self._paused = True
+            self._sync_reading()
+        if self._retry is None or not self._retry.active():
+            self._retry = self.clock.callLater(0.05, self._unblock)
+
+    def _unblock(self) -> None:
+        """Publish withheld messages while their queues have room (in arrival order)."""
+        self._retry = None
+        while self.blocked and not self.closed:
+            vq = self.blocked[0][0]
+            if self.registry.get(vq.name) is not vq:
+                vq = self.registry.create(vq.name)
+            room = vq.core.room()
+            if room <= 0:
+                break
+            run: list[c.Frame] = []
+            while self.blocked and self.blocked[0][0].name == vq.name and len(run) < room:
+                run.append(self.blocked.popleft()[1])
+            try:
+                self._put(vq, run)
+            except QueueFull:
+                self.blocked.extendleft((vq, f) for f in reversed(run))
+                break
+        if self._paused and len(self.blocked) < self.config.max_blocked // 2:
+            self._paused = False
+            self._sync_reading()
+        if self.blocked and not self.closed:
+            self._retry = self.clock.callLater(0.05, self._unblock)
+
     # delivering ------------------------------------------------------------------------------
 
     def deliver_batch(self, consumer: Any, queue_name: str, entries: list[tuple]) -> None:
@@ -396,10 +610,10 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         vq = sub[0]
         core = vq.core
         limit = vq.max_deliveries
-        if entries[-1][2] > limit or entries[0][2] > limit:
-            dead = [e[0] for e in entries if e[2] > limit]
+        if entries[-1][ATTEMPTS] > limit or entries[0][ATTEMPTS] > limit:
+            dead = [e[MSG_ID] for e in entries if e[ATTEMPTS] > limit]
             if dead:
-                entries = [e for e in entries if e[2] <= limit]
+                entries = [e for e in entries if e[ATTEMPTS] <= limit]
                 core.reject(consumer, dead, reason=REASON_MAX_ATTEMPTS, error="ack timeout")
             if not entries:
                 return
@@ -409,14 +623,14 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         if too_big:  # never deliverable to a VibeMQ client: dead-letter instead of looping
             core.reject(consumer, too_big, error="larger than the VibeMQ frame limit")
             held = set(too_big)
-            entries = [e for e in entries if e[0] not in held]
+            entries = [e for e in entries if e[MSG_ID] not in held]
         if vq.no_ack:
-            core.ack(consumer, [e[0] for e in entries])
+            core.ack(consumer, list(map(get_msg_id, entries)))
             return
         retried: dict[int, list[int]] = {}
         for e in entries:
-            if e[2] > 1:
-                retried.setdefault(e[2], []).append(e[0])
+            if e[ATTEMPTS] > 1:
+                retried.setdefault(e[ATTEMPTS], []).append(e[MSG_ID])
         for attempts, ids in retried.items():
             core.touch(consumer, ids, extend=backoff(attempts))
 
@@ -463,6 +677,10 @@ class VibeMQProtocol(PublishingMixin, Protocol):
             return
         source = None if self.registry.get(name) else self.registry.dead_letter_source(name)
         if source is not None:
+            # dead letters keep their queue's addresses: reading them needs that right too
+            if self.user is None and not self._may_read(source.name):
+                self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
+                return
             self.reply(c.SUBSCRIBE_ACK, f.id, name)
             view = self.dlq_subs[name] = self.factory.view(source)
             view.subscribe(self)
@@ -472,13 +690,41 @@ class VibeMQProtocol(PublishingMixin, Protocol):
         except InvalidName as exc:
             self.error(f.id, "INVALID_QUEUE", str(exc))
             return
-        self.reply(c.SUBSCRIBE_ACK, f.id, name)
+        if not self._may_read(name):
+            self.error(f.id, "NOT_AUTHORIZED", "Access denied.")
+            return
         self.subs[name] = (vq, None)
+        # once the queue is in effect (at once in the embedded core; a cluster confirms it)
+        self.broker.settled(vq.core).addBoth(self._subscribed, f.id, name, vq)
+
+    def _subscribed(self, result: object, msg_id: str, name: str, vq: VibeQueue) -> None:
+        """The subscribed queue is in effect: SubscribeAck, then attach (the backlog follows)."""
+        if isinstance(result, Failure):
+            if self.subs.get(name, (None,))[0] is vq:
+                del self.subs[name]
+            self.error(msg_id, "SERVER_ERROR", f"Subscribe failed: {result.getErrorMessage()}")
+            return
+        if self.subs.get(name, (None,))[0] is not vq or self.closed:
+            return      # unsubscribed (or gone) meanwhile
+        self.reply(c.SUBSCRIBE_ACK, msg_id, name)
         consumer = self.broker.attach(vq.core, self, ready=self.config.prefetch, tag=name)
         if name in self.subs and not self.closed:
             self.subs[name] = (vq, consumer)
         else:
             vq.core.detach(consumer, requeue=True)
+
+    def _may_read(self, queue: str) -> bool:
+        """May this connection read what queue ``queue`` holds: every address pattern bound
+        to it (the seam's rule for attach and dead letters, asked before the SubscribeAck;
+        a queue another protocol binds wider is refused). A refusal is counted."""
+        session = self.session
+        if session is None or session.subscribe_all:
+            return True
+        for binding in self.broker.bindings(queue):
+            if not session.may_receive(binding.pattern):
+                session.refuse("subscribe", f"{binding.pattern} (queue {queue})")
+                return False
+        return True
 
     def on_unsubscribe(self, f: c.Frame) -> None:
         """Detach; unacked deliveries return to the queue."""
@@ -548,9 +794,16 @@ class VibeMQProtocol(PublishingMixin, Protocol):
 
     def on_list_queues(self, f: c.Frame) -> None:
         """Names of the queues (and enabled DLQ names) this user may see."""
-        names = [n for n in self.registry.names() if self.user is None
-                 or self.user.superuser or self.user.allowed("ListQueues", n)
-                 or any(self.user.allowed(op, n) for op in ("Publish", "Subscribe"))]
+        user, session = self.user, self.session
+        if user is not None:
+            names = [n for n in self.registry.names() if user.superuser
+                     or user.allowed("ListQueues", n)
+                     or any(user.allowed(op, n) for op in ("Publish", "Subscribe"))]
+        elif session is not None:
+            names = [n for n in self.registry.names()
+                     if session.may_publish(n) or session.may_subscribe(n)]
+        else:
+            names = self.registry.names()
         self.reply(c.LIST_QUEUES, f.id, None, _DUMPS(names).encode())
 
     def on_admin(self, f: c.Frame) -> None:

@@ -104,7 +104,9 @@ async function refreshDetail() {
   if (!state.selected) return;
   const name = encodeURIComponent(state.selected);
   let q;
-  try { q = await api("/api/queues/" + name); } catch (e) { closeDetail(); return; }
+  const window_ = window.mqhubHistoryWindow ? window.mqhubHistoryWindow() : "10m";
+  try { q = await api("/api/queues/" + name + "?window=" + window_); } catch (e) { closeDetail(); return; }
+  if (window.mqhubDrawQueue) window.mqhubDrawQueue(q.history);
   const input = document.getElementById("max-attempts");
   if (document.activeElement !== input) input.value = q.max_attempts;
   const dlq = await api("/api/dlq/" + name + "?limit=50");
@@ -230,7 +232,8 @@ function setup() {
   for (const b of document.querySelectorAll("#queue-detail button[data-action]")) {
     b.addEventListener("click", () => act(b.dataset.action));
   }
-  refresh();
+  // the charts' first history request is answered first (charts.js), then the tables'
+  Promise.resolve(window.mqhubFirstHistory).catch(() => {}).finally(refresh);
   setInterval(refresh, POLL_MS);
 }
 

@@ -100,3 +100,28 @@ def test_manhole_helpers() -> None:
     assert result_of(replayed) == 1
     assert q.dead_letter_count == 0 and names["stats"]()["dead_letters"] == 0
     assert names["connections"]() == []
+
+
+def test_lameduck_endpoint() -> None:
+    """GET/POST /api/lameduck: 501 without a controller, 400 on bad timing, 202 when started
+    with the body's timing."""
+    from twisted.application.service import MultiService
+
+    from mqhub.lameduck import LameDuck
+
+    hub = memory_hub()
+    assert request(ApiResource(Inspector(hub)), hub, "GET", "/api/lameduck")[0] == 501
+    root = MultiService()
+    stopped: list[bool] = []
+    root.lame_duck = LameDuck(root, hub.clock, lambda: stopped.append(True))  # type: ignore[attr-defined]
+    api = ApiResource(Inspector(hub, root))
+    status, answer = request(api, hub, "GET", "/api/lameduck")
+    assert (status, answer["lame_duck"], answer["duration"]) == (200, False, 120.0)
+    for bad in ({"duration": -1}, {"grace": "soon"}, {"duration": True}, [1]):
+        assert request(api, hub, "POST", "/api/lameduck", bad)[0] == 400
+    status, answer = request(api, hub, "POST", "/api/lameduck", {"duration": 2, "grace": 1})
+    assert (status, answer["lame_duck"], answer["duration"], answer["grace"]) == (202, True, 2, 1)
+    assert answer["connections"] == 0 and not stopped
+    hub.clock.advance(1)
+    hub.clock.advance(1)
+    assert stopped == [True]

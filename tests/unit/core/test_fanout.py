@@ -119,14 +119,14 @@ def test_each_subscriber_acks_each_message_once(ops: list[Any]) -> None:
     seq = 0
     for kind, who, n in ops:
         sub = cons[who].queue
-        held = list(sub._inflight)
+        held = list(sub.in_flight_by_id)
         if kind == "pub":
             bodies = [b"%d" % (seq + i) for i in range(n)]
             seq += n
             published.extend(bodies)
             hub.broker.publish_batch("f", bodies, priority=n % 2)
         elif kind == "ack":
-            acked[who].extend(sub._inflight[i][7] for i in held[:n])
+            acked[who].extend(sub.in_flight_by_id[i][7] for i in held[:n])
             assert q.ack(cons[who], held[:n]) == []
         elif kind == "req":
             assert q.requeue(cons[who], held[:n]) == []
@@ -138,8 +138,8 @@ def test_each_subscriber_acks_each_message_once(ops: list[Any]) -> None:
         hub.clock.advance(0.5)
         for who, c in enumerate(cons):
             sub = c.queue
-            ids = list(sub._inflight)
-            acked[who].extend(sub._inflight[i][7] for i in ids)
+            ids = list(sub.in_flight_by_id)
+            acked[who].extend(sub.in_flight_by_id[i][7] for i in ids)
             q.ack(c, ids)
     for who in (0, 1):
         assert sorted(acked[who]) == sorted(published)

@@ -116,7 +116,7 @@ def test_fin_inside_delivery_is_merged_and_deletes_exactly(hub: Hub,
     hub.broker.declare_queue("other")
     hub.broker.bind_queue("b", "other")   # a stored copy: the publish opens a batch
     commits = hub.broker.commits
-    joined_before = commits.open
+    joined_before = commits.filling
     acker = Acker(c, fins)
     hub.broker.subscribe("b", acker)
     seen: list[Any] = []

@@ -10,7 +10,7 @@ import gc
 import tracemalloc
 from collections.abc import Callable
 
-from mqhub.core import queue as queue_module
+from mqhub.core import empty as empty_module
 from mqhub.core.address import AddressTrie
 from mqhub.hub import Hub
 from mqhub.testing import CollectingTarget, result_of
@@ -67,11 +67,15 @@ def test_queues_are_slotted_and_idle_ones_share_empty_stand_ins(hub: Hub) -> Non
     """No instance dict; two idle queues hold the same immutable empty containers."""
     a = hub.broker.declare_queue("a")
     b = hub.broker.declare_queue("b")
-    assert not hasattr(a, "__dict__")
-    for attr in ("_ready", "_inflight", "_owner", "_volatile", "_skip", "_deadlines",
-                 "consumers", "_mem_dead", "_subs", "_claimed"):
-        assert getattr(a, attr) is getattr(b, attr), attr
-        assert len(getattr(a, attr)) == 0
+    for obj in (a, a.ready, a.backlog, a.delivery):
+        assert not hasattr(obj, "__dict__"), obj
+    assert a.inflight is None and b.inflight is None    # made at the first delivery
+    for name, get in (("prios", lambda q: q.ready.prios),
+                      ("volatile", lambda q: q.ready.volatile),
+                      ("consumers", lambda q: q.consumers),
+                      ("in flight", lambda q: q.in_flight_by_id)):
+        assert get(a) is get(b), name
+        assert len(get(a)) == 0, name
 
 
 def test_using_one_queue_never_writes_into_the_shared_stand_ins(hub: Hub) -> None:
@@ -103,11 +107,13 @@ def test_using_one_queue_never_writes_into_the_shared_stand_ins(hub: Hub) -> Non
     used.detach(c)
     used.empty()
     hub.clock.advance(61)
-    for attr in ("_ready", "_prios", "_inflight", "_owner", "_volatile", "_skip", "_deadlines",
-                 "consumers", "_mem_dead", "_subs", "_claimed", "_refs", "_open"):
-        assert len(getattr(idle, attr)) == 0, attr
-    assert len(queue_module._NO_MAP) == 0 and len(queue_module._NO_IDS) == 0
-    assert queue_module._NO_LIST == ()
+    assert idle.inflight is None and idle.depth == 0
+    for name, part in (("prios", idle.ready.prios), ("volatile", idle.ready.volatile),
+                       ("consumers", idle.consumers), ("in flight", idle.in_flight_by_id),
+                       ("memory dead letters", idle.memory_dead_letters())):
+        assert len(part) == 0, name
+    assert len(empty_module.NO_MAP) == 0 and len(empty_module.NO_IDS) == 0
+    assert empty_module.NO_LIST == ()
     assert [x.body for x in result_of(broker.dead_letters("dur"))] == [b"a"]
 
 

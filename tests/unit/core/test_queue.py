@@ -383,7 +383,7 @@ def test_paging_keeps_a_bounded_window(hub: Hub) -> None:
     for i in range(5):
         result_of(h.broker.publish_batch("a", [b"%02d" % (i * 10 + j) for j in range(10)]))
     result_of(h.broker.publish_batch("a", [b"hi"], priority=9))
-    assert q.depth == 51 and q._nready <= 11
+    assert q.depth == 51 and q.in_memory <= 11
     t = CollectingTarget()
     c = q.attach(t, ready=7)
     got: list[bytes] = []
@@ -392,7 +392,7 @@ def test_paging_keeps_a_bounded_window(hub: Hub) -> None:
         assert ids, "delivery stalled"
         got.extend(t.bodies[len(got):])
         q.ack(c, ids)
-        assert q._nready <= 11
+        assert q.in_memory <= 11
     assert got == [b"hi"] + [b"%02d" % i for i in range(50)]
     assert h.store.stats()["entries"] == 0
 
@@ -420,4 +420,4 @@ def test_deadline_bookkeeping_stays_bounded(hub: Hub) -> None:
         hub.broker.publish_batch("a", [b"x"] * 100)
         q.ack(c, t.ids()[-100:])
     assert q.in_flight == 0 and len(t.entries) == 50_000
-    assert q._heap_ids <= 4096 + 100
+    assert q.inflight is not None and q.inflight.heap_ids <= 4096 + 100

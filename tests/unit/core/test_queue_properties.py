@@ -38,7 +38,7 @@ def test_every_message_is_delivered_until_acked_exactly_once(ops: list[Any], gro
     acked: list[bytes] = []
     seq = 0
     for kind, n, m in ops:
-        inflight = list(q._inflight)
+        inflight = list(q.in_flight_by_id)
         if kind == "pub":
             bodies = [b"%d" % (seq + i) for i in range(n)]
             seq += n
@@ -46,7 +46,7 @@ def test_every_message_is_delivered_until_acked_exactly_once(ops: list[Any], gro
             b.publish_batch("a", bodies, priority=m)
         elif kind == "ack":
             ids = inflight[:n]
-            acked.extend(q._inflight[i][7] for i in ids)
+            acked.extend(q.in_flight_by_id[i][7] for i in ids)
             assert q.ack(c, ids) == []
         elif kind == "req":
             assert q.requeue(c, inflight[:n], delay=float(m)) == []
@@ -63,8 +63,8 @@ def test_every_message_is_delivered_until_acked_exactly_once(ops: list[Any], gro
     for _ in range(200):
         clock.advance(0.5)
         if q.in_flight:
-            ids = list(q._inflight)
-            acked.extend(q._inflight[i][7] for i in ids)
+            ids = list(q.in_flight_by_id)
+            acked.extend(q.in_flight_by_id[i][7] for i in ids)
             q.ack(c, ids)
         if not (q.depth or q.in_flight or q.deferred):
             clock.advance(0)

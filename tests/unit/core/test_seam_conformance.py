@@ -32,6 +32,7 @@ from mqhub.records import (
     REASON_MAX_ATTEMPTS,
     REASON_REJECTED,
     DeadLetter,
+    Peer,
     make_entry,
 )
 from mqhub.testing import CollectingTarget
@@ -366,3 +367,24 @@ def test_a_session_acts_as_the_core_and_entry_limits_are_told(seam: SeamHarness)
     assert core.counters.snapshot()["vibemq"]["published"] == 1
     assert core.entry_fits("a.b", {"k": "v"}, "nats")
     assert not core.entry_fits("a.b", {"k": "v" * (1 << 20)}, "nats")
+
+
+def test_handles_are_settled_peers_are_listed_and_records_are_watched(seam: SeamHarness) -> None:
+    """``settled`` fires for a queue, a binding and a consumer the core returned; ``peers`` lists
+    the other nodes of a protocol as Peers; ``state.watch`` takes a callback that this node's own
+    commits never call (it is for records other nodes write)."""
+    core = seam.core
+    q = work_queue(seam)
+    binding = core.bindings("jobs")[0]
+    consumer = core.attach(q, CollectingTarget(), ready=1)
+    for handle in (q, binding, consumer):
+        assert seam.wait(core.settled(handle)) is None
+    peers = core.peers("nsq")
+    assert isinstance(peers, list) and all(isinstance(p, Peer) for p in peers)
+    changes: list[tuple[str, bytes | None]] = []
+    core.state.watch("test/", lambda key, value: changes.append((key, value)))
+    batch = core.state.batch()
+    batch.put_meta("test/own", b"1")
+    seam.wait(core.state.commit(batch))
+    seam.settle()
+    assert changes == []

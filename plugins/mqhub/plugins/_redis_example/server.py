@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.errors import InvalidName, MqhubError
-from mqhub.interfaces import IDeliveryTarget
+from mqhub.interfaces import ICore, IDeliveryTarget
 from mqhub.records import BODY, validate_address
 
 from .resp import NEED_DATA, ErrorReply, ProtocolError, Reply, RespCodec, SimpleString, encode
@@ -63,6 +63,7 @@ class RespProtocol(Protocol):
         """
         self.hub = hub
         self.max_pubsub_buffer = max_pubsub_buffer
+        self._core: ICore | None = None    # this connection's core session, on first use
         self.codec = RespCodec()
         self._writes_paused = False
         self._pending_push_bytes = 0
@@ -333,12 +334,15 @@ class RespProtocol(Protocol):
 
     # pub/sub -----------------------------------------------------------------------------
 
-    def _broker(self) -> Any:
-        """The hub's broker core, or an error when it is not there."""
-        broker = self.hub.broker
-        if broker is None:
-            raise MqhubError("the broker core is not available")
-        return broker
+    def _broker(self) -> ICore:
+        """This connection's handle on the core (``ICore.session``), or an error when the hub
+        has no core."""
+        if self._core is None:
+            broker = self.hub.broker
+            if broker is None:
+                raise MqhubError("the broker core is not available")
+            self._core = broker.session(None)
+        return self._core
 
     def on_publish(self, args: list[bytes]) -> None:
         """PUBLISH channel message (pipelined ones are batched by ``_run_queued``)."""
@@ -425,7 +429,7 @@ class RespProtocol(Protocol):
         for name in targets:
             binding = table.pop(name, None)
             if binding is not None:
-                self.hub.broker.unbind(binding)
+                self._broker().unbind(binding)
             self._reply([kind, name, self._count()], push=True)
 
     def on_unsubscribe(self, args: list[bytes]) -> None:
@@ -438,11 +442,9 @@ class RespProtocol(Protocol):
 
     def _unsubscribe_all(self) -> None:
         """Remove every binding of this connection, silently."""
-        broker = self.hub.broker
         for table in (self.channels, self.patterns):
             for binding in table.values():
-                if broker is not None:
-                    broker.unbind(binding)
+                self._broker().unbind(binding)
             table.clear()
 
     def connectionLost(self, reason: Failure | None = None) -> None:

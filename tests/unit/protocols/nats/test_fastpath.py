@@ -171,7 +171,7 @@ def test_direct_output_keeps_order_through_partial_sends(
 
 def test_held_output_counts_toward_max_pending() -> None:
     """While the transport holds a remainder, held output counts for the slow-consumer rule."""
-    srv = make_server(max_pending=200_000, stall_bytes=100_000)
+    srv = make_server(max_pending=200_000)
     sub, pub, a, b = _direct_subscriber(srv, b"h")
     pub.send(codec.encode_pub("h", b"x" * 50_000))
     assert sub.proto.paused and take_output(sub.transport)      # the socket refused a part
@@ -188,7 +188,7 @@ def test_held_output_counts_toward_max_pending() -> None:
 def test_held_output_refused_again_on_resume_counts_toward_max_pending() -> None:
     """Held output the socket refuses on resumeProducing goes to the transport and still counts:
     a subscriber that stopped reading cannot have max_pending held twice over."""
-    srv = make_server(max_pending=200_000, stall_bytes=100_000)
+    srv = make_server(max_pending=200_000)
     sub, pub, a, b = _direct_subscriber(srv, b"h")
     pub.send(codec.encode_pub("h", b"x" * 50_000))
     for _ in range(3):

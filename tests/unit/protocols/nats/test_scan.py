@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from mqhub.protocols.nats import codec, scan
 from mqhub.protocols.nats.codec import OP_ERROR, OP_MSG, NatsParser
 from mqhub.protocols.nats.heads import route_heads
+from mqhub.protocols.nats.router import PubRouter
 from mqhub.protocols.nats.scan import SCAN_CHUNK, SCAN_LIMIT, HeadScanner, frame_pattern
 from tests.unit.protocols.nats.helpers import Client, make_server
 
@@ -105,6 +106,7 @@ def _feed(stream: bytes, cuts: list[int], max_payload: int
     main, other, second = _Owner(1), _Owner(2), _Owner(3)
     table = _table(main, other, second)
     parser = NatsParser(max_payload=max_payload)
+    router = PubRouter(parser)
     dirty: list[object] = []
     events: list[tuple] = []
     at = 0
@@ -112,8 +114,8 @@ def _feed(stream: bytes, cuts: list[int], max_payload: int
         parser.receive_data(stream[at:at + cut])
         at += cut
         while True:
-            parser.route_pubs({}, dirty, table)
-            evs = parser.slow_run({}, table)
+            router.route_pubs({}, dirty, table)
+            evs = router.slow_run({}, table)
             if not evs:
                 break
             for ev in evs:

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.codec import OP_ERR, OP_HMSG, OP_MSG, OP_OK, OP_PING, OP_PONG
+from mqhub.protocols.nats.settings import STALL_MAX
 from tests.unit.protocols.nats.helpers import Client, make_mq9_server, make_server
 
 
@@ -279,16 +280,24 @@ def test_closing_connection_drops_its_subscriptions() -> None:
     assert not pub.closed
 
 
-def test_publishers_stall_while_a_subscriber_is_backed_up() -> None:
-    """Publishers stop being read while a subscriber is backed up, and resume."""
+def test_a_publisher_feeding_a_subscriber_near_its_budget_pauses_for_milliseconds() -> None:
+    """Under 3/4 of max_pending the publisher is read on; above, it is not read for at most
+    STALL_MAX seconds (nats-server's fast-producer stall), and nobody else is held."""
     srv = make_server(max_pending=1_000_000)
-    sub, pub = Client(srv), Client(srv)
+    sub, other_sub, pub, bystander = Client(srv), Client(srv), Client(srv), Client(srv)
     sub.send(b"SUB s 1\r\n")
+    other_sub.send(b"SUB calm 1\r\n")
     sub.proto.pauseProducing()
-    pub.send(codec.encode_pub("s", b"x" * 1000) * 800)      # ~ 800 KB > 75 % of max_pending
-    assert pub.transport.producerState == "paused" and not sub.closed
-    sub.proto.resumeProducing()
+    pub.send(codec.encode_pub("s", b"x" * 1000) * 500)      # ~ 500 KB: under 3/4
     assert pub.transport.producerState == "producing"
+    pub.send(codec.encode_pub("s", b"x" * 1000) * 300)      # ~ 800 KB: over 3/4
+    assert pub.transport.producerState == "paused" and not sub.closed
+    bystander.send(codec.encode_pub("calm", b"fine"))
+    assert bystander.transport.producerState == "producing"
+    assert other_sub.events()[-1][4] == b"fine"
+    srv.clock.advance(STALL_MAX)
+    assert pub.transport.producerState == "producing"
+    sub.proto.resumeProducing()
     assert len(sub.events()) == 800
 
 
@@ -403,20 +412,20 @@ def test_fuzzed_clients_never_hurt_the_server_or_others(chunks: list[bytes], cut
     assert not watcher.closed and not pub.closed
 
 
-def test_a_subscriber_that_never_reads_cannot_freeze_publishers() -> None:
-    """A never-reading subscriber is closed at the write deadline; publishers resume."""
+def test_a_subscriber_backed_up_for_the_write_deadline_is_cut() -> None:
+    """A never-reading subscriber under max_pending is closed at the write deadline."""
     srv = make_server(max_pending=1_000_000, write_deadline=10)
     stuck, other, pub = Client(srv), Client(srv), Client(srv)
     stuck.send(b"SUB s 1\r\n")
     other.send(b"SUB s 1\r\n")
     stuck.proto.pauseProducing()                 # its socket never drains
-    pub.send(codec.encode_pub("s", b"x" * 1000) * 800)
-    assert pub.transport.producerState == "paused"
+    pub.send(codec.encode_pub("s", b"x" * 1000) * 100)
+    assert pub.transport.producerState == "producing"
     srv.clock.advance(9)
-    assert not stuck.closed and pub.transport.producerState == "paused"
+    assert not stuck.closed
     srv.clock.advance(1.1)                        # the write deadline passed
     assert stuck.closed and srv.stats["slow_consumers"] == 1
-    assert pub.transport.producerState == "producing"
+    assert all(ev[0] == OP_MSG for ev in stuck.events())    # cut without -ERR, as nats-server
     pub.send(codec.encode_pub("s", b"later"))
     assert other.events()[-1][4] == b"later"
 
@@ -433,15 +442,18 @@ def test_a_drained_subscriber_cancels_its_write_deadline() -> None:
     assert not sub.closed and srv.stats["slow_consumers"] == 0
 
 
-def test_only_publishers_feeding_a_backed_up_subscriber_are_stalled() -> None:
-    """A publisher on other subjects keeps being read while one subscriber is backed up."""
+def test_a_slow_consumer_is_cut_at_once_and_the_publisher_goes_on() -> None:
+    """Past max_pending within one read: cut at once, counted once; the feeder is still read."""
     srv = make_server(max_pending=1_000_000)
-    slow, other_sub, feeder, bystander = Client(srv), Client(srv), Client(srv), Client(srv)
+    slow, other_sub, feeder = Client(srv), Client(srv), Client(srv)
     slow.send(b"SUB busy 1\r\n")
-    other_sub.send(b"SUB calm 1\r\n")
+    other_sub.send(b"SUB busy 1\r\n")
     slow.proto.pauseProducing()
     feeder.send(codec.encode_pub("busy", b"x" * 1000) * 800)
-    bystander.send(codec.encode_pub("calm", b"fine"))
-    assert feeder.transport.producerState == "paused"
-    assert bystander.transport.producerState == "producing"
+    feeder.send(codec.encode_pub("busy", b"x" * 1000) * 800)    # 1.6 MB > max_pending
+    assert slow.closed and srv.stats["slow_consumers"] == 1
+    srv.clock.advance(STALL_MAX)                  # at most a fast-producer stall
+    feeder.send(codec.encode_pub("busy", b"fine"))
+    assert feeder.transport.producerState == "producing" and not feeder.closed
+    assert srv.stats["slow_consumers"] == 1
     assert other_sub.events()[-1][4] == b"fine"

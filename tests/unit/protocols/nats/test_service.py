@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from mqhub.errors import PluginError
 from mqhub.protocols.nats.service import make_service, own_options
 from mqhub.testing import memory_hub
 
@@ -37,3 +40,24 @@ def test_option_aliases_for_credentials() -> None:
     svc = make_service(hub, {"tcp": "tcp:0:interface=127.0.0.1"},
                        {"plugin_options": {"mq9": {"user": "u", "pass": "p"}}})
     assert (svc.server.settings.user, svc.server.settings.password) == ("u", "p")
+
+
+def test_optional_roles_and_websocket_tls_rule() -> None:
+    """monitor and ws are extra listeners; plain ws off loopback needs ws_no_tls (nats-server's
+    no_tls); bad nkeys, a missing CA for tls_verify and a non-MEMORY resolver are refused."""
+    hub = memory_hub()
+    svc = make_service(hub, {"tcp": "tcp:0:interface=127.0.0.1",
+                             "monitor": "tcp:0:interface=127.0.0.1",
+                             "ws": "tcp:0:interface=127.0.0.1"}, {})
+    assert sorted(x.name for x in svc.extra) == ["mq9-monitor", "mq9-ws"]
+    assert make_service(hub, {"tcp": "tcp:0"}, {}).extra == []
+    wide = {"tcp": "tcp:0", "ws": "tcp:0:interface=0.0.0.0"}
+    with pytest.raises(PluginError, match="no_tls"):
+        make_service(hub, wide, {})
+    assert make_service(hub, wide, {"plugin_options": {"nats": {"ws_no_tls": "true"}}}).extra
+    for bad, why in (({"nkeys": "SUABC"}, "public user keys"),
+                     ({"tls_cert": "x.pem", "tls_verify": "true"}, "CA file"),
+                     ({"tls_verify": "true"}, "need tls_cert"),
+                     ({"operator": "op.jwt", "resolver": "URL"}, "only MEMORY")):
+        with pytest.raises(PluginError, match=why):
+            make_service(hub, {"tcp": "tcp:0"}, {"plugin_options": {"nats": bad}})
