@@ -33,6 +33,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTCP, IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.cluster.client import Event, NatsConnection
@@ -53,25 +54,26 @@ from mqhub.cluster.jetstream import (
 )
 from mqhub.cluster.messages import H_MSG_ID, BlockCache, header_block, publish_frames
 from mqhub.cluster.queue import ClusterQueue
+from mqhub.cluster.state import ClusterState
 from mqhub.core.address import validate_address, validate_pattern
 from mqhub.core.counters import Counters
-from mqhub.core.deadletter import (
+from mqhub.core.ids import IdGenerator
+from mqhub.core.routing import Binding, Route, Router
+from mqhub.errors import ClusterUnavailable, InvalidName, NoSuchQueue, QueueFull
+from mqhub.interfaces import IBinding, ICore, IDeliveryTarget, IQueue
+from mqhub.protocols.nats.codec import OP_HMSG, build_headers, parse_headers
+from mqhub.records import (
     H_ERROR,
     H_PRIORITY,
     H_QUEUE,
     H_REASON,
     H_TIME,
     DeadLetter,
+    Entry,
+    Peer,
 )
-from mqhub.core.ids import IdGenerator
-from mqhub.core.routing import Binding, Route, Router
-from mqhub.core.state import StoreState
-from mqhub.errors import ClusterUnavailable, InvalidName, NoSuchQueue, QueueFull
-from mqhub.interfaces import IBinding, ICore, IDeliveryTarget, IQueue
-from mqhub.protocols.nats.codec import OP_HMSG, build_headers, parse_headers
 from mqhub.store.codec import encode_meta
 from mqhub.store.journal_recorder import NULL_RECORDER
-from mqhub.store.records import Entry
 
 __all__ = ["ClusterBroker", "Forwarder", "LIVE_PREFIX", "NODES_SUBJECT", "DIR_SUBJECT"]
 
@@ -143,8 +145,8 @@ class ClusterBroker:
         self.store = store
         self.scheduler = scheduler
         self.journal: Any = NULL_RECORDER   # the flow journal's recorder (set by the hub)
-        #: adapters' own records: in this node's store (docs/cluster.md, "Limits")
-        self.state = StoreState(store) if store is not None else None
+        #: adapters' own records: the cluster's KV bucket, seen by every node
+        self.state = ClusterState(self.conn, self.js, self.name, store)
         self.window = window
         self.ids = IdGenerator(clock)
         self.counters = Counters()
@@ -168,6 +170,7 @@ class ClusterBroker:
         self._refreshing: defer.Deferred[None] | None = None
         self._refresh_again = False
         self._after_save: dict[str, list[Callable[[], object]]] = {}
+        self._settled_waiters: dict[str, list[defer.Deferred[None]]] = {}
         #: a counter of this node's directory changes, and the count at each queue's last one
         self._generation = 0
         self._changed_at: dict[str, int] = {}
@@ -258,6 +261,8 @@ class ClusterBroker:
             self._sub_sids = [
                 self.conn.subscribe(NODES_SUBJECT, self._node_in),
                 self.conn.subscribe(DIR_SUBJECT, self._dir_in)]
+            self.state.subscribe()
+        yield self.state.load()
         yield self.refresh()
         self.ready = True
         self.problem = ""
@@ -279,6 +284,10 @@ class ClusterBroker:
             self.problem = ""
             self._announce()
             self.refresh().addErrback(lambda f: None)
+            # notices of other nodes' records may have been missed meanwhile
+            self.state.load().addErrback(
+                lambda f: log.warn("cluster: re-reading adapter records failed: {err}",
+                                   err=f.value))
 
     def stop(self) -> defer.Deferred[None]:
         """Stop timers, say goodbye, close the connection."""
@@ -530,17 +539,60 @@ class ClusterBroker:
                 self._send_save(queue)
                 return result
             self._creating.discard(queue.name)
+            failed = isinstance(result, Failure)
+            queue.save_error = result.getErrorMessage() if failed else None  # type: ignore[union-attr]
             for hook in self._after_save.pop(queue.name, []):
                 hook()
+            for waiter in self._settled_waiters.pop(queue.name, []):
+                if failed:
+                    waiter.errback(ClusterUnavailable(queue.save_error or "refused"))
+                else:
+                    waiter.callback(None)
             queue.resume_pulling()
             return result
         d.addBoth(made)
         self._settle(d, f"queue {queue.name}")
         return d
 
-    def session(self, principal: object) -> ClusterBroker:
-        """The handle a connection acts through: the broker itself (no rights configured)."""
-        return self
+    def session(self, principal: Any) -> ICore:
+        """The handle a connection acts through (docs/core-api.md, "Sessions"): the broker
+        itself when ``principal`` is None, else the principal's guarded handle of it (its
+        rights enforced at the seam, as in the embedded core)."""
+        if principal is None:
+            return self
+        return principal.handle(self)  # type: ignore[no-any-return]
+
+    def settled(self, handle: Any) -> defer.Deferred[None]:
+        """Fires once the queue behind ``handle`` (a queue, one of its bindings, or a consumer
+        attached to it) is in effect in the cluster: its consumer made or updated with every
+        change issued so far; fails when the cluster refused it. A live subscription is in
+        effect at once (its interest reaches the other nodes with the next announcement)."""
+        queue = handle if isinstance(handle, ClusterQueue) else getattr(handle, "queue", None)
+        queue = getattr(queue, "parent", queue)     # a fan-out member's queue
+        if not isinstance(queue, ClusterQueue) or queue.name not in self._creating:
+            if isinstance(queue, ClusterQueue) and queue.save_error is not None:
+                return defer.fail(ClusterUnavailable(queue.save_error))
+            return defer.succeed(None)
+        d: defer.Deferred[None] = defer.Deferred()
+        self._settled_waiters.setdefault(queue.name, []).append(d)
+        return d
+
+    def peers(self, protocol: str) -> list[Peer]:
+        """The other live nodes serving ``protocol`` (from their announcements), with the
+        ports of that protocol's listeners by role."""
+        out = []
+        for name, info in sorted(self._remote.items()):
+            ports: dict[str, int] = {}
+            host = ""
+            for key, endpoint in (info.get("endpoints") or {}).items():
+                plugin, _, role = str(key).partition(".")
+                h, _, port = str(endpoint).rpartition(":")
+                if plugin == protocol and port.isdigit():
+                    ports[role] = int(port)
+                    host = host or h
+            if ports:
+                out.append(Peer(name, host, ports))
+        return out
 
     def attach(self, queue: IQueue, target: Any, *, ready: int = 0, credit: int = 0,
                timeout: float | None = None, tag: Any = None) -> Any:
@@ -564,7 +616,7 @@ class ClusterBroker:
         return sorted(self._parked)
 
     @property
-    def settled(self) -> bool:
+    def directory_settled(self) -> bool:
         """Whether every directory change this node made is in the cluster."""
         return not self._settling
 

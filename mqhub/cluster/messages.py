@@ -15,7 +15,7 @@ and cached (a batch's messages share theirs). Sans-IO: no Twisted.
 from __future__ import annotations
 
 from mqhub.protocols.nats.codec import OP_HMSG, ProtocolError, build_headers, parse_headers
-from mqhub.store.records import Entry
+from mqhub.records import Entry
 
 __all__ = ["H_ORIGIN", "H_PRIORITY", "H_TTL", "H_DEADLINE", "H_ADDRESS", "H_MSG_ID", "H_SCHEDULER", "RESERVED", "header_block",
            "publish_frames", "BlockCache", "entry_of"]

@@ -31,19 +31,27 @@ from mqhub.cluster.jetstream import (
 from mqhub.cluster.messages import BlockCache, entry_of
 from mqhub.core.address import pattern_matches
 from mqhub.core.consumer import Consumer
-from mqhub.core.deadletter import REASON_EXPIRED, REASON_MAX_ATTEMPTS, REASON_REJECTED
-from mqhub.core.delivery import MAX_ATTEMPTS_HEADER
 from mqhub.errors import InvalidName, NoSuchQueue
 from mqhub.interfaces import IConsumer, IQueue
-from mqhub.store.records import ATTEMPTS, MSG_ID, PRIORITY, Entry, entry_order
+from mqhub.records import (
+    ATTEMPTS,
+    MAX_ATTEMPTS_HEADER,
+    MSG_ID,
+    NOT_IN_FLIGHT,
+    NOT_OWNER,
+    PRIORITY,
+    REASON_EXPIRED,
+    REASON_MAX_ATTEMPTS,
+    REASON_REJECTED,
+    Entry,
+    entry_order,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from mqhub.cluster.broker import ClusterBroker
 
-__all__ = ["ClusterQueue", "NOT_IN_FLIGHT", "NOT_OWNER", "SETTINGS"]
+__all__ = ["ClusterQueue", "SETTINGS"]
 
-NOT_IN_FLIGHT = "not_in_flight"
-NOT_OWNER = "not_owner"
 #: settings a queue keeps in its consumer's metadata
 SETTINGS = ("tier", "max_size", "overflow", "ttl", "max_attempts", "msg_timeout",
             "expires_at", "auto_delete", "expire_to_dead_letters", "mode", "window")
@@ -96,6 +104,8 @@ class ClusterQueue:
         self.window = int(window) or broker.window
         self.paused = False
         self.deleted = False
+        #: why the cluster refused this queue's last consumer change (None: it took it)
+        self.save_error: str | None = None
         #: the consumer's deliver policy when made: "new" (a new queue gets what is
         #: published from now on), "all" when its first binding takes a parked backlog
         self.deliver = "new"

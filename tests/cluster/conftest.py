@@ -148,19 +148,21 @@ def queues_made(cluster: LocalCluster, *names: str, bound: str = "",
 
 def drop_consumers(cluster: LocalCluster, marker: str) -> None:
     """Delete the consumers whose name holds ``marker`` (a test's uid): every R3 consumer is
-    a Raft group, and a shared cluster full of them slows every later test."""
+    a Raft group, and a shared cluster full of them slows every later test; and the adapter
+    records the test's nodes wrote."""
     import asyncio
 
     import nats
 
     names = [n for n in cluster.consumers() if marker in n]
-    if not names:
-        return
 
     async def drop() -> None:
         nc = await nats.connect(cluster.urls)
         for name in names:
             await nc.request(f"$JS.API.CONSUMER.DELETE.MQHUB.{name}", b"", timeout=10)
+        # adapter records (topics, mailboxes, queue options) are cluster-wide: start clean
+        await nc.request("$JS.API.STREAM.PURGE.KV_MQHUB",
+                         b'{"filter": "$KV.MQHUB.st.>"}', timeout=10)
         await nc.close()
     try:
         asyncio.run(drop())

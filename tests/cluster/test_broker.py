@@ -57,7 +57,7 @@ def nodes(cluster: LocalCluster, driver: Driver,
 
 
 def _settle(driver: Driver, *brokers: ClusterBroker) -> None:
-    driver.until(lambda: all(b.settled for b in brokers), "directory changes")
+    driver.until(lambda: all(b.directory_settled for b in brokers), "directory changes")
 
 
 def test_a_queue_on_b_gets_what_a_publishes_and_two_nodes_share_it(

@@ -50,7 +50,7 @@ class ClusterHarness:
     def settle(self) -> None:
         """Directory changes made, deliveries landed, figures read back from the cluster."""
         core = self.core
-        self.driver.until(lambda: core.settled, "directory changes")
+        self.driver.until(lambda: core.directory_settled, "directory changes")
         self._run(0.3)
         self.driver.result(core.refresh())
 
@@ -81,6 +81,8 @@ class ClusterHarness:
             self.driver.result(core.unpark(address))
         # schedules still waiting would publish into the next test's queues
         self.driver.result(core.js.purge("MQHUB", f"mqs.{core.name_token}.>"))
+        # adapter records are cluster-wide: the next test starts without this one's
+        self.driver.result(core.js.purge("KV_MQHUB", "$KV.MQHUB.st.>"))
         core.stop()
 
 
