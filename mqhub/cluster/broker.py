@@ -146,7 +146,9 @@ class ClusterBroker:
         self.scheduler = scheduler
         self.journal: Any = NULL_RECORDER   # the flow journal's recorder (set by the hub)
         #: adapters' own records: the cluster's KV bucket, seen by every node
-        self.state = ClusterState(self.conn, self.js, self.name, store)
+        self.state = ClusterState(self.conn, self.js, self.name, store,
+                                  peer_count=lambda: len(self._remote),
+                                  directory=self.directory_barrier)
         self.window = window
         self.ids = IdGenerator(clock)
         self.counters = Counters()
@@ -461,7 +463,9 @@ class ClusterBroker:
         with: JetStream does not change it later)."""
         deliver = queue.deliver
         filters = _filters(queue.patterns) + [queue_subject(queue.name)]
-        memory = {"mem_storage": True, "num_replicas": 1, "inactive_threshold": 60_000_000_000} \
+        # memory tier: kept in the servers' memory, gone a minute after its last pull (an
+        # interest stream's consumers must have the stream's replicas: no R1 consumer here)
+        memory = {"mem_storage": True, "inactive_threshold": 60_000_000_000} \
             if queue.tier == "memory" else {}
         return {**memory, "durable_name": queue.consumer, "ack_policy": "explicit",
                 "ack_wait": int(max(1.0, queue.msg_timeout) * 1e9), "max_deliver": -1,
@@ -614,6 +618,14 @@ class ClusterBroker:
     def parked(self) -> list[str]:
         """The addresses this node parked."""
         return sorted(self._parked)
+
+    def directory_barrier(self) -> defer.Deferred[None]:
+        """Fires once every queue change this node issued so far is in the cluster (made or
+        refused: a refused one is the adapter's to hear through ``settled``)."""
+        if not self._settling:
+            return defer.succeed(None)
+        d = defer.DeferredList(list(self._settling), consumeErrors=True)
+        return d.addCallback(lambda _: None)
 
     @property
     def directory_settled(self) -> bool:

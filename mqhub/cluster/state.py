@@ -10,8 +10,13 @@ every one (as a publish does) and fails with :class:`~mqhub.errors.ClusterUnavai
 Each node keeps a **mirror** of the records (key -> value and the stream sequence that wrote
 it), read whole when the node sets up and again after each reconnect; ``scan_meta`` answers
 from it. After a commit is stored the node tells the others on core subject ``mqhub.state``
-what it wrote and at which sequence; they update their mirrors and call their watchers
-(``IAdapterState.watch``) — never for a node's own commits. A notice lost while a node was
+what it wrote and at which sequence; they update their mirrors, call their watchers
+(``IAdapterState.watch``; never for a node's own commits) and answer. A record is written
+only once this node's queue changes issued before it are in the cluster (a mailbox's record
+never names queues that do not exist yet), and the commit fires once
+every live node answered (at most :data:`NOTICE_WAIT` later): a client told "created" on one
+node finds the record on every other node at once (an mq9 mailbox made on A takes a write on
+B the next moment). A notice lost while a node was
 disconnected is made up by the re-read after the reconnect, which calls the watchers for every
 record that differs. Sequences order the changes: an older notice never undoes a newer value.
 
@@ -30,7 +35,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mqhub.cluster.client import Event, NatsConnection
+from mqhub.cluster.client import Event, NatsConnection, Waiter
 from mqhub.cluster.jetstream import KV_STREAM, JetStream, JetStreamError
 from mqhub.core.state import StoreState
 from mqhub.errors import ClusterUnavailable
@@ -46,6 +51,33 @@ log = Logger()
 #: where records live in the KV stream, and where nodes tell each other what they wrote
 KEY_PREFIX = "$KV.MQHUB.st."
 STATE_SUBJECT = "mqhub.state"
+#: seconds a commit waits for the other nodes to confirm its notice (a node that does not
+#: answer in time is gone or cut off: it re-reads the bucket when it is back)
+NOTICE_WAIT = 1.0
+
+
+class NoticeAcks(Waiter):
+    """The other nodes' answers to one notice: ``done`` fires once ``expected`` answered,
+    or at the deadline (never fails: the records are stored either way)."""
+
+    __slots__ = ("expected", "done")
+
+    def __init__(self, subject: str, deadline: float, expected: int) -> None:
+        super().__init__(subject, deadline)
+        self.expected = expected
+        self.done: defer.Deferred[None] = defer.Deferred()
+
+    def receive(self, events: list[Event]) -> bool:
+        """Count answers."""
+        self.expected -= len(events)
+        if self.expected <= 0:
+            self.done.callback(None)
+            return True
+        return False
+
+    def fail(self, reason: Exception) -> None:
+        """Not every node answered in time (or the connection dropped): go on."""
+        self.done.callback(None)
 _KEEP = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_/")
 _DELETE = build_headers([("KV-Operation", "DEL")])
 
@@ -81,8 +113,13 @@ class ClusterState:
     :param store: the node's local store (entry lists), or None.
     """
 
-    def __init__(self, conn: NatsConnection, js: JetStream, node: str, store: Any) -> None:
+    def __init__(self, conn: NatsConnection, js: JetStream, node: str, store: Any,
+                 peer_count: Callable[[], int] = lambda: 0,
+                 directory: Callable[[], defer.Deferred[Any]] = lambda: defer.succeed(None)
+                 ) -> None:
         self.conn = conn
+        self.peer_count = peer_count
+        self.directory = directory
         self.js = js
         self.node = node
         self.local = StoreState(store) if store is not None else None
@@ -116,7 +153,10 @@ class ClusterState:
             local.delete_runs(name, runs)
         waits: list[defer.Deferred[Any]] = []
         if changes:
-            waits.append(self._put(changes))
+            # the queues a record describes exist cluster-wide before any node reads it
+            put = self.directory()
+            put.addCallback(lambda _: self._put(changes))
+            waits.append(put)
         if local:
             if self.local is None:
                 return defer.fail(ClusterUnavailable("no local store for entry lists"))
@@ -164,17 +204,24 @@ class ClusterState:
             return out
         d = self.conn.publish_acked(frames, len(changes))
 
-        def stored(seq: int) -> None:
+        def stored(seq: int) -> defer.Deferred[None] | None:
             for key, value in changes:
                 self.mirror[key] = (value, seq)
             notice = json.dumps({"node": self.node, "seq": seq, "changes": [
                 [k, None if v is None else base64.b64encode(v).decode()]
                 for k, v in changes]}).encode()
+            expected = self.peer_count()
+            reply = self.conn.reply_subject()
             try:
-                self.conn.publish([b"PUB %s %d\r\n%s\r\n" % (
-                    STATE_SUBJECT.encode(), len(notice), notice)])
+                self.conn.publish([b"PUB %s %s %d\r\n%s\r\n" % (
+                    STATE_SUBJECT.encode(), reply.encode(), len(notice), notice)])
             except ClusterUnavailable:
-                pass   # the others re-read the bucket when they reconnect
+                return None   # the others re-read the bucket when they reconnect
+            if expected <= 0:
+                return None
+            acks = NoticeAcks(reply, self.conn.clock.seconds() + NOTICE_WAIT, expected)
+            self.conn.wait(acks)
+            return acks.done
         return d.addCallback(stored)
 
     # -- keeping in step ---------------------------------------------------------------------
@@ -186,6 +233,7 @@ class ClusterState:
 
     def _notice(self, events: list[Event]) -> None:
         """Other nodes' commits: into the mirror, then to the watchers."""
+        answers = []
         for event in events:
             try:
                 notice = json.loads(event[-1])
@@ -197,6 +245,14 @@ class ClusterState:
                                 seq)
             except (ValueError, KeyError, TypeError) as exc:
                 log.warn("cluster state: bad notice ignored ({err})", err=exc)
+                continue
+            if event[3]:
+                answers.append(b"PUB %s 0\r\n\r\n" % event[3].encode())
+        if answers:
+            try:
+                self.conn.publish(answers)
+            except ClusterUnavailable:
+                pass
 
     def _apply(self, key: str, value: bytes | None, seq: int) -> None:
         """Take one record written elsewhere if it is newer than the mirror's."""

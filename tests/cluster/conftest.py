@@ -108,7 +108,7 @@ def make_node(cluster: LocalCluster, tmp_path: Path,
 
     def make(protocols: list[str], *extra: str, start: bool = True) -> BrokerProcess:
         n = len(made)
-        node = BrokerProcess(protocols, tmp_path / f"node{n}", log_dir=tmp_path,
+        node = BrokerProcess(protocols, tmp_path / f"node{n}", log_dir=tmp_path / f"log{n}",
                              extra_args=["--durability", "none", "--cluster",
                                          cluster.url_list, "--cluster-name",
                                          f"{tmp_path.name[-12:]}-{n}", *extra])

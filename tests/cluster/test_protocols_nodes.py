@@ -1,0 +1,148 @@
+"""mq9, VibeMQ, MQKS and eMQP across two mqhub nodes of one cluster, each with its real client
+(or the protocol's own test client): a record one node's adapter writes (a mailbox, a queue's
+options, a consumer's binding) is known to the other node's adapter, and messages published
+on one node reach consumers on the other."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from mqhub.cluster.local import LocalCluster
+from mqhub.protocols.vibemq.options import QueueOptions
+from tests.cluster.conftest import queues_made
+from tests.interop.broker import BrokerProcess
+from tests.interop.mqks_client import MqksSocket
+from tests.interop.vibemq_client import SocketClient
+
+pytestmark = pytest.mark.interop
+
+Make = Callable[..., BrokerProcess]
+
+
+def nats_url(node: BrokerProcess) -> str:
+    """The nats:// URL of a node."""
+    return f"nats://127.0.0.1:{node.port('mq9', 'tcp')}"
+
+
+async def until(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll ``cond`` with a deadline."""
+    end = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def wait(cond: Callable[[], object], what: str, timeout: float = 20.0) -> Any:
+    """Poll ``cond`` (blocking) with a deadline; return its value."""
+    end = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_mq9_mailbox_made_on_a_is_written_on_b_and_read_on_a(make_node: Make) -> None:
+    a = make_node(["mq9"])
+    b = make_node(["mq9"])
+
+    async def scenario() -> None:
+        on_a = await nats.connect(nats_url(a))
+        on_b = await nats.connect(nats_url(b))
+        reply = await on_a.request("$mq9.AI.MAILBOX.CREATE",
+                                   json.dumps({"type": "standard", "ttl": 3600}).encode(),
+                                   timeout=5)
+        box = json.loads(reply.data)
+        mid = box["mail_id"]
+        # node B knows the mailbox from the cluster's records and takes writes for it
+        for prio, body in [("normal", b"n1"), ("urgent", b"u1"), ("normal", b"n2")]:
+            await on_b.publish(f"$mq9.AI.INBOX.{mid}.{prio}", body)
+        await on_b.flush()
+        got: list[Any] = []
+
+        async def collect(msg: Any) -> None:
+            got.append(msg)
+        await on_a.subscribe(f"$mq9.AI.INBOX.{mid}.*", cb=collect)
+        await until(lambda: len(got) == 3, f"the three messages on A: {[m.data for m in got]}")
+        assert sorted(m.data for m in got) == [b"n1", b"n2", b"u1"]
+        query = await on_b.request(f"$mq9.AI.MAILBOX.QUERY.{mid}",
+                                   json.dumps({"token": box["token"]}).encode(), timeout=5)
+        assert json.loads(query.data)["mail_id"] == mid     # B answers for A's mailbox
+        await on_a.close()
+        await on_b.close()
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def vibe(node: BrokerProcess) -> SocketClient:
+    """A connected VibeMQ test client."""
+    client = SocketClient(node.port("vibemq", "tcp"))
+    client.connect(compression=None)  # type: ignore[arg-type]
+    return client
+
+
+def test_vibemq_consumer_on_b_gets_publishes_on_a(make_node: Make, cluster: LocalCluster,
+                                                  uid: str) -> None:
+    a = make_node(["vibemq"])
+    b = make_node(["vibemq"])
+    pub, sub = vibe(a), vibe(b)
+    queue = f"jobs-{uid}"
+    pub.create_queue(queue, QueueOptions(max_retry_attempts=5))
+    queues_made(cluster, f"vibemq/{queue}")
+    sub.subscribe(queue)                      # B knows the queue A declared
+    ids = [pub.publish(queue, {"n": i}).id for i in range(20)]
+    assert len(ids) == 20
+    got = sub.receive(20, timeout=20, ack=True)
+    assert sorted(json.loads(d.payload)["n"] for d in got) == list(range(20))
+    pub.close()
+    sub.close()
+
+
+def test_mqks_consumer_on_b_gets_publishes_on_a(make_node: Make, cluster: LocalCluster,
+                                               uid: str) -> None:
+    a = make_node(["mqks"])
+    b = make_node(["mqks"])
+    pub, sub = MqksSocket(a.port("mqks", "tcp")), MqksSocket(b.port("mqks", "tcp"))
+    try:
+        queue, event = f"q{uid}", f"e{uid}"
+        sub.confirm(b"c1", b"consume", f"{queue} {event}".encode())
+        for i in range(5):
+            pub.confirm(b"m%d" % i, b"publish", f"{event} d{i}".encode())
+        msgs = sub.wait_messages(b"c1", 5)
+        assert sorted(m["data"] for m in msgs) == [b"d%d" % i for i in range(5)]
+        assert all(m["event"] == event.encode() for m in msgs)
+    finally:
+        pub.close()
+        sub.close()
+
+
+def test_emqp_job_sent_to_a_runs_on_a_worker_of_b_and_its_reply_returns(
+        make_node: Make, tmp_path: Path) -> None:
+    from eventmq.client.messages import send_request
+
+    from tests.unit.protocols.emqp.interop_support import Client, JobEnv, job_body
+
+    a = make_node(["emqp"])
+    b = make_node(["emqp"])
+    jobs = JobEnv(tmp_path / "emq")
+    client = Client(a.url("emqp", "frontend"))
+    try:
+        jobs.jobmanager(b.url("emqp", "backend"))
+        ids = [send_request(client.sender, json.loads(job_body("emqjobs.work", n)),
+                            reply_requested=True, queue="default") for n in (1, 2, 3)]
+        assert [client.result_for(m) for m in ids] == [{"i": n, "double": 2 * n}
+                                                       for n in (1, 2, 3)]
+        assert sorted(jobs.results()) == [1, 2, 3]
+    finally:
+        client.close()
+        jobs.close()
