@@ -308,11 +308,10 @@ class ClusterBroker:
         return defer.succeed(None)
 
     def barrier(self) -> defer.Deferred[None]:
-        """Fires once everything this node sent before has reached the server (a PING's
-        PONG); acks themselves are not confirmed by JetStream (docs/cluster.md)."""
-        if not self.conn.connected:
-            return defer.succeed(None)
-        return defer.succeed(None)
+        """Fires once every queue change (declaration, binding, setting, deletion) this node
+        issued so far is in the cluster; publishes confirm themselves, and acks are not
+        confirmed by JetStream (a lost ack is a redelivery: docs/cluster.md)."""
+        return self.directory_barrier()
 
     def health(self) -> dict[str, Any]:
         """What /healthz and /api/stats say about the cluster."""
@@ -1257,7 +1256,13 @@ def announced_endpoints(endpoints: dict[str, dict[str, str]]) -> dict[str, str]:
     out = {}
     for plugin, roles in endpoints.items():
         for role, endpoint in roles.items():
-            parts = str(endpoint).split(":")
+            text = str(endpoint)
+            if text.startswith("tcp://"):          # a ZeroMQ address (eMQP)
+                host, _, port = text[len("tcp://"):].rpartition(":")
+                if port.isdigit():
+                    out[f"{plugin}.{role}"] = f"{host if host != '*' else '127.0.0.1'}:{port}"
+                continue
+            parts = text.split(":")
             if parts[0] not in ("tcp", "ssl") or len(parts) < 2 or not parts[1].isdigit():
                 continue
             host = "127.0.0.1"

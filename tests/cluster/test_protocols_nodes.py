@@ -98,12 +98,20 @@ def test_vibemq_consumer_on_b_gets_publishes_on_a(make_node: Make, cluster: Loca
     pub, sub = vibe(a), vibe(b)
     queue = f"jobs-{uid}"
     pub.create_queue(queue, QueueOptions(max_retry_attempts=5))
-    queues_made(cluster, f"vibemq/{queue}")
+    queues_made(cluster, queue)
     sub.subscribe(queue)                      # B knows the queue A declared
     ids = [pub.publish(queue, {"n": i}).id for i in range(20)]
     assert len(ids) == 20
     got = sub.receive(20, timeout=20, ack=True)
     assert sorted(json.loads(d.payload)["n"] for d in got) == list(range(20))
+    # and the other way round: a queue B declared takes A's publishes (A's adapter knows it
+    # from the cluster's records)
+    other = f"back-{uid}"
+    sub.create_queue(other, QueueOptions(max_retry_attempts=5))
+    sub.subscribe(other)
+    pub.publish(other, {"n": "back"})
+    (back,) = sub.receive(1, timeout=20, ack=True)
+    assert json.loads(back.payload) == {"n": "back"}
     pub.close()
     sub.close()
 
