@@ -88,6 +88,8 @@ ANNOUNCE_INTERVAL = 2.0
 TICK = 0.25
 REFRESH = 3.0
 ORIGIN_REMOTE_NATS = "nats-cluster"
+#: protocols served by a plugin of another name (NATS is the mq9 plugin's listener)
+PROTOCOL_PLUGINS = {"nats": "mq9"}
 
 
 @implementer(IDeliveryTarget)
@@ -583,6 +585,7 @@ class ClusterBroker:
     def peers(self, protocol: str) -> list[Peer]:
         """The other live nodes serving ``protocol`` (from their announcements), with the
         ports of that protocol's listeners by role."""
+        plugin_name = PROTOCOL_PLUGINS.get(protocol, protocol)
         out = []
         for name, info in sorted(self._remote.items()):
             ports: dict[str, int] = {}
@@ -590,7 +593,7 @@ class ClusterBroker:
             for key, endpoint in (info.get("endpoints") or {}).items():
                 plugin, _, role = str(key).partition(".")
                 h, _, port = str(endpoint).rpartition(":")
-                if plugin == protocol and port.isdigit():
+                if plugin == plugin_name and port.isdigit():
                     ports[role] = int(port)
                     host = host or h
             if ports:

@@ -154,3 +154,31 @@ def test_emqp_job_sent_to_a_runs_on_a_worker_of_b_and_its_reply_returns(
     finally:
         client.close()
         jobs.close()
+
+
+def test_nats_info_and_nsq_lookup_name_every_node(make_node: Make) -> None:
+    """NATS INFO's ``connect_urls`` lists the other nodes' NATS listeners; NSQ ``/lookup``
+    lists every node as a producer (pynsq's lookupd polling finds them all)."""
+    import socket
+    import urllib.request
+
+    a = make_node(["nsq", "mq9"])
+    b = make_node(["nsq", "mq9"])
+
+    def info(node: BrokerProcess) -> dict[str, Any]:
+        with socket.create_connection(("127.0.0.1", node.port("mq9", "tcp")), 5) as sock:
+            line = sock.makefile("rb").readline()
+        assert line.startswith(b"INFO ")
+        return json.loads(line[5:])
+
+    wait(lambda: info(a).get("connect_urls") == [f"127.0.0.1:{b.port('mq9', 'tcp')}"],
+         "A's INFO naming B")
+    assert info(b)["connect_urls"] == [f"127.0.0.1:{a.port('mq9', 'tcp')}"]
+
+    def lookup(node: BrokerProcess) -> set[int]:
+        url = f"http://127.0.0.1:{node.port('nsq', 'http')}/lookup?topic=anything"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            body = json.loads(reply.read())
+        return {p["tcp_port"] for p in body["producers"]}
+    every = {a.port("nsq", "tcp"), b.port("nsq", "tcp")}
+    assert lookup(a) == every and lookup(b) == every
