@@ -106,6 +106,7 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     if options.get("cluster"):   # cluster mode: a gateway node over JetStream (docs/cluster.md)
         from mqhub.cluster.broker import ClusterBroker
         broker = ClusterBroker.from_options(options, reactor or clock, clock, store, scheduler)
+        scheduler = broker.scheduler   # schedules run once per cluster (mqhub.cluster.cron)
     else:
         broker = Broker(store, clock, scheduler=scheduler, **paging)
     journal = None

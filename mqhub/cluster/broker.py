@@ -37,6 +37,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.cluster.client import Event, NatsConnection
+from mqhub.cluster.cron import ClusterScheduler
 from mqhub.cluster.jetstream import (
     DLQ_STREAM,
     SCHED_CONSUMER,
@@ -203,6 +204,8 @@ class ClusterBroker:
                      tls_ca=options.get("cluster-tls-ca"),
                      creds=options.get("cluster-creds"))
         broker.endpoints = announced_endpoints(options.get("endpoints") or {})
+        if scheduler is not None:
+            broker.scheduler = ClusterScheduler(scheduler, broker)
         return broker
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -326,6 +329,7 @@ class ClusterBroker:
                            if self.conn.wire is not None else None),
                 "reconnects": max(0, self.conn.connects - 1),
                 "directory_changes_pending": len(self._settling),
+                "runs_schedules": bool(getattr(self.scheduler, "leader", False)),
                 "nodes": sorted([self.name, *self._remote])}
 
     # -- timers ----------------------------------------------------------------------------------

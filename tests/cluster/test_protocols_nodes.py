@@ -182,3 +182,43 @@ def test_nats_info_and_nsq_lookup_name_every_node(make_node: Make) -> None:
         return {p["tcp_port"] for p in body["producers"]}
     every = {a.port("nsq", "tcp"), b.port("nsq", "tcp")}
     assert lookup(a) == every and lookup(b) == every
+
+
+def test_an_emqp_schedule_runs_once_per_cluster_and_moves_when_its_node_dies(
+        make_node: Make, tmp_path: Path) -> None:
+    """An interval schedule taken by node B runs on the one node holding the cluster's lease
+    (not once per node); after ``kill -9`` of that node another takes the lease and runs it."""
+    import urllib.request
+
+    from eventmq.client.messages import schedule
+
+    from tests.unit.protocols.emqp.interop_support import Client, JobEnv
+
+    a = make_node(["emqp"])
+    b = make_node(["emqp"])
+    jobs = JobEnv(tmp_path / "emq")
+    client = Client(b.url("emqp", "frontend"))
+
+    def holds(node: BrokerProcess) -> bool:
+        url = f"http://127.0.0.1:{node.port('admin', 'http')}/api/stats"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return bool(json.loads(reply.read())["core"]["cluster"]["runs_schedules"])
+    try:
+        jobs.jobmanager(a.url("emqp", "backend"), name="jma")
+        jobs.jobmanager(b.url("emqp", "backend"), name="jmb")
+        holder = wait(lambda: next((n for n in (a, b) if holds(n)), None), "a lease holder")
+        assert sum(holds(n) for n in (a, b)) == 1
+        schedule(client.sender, "emqjobs.work", interval_secs=1, args=[9])
+        wait(lambda: jobs.results().count(9) >= 2, "two scheduled runs")
+        start, t0 = jobs.results().count(9), time.monotonic()
+        time.sleep(4.0)
+        runs = jobs.results().count(9) - start
+        assert 2 <= runs <= int(time.monotonic() - t0) + 1, runs    # once per interval
+        holder.kill()
+        other = b if holder is a else a
+        wait(lambda: holds(other), "the other node taking the lease", timeout=30)
+        before = jobs.results().count(9)
+        wait(lambda: jobs.results().count(9) >= before + 2, "runs after the takeover")
+    finally:
+        client.close()
+        jobs.close()
