@@ -382,6 +382,7 @@ class ClusterBroker:
         """Read every consumer of ``MQHUB``: learn queues made or deleted elsewhere, their
         bindings and settings, and their depths."""
         asked_at = self._generation
+        busy = set(self._creating)     # changes in flight when asked: the list may predate them
         infos = yield self.js.consumers(STREAM)
         seen: set[str] = set()
         changed = False
@@ -408,7 +409,8 @@ class ClusterBroker:
             queue.ack_pending = int(info.get("num_ack_pending", 0))
             if name not in self._creating:
                 queue.deliver = str(config.get("deliver_policy") or queue.deliver)
-            if self._changed_at.get(name, -1) >= asked_at or name in self._creating:
+            if self._changed_at.get(name, -1) > asked_at or name in self._creating \
+                    or name in busy:
                 continue   # changed here since this list was asked for: ours is newer
             try:
                 queue.apply(json.loads(meta.get("mqhub_settings") or "{}"))
@@ -421,12 +423,16 @@ class ClusterBroker:
         for name in list(self._queues):
             if name not in seen and not self._queues[name].consumers \
                     and name not in self._creating \
-                    and self._changed_at.get(name, -1) < asked_at:
+                    and name not in busy and self._changed_at.get(name, -1) <= asked_at:
                 self._forget(name)
                 changed = True
         if changed:
             self.router.changed()
-
+        # dead letters per queue: the DLQ stream's count of each queue's subject
+        info = yield self.js.api(f"STREAM.INFO.{DLQ_STREAM}", {"subjects_filter": "dlq.>"})
+        counts = (info.get("state") or {}).get("subjects") or {}
+        for queue in self._queues.values():
+            queue.dead_letter_count = int(counts.get(_dlq_subject(queue.name), 0))
 
     def _dir_in(self, events: list[Event]) -> None:
         """Another node changed a queue: refresh now."""
