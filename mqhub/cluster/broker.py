@@ -56,7 +56,7 @@ from mqhub.cluster.jetstream import (
 from mqhub.cluster.messages import H_MSG_ID, BlockCache, header_block, publish_frames
 from mqhub.cluster.queue import ClusterQueue
 from mqhub.cluster.state import ClusterState
-from mqhub.core.address import validate_address, validate_pattern
+from mqhub.core.address import is_pattern, validate_address, validate_pattern
 from mqhub.core.counters import Counters
 from mqhub.core.ids import IdGenerator
 from mqhub.core.routing import Binding, Route, Router
@@ -529,8 +529,34 @@ class ClusterBroker:
 
         def go() -> None:
             self._resave.pop(queue.name, None)
-            self._send_save(queue).chainDeferred(placeholder)
+            if queue.fresh and queue.deliver == "new":
+                d = self._adopt_parked(queue)
+                d.addCallback(lambda _: self._send_save(queue))
+                d.chainDeferred(placeholder)
+            else:
+                self._send_save(queue).chainDeferred(placeholder)
         self.clock.callLater(0, go)
+
+    @defer.inlineCallbacks
+    def _adopt_parked(self, queue: ClusterQueue) -> Any:
+        """A new queue bound to an address another node parked takes what the park holds
+        (deliver all), and the park goes once the queue's consumer exists."""
+        for pattern in queue.patterns:
+            if is_pattern(pattern) or pattern in self._parked:
+                continue
+            try:
+                yield self.js.consumer_info(STREAM, _park_name(pattern))
+            except JetStreamError as exc:
+                if exc.not_found:
+                    continue
+                raise
+            queue.deliver = "all"
+
+            def unpark(address: str = pattern) -> None:
+                d = self.js.delete_consumer(STREAM, _park_name(address))
+                d.addErrback(_ignore_not_found)
+                self._settle(d, f"unpark {address}")
+            self._after_save.setdefault(queue.name, []).append(unpark)
 
     def _send_save(self, queue: ClusterQueue) -> defer.Deferred[Any]:
         """One consumer create/update request (see :meth:`save_queue`)."""
@@ -555,6 +581,8 @@ class ClusterBroker:
                 return result
             self._creating.discard(queue.name)
             failed = isinstance(result, Failure)
+            if not failed:
+                queue.fresh = False
             queue.save_error = result.getErrorMessage() if failed else None  # type: ignore[union-attr]
             for hook in self._after_save.pop(queue.name, []):
                 hook()
@@ -568,6 +596,36 @@ class ClusterBroker:
         d.addBoth(made)
         self._settle(d, f"queue {queue.name}")
         return d
+
+    def save_member(self, member: ClusterQueue) -> None:
+        """Make a fan-out member's consumer (deliver new: it gets what is published from now
+        on; gone a minute after its node stops pulling, should the node die)."""
+        config = self._consumer_config(member)
+        config["deliver_policy"] = "new"
+        config["inactive_threshold"] = 60_000_000_000
+        config["metadata"] = {"mqhub_member": member.name}
+        d = self.js.ensure_consumer(STREAM, config)
+
+        def made(reply: dict) -> None:
+            member.member_made(int((reply.get("delivered") or {}).get("stream_seq", 0)))
+            for waiter in member.made_waiters:
+                waiter.callback(None)
+            member.made_waiters = []
+
+        def failed(failure: Any) -> Any:
+            member.save_error = failure.getErrorMessage()
+            for waiter in member.made_waiters:
+                waiter.errback(ClusterUnavailable(member.save_error or "refused"))
+            member.made_waiters = []
+            return failure
+        d.addCallbacks(made, failed)
+        self._settle(d, f"fan-out member of {member.name}")
+
+    def drop_member(self, member: ClusterQueue) -> None:
+        """Delete a fan-out member's consumer (its unfinished copies go with it)."""
+        d = self.js.delete_consumer(STREAM, member.consumer)
+        d.addErrback(_ignore_not_found)
+        self._settle(d, f"drop fan-out member of {member.name}")
 
     def session(self, principal: Any) -> ICore:
         """The handle a connection acts through (docs/core-api.md, "Sessions"): the broker
@@ -583,7 +641,13 @@ class ClusterBroker:
         change issued so far; fails when the cluster refused it. A live subscription is in
         effect at once (its interest reaches the other nodes with the next announcement)."""
         queue = handle if isinstance(handle, ClusterQueue) else getattr(handle, "queue", None)
-        queue = getattr(queue, "parent", queue)     # a fan-out member's queue
+        if isinstance(queue, ClusterQueue) and queue.parent is not None:   # a fan-out member
+            if queue.made or queue.save_error is not None:
+                return defer.succeed(None) if queue.made else \
+                    defer.fail(ClusterUnavailable(queue.save_error or "refused"))
+            member: defer.Deferred[None] = defer.Deferred()
+            queue.made_waiters.append(member)
+            return member
         if not isinstance(queue, ClusterQueue) or queue.name not in self._creating:
             if isinstance(queue, ClusterQueue) and queue.save_error is not None:
                 return defer.fail(ClusterUnavailable(queue.save_error))

@@ -27,6 +27,7 @@ from mqhub.cluster.jetstream import (
     ack_frames,
     consumer_name,
     nak_frames,
+    parse_ack_reply,
 )
 from mqhub.cluster.messages import BlockCache, entry_of
 from mqhub.core.address import pattern_matches
@@ -106,6 +107,18 @@ class ClusterQueue:
         self.deleted = False
         #: why the cluster refused this queue's last consumer change (None: it took it)
         self.save_error: str | None = None
+        #: fan-out: the queue a member belongs to (None: a queue of the directory), its local
+        #: members, whether a member's consumer exists yet and the last stream sequence when
+        #: it was made (the member gets what comes after; the parent's older copies are its
+        #: backlog)
+        self.parent: ClusterQueue | None = None
+        self.members: list[ClusterQueue] = []
+        self.made = True
+        #: never saved by this node yet (its first save may adopt a parked backlog)
+        self.fresh = True
+        self.made_waiters: list[Any] = []
+        self.start_seq = 0
+        self._member_serial = 0
         #: the consumer's deliver policy when made: "new" (a new queue gets what is
         #: published from now on), "all" when its first binding takes a parked backlog
         self.deliver = "new"
@@ -217,9 +230,14 @@ class ClusterQueue:
 
     def attach(self, target: Any, *, ready: int = 0, credit: int = 0,
                timeout: float | None = None, tag: Any = None) -> Consumer:
-        """Attach a local consumer; pulling starts with the first one."""
+        """Attach a local consumer; pulling starts with the first one. On a fan-out queue
+        the consumer gets a member queue of its own (a JetStream consumer of its own, so it
+        gets a copy of every message published from then on)."""
         if self.deleted:
             raise NoSuchQueue(self.name)
+        if self.mode == "fanout" and self.parent is None:
+            member = self._new_member()
+            return member.attach(target, ready=ready, credit=credit, timeout=timeout, tag=tag)
         consumer = Consumer(self, target, ready, credit,
                             self.msg_timeout if timeout is None else float(timeout), tag)
         self.consumers.append(consumer)
@@ -234,12 +252,78 @@ class ClusterQueue:
         """Start the puller once the queue's consumer exists (a pull request to a consumer
         that is still being made is dropped by the server without an answer)."""
         puller = self._puller
-        if puller is not None and not puller.running and not self.broker.changing(self.name):
+        if puller is not None and not puller.running and self.made and \
+                (self.parent is not None or not self.broker.changing(self.name)):
             puller.start()
+
+    # -- fan-out members ------------------------------------------------------------------------
+
+    def _new_member(self) -> ClusterQueue:
+        """A member queue for one fan-out consumer of this node (its consumer is made now)."""
+        settings = {k: v for k, v in self.settings().items() if k != "mode"}
+        member = ClusterQueue(self.broker, self.name, **settings)
+        self._member_serial += 1
+        member.consumer = f"{self.consumer}_m{self.broker.name_token}_{self._member_serial}"
+        member.parent = self
+        member.made = False
+        member.patterns = self.patterns
+        member.masks = self.masks
+        self.members.append(member)
+        self.broker.save_member(member)
+        return member
+
+    def member_made(self, start_seq: int) -> None:
+        """A member's consumer exists: it pulls; the parent pulls its backlog for it."""
+        self.made = True
+        self.start_seq = start_seq
+        self.resume_pulling()
+        parent = self.parent
+        if parent is not None and parent._puller is None and not parent.deleted:
+            parent._puller = Puller(self.broker.conn, STREAM, parent.consumer, parent._want,
+                                    parent._pulled, max_batch=500, expires=2.0)
+            parent.resume_pulling()
+
+    def _member_gone(self, member: ClusterQueue) -> None:
+        """A member's last consumer detached: drop its consumer; the parent stops pulling
+        backlog when no member is left here."""
+        if member in self.members:
+            self.members.remove(member)
+        self.broker.drop_member(member)
+        if not self.members and not self.consumers:
+            self._stop_pulling()
+
+    def _backlog(self, events: list[tuple]) -> None:
+        """What the parent of local members pulled: a message published after every local
+        member's consumer was made reached them already (acked here); an older one is
+        backlog and goes to one member (which acks it on the parent's reply)."""
+        made = [m for m in self.members if m.made]
+        if not made:
+            self._nak([e[3] for e in events], 0.0)
+            return
+        floor = min(m.start_seq for m in made)
+        seen: list[str] = []
+        for event in events:
+            reply = event[3]
+            if parse_ack_reply(reply)[1] > floor:
+                seen.append(reply)
+            else:
+                self._rr += 1
+                made[self._rr % len(made)]._pulled([event])
+        if seen:
+            self.broker.conn_publish(ack_frames(seen))
+
+    def _member_of(self, consumer: IConsumer) -> ClusterQueue | None:
+        """The member queue ``consumer`` belongs to, when it is not this queue."""
+        queue = getattr(consumer, "queue", None)
+        return queue if isinstance(queue, ClusterQueue) and queue is not self else None
 
     def detach(self, consumer: IConsumer, requeue: bool = True) -> None:
         """Detach: its in-flight messages go back to JetStream for redelivery (a node never
         drops a message it did not finish)."""
+        member = self._member_of(consumer)
+        if member is not None:
+            member.detach(consumer, requeue)
+            return
         if not isinstance(consumer, Consumer) or consumer not in self.consumers:
             return
         consumer.attached = False
@@ -249,7 +333,9 @@ class ClusterQueue:
         consumer.in_flight = 0
         if not self.consumers:
             self._stop_pulling()
-            if self.auto_delete:
+            if self.parent is not None:
+                self.parent._member_gone(self)
+            elif self.auto_delete:
                 self.broker.delete_queue(self.name)
         else:
             self.dispatch()
@@ -269,9 +355,12 @@ class ClusterQueue:
                        if e[MSG_ID] in self._replies], 0.0)
 
     def _want(self) -> int:
-        """What this node's consumers have room for, less what it holds ready."""
+        """What this node's consumers have room for, less what it holds ready (a fan-out
+        parent: what its members have room for)."""
         if self.paused:
             return 0
+        if self.members:
+            return sum(max(0, m._want()) for m in self.members if m.made)
         room = 0
         for consumer in self.consumers:
             n = consumer.available()
@@ -282,6 +371,9 @@ class ClusterQueue:
     def _pulled(self, events: list[tuple]) -> None:
         """Turn pulled messages into entries: dead-letter those past max attempts, drop the
         expired, keep the rest ready (priority first), deliver."""
+        if self.members:
+            self._backlog(events)
+            return
         now = self.broker.clock.seconds()
         blocks = self._blocks
         replies = self._replies
@@ -403,6 +495,9 @@ class ClusterQueue:
 
     def ack(self, consumer: IConsumer, msg_ids: Iterable[int]) -> list[int]:
         """``+ACK`` what ``consumer`` holds; return the ids it did not hold."""
+        member = self._member_of(consumer)
+        if member is not None:
+            return member.ack(consumer, msg_ids)
         mine, failed = self._owned(consumer, msg_ids)
         if mine:
             replies = [self._drop_flight(mid) for mid in mine]
@@ -416,6 +511,9 @@ class ClusterQueue:
                 error: str | None = None) -> list[int]:
         """``-NAK`` with ``delay`` (JetStream redelivers it then, to any node); a message on
         its last attempt goes to the dead letters instead."""
+        member = self._member_of(consumer)
+        if member is not None:
+            return member.requeue(consumer, msg_ids, delay, error)
         mine, failed = self._owned(consumer, msg_ids)
         if not mine:
             return failed
@@ -449,6 +547,9 @@ class ClusterQueue:
     def touch(self, consumer: IConsumer, msg_ids: Iterable[int],
               extend: float | None = None) -> list[int]:
         """``+WPI`` (JetStream restarts its ack wait) and a new local deadline."""
+        member = self._member_of(consumer)
+        if member is not None:
+            return member.touch(consumer, msg_ids, extend)
         mine, failed = self._owned(consumer, msg_ids)
         if mine:
             deadline = self.broker.clock.seconds() + (consumer.timeout if extend is None
@@ -461,6 +562,9 @@ class ClusterQueue:
     def reject(self, consumer: IConsumer, msg_ids: Iterable[int],
                reason: str = REASON_REJECTED, error: str | None = None) -> list[int]:
         """Dead-letter now."""
+        member = self._member_of(consumer)
+        if member is not None:
+            return member.reject(consumer, msg_ids, reason, error)
         mine, failed = self._owned(consumer, msg_ids)
         if mine:
             dead = [(self._flight[mid][2], self._drop_flight(mid)) for mid in mine]
@@ -472,6 +576,9 @@ class ClusterQueue:
     def failure_reasons(self, consumer: IConsumer,
                         msg_ids: Iterable[int]) -> list[tuple[int, str]]:
         """Why each id cannot be acked by ``consumer`` here."""
+        member = self._member_of(consumer)
+        if member is not None:
+            return member.failure_reasons(consumer, msg_ids)
         out = []
         for mid in msg_ids:
             rec = self._flight.get(mid)
@@ -571,6 +678,10 @@ class ClusterQueue:
     def close(self) -> None:
         """The queue was deleted: stop pulling, forget local state."""
         self.deleted = True
+        for member in list(self.members):
+            member.close()
+            self.broker.drop_member(member)
+        self.members = []
         for consumer in list(self.consumers):
             consumer.attached = False
         self.consumers = []

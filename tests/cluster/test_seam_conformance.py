@@ -97,8 +97,6 @@ def seam(cluster: LocalCluster, driver: Driver) -> Iterator[ClusterHarness]:
 #: the suite's tests this backend does not pass yet, and why (docs/cluster.md, "Limits");
 #: strict: a test that starts passing fails here until it is taken off this list
 KNOWN_GAPS = {
-    "test_competing_consumers_share_and_fanout_consumers_each_get_a_copy":
-        "fan-out queues are not built in cluster mode",
     "test_parked_and_paused_addresses_hold_publishes":
         "a paused address pauses its queues' consumers: held messages count in their depth",
     "test_prebuilt_entries_peek_take_and_remove":
