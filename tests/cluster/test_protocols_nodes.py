@@ -222,3 +222,25 @@ def test_an_emqp_schedule_runs_once_per_cluster_and_moves_when_its_node_dies(
     finally:
         client.close()
         jobs.close()
+
+
+def test_vibemq_fanout_subscribers_on_two_nodes_each_get_every_message(
+        make_node: Make, uid: str) -> None:
+    """A fan-out queue: one subscriber on each node, each gets its own copy of every message
+    (a JetStream consumer per subscriber)."""
+    from mqhub.protocols.vibemq.options import MODE_FANOUT_ACK
+
+    a = make_node(["vibemq"])
+    b = make_node(["vibemq"])
+    pub, on_a, on_b = vibe(a), vibe(a), vibe(b)
+    queue = f"fan-{uid}"
+    pub.create_queue(queue, QueueOptions(mode=MODE_FANOUT_ACK))
+    on_a.subscribe(queue)
+    on_b.subscribe(queue)
+    for i in range(5):
+        pub.publish(queue, {"n": i})
+    for sub in (on_a, on_b):
+        got = sub.receive(5, timeout=20, ack=True)
+        assert sorted(json.loads(d.payload)["n"] for d in got) == list(range(5))
+    for client in (pub, on_a, on_b):
+        client.close()
