@@ -37,6 +37,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqhub.cluster.client import Event, NatsConnection
+from mqhub.cluster.coverage import write_marker
 from mqhub.cluster.cron import ClusterScheduler
 from mqhub.cluster.jetstream import (
     DLQ_STREAM,
@@ -139,6 +140,7 @@ class ClusterBroker:
                  window: int = 10_000, timeout: float = 5.0, tls_ca: str | None = None,
                  creds: str | None = None) -> None:
         self.clock = clock
+        self.urls = list(urls)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         # echo off: live copies this node forwards never come back to its own subscriptions
         self.conn = NatsConnection(reactor, clock, urls, name=f"mqhub {self.name}",
@@ -220,6 +222,9 @@ class ClusterBroker:
         after ``timeout`` seconds without the cluster (then the node runs refusing publishes
         and sets up as soon as the cluster answers)."""
         self.started = True
+        path = getattr(self.store, "path", None)
+        if path:   # tell snapshot/export/analytics what this node's files cover
+            write_marker(os.path.dirname(path), self.name, self.urls)
         self.conn.start()
         self._ticker = self.clock.callLater(TICK, self._tick)
         first = self._setup_when_up()
@@ -899,8 +904,12 @@ class ClusterBroker:
         if ttl:
             expires_at = now + ttl
         live, forward = self._live_targets(route)
-        if live or forward:
+        journal = self.journal
+        if live or forward or journal is not NULL_RECORDER:
             entries = _entries(first, bodies, address, headers, priority, expires_at, origin)
+            if journal is not NULL_RECORDER:   # this node's ids: see docs/cluster.md
+                journal.published(address, entries, route.queues, persist, route,
+                                  not isinstance(headers, list))
             if live:
                 self._deliver_live(route, live, address, entries)
             if forward:
@@ -1216,6 +1225,7 @@ class ClusterBroker:
             blocks.append(build_headers(items))
             bodies.append(entry[7])
         replies = [r for _, r in dead]
+        self.journal.dead_lettered(queue, [e for e, _ in dead], reason)
         queue.dead_letter_count += len(dead)
         self.counters.dead_lettered(reason, len(dead))
         subject = _dlq_subject(queue.name)

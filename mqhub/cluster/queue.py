@@ -421,6 +421,7 @@ class ClusterQueue:
             self.pending = pending
         if expired:
             self.expired_count += len(expired)
+            self.broker.journal.expired(self, [e for e, _ in expired])
             if self.expire_to_dead_letters:
                 self.broker.dead_letter(self, expired, REASON_EXPIRED, None)
             else:
@@ -464,6 +465,7 @@ class ClusterQueue:
                 if consumer.credit > 0:
                     consumer.credit = max(0, consumer.credit - len(batch))
                 self.broker.counted_delivery(consumer, len(batch))
+                self.broker.journal.delivered(self, batch)
                 consumer.target.deliver_batch(consumer, self.name, batch)
         if not ready:
             self._stalled_at = 0.0
@@ -504,6 +506,7 @@ class ClusterQueue:
             consumer.in_flight -= len(mine)
             self.broker.conn_publish(ack_frames(replies))
             self.broker.counted_ack(consumer, len(mine))
+            self.broker.journal.acked(self, (), mine)
             self.dispatch()
         return failed
 
@@ -519,6 +522,7 @@ class ClusterQueue:
             return failed
         back: list[str] = []
         back_ids: list[int] = []
+        back_entries: list[Entry] = []
         dead: list[tuple[Entry, str]] = []
         for mid in mine:
             entry = self._flight[mid][2]
@@ -531,7 +535,10 @@ class ClusterQueue:
             else:
                 back.append(reply)
                 back_ids.append(mid)
+                back_entries.append(entry)
         consumer.in_flight -= len(mine)
+        if back_entries:
+            self.broker.journal.requeued(self, back_entries, error)
         self.requeue_count += len(back)
         if back:
             if delay > 0:

@@ -101,3 +101,16 @@ def test_queue_ttl_set_on_a_expires_what_b_would_deliver(make_node: Make, uid: s
     assert not sub.pump(1.0)            # the expired one never comes
     pub.close()
     sub.close()
+
+
+def test_snapshot_of_a_node_says_what_it_covers(make_node: Make, tmp_path: Path) -> None:
+    """``mqhub snapshot`` of a cluster node's data directory works and says it holds the
+    node's journal and local records only (the messages are the cluster's)."""
+    node = make_node(["nsq"])
+    ok(node, "/pub?topic=snap", b"x")
+    result = CliRunner().invoke(
+        main, ["snapshot", "--data-dir", str(node.data_dir), "--out", str(tmp_path / "snap")])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert "cluster mode" in out["covers"] and "flow journal" in out["covers"]
+    assert "JetStream cluster" in result.stderr
