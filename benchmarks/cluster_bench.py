@@ -18,6 +18,12 @@ alternate between the engine alone and the gateway, so load from elsewhere hits 
   on that node), to compare with ``nats-server pub->sub``.
 * ``two nodes nsq mpub <size>``: two producer/consumer pairs at once, each on its own node,
   summed; to compare with one node's ``mqhub nsq mpub``.
+* ``cpu <run> <group>``: where the machine's CPU went during the one-node NSQ MPUB runs and
+  the two-node runs, in cores (CPU seconds per wall second) for the three nats-servers, the
+  mqhub node(s), and everything else (load generators, other sessions), plus the idle rest;
+  with ``cpu us/msg`` per group (CPU seconds / messages consumed). When the two cores are
+  saturated in both runs, a second node cannot add throughput on this machine: the figures
+  say which process group holds the cores (docs/cluster.md, "Scaling").
 * ``failover``: seconds from ``kill -9`` of the node an NSQ consumer reads through until it
   reads through another node; seconds from ``kill -9`` of the ``MQHUB`` stream leader until
   JetStream named a new leader, and until a publish through mqhub was OK'd again.
@@ -181,6 +187,52 @@ def start_node(cluster: LocalCluster, root: str, name: str,
     return proc, nsq_port, nats_port
 
 
+def _machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
+class CpuMeter:
+    """CPU seconds of the nats-servers, the mqhub nodes and the rest of the machine over
+    one run (see the module docstring)."""
+
+    def __init__(self, cluster: LocalCluster, node_pids: list[int]) -> None:
+        self.servers = [s.proc.pid for s in cluster.servers if s.proc is not None]
+        self.nodes = node_pids
+
+    def __enter__(self) -> CpuMeter:
+        self.t0 = time.monotonic()
+        self.s0 = sum(map(_common.server_cpu, self.servers))
+        self.n0 = sum(map(_common.server_cpu, self.nodes))
+        self.m0 = _machine_cpu()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.monotonic() - self.t0
+        self.servers_cpu = sum(map(_common.server_cpu, self.servers)) - self.s0
+        self.nodes_cpu = sum(map(_common.server_cpu, self.nodes)) - self.n0
+        busy, total = _machine_cpu()
+        self.busy = busy - self.m0[0]
+        self.cores = (total - self.m0[1]) / max(self.wall, 1e-9)
+
+    def figures(self, run: str, messages: float) -> dict[str, float]:
+        """``cpu <run> ...`` figures: cores used per group, µs of CPU per message."""
+        rest = max(0.0, self.busy - self.servers_cpu - self.nodes_cpu)
+        idle = max(0.0, self.cores * self.wall - self.busy)
+        out = {}
+        for group, seconds in (("nats-servers", self.servers_cpu),
+                               ("mqhub nodes", self.nodes_cpu),
+                               ("generators and rest", rest), ("idle", idle)):
+            out[f"cpu {run} {group} cores"] = seconds / self.wall
+            if group != "idle":
+                out[f"cpu {run} {group} us/msg"] = seconds * 1e6 / max(messages, 1.0)
+        return out
+
+
 def nsq_run(port: int, pid: int, mode: str, size: int, duration: float) -> tuple[float, float]:
     """NSQ producer/consumer through one node: (publish, end-to-end) msg/s."""
     return nsq_bench.run_scenario(HOST, port, mode, size, duration, pid)
@@ -286,9 +338,12 @@ def main(argv: list[str] | None = None) -> int:
         proc, nsq_port, nats_port = nodes[0]
         for size in SIZES:
             for mode in ("pub", "mpub"):
-                publish, e2e = nsq_run(nsq_port, proc.pid, mode, size, args.duration)
+                with CpuMeter(c, [proc.pid]) as meter:
+                    publish, e2e = nsq_run(nsq_port, proc.pid, mode, size, args.duration)
                 out[f"mqhub nsq {mode} publish {size}B"] = publish
                 out[f"mqhub nsq {mode} e2e {size}B"] = e2e
+                if mode == "mpub":
+                    out.update(meter.figures(f"one node mpub {size}B", e2e * meter.wall))
             subject = f"bench.core.{size}"
             spec = ("fixed", subject, size, args.core_count)
             expected = nats_bench.frames_fixed(subject, size, args.core_count)[1]
@@ -298,8 +353,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def two(c: LocalCluster) -> dict[str, float]:
         ports = [(n[1], n[0].pid) for n in nodes[:2]]
-        return {f"two nodes nsq mpub e2e {s}B": two_nodes_run(ports, s, args.duration)
-                for s in SIZES}
+        out = {}
+        for s in SIZES:
+            with CpuMeter(c, [n[0].pid for n in nodes[:2]]) as meter:
+                rate = two_nodes_run(ports, s, args.duration)
+            out[f"two nodes nsq mpub e2e {s}B"] = rate
+            out.update(meter.figures(f"two nodes mpub {s}B", rate * meter.wall))
+        return out
 
     runs += [("mqhub gateway", gateway), ("two nodes", two)]
     runs = [r for r in runs if args.only in r[0]]
@@ -322,7 +382,10 @@ def main(argv: list[str] | None = None) -> int:
                     _common.stop(proc)
     for figure, values in results.items():
         unit = "s" if figure.startswith("failover") else "msg/s"
-        fmt = "{:.2f}" if unit == "s" else "{:.0f}"
+        if figure.startswith("cpu "):
+            unit = "cores" if figure.endswith("cores") else "us/msg"
+            figure = figure.rsplit(" ", 1)[0]
+        fmt = "{:.2f}" if unit in ("s", "cores", "us/msg") else "{:.0f}"
         print(f"{figure} {fmt.format(statistics.median(values))} {unit}")
     for size in SIZES:
         for mode in ("pub", "mpub"):

@@ -588,7 +588,7 @@ class ClusterBroker:
             failed = isinstance(result, Failure)
             if not failed:
                 queue.fresh = False
-            queue.save_error = result.getErrorMessage() if failed else None  # type: ignore[union-attr]
+            queue.save_error = result.getErrorMessage() if isinstance(result, Failure) else None
             for hook in self._after_save.pop(queue.name, []):
                 hook()
             for waiter in self._settled_waiters.pop(queue.name, []):
@@ -603,16 +603,20 @@ class ClusterBroker:
         return d
 
     def save_member(self, member: ClusterQueue) -> None:
-        """Make a fan-out member's consumer (deliver new: it gets what is published from now
+        """Make a fan-out member's consumer (it gets what is published from its attach time
         on; gone a minute after its node stops pulling, should the node die)."""
         config = self._consumer_config(member)
-        config["deliver_policy"] = "new"
+        # from the moment it attached: what is published while its consumer is being made
+        # is its too (a subscriber told "subscribed" gets every later publish)
+        config["deliver_policy"] = "by_start_time"
+        config["opt_start_time"] = datetime.fromtimestamp(member.start_time, UTC).strftime(
+            "%Y-%m-%dT%H:%M:%S.%fZ")
         config["inactive_threshold"] = 60_000_000_000
         config["metadata"] = {"mqhub_member": member.name}
         d = self.js.ensure_consumer(STREAM, config)
 
         def made(reply: dict) -> None:
-            member.member_made(int((reply.get("delivered") or {}).get("stream_seq", 0)))
+            member.member_made()
             for waiter in member.made_waiters:
                 waiter.callback(None)
             member.made_waiters = []
@@ -638,7 +642,7 @@ class ClusterBroker:
         rights enforced at the seam, as in the embedded core)."""
         if principal is None:
             return self
-        return principal.handle(self)  # type: ignore[no-any-return]
+        return principal.handle(self)
 
     def settled(self, handle: Any) -> defer.Deferred[None]:
         """Fires once the queue behind ``handle`` (a queue, one of its bindings, or a consumer

@@ -72,7 +72,7 @@ class ClusterScheduler(Service):
     @property
     def ready(self) -> defer.Deferred[None]:
         """Fires once the node's own scheduler has loaded."""
-        return self.inner.ready  # type: ignore[no-any-return]
+        return self.inner.ready
 
     # -- what the hub and adapters call -----------------------------------------------------
 
@@ -86,7 +86,7 @@ class ClusterScheduler(Service):
 
     def call_at(self, when: float, key: bytes, payload: bytes) -> defer.Deferred[None]:
         """A one-shot key of this node."""
-        return self.inner.call_at(when, key, payload)  # type: ignore[no-any-return]
+        return self.inner.call_at(when, key, payload)
 
     def schedule(self, spec: ScheduleSpec, key: bytes, payload: bytes) -> defer.Deferred[None]:
         """Install a repeating schedule cluster-wide (its record); the lease holder runs it."""
@@ -105,7 +105,7 @@ class ClusterScheduler(Service):
         """Remove a schedule cluster-wide (a one-shot key: this node's)."""
         record = CRON_PREFIX + key.hex()
         if record not in self.broker.state.mirror:
-            return self.inner.cancel(key)  # type: ignore[no-any-return]
+            return self.inner.cancel(key)
         batch = self.broker.state.batch()
         batch.delete_meta(record)
         d = self.broker.state.commit(batch)
@@ -126,11 +126,11 @@ class ClusterScheduler(Service):
 
     def run_counts(self) -> dict[bytes, int]:
         """Runs of each schedule on this node since it took the lease."""
-        return self.inner.run_counts()  # type: ignore[no-any-return]
+        return self.inner.run_counts()
 
     def pending_keys(self) -> dict[bytes, float]:
         """This node's one-shot keys."""
-        return self.inner.pending_keys()  # type: ignore[no-any-return]
+        return self.inner.pending_keys()
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -108,16 +108,15 @@ class ClusterQueue:
         #: why the cluster refused this queue's last consumer change (None: it took it)
         self.save_error: str | None = None
         #: fan-out: the queue a member belongs to (None: a queue of the directory), its local
-        #: members, whether a member's consumer exists yet and the last stream sequence when
-        #: it was made (the member gets what comes after; the parent's older copies are its
-        #: backlog)
+        #: members, whether a member's consumer exists yet and when it was attached (the
+        #: member's consumer starts there; the parent's older copies are its backlog)
         self.parent: ClusterQueue | None = None
         self.members: list[ClusterQueue] = []
         self.made = True
         #: never saved by this node yet (its first save may adopt a parked backlog)
         self.fresh = True
         self.made_waiters: list[Any] = []
-        self.start_seq = 0
+        self.start_time = 0.0
         self._member_serial = 0
         #: the consumer's deliver policy when made: "new" (a new queue gets what is
         #: published from now on), "all" when its first binding takes a parked backlog
@@ -266,16 +265,16 @@ class ClusterQueue:
         member.consumer = f"{self.consumer}_m{self.broker.name_token}_{self._member_serial}"
         member.parent = self
         member.made = False
+        member.start_time = self.broker.clock.seconds()
         member.patterns = self.patterns
         member.masks = self.masks
         self.members.append(member)
         self.broker.save_member(member)
         return member
 
-    def member_made(self, start_seq: int) -> None:
+    def member_made(self) -> None:
         """A member's consumer exists: it pulls; the parent pulls its backlog for it."""
         self.made = True
-        self.start_seq = start_seq
         self.resume_pulling()
         parent = self.parent
         if parent is not None and parent._puller is None and not parent.deleted:
@@ -293,18 +292,18 @@ class ClusterQueue:
             self._stop_pulling()
 
     def _backlog(self, events: list[tuple]) -> None:
-        """What the parent of local members pulled: a message published after every local
-        member's consumer was made reached them already (acked here); an older one is
-        backlog and goes to one member (which acks it on the parent's reply)."""
+        """What the parent of local members pulled: a message stored after every local
+        member attached reached them already through their own consumers (acked here); an
+        older one is backlog and goes to one member (which acks it on the parent's reply)."""
         made = [m for m in self.members if m.made]
         if not made:
             self._nak([e[3] for e in events], 0.0)
             return
-        floor = min(m.start_seq for m in made)
+        floor = min(m.start_time for m in made) * 1e9
         seen: list[str] = []
         for event in events:
             reply = event[3]
-            if parse_ack_reply(reply)[1] > floor:
+            if parse_ack_reply(reply)[2] >= floor:
                 seen.append(reply)
             else:
                 self._rr += 1

@@ -29,7 +29,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -136,9 +136,9 @@ class ClusterState:
         """Call ``changed(key, value)`` for records under ``prefix`` other nodes write."""
         self._watchers.append((prefix, changed))
 
-    def batch(self) -> WriteBatch:
+    def batch(self) -> IStateBatch:
         """A new, empty batch of writes."""
-        return WriteBatch()
+        return cast(IStateBatch, WriteBatch())
 
     def commit(self, batch: IStateBatch) -> defer.Deferred[None]:
         """Records to the KV bucket (one pipelined batch), entry lists to the local store;
@@ -160,10 +160,10 @@ class ClusterState:
         if local:
             if self.local is None:
                 return defer.fail(ClusterUnavailable("no local store for entry lists"))
-            waits.append(self.local.commit(local))
+            waits.append(self.local.commit(cast(IStateBatch, local)))
         if not waits:
             return defer.succeed(None)
-        d = defer.gatherResults(waits, consumeErrors=True)
+        d: defer.Deferred[Any] = defer.gatherResults(waits, consumeErrors=True)
         d.addCallbacks(lambda _: None, _first_error)
         self._last = d
         return d
@@ -175,8 +175,13 @@ class ClusterState:
             return sorted((k, v) for k, (v, _seq) in self.mirror.items()
                           if v is not None and k.startswith(prefix))
         d: defer.Deferred[Any] = defer.Deferred()
-        self._last.addBoth(lambda r: (d.callback(None), r)[1])
-        return d.addCallback(read)
+
+        def after(result: object) -> object:
+            d.callback(None)
+            return result
+        self._last.addBoth(after)
+        d.addCallback(read)
+        return d
 
     def read_entries(self, name: str, after: tuple[int, int] | None,
                      limit: int) -> defer.Deferred[list[Entry]]:
