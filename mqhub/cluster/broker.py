@@ -729,9 +729,10 @@ class ClusterBroker:
         """Every queue of the cluster."""
         return list(self._queues.values())
 
-    def delete_queue(self, name: str) -> defer.Deferred[Any]:
+    def delete_queue(self, name: str, *, reason: str = "queue_deleted") -> defer.Deferred[Any]:
         """Delete the queue's consumer (its messages go with it unless another queue holds
-        them) and its dead letters."""
+        them) and its dead letters. ``reason`` is what the embedded core counts the purged
+        messages under; JetStream drops them without a count here."""
         queue = self._queues.get(name)
         if queue is None:
             return defer.succeed(None)
