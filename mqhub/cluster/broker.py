@@ -65,11 +65,19 @@ from mqhub.errors import ClusterUnavailable, InvalidName, NoSuchQueue, QueueFull
 from mqhub.interfaces import IBinding, ICore, IDeliveryTarget, IQueue
 from mqhub.protocols.nats.codec import OP_HMSG, build_headers, parse_headers
 from mqhub.records import (
+    ADDRESS,
+    ATTEMPTS,
+    BODY,
+    EXPIRES_AT,
     H_ERROR,
     H_PRIORITY,
     H_QUEUE,
     H_REASON,
     H_TIME,
+    HEADERS,
+    MSG_ID,
+    ORIGIN,
+    PRIORITY,
     DeadLetter,
     Entry,
     Peer,
@@ -942,15 +950,16 @@ class ClusterBroker:
             self._deliver_live(route, live, address, entries)
         if forward:
             for e in entries:
-                self._forward(address, [e[7]], e[6], e[8], e[1])
+                self._forward(address, [e[BODY]], e[HEADERS], e[ORIGIN], e[PRIORITY])
         if not persist:
             return defer.succeed(None)
         if not self.ready:
             return defer.fail(ClusterUnavailable(self.problem or "cluster not ready"))
         if not (route.queues or address in self._parked) and (live or forward):
             return defer.succeed(None)
-        blocks = [header_block(e[8], e[1], 0.0, e[4], e[6], msg_id=e[0]) for e in entries]
-        return self._acked(address_subject(address), [e[7] for e in entries], blocks)
+        blocks = [header_block(e[ORIGIN], e[PRIORITY], 0.0, e[EXPIRES_AT], e[HEADERS],
+                               msg_id=e[MSG_ID]) for e in entries]
+        return self._acked(address_subject(address), [e[BODY] for e in entries], blocks)
 
     def put_entries(self, queue_name: str, entries: list[Entry]) -> defer.Deferred[None]:
         """Put entries into one queue only (its ``mqq.`` subject)."""
@@ -959,9 +968,10 @@ class ClusterBroker:
             raise NoSuchQueue(queue_name)
         if not entries:
             return defer.succeed(None)
-        blocks = [header_block(e[8], e[1], 0.0, e[4], e[6], address=e[5], msg_id=e[0])
+        blocks = [header_block(e[ORIGIN], e[PRIORITY], 0.0, e[EXPIRES_AT], e[HEADERS],
+                               address=e[ADDRESS], msg_id=e[MSG_ID])
                   for e in entries]
-        bodies = [e[7] for e in entries]
+        bodies = [e[BODY] for e in entries]
         return self._acked(queue_subject(queue_name), bodies, blocks)
 
     def _publish_durable(self, subject: str, bodies: list[bytes], headers: Any, origin: str,
@@ -1220,15 +1230,16 @@ class ClusterBroker:
         blocks = []
         for entry, _ in dead:
             items = [(H_REASON, reason), (H_QUEUE, queue.name), (H_TIME, repr(now)),
-                     (H_PRIORITY, str(entry[1])), ("Mqhub-Address", entry[5]),
-                     (H_MSG_ID, str(entry[0])),
-                     ("Mqhub-Attempts", str(entry[2])), ("Mqhub-Origin", entry[8] or "")]
+                     (H_PRIORITY, str(entry[PRIORITY])), ("Mqhub-Address", entry[ADDRESS]),
+                     (H_MSG_ID, str(entry[MSG_ID])),
+                     ("Mqhub-Attempts", str(entry[ATTEMPTS])),
+                     ("Mqhub-Origin", entry[ORIGIN] or "")]
             if error:
                 items.append((H_ERROR, str(error)[:1024].replace("\r", " ").replace("\n", " ")))
-            items += [(k, v) for k, v in (entry[6] or {}).items()
+            items += [(k, v) for k, v in (entry[HEADERS] or {}).items()
                       if "\n" not in v and "\r" not in v and ":" not in k]
             blocks.append(build_headers(items))
-            bodies.append(entry[7])
+            bodies.append(entry[BODY])
         replies = [r for _, r in dead]
         self.journal.dead_lettered(queue, [e for e, _ in dead], reason)
         queue.dead_letter_count += len(dead)

@@ -35,7 +35,10 @@ from mqhub.core.consumer import Consumer
 from mqhub.errors import InvalidName, NoSuchQueue
 from mqhub.interfaces import IConsumer, IQueue
 from mqhub.records import (
+    ADDRESS,
     ATTEMPTS,
+    EXPIRES_AT,
+    HEADERS,
     MAX_ATTEMPTS_HEADER,
     MSG_ID,
     NOT_IN_FLIGHT,
@@ -399,16 +402,16 @@ class ClusterQueue:
             if mid in flight:             # redelivered while still held here: keep one
                 replies[mid] = reply
                 continue
-            if self.masks and not self._mask_ok(entry[5]):
+            if self.masks and not self._mask_ok(entry[ADDRESS]):
                 self.broker.conn_publish(ack_frames([reply]))
                 continue
             if (self.ttl and now - pub_ns / 1e9 > self.ttl) or \
-                    (entry[4] and entry[4] <= now):
+                    (entry[EXPIRES_AT] and entry[EXPIRES_AT] <= now):
                 expired.append((entry, reply))
                 continue
             limit = self.max_attempts
-            if entry[6] and MAX_ATTEMPTS_HEADER in entry[6]:
-                limit = _header_limit(entry[6], limit)
+            if entry[HEADERS] and MAX_ATTEMPTS_HEADER in entry[HEADERS]:
+                limit = _header_limit(entry[HEADERS], limit)
             if limit and delivered > limit:
                 dead.append((entry, reply))
                 continue
@@ -527,8 +530,8 @@ class ClusterQueue:
             entry = self._flight[mid][2]
             reply = self._drop_flight(mid)
             limit = self.max_attempts
-            if entry[6] and MAX_ATTEMPTS_HEADER in entry[6]:
-                limit = _header_limit(entry[6], limit)
+            if entry[HEADERS] and MAX_ATTEMPTS_HEADER in entry[HEADERS]:
+                limit = _header_limit(entry[HEADERS], limit)
             if limit and entry[ATTEMPTS] >= limit:
                 dead.append((entry, reply))
             else:
