@@ -114,3 +114,38 @@ def test_snapshot_of_a_node_says_what_it_covers(make_node: Make, tmp_path: Path)
     out = json.loads(result.stdout)
     assert "cluster mode" in out["covers"] and "flow journal" in out["covers"]
     assert "JetStream cluster" in result.stderr
+
+
+def test_rights_hold_at_the_seam_of_a_cluster_node(make_node: Make, tmp_path: Path,
+                                                   uid: str) -> None:
+    """With a users file, each node's sessions are the principal's guarded handles of the
+    cluster backend: alice publishes on A and reads on B within her rights, and a publish
+    outside them is refused with NSQ's own error."""
+    import asyncio
+
+    from tests.interop.security_support import (
+        RecordingReader,
+        nsq_call,
+        nsq_close,
+        nsq_writer,
+        until,
+    )
+
+    users = tmp_path / "users.toml"
+    users.write_text('[[user]]\nname = "alice"\npassword = "alice-pw"\ntoken = "alice-token"\n'
+                     'publish = ["orders.>"]\nsubscribe = ["orders.>"]\n')
+    a = make_node(["nsq"], "--users", str(users))
+    b = make_node(["nsq"], "--users", str(users))
+    topic = f"orders.{uid}"
+
+    async def scenario() -> None:
+        writer = await nsq_writer(a, "alice-token")
+        reader = RecordingReader(b, topic, "alice-token")
+        await until(lambda: reader.conns, "alice's reader on B")
+        assert await nsq_call(writer.pub, topic, b"mine") == b"OK"
+        refused = await nsq_call(writer.pub, f"secret{uid}", b"no")
+        assert "E_UNAUTHORIZED" in str(refused)
+        await until(lambda: reader.bodies == [b"mine"], "alice's message on B", timeout=20)
+        reader.close()
+        nsq_close(writer)
+    asyncio.run(asyncio.wait_for(scenario(), 60))
