@@ -19,6 +19,7 @@ import click
 
 from mqhub import __version__
 from mqhub.cli_admin import register as register_admin_commands
+from mqhub.cluster.coverage import copy_marker, coverage_note
 from mqhub.identity.cli import register as register_users_commands
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +89,13 @@ def snapshot(data_dir: Path, out_dir: Path, progress: bool | None) -> None:
                                       data_dir, out_dir, show)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(json.dumps({"snapshot": str(out_dir), "manifest": manifest}, default=str))
+    out = {"snapshot": str(out_dir), "manifest": manifest}
+    copy_marker(str(data_dir), str(out_dir))
+    note = coverage_note(str(out_dir))
+    if note:   # a cluster node's data directory: say what the snapshot holds
+        click.echo(note, err=True)
+        out["covers"] = note
+    click.echo(json.dumps(out, default=str))
 
 
 @main.command()
@@ -116,6 +123,11 @@ def export(snapdir: Path, out_dir: Path) -> None:
             result = export_snapshot(str(snapdir), str(out_dir), step)
         except (FileExistsError, OSError, ValueError, StoreError) as exc:
             raise click.ClickException(str(exc)) from exc
+    copy_marker(str(snapdir), str(out_dir))
+    note = coverage_note(str(snapdir))
+    if note:
+        click.echo(note, err=True)
+        result["covers"] = note
     click.echo(json.dumps(result))
 
 
@@ -145,7 +157,12 @@ def analytics(src: Path, out_dir: Path, master: str, read: str) -> None:
                                     progress=step)
         except AnalyticsError as exc:
             raise click.ClickException(str(exc)) from exc
-    click.echo(json.dumps({"report": str(out_dir / "report.html"), "summary": summary}))
+    out = {"report": str(out_dir / "report.html"), "summary": summary}
+    note = coverage_note(str(src))
+    if note:
+        click.echo(note, err=True)
+        out["covers"] = note
+    click.echo(json.dumps(out))
 
 
 @main.group(name="config")

@@ -40,6 +40,11 @@ class PluginError(MqhubError):
     """A protocol plugin could not be loaded or refused to start."""
 
 
+class ClusterUnavailable(StoreError):
+    """Cluster mode: the JetStream cluster (or a stream's quorum) did not accept a write in
+    time. A StoreError, so every protocol refuses the publish with its own error."""
+
+
 class Unauthorized(MqhubError):
     """The connection's principal may not do this (mqhub.identity): each protocol answers
     with its own refusal and the connection goes on.

@@ -112,7 +112,13 @@ def build_hub(options: Mapping[str, Any], clock: Any, reactor: Any = None) -> Hu
     scheduler = SchedulerService(store, clock)
     paging = {kw: int(options[key]) for key, kw in PAGING_KEYWORDS.items()
               if options.get(key) is not None}
-    broker = Broker(store, clock, scheduler=scheduler, **paging)
+    broker: Any
+    if options.get("cluster"):   # cluster mode: a gateway node over JetStream (docs/cluster.md)
+        from mqhub.cluster.broker import ClusterBroker
+        broker = ClusterBroker.from_options(options, reactor or clock, clock, store, scheduler)
+        scheduler = broker.scheduler   # schedules run once per cluster (mqhub.cluster.cron)
+    else:
+        broker = Broker(store, clock, scheduler=scheduler, **paging)
     journal = None
     if data_dir is not None and (options.get("journal") or "on") != "off":
         broker.journal = JournalRecorder(clock)

@@ -245,9 +245,13 @@ class Inspector:
             listening[ls.name or protocol] = up
             if not up:
                 problems.append(f"listener {ls.name or protocol} is not listening")
-        return not problems, {"status": "ok" if not problems else "unhealthy",
-                              "store_open": store_open, "listeners": listening,
-                              "listener_states": self.listener_states(),
+        details: dict[str, Any] = {"store_open": store_open, "listeners": listening,
+                                   "listener_states": self.listener_states()}
+        cluster = getattr(self.broker, "health", None)   # cluster mode (docs/cluster.md)
+        if cluster is not None:
+            details["cluster"] = state = cluster()
+            problems += [f"cluster: {state['problem']}"] if state.get("problem") else []
+        return not problems, {"status": "ok" if not problems else "unhealthy", **details,
                               "problems": problems}
 
     def listener_states(self) -> dict[str, dict[str, Any]]:

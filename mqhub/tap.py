@@ -132,6 +132,16 @@ Examples:
         ["windows-bytes", None, str(PAGING_DEFAULTS["windows-bytes"]),
          "Bytes of message bodies all durable queues' windows may hold together (plain bytes): "
          "past it a window holds only what is left (at least 64 KiB or one message)."],
+        ["cluster", None, None,
+         "Comma-separated nats:// (or tls://) URLs of a JetStream cluster (nats-server >= "
+         "2.12): run this node as a gateway over it (docs/cluster.md)."],
+        ["cluster-replicas", None, "3", "Replicas of the cluster's streams (1-5)."],
+        ["cluster-name", None, None,
+         "This node's name in the cluster (default: host name and process id)."],
+        ["cluster-tls-ca", None, None,
+         "PEM file of the CA that signed the cluster servers' certificates (TLS)."],
+        ["cluster-creds", None, None,
+         "NATS credentials file (user JWT and nkey seed) for the cluster connection."],
         *[list(line) for plugin in BUILTIN for line in plugin.option_lines],
     ]
 
@@ -224,6 +234,24 @@ Examples:
                     f"got {value!r}")
             self[option] = number
 
+    def _cluster(self) -> None:
+        """Check --cluster URLs and --cluster-replicas (mqhub.cluster reads them)."""
+        if not self["cluster"]:
+            return
+        from mqhub.cluster.client import ServerUrl
+
+        try:
+            for url in self["cluster"].split(","):
+                ServerUrl.parse(url.strip())
+            replicas = int(self["cluster-replicas"])
+        except ValueError as exc:
+            raise usage.UsageError(f"--cluster: {exc}") from None
+        if not 1 <= replicas <= 5:
+            raise usage.UsageError("--cluster-replicas must be from 1 to 5")
+        for key in ("cluster-tls-ca", "cluster-creds"):
+            if self[key] and not os.path.isfile(self[key]):
+                raise usage.UsageError(f"--{key}: {self[key]!r} is not a file")
+
     def postOptions(self) -> None:
         """Resolve protocol names and endpoints; reject unknown or duplicate names.
 
@@ -262,6 +290,7 @@ Examples:
             raise usage.UsageError(
                 "--lame-duck-duration and --lame-duck-grace must be seconds >= 0") from None
         self._paging()
+        self._cluster()
         found = self._discover()
         available = ", ".join(found.plugins) or "none"
         requested = [n.strip() for n in self["protocols"].split(",") if n.strip()]

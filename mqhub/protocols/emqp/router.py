@@ -51,6 +51,11 @@ from mqhub.records import ATTEMPTS, BODY, HEADERS, MSG_ID
 
 log = Logger(namespace="mqhub.emqp")
 
+#: a job's result for a client connected to another node of the hub (cluster mode) travels
+#: on this live address; every node's router forwards those of its own clients
+REMOTE_RESULTS = "~emqp.results"
+_REMOTE_TAG = ("emqp", "remote results")
+
 
 def _text(raw: bytes) -> str:
     """A queue name frame as text (undecodable bytes replaced)."""
@@ -119,6 +124,7 @@ class EmqpRouter:
         #: dispatch acks and results, sent once what they confirm is stored (replies.py)
         self.replies = StoredReplies(self.broker, self.clock, send_frontend)
         self._heartbeat: LoopingCall | None = None
+        self._remote_results: Any = None
         self.stats = {"requests": 0, "dispatched": 0, "replies": 0, "retries": 0,
                       "published": 0, "scheduled_runs": 0, "late_replies": 0, "refused": 0}
         self.pubsub = PubRelay(self.broker, send_pub, self.drops, max_body, self.stats,
@@ -139,6 +145,7 @@ class EmqpRouter:
             if queue.name.startswith(JOB_PREFIX):
                 self._consumer(queue.name[len(JOB_PREFIX):])
         self.pubsub.start()
+        self._remote_results = self.broker.subscribe(REMOTE_RESULTS, self, tag=_REMOTE_TAG)
         self._heartbeat = LoopingCall(self._beat)
         self._heartbeat.clock = self.clock
         self._heartbeat.start(self.heartbeat_interval, now=False)
@@ -149,6 +156,9 @@ class EmqpRouter:
             self._heartbeat.stop()
         self.replies.cancel()
         self.pubsub.stop()
+        if self._remote_results is not None:
+            self.broker.unbind(self._remote_results)
+            self._remote_results = None
         for qname, consumer in list(self.consumers.items()):
             queue = self.broker.queue(JOB_PREFIX + qname)
             if queue is not None:
@@ -170,8 +180,10 @@ class EmqpRouter:
         return consumer
 
     def known(self, qname: str) -> bool:
-        """True when a worker has INFORMed ``qname`` or it holds recovered jobs."""
-        return qname in self.routes or qname in self.consumers
+        """True when a worker has INFORMed ``qname``, it holds recovered jobs, or the hub has
+        its queue (a worker of another node informed it)."""
+        return qname in self.routes or qname in self.consumers or \
+            self.broker.queue(JOB_PREFIX + qname) is not None
 
     # receiving: frontend ---------------------------------------------------------------------
 
@@ -387,9 +399,35 @@ class EmqpRouter:
         else:
             acks.setdefault(qname, []).append(core_id)
         if wants and client and (last or not failed):  # a failure that will be retried is quiet
-            results.append(F.reply_result(client, self.ids.next(), result, client_msgid))
+            self._result(client, result, client_msgid, results)
         if worker.leaving and not worker.inflight:
             self._remove_worker(worker)
+
+    def _result(self, client: bytes, result: bytes, msgid: bytes,
+                results: list[Frames]) -> None:
+        """A job's result for ``client``: sent from here when the client is this node's (or
+        the hub has no other eMQP node), else handed to the other nodes (cluster mode: the
+        job was sent to another node and ran on a worker of this one)."""
+        if client in self.clients.peers or not self.broker.peers("emqp"):
+            results.append(F.reply_result(client, self.ids.next(), result, msgid))
+            return
+        self.broker.publish_batch(REMOTE_RESULTS, [result], origin="emqp", persist=False,
+                                  headers={H_CLIENT: client.hex(), H_MSGID: msgid.decode()})
+
+    def _results_in(self, messages: list[tuple]) -> None:
+        """Results other nodes handed on: to those of this node's clients."""
+        results: list[Frames] = []
+        for entry in messages:
+            meta = entry[HEADERS] or {}
+            try:
+                client = bytes.fromhex(meta.get(H_CLIENT, ""))
+            except ValueError:
+                continue
+            if client and client in self.clients.peers:
+                results.append(F.reply_result(client, self.ids.next(), entry[BODY],
+                                              meta.get(H_MSGID, "").encode()))
+        for frames in results:
+            send_logged(self.send_frontend, frames)
 
     def _orphan_reply(self, cmd: F.Command, results: list[Frames]) -> bool:
         """A REPLY from a worker this broker does not know (it ran the job before a restart).
@@ -510,10 +548,21 @@ class EmqpRouter:
                     worker.slots += 1
             if leftover:
                 return
+        if consumer.credit <= 0 and self.broker.peers("emqp"):
+            # another node of the hub takes jobs for this queue: they arrive without a publish
+            # of this node's to pump on, so free slots stay granted until jobs come
+            free = sum(w.slots for w in self.workers.values()
+                       if self._usable(w) and any(q == qname for _, q in w.queues))
+            if free:
+                consumer.set_credit(free)
+                queue.dispatch()
 
     def deliver_batch(self, binding: Any, address: str, messages: list[tuple]) -> None:
         """Core delivery of jobs to the dispatcher: send each to a planned (or best) worker."""
         qname = binding.tag
+        if qname is _REMOTE_TAG:
+            self._results_in(messages)
+            return
         plan = self._plan
         for entry in messages:
             worker = plan.pop(0) if plan else None

@@ -121,6 +121,10 @@ class NatsServer(Factory):
                 info["tls_verify"] = True
         if self.lame_duck:
             info["ldm"] = True
+        peers = self.hub.broker.peers("nats") if self.hub.broker is not None else []
+        if peers:   # the hub's other nodes (cluster mode): clients fail over to them
+            info["connect_urls"] = [f"{p.host}:{p.ports['tcp']}" for p in peers
+                                    if "tcp" in p.ports]
         return info
 
     def enter_lame_duck(self) -> None:

@@ -1,0 +1,1 @@
+"""Cluster mode: mqhub nodes as protocol gateways over a NATS JetStream cluster (docs/cluster.md)."""

@@ -1,0 +1,133 @@
+"""Two cluster brokers (two mqhub nodes, in process) over the real three-server cluster:
+a queue's consumer on B gets what A published, competing consumers on two nodes share a
+queue, requeue with delay, max attempts to the dead letters and back, live traffic across
+nodes, and publishes refused while the cluster is unreachable."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from zope.interface import implementer
+
+from mqhub.cluster.broker import ClusterBroker
+from mqhub.cluster.local import LocalCluster, free_port
+from mqhub.errors import ClusterUnavailable
+from mqhub.interfaces import IDeliveryTarget
+from mqhub.store.records import ATTEMPTS, BODY, MSG_ID
+from tests.cluster.conftest import Driver
+
+
+@implementer(IDeliveryTarget)
+class Target:
+    """Records deliveries; acks them when ``auto_ack``."""
+
+    protocol_name = "test"
+
+    def __init__(self, auto_ack: bool = False) -> None:
+        self.got: list[tuple] = []
+        self.auto_ack = auto_ack
+
+    def deliver_batch(self, binding: object, address: str, messages: list[tuple]) -> None:
+        self.got.extend(messages)
+        if self.auto_ack:
+            binding.queue.ack(binding, [m[MSG_ID] for m in messages])  # type: ignore[attr-defined]
+
+    @property
+    def bodies(self) -> list[bytes]:
+        return [m[BODY] for m in self.got]
+
+
+@pytest.fixture
+def nodes(cluster: LocalCluster, driver: Driver,
+          uid: str) -> Iterator[tuple[ClusterBroker, ClusterBroker]]:
+    a = ClusterBroker(driver.reactor, driver.reactor, cluster.urls, name="a" + str(free_port()))
+    b = ClusterBroker(driver.reactor, driver.reactor, list(reversed(cluster.urls)),
+                      name="b" + str(free_port()))
+    driver.result(a.start())
+    driver.result(b.start())
+    assert a.ready and b.ready
+    yield a, b
+    for queue in a.queues():
+        if uid in queue.name:
+            driver.result(a.delete_queue(queue.name))
+    a.stop()
+    b.stop()
+
+
+def _settle(driver: Driver, *brokers: ClusterBroker) -> None:
+    driver.until(lambda: all(b.directory_settled for b in brokers), "directory changes")
+
+
+def test_a_queue_on_b_gets_what_a_publishes_and_two_nodes_share_it(
+        nodes: tuple[ClusterBroker, ClusterBroker], driver: Driver, uid: str) -> None:
+    a, b = nodes
+    qb = b.declare_queue(f"{uid}:ch")
+    b.bind_queue(uid, qb.name)
+    _settle(driver, b)
+    driver.until(lambda: a.queue(qb.name) is not None, "A to learn the queue")
+    driver.result(a.publish_batch(uid, [b"m%d" % i for i in range(200)], origin="test"))
+    on_b = Target(auto_ack=True)
+    cb = qb.attach(on_b, ready=50)
+    qa = a.declare_queue(f"{uid}:ch")
+    on_a = Target(auto_ack=True)
+    ca = qa.attach(on_a, ready=50)
+    driver.until(lambda: len(on_a.got) + len(on_b.got) >= 200, "all 200 across the nodes")
+    both = sorted(on_a.bodies + on_b.bodies)
+    assert both == sorted(b"m%d" % i for i in range(200))      # each once
+    qa.detach(ca)
+    qb.detach(cb)
+
+
+def test_requeue_with_delay_then_max_attempts_dead_letters_and_replay(
+        nodes: tuple[ClusterBroker, ClusterBroker], driver: Driver, uid: str) -> None:
+    a, b = nodes
+    q = b.declare_queue(f"{uid}:w", max_attempts=2, msg_timeout=30)
+    b.bind_queue(uid, q.name)
+    _settle(driver, b)
+    driver.until(lambda: a.queue(q.name) is not None, "A to learn the queue")
+    driver.result(a.publish_batch(uid, [b"poison"], origin="test"))
+    t = Target()
+    c = q.attach(t, ready=1)
+    driver.until(lambda: len(t.got) == 1, "first delivery")
+    assert t.got[0][ATTEMPTS] == 1
+    start = time.monotonic()
+    assert q.requeue(c, [t.got[0][MSG_ID]], delay=0.5) == []
+    driver.until(lambda: len(t.got) == 2, "redelivery after the delay")
+    assert time.monotonic() - start >= 0.45 and t.got[1][ATTEMPTS] == 2
+    assert q.requeue(c, [t.got[1][MSG_ID]]) == []           # last attempt: dead letter
+    dead = driver.until(lambda: driver.result(b.dead_letters(q.name)), "the dead letter")
+    assert [d.body for d in dead] == [b"poison"] and dead[0].reason == "max_attempts"
+    assert dead[0].address == uid and dead[0].attempts == 2
+    assert driver.result(a.replay_dead_letters(q.name)) == 1
+    driver.until(lambda: len(t.got) == 3, "the replayed message")
+    assert t.got[2][BODY] == b"poison" and t.got[2][ATTEMPTS] == 1
+    assert driver.result(b.dead_letters(q.name)) == []
+    q.ack(c, [t.got[2][MSG_ID]])
+
+
+def test_live_subscribers_on_b_get_a_publish_from_a(
+        nodes: tuple[ClusterBroker, ClusterBroker], driver: Driver, uid: str) -> None:
+    a, b = nodes
+    t = Target()
+    b.subscribe(f"{uid}.*", t)
+    driver.until(lambda: a.route(f"{uid}.x").targets, "A to learn B's interest")
+    local = Target()
+    a.subscribe(f"{uid}.x", local)
+    driver.result(a.publish_batch(f"{uid}.x", [b"hello"], origin="nats"))
+    driver.until(lambda: t.got, "B's subscriber")
+    assert t.bodies == [b"hello"] and local.bodies == [b"hello"]
+    assert t.got[0][8] != "nats"           # a NATS target renders it (not its own fast path)
+
+
+def test_publishes_are_refused_while_the_cluster_is_unreachable(driver: Driver) -> None:
+    dead = [f"nats://127.0.0.1:{free_port()}"]
+    broker = ClusterBroker(driver.reactor, driver.reactor, dead, timeout=0.5)
+    driver.result(broker.start())
+    assert not broker.ready and broker.health()["connected"] is False
+    q = broker.declare_queue("q")
+    del q
+    with pytest.raises(ClusterUnavailable):
+        driver.result(broker.publish_batch("x", [b"1"]))
+    broker.stop()

@@ -1,0 +1,43 @@
+"""The test engine itself: three real nats-servers, kill -9 of the stream leader, restart."""
+
+from __future__ import annotations
+
+from mqhub.cluster.client import NatsConnection
+from mqhub.cluster.local import LocalCluster
+from mqhub.errors import ClusterUnavailable
+from tests.cluster.conftest import Driver
+
+
+def test_an_r3_stream_survives_its_leader_and_the_leader_comes_back(
+        cluster: LocalCluster, driver: Driver, uid: str) -> None:
+    conn = NatsConnection(driver.reactor, driver.reactor, cluster.urls, timeout=2.0)
+    driver.result(conn.start())
+    reply = driver.result(conn.request(f"$JS.API.STREAM.CREATE.{uid}", {
+        "name": uid, "subjects": [f"{uid}.>"], "num_replicas": 3, "storage": "file"}))
+    assert "error" not in reply, reply
+
+    def publish(n: int):
+        def build(reply: str) -> list[bytes]:
+            return [b"PUB %s.a %s 1\r\nx\r\n" % (uid.encode(), reply.encode())] * n
+        return conn.publish_acked(build, n)
+
+    driver.result(publish(100))
+    info = driver.result(conn.request(f"$JS.API.STREAM.INFO.{uid}", b""))
+    leader = cluster.index_of(info["cluster"]["leader"])
+    cluster.kill(leader)
+    confirmed = 100
+
+    def try_publish() -> bool:
+        nonlocal confirmed
+        try:
+            driver.result(publish(10), timeout=5)
+        except ClusterUnavailable:
+            return False
+        confirmed += 10
+        return True
+
+    driver.until(try_publish, "publishing to resume after the leader's death", timeout=30)
+    cluster.restart(leader)
+    info = driver.result(conn.request(f"$JS.API.STREAM.INFO.{uid}", b""))
+    assert info["state"]["messages"] >= confirmed
+    conn.stop()
