@@ -38,6 +38,7 @@ from mqhub.protocols.nats.auth import (
     Permissions,
 )
 from mqhub.protocols.nats.auth import Principal as NatsPrincipal
+from mqhub.protocols.nats.router import fold_counts
 
 __all__ = ["Admitted", "NatsGuard", "PublishTables", "publish_violation",
            "subscribe_violation"]
@@ -187,11 +188,12 @@ class PublishTables:
     the server's own do.
     """
 
-    __slots__ = ("session", "routes", "head_routes", "receivers", "epoch")
+    __slots__ = ("session", "routes", "head_routes", "receivers", "epoch", "stats")
 
-    def __init__(self, session: Session) -> None:
-        """Start empty."""
+    def __init__(self, session: Session, stats: dict[str, int]) -> None:
+        """Start empty; delivery counts of dropped routes go to ``stats`` (the server's)."""
         self.session = session
+        self.stats = stats
         self.routes: dict[bytes, tuple] = {}
         self.head_routes: dict[bytes, tuple] = {}
         #: receiving connection -> head -> MSG head, for the allowed heads only
@@ -205,8 +207,15 @@ class PublishTables:
             self.clear()
         return self.routes, self.head_routes
 
+    def fold(self, stats: dict[str, int]) -> None:
+        """Fold the delivery counts of these copies (``router.fold_counts``): they share the
+        server's count cells, but may outlive the server's dropping of a route."""
+        fold_counts(self.routes.values(), stats)
+        fold_counts(self.head_routes.values(), stats)
+
     def clear(self) -> None:
         """Forget every route (the rights or the routing changed)."""
+        self.fold(self.stats)
         self.routes.clear()
         self.head_routes.clear()
         self.receivers.clear()
@@ -231,4 +240,4 @@ class PublishTables:
             # head table, which holds only heads this publisher may publish
             table = self.receivers.setdefault(head[2][0], {})
             table[key] = head[3][key]
-        self.head_routes[key] = (head[0], head[1], head[2], table)
+        self.head_routes[key] = (head[0], head[1], head[2], table, head[4])

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from mqhub.protocols.nats import codec, scan
 from mqhub.protocols.nats.codec import OP_ERROR, OP_MSG, NatsParser
 from mqhub.protocols.nats.heads import route_heads
-from mqhub.protocols.nats.router import PubRouter
+from mqhub.protocols.nats.router import PubRouter, fold_counts
 from mqhub.protocols.nats.scan import SCAN_CHUNK, SCAN_LIMIT, HeadScanner, frame_pattern
 from tests.unit.protocols.nats.helpers import Client, make_server
 
@@ -51,6 +51,8 @@ class _Owner:
         """No output yet."""
         self.out: list[bytes] = []
         self.sid = sid
+        self.out_msgs = 0
+        self.out_bytes = 0
 
 
 def _table(main: _Owner, other: _Owner, second: _Owner) -> dict[bytes, tuple]:
@@ -63,11 +65,11 @@ def _table(main: _Owner, other: _Owner, second: _Owner) -> dict[bytes, tuple]:
         target = (owner, owner.out, b"MSG %s %d %s" % (subject, owner.sid, reply + b" " if reply
                                                          else b""))
         tables[owner][head] = target[2]
-        return [target], None, target, tables[owner]
+        return [target], None, target, tables[owner], [0, 0]
     two = [(main, main.out, b"MSG m 1 "), (second, second.out, b"MSG m 3 ")]
     return {b"PUB a": one(main, b"PUB a", b"a"), b"PUB b.c": one(main, b"PUB b.c", b"b.c"),
             b"PUB a r.1": one(main, b"PUB a r.1", b"a", b"r.1"),
-            b"PUB o": one(other, b"PUB o", b"o"), b"PUB m": (two, None, None, None)}
+            b"PUB o": one(other, b"PUB o", b"o"), b"PUB m": (two, None, None, None, [0, 0])}
 
 
 #: payloads that look like frames, hold CRLFs or LFs, or are plain
@@ -88,10 +90,11 @@ FRAMES = st.one_of(
 
 
 def _run(stream: bytes, cuts: list[int], max_payload: int, scan_bytes: int
-         ) -> tuple[list[bytes], list[object], list[tuple]]:
+         ) -> tuple[list[bytes], list[object], list[tuple], tuple]:
     """Feed ``stream`` in pieces through route_pubs/slow_run as the connection does, the
     scanner taking buffers from ``scan_bytes`` bytes on; return each receiver's output, the
-    dirty marks and the other events."""
+    dirty marks, the other events and the counts (payload bytes routed, and each receiver's
+    messages and payload bytes folded from the routes)."""
     saved = scan.SCAN_BYTES
     scan.SCAN_BYTES = scan_bytes
     try:
@@ -101,7 +104,7 @@ def _run(stream: bytes, cuts: list[int], max_payload: int, scan_bytes: int
 
 
 def _feed(stream: bytes, cuts: list[int], max_payload: int
-          ) -> tuple[list[bytes], list[object], list[tuple]]:
+          ) -> tuple[list[bytes], list[object], list[tuple], tuple]:
     """The loop of :func:`_run`."""
     main, other, second = _Owner(1), _Owner(2), _Owner(3)
     table = _table(main, other, second)
@@ -109,12 +112,14 @@ def _feed(stream: bytes, cuts: list[int], max_payload: int
     router = PubRouter(parser)
     dirty: list[object] = []
     events: list[tuple] = []
+    nbytes = 0
     at = 0
     for cut in [*cuts, len(stream)]:
         parser.receive_data(stream[at:at + cut])
         at += cut
         while True:
             router.route_pubs({}, dirty, table)
+            nbytes += router.last_bytes
             evs = router.slow_run({}, table)
             if not evs:
                 break
@@ -127,7 +132,11 @@ def _feed(stream: bytes, cuts: list[int], max_payload: int
             if any(e[0] == OP_ERROR and e[2] for e in events):
                 break
     marks = [{main: "main", other: "other", second: "second"}[o] for o in dirty]
-    return [b"".join(o.out) for o in (main, other, second)], marks, events
+    stats = {"out_bytes": 0}
+    fold_counts(table.values(), stats)
+    owners = (main, other, second)
+    counts = (nbytes, stats["out_bytes"], [(o.out_msgs, o.out_bytes) for o in owners])
+    return [b"".join(o.out) for o in owners], marks, events, counts
 
 
 @settings(max_examples=200, deadline=None)
@@ -148,6 +157,15 @@ def test_scanner_delivers_exactly_what_the_per_line_paths_deliver(
     on = _run(stream, cuts, max_payload, 0)
     off = _run(stream, cuts, max_payload, 1 << 40)
     assert on == off
+    # the counts are exact: each receiver's MSGs and their payload bytes, as nats-server's
+    # out_msgs/out_bytes; the payload bytes routed are what the receivers got (one each)
+    outputs, _, _, (nbytes, out_bytes, per_owner) = on
+    for out, counted in zip(outputs, per_owner, strict=True):
+        client = NatsParser(server=False)
+        client.receive_data(out)
+        msgs = [ev for ev in client.events() if ev[0] == OP_MSG]
+        assert counted == (len(msgs), sum(len(ev[4]) for ev in msgs))
+    assert out_bytes == sum(b for _, b in per_owner)
 
 
 def test_scanner_takes_a_whole_stretch_and_stops_at_what_it_cannot_take() -> None:
@@ -162,8 +180,13 @@ def test_scanner_takes_a_whole_stretch_and_stops_at_what_it_cannot_take() -> Non
     for stop in (b"PUB o 1\r\nx\r\n", b"PUB m 1\r\nx\r\n", b"PING\r\n", b"PUB a 9\r\nabc"):
         main.out.clear()
         dirty: list[object] = []
-        k, used = HeadScanner().take(body + stop + body, 0, table.get, dirty.append, 8192)
+        table = _table(main, other, second)
+        k, used, nbytes = HeadScanner().take(body + stop + body, 0, table.get, dirty.append,
+                                             8192)
         assert (k, used) == (90, len(body)), stop
+        payload = sum(len(p) for _, p in msgs)
+        # the stretch's count goes to its first head's route (all of it is main's)
+        assert nbytes == payload and table[b"PUB a"][4] == [90, payload]
         assert dirty == [main]
         assert b"".join(main.out) == expected
 
@@ -184,7 +207,8 @@ def test_a_gap_anywhere_in_a_long_stretch_ends_it_there(k: int, n: int, gap: byt
     main, other, second = _Owner(1), _Owner(2), _Owner(3)
     saved, scan.SCAN_BYTES = scan.SCAN_BYTES, 0
     try:
-        taken = HeadScanner().take(stream, 0, _table(main, other, second).get, [].append, 8192)
+        taken = HeadScanner().take(stream, 0, _table(main, other, second).get, [].append,
+                                   8192)[:2]
     finally:
         scan.SCAN_BYTES = saved
     assert taken == (k, 16 * k)
@@ -200,24 +224,24 @@ def test_scanner_goes_on_after_frames_the_per_line_loop_took() -> None:
     frame = b"PUB a 500\r\n" + b"5" * 500 + b"\r\n"
     buf = frame * 10 + b"PING\r\n" + frame * 10
     sc = HeadScanner()
-    assert sc.take(buf, 0, table.get, [].append, 8192) == (10, 10 * len(frame))
+    assert sc.take(buf, 0, table.get, [].append, 8192)[:2] == (10, 10 * len(frame))
     pos = 10 * len(frame)
-    assert sc.take(buf, pos + 2, table.get, [].append, 8192) == (0, 0)     # inside PING
+    assert sc.take(buf, pos + 2, table.get, [].append, 8192)[:2] == (0, 0)     # inside PING
     pos += 6
-    pos, k, _ = route_heads(buf, pos, table.get, [].append, 8192, 3)       # 3 the slow way
+    pos, k, *_ = route_heads(buf, pos, table.get, [].append, 8192, 3)       # 3 the slow way
     assert k == 3
-    assert sc.take(buf, pos, table.get, [].append, 8192) == (7, 7 * len(frame))
+    assert sc.take(buf, pos, table.get, [].append, 8192)[:2] == (7, 7 * len(frame))
     assert b"".join(main.out) == (b"MSG a 1 500\r\n" + b"5" * 500 + b"\r\n") * 20
     # right after what the per-line paths took (PING; the end of a frame completed across
     # reads) the scanner goes on at once: the rest of that piece is the next frame's head
     main.out.clear()
     sc = HeadScanner()
-    assert sc.take(buf, 0, table.get, [].append, 8192) == (10, 10 * len(frame))
-    assert sc.take(buf, 10 * len(frame), table.get, [].append, 8192) == (0, 0)  # PING: per line
-    assert sc.take(buf, 10 * len(frame) + 6, table.get, [].append, 8192) == (10, 10 * len(frame))
+    assert sc.take(buf, 0, table.get, [].append, 8192)[:2] == (10, 10 * len(frame))
+    assert sc.take(buf, 10 * len(frame), table.get, [].append, 8192)[:2] == (0, 0)  # PING: per line
+    assert sc.take(buf, 10 * len(frame) + 6, table.get, [].append, 8192)[:2] == (10, 10 * len(frame))
     sc = HeadScanner()
-    assert sc.take(buf, 300, table.get, [].append, 8192) == (0, 0)   # in the first payload
-    assert sc.take(buf, len(frame), table.get, [].append, 8192) == (9, 9 * len(frame))
+    assert sc.take(buf, 300, table.get, [].append, 8192)[:2] == (0, 0)   # in the first payload
+    assert sc.take(buf, len(frame), table.get, [].append, 8192)[:2] == (9, 9 * len(frame))
     assert b"".join(main.out) == (b"MSG a 1 500\r\n" + b"5" * 500 + b"\r\n") * 29
 
 
@@ -241,7 +265,7 @@ def test_scanner_backs_off_from_traffic_it_cannot_take_in_long_stretches() -> No
         assert taken[:4] == [first, first, 0, first]       # skips 0, 1, then 3 buffers
         assert sc.skip + sc.backoff > 0
         for _ in range(sc.skip):
-            assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192) == (0, 0)
+            assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192)[:2] == (0, 0)
             sc.release()
         assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192)[0] == 500
         sc.release()
