@@ -63,7 +63,8 @@ class NatsServer(Factory):
         self.auth = auth or Authenticator(
             shared_secret_checks(self.settings.token, self.settings.user, self.settings.password))
         #: CONNECT's credentials onto the hub's users, then the plugin's own checks
-        self.guard = NatsGuard(getattr(hub, "identity", None), self.auth)
+        self.guard = NatsGuard(getattr(hub, "identity", None), self.auth,
+                               self.settings.no_auth_user)
         #: lame-duck mode: new INFOs say ``ldm`` (:mod:`mqhub.lameduck`)
         self.lame_duck = False
         #: when the server was built (POSIX seconds; /varz ``start``)

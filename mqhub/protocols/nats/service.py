@@ -34,7 +34,7 @@ WARM_UP_DELAY = 0.05
 #: plugin option -> NatsSettings keyword (values arrive as strings)
 _OPTIONS = ("max_payload", "max_pending", "ping_interval", "ping_max", "auth_timeout", "token",
             "user", "password", "server_name", "max_control_line", "write_deadline",
-            "tls_verify", "tls_handshake_first")
+            "tls_verify", "tls_handshake_first", "no_auth_user")
 
 
 def build_auth(options: dict[str, Any]) -> Authenticator:
@@ -108,6 +108,9 @@ def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
     elif settings.tls_verify or settings.tls_handshake_first:
         raise PluginError("mq9: tls_verify and tls_handshake_first need tls_cert")
     server = NatsServer(hub, settings, build_auth(plugin_options))
+    if settings.no_auth_user and not server.guard.knows(settings.no_auth_user):
+        raise PluginError(f"mq9: no_auth_user {settings.no_auth_user!r} is not a user of the "
+                          "users file (--users) or of the nats users/user options")
     broker = getattr(hub, "broker", None)
     server.mq9 = Mq9(server, hub.store, hub.clock, broker,
                      sweep_interval=float(plugin_options.get("sweep_interval", 1.0)),

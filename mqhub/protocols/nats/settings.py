@@ -61,6 +61,8 @@ class NatsSettings:
         self.token: str | None = kw.get("token") or None
         self.user: str | None = kw.get("user") or None
         self.password: str | None = kw.get("password") or kw.get("pass") or None
+        #: the user a client that sends no credentials acts as (nats-server's ``no_auth_user``)
+        self.no_auth_user: str | None = kw.get("no_auth_user") or None
         self.tls_context: Any = kw.get("tls_context")
         #: client certificates are required and checked against the CA (INFO ``tls_verify``)
         self.tls_verify: bool = flag(kw.get("tls_verify", False))
