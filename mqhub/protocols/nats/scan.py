@@ -20,7 +20,13 @@ and delivered with C-level passes over lists: one ``map`` of the receiver's head
 route and gives its MSG head, and one slice assignment swaps the heads for MSG heads.
 Anything else (other operations, bare-LF lines, zero-padded or larger sizes, a payload
 holding text that looks like a frame's end) leaves a piece that is no known head, and the
-frame there goes the per-line way. Sans-IO, no Twisted.
+frame there goes the per-line way.
+
+Where the optional C loop (``_scan.c``, built by setup.py) is there, a stretch is framed by it
+instead of the split: one call per stretch from the parser's offset, returning that receiver's
+MSG frames as one bytes object (no per-frame pieces, no join) and their payload bytes. The
+split stays as the fallback (no C compiler at install time), and both give the receiver the
+same bytes. Sans-IO, no Twisted.
 """
 
 from __future__ import annotations
@@ -28,6 +34,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Any
+
+#: the optional C loop (setup.py), or None: without it the regular expression frames
+scan_run: Callable[[bytes, int, dict[bytes, bytes], int], tuple[bytes, int, int, int]] | None
+try:
+    from mqhub.protocols.nats._scan import scan_run
+except ImportError:  # pragma: no cover - no C compiler where it was installed
+    scan_run = None
 
 __all__ = ["HeadScanner", "frame_pattern", "scan_frames", "SCAN_LIMIT", "SCAN_CHUNK",
            "SCAN_MIN", "SCAN_BYTES", "STRETCH_MIN", "BACKOFF_MAX", "HEAD_MAX", "TAIL_PAYLOAD"]
@@ -52,6 +65,9 @@ BACKOFF_MAX = 64
 HEAD_MAX = 4096
 
 _patterns: dict[int, re.Pattern[bytes]] = {}
+
+#: ``HeadScanner.parts`` while the C loop takes the buffer (no split is made)
+NATIVE: list[bytes] = []
 
 
 def _tail_payloads(limit: int) -> list[int]:
@@ -163,7 +179,9 @@ class HeadScanner:
     :data:`SCAN_MIN` turns the scanner off for the rest of the buffer; a buffer whose
     stretches averaged under :data:`STRETCH_MIN` frames makes it skip the next buffers (0, 1,
     3, … up to :data:`BACKOFF_MAX`, back to 0 after a good buffer), so traffic it cannot take
-    in long stretches (several receivers) costs almost no split.
+    in long stretches (several receivers) costs almost no split. With the C loop
+    (:func:`scan_run`) there is no split: each stretch is framed from the offset by one call,
+    under the same rules.
     """
 
     def __init__(self) -> None:
@@ -205,6 +223,10 @@ class HeadScanner:
                 return 0, 0, 0
             if len(buf) - pos < SCAN_BYTES:
                 return 0, 0, 0
+            if scan_run is not None:
+                self.parts = NATIVE
+                self.stop = -1
+                return self._take_native(buf, pos, hget, dappend, max_payload)
             self.parts = frame_pattern(max_payload).split(buf)
             self.index = 0
             self.at = 0
@@ -212,6 +234,8 @@ class HeadScanner:
         parts = self.parts
         if parts is None or pos == self.stop:   # that frame goes the per-line way
             return 0, 0, 0
+        if parts is NATIVE:
+            return self._take_native(buf, pos, hget, dappend, max_payload)
         i = self.index
         at = self.at
         last = len(parts) - 1
@@ -246,6 +270,34 @@ class HeadScanner:
                 used = sum(map(len, parts[i:j])) + k
             self.index = j
             self.at = self.stop = pos + used
+        if k < SCAN_MIN:
+            self.parts = None
+        return k, used, nbytes
+
+    def _take_native(self, buf: bytes, pos: int, hget: Callable[[bytes], Any],
+                     dappend: Callable[[Any], None], max_payload: int) -> tuple[int, int, int]:
+        """:meth:`take` by the C loop: the first frame's head names the receiver (as in
+        :func:`scan_frames`), whose head table the loop frames the stretch against."""
+        i = buf.find(b"\n", pos, pos + HEAD_MAX)
+        sp = buf.rfind(b" ", pos, i) if i > 0 else -1
+        r = hget(buf[pos:sp]) if sp > pos else None
+        if r is None or scan_run is None:
+            return 0, 0, 0                  # no PUB head here (a PING...): per line
+        if r[1] is None and r[3] is not None:
+            data, used, k, nbytes = scan_run(buf, pos, r[3], max_payload)
+        else:                               # several receivers: not a scanner's stretch
+            data, used, k, nbytes = b"", 0, 0, 0
+        self.attempts += 1
+        self.taken += k
+        if k:
+            owner, out = r[2][0], r[2][1]
+            if not out:
+                dappend(owner)
+            out.append(data)
+            counts = r[4]
+            counts[0] += k
+            counts[1] += nbytes
+            self.stop = pos + used
         if k < SCAN_MIN:
             self.parts = None
         return k, used, nbytes

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from mqhub.protocols.nats import codec, scan
 from tests.unit.protocols.nats.helpers import Client, make_server
+
+#: every test here runs with the scanner's C loop and with its fallback (conftest.py)
+pytestmark = pytest.mark.usefixtures("scan_impl")
 
 
 def _pubs(rnd: random.Random, n: int) -> tuple[bytes, int]:

@@ -8,9 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from mqhub.protocols.nats import codec
 from tests.unit.identity.helpers import USERS, directory, write_users
 from tests.unit.protocols.nats.helpers import Client, make_hub, make_server
+
+#: every test here runs with the scanner's C loop and with its fallback (conftest.py)
+pytestmark = pytest.mark.usefixtures("scan_impl")
 
 
 def _msgs(events: list[tuple]) -> list[tuple[str, bytes]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,9 @@ from mqhub.protocols.nats.heads import route_heads
 from mqhub.protocols.nats.router import PubRouter, fold_counts
 from mqhub.protocols.nats.scan import SCAN_CHUNK, SCAN_LIMIT, HeadScanner, frame_pattern
 from tests.unit.protocols.nats.helpers import Client, make_server
+
+#: every test here runs with the scanner's C loop and with its fallback (conftest.py)
+pytestmark = pytest.mark.usefixtures("scan_impl")
 
 
 def test_pattern_frames_exactly_the_canonical_sizes_up_to_its_limit() -> None:
@@ -347,3 +351,57 @@ def test_a_ping_after_a_full_scanner_pass_keeps_the_publisher_connected() -> Non
     assert pub.events() == [(codec.OP_PONG,)]
     assert not pub.closed
     assert [len(e[4]) for e in sub.events() if e[0] == OP_MSG] == [99, *sizes]
+
+
+def _reference_run(buf: bytes, pos: int, table: dict[bytes, bytes], max_payload: int
+                   ) -> tuple[bytes, int, int, int]:
+    """What ``scan_run`` must return, written the slow way: frames one by one while the
+    control line is ``<head> <canonical size>\\r\\n``, the payload is followed by CRLF and the
+    head is in ``table``."""
+    out = []
+    p = pos
+    k = nbytes = 0
+    while True:
+        i = buf.find(b"\n", p)
+        if i < 0 or i - 1 <= p or buf[i - 1] != 13:
+            break
+        sp = buf.rfind(b" ", p, i - 1)
+        digits = buf[sp + 1:i - 1]
+        if sp <= p or not digits.isdigit() or len(digits) > 18 \
+                or (len(digits) > 1 and digits.startswith(b"0")) or int(digits) > max_payload:
+            break
+        size = int(digits)
+        start = i + 1
+        msg = table.get(buf[p:sp])
+        if buf[start + size:start + size + 2] != b"\r\n" or msg is None:
+            break
+        out.append(msg + buf[sp + 1:start + size + 2])
+        k += 1
+        nbytes += size
+        p = start + size + 2
+    return b"".join(out), p - pos, k, nbytes
+
+
+PIECES = st.sampled_from([b"PUB a", b"PUB a r.1", b"PUB b.c", b"PUB zz", b"PUB", b" ", b"  ",
+                          b"\r", b"\n", b"\r\n", b"0", b"5", b"05", b"12", b"4095", b"99999",
+                          b"x" * 5, b"y" * 12, b"PING\r\n", b"\x00", b"-1", b"+3"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(st.one_of(
+           st.tuples(st.sampled_from([b"PUB a", b"PUB a r.1", b"PUB b.c", b"PUB zz"]),
+                     st.binary(max_size=30)).map(
+               lambda t: b"%s %d\r\n%s\r\n" % (t[0], len(t[1]), t[1])),
+           st.lists(PIECES, max_size=8).map(b"".join)), max_size=20),
+       pos=st.integers(0, 40), max_payload=st.sampled_from([0, 4, 12, 1 << 20]))
+def test_the_c_loop_frames_exactly_as_written(frames: list[bytes], pos: int,
+                                              max_payload: int) -> None:
+    """scan_run on well-formed frames mixed with junk (bare CR or LF, spaces, zero-padded,
+    signed, oversized or truncated sizes, unknown heads), from any offset: the same output,
+    length, frame count and payload bytes as the slow reference."""
+    from mqhub.protocols.nats._scan import scan_run  # built by `make venv` (setup.py)
+
+    table = {b"PUB a": b"MSG a 1 ", b"PUB a r.1": b"MSG a 1 r.1 ", b"PUB b.c": b"MSG b.c 22 "}
+    buf = b"".join(frames)
+    pos = min(pos, len(buf))
+    assert scan_run(buf, pos, table, max_payload) == _reference_run(buf, pos, table, max_payload)
