@@ -278,10 +278,15 @@ class NatsConnection(Protocol):
 
     def write_out(self, data: bytes) -> None:
         """Write delivery output, closing the connection when it is a slow consumer."""
+        self.write_chunks([data], len(data))
+
+    def write_chunks(self, chunks: list[bytes], size: int) -> None:
+        """Write ``chunks`` (``size`` bytes in all) in order, closing the connection when it is
+        a slow consumer: one gathering send on a socket, one joined write otherwise."""
         if self.closing:
             return
         if self.paused:
-            self.paused_bytes += len(data)
+            self.paused_bytes += size
             budget = self.server.settings.max_pending
             if self.paused_bytes > budget:
                 self.slow_consumer(f"MaxPending of {budget} exceeded")
@@ -290,12 +295,12 @@ class NatsConnection(Protocol):
                 self.server.stall_for = max(self.server.stall_for,
                                             stall_duration(self.paused_bytes, budget))
             if self.sock is not None:
-                self.held.append(data)
+                self.held += chunks
                 return
         if self.sock is not None:
-            self._send_direct([data])
+            self._send_direct(chunks)
         else:
-            self.transport.write(data)
+            self.transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
 
     def _send_direct(self, chunks: list[bytes]) -> int:
         """Send ``chunks`` on the socket now; hand what it does not take to Twisted, paused.

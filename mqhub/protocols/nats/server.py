@@ -40,6 +40,10 @@ from mqhub.protocols.nats.sublist import Sublist, subject_matches
 #: the "special" part of a route whose request reaches nobody (no-responders check)
 NO_ONE: tuple = ((), (), False, False)
 ROUTE_CACHE_LIMIT = 65536
+#: a connection's output of this many pieces or fewer goes out with one gathering send; more
+#: (many small MSG pieces) are joined first: the kernel's gather of hundreds of small
+#: buffers costs more than the join (benchmarks/results/nats.md)
+GATHER_MAX = 16
 
 
 class NatsServer(Factory):
@@ -360,6 +364,13 @@ class NatsServer(Factory):
             for conn in conns:
                 out = conn.out
                 if not out:
+                    continue
+                if 1 < len(out) <= GATHER_MAX:
+                    # a few blocks (the scanner's stretches, a frame completed across reads):
+                    # one gathering send, not a copy of a whole read's output
+                    chunks = out[:]
+                    out.clear()
+                    conn.write_chunks(chunks, sum(map(len, chunks)))
                     continue
                 data = b"".join(out)
                 out.clear()
