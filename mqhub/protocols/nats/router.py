@@ -57,8 +57,9 @@ class PubRouter:
         a target ``(owner, out, prefix)`` gets prefix and one slice
         ``payload + CRLF`` appended to ``out`` (``owner`` goes to ``dirty`` when ``out`` was
         empty). ``head_routes`` maps a line's head (``PUB subject [reply]``) to ``(heads,
-        special, one, table)`` (``one``: the only target, or None; ``table``: that target's
-        head -> MSG head table), so a new size on a known subject is delivered as ``head`` and
+        special, one, table, counts)`` (``one``: the only target, or None; ``table``: that
+        target's head -> MSG head table; ``counts``: ``[frames, payload bytes]`` delivered by
+        it), so a new size on a known subject is delivered as ``head`` and
         one slice ``size CRLF payload CRLF`` without parsing. Stops at the first line that
         needs anything else (:meth:`slow_run` takes it); moves only the parser's offset.
         Returns the PUBs delivered; ``last_sent`` then holds the MSG copies written and
