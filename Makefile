@@ -5,13 +5,20 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+NATIVE := $(VENV)/.native
 DATA   ?= ./var
 
 .PHONY: venv bytecode run test test-fast lint typecheck bench clean node web browser reliability fuzz
 
-venv: $(STAMP)
+venv: $(STAMP) $(NATIVE)
 
-$(STAMP): setup.cfg pyproject.toml Makefile
+# The NATS frame scanner's C loop (setup.py, mqhub/protocols/nats/_scan.c): built by the
+# editable install, and again here when its source changes in an existing venv.
+$(NATIVE): $(STAMP) setup.py mqhub/protocols/nats/_scan.c
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+$(STAMP): setup.cfg setup.py pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel setuptools
 	$(PIP) install -q -e '.[dev,export,spark]' --config-settings editable_mode=compat
@@ -93,4 +100,4 @@ bench: venv
 	$(VENV)/bin/mqhub bench --help
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info mqhub/protocols/nats/_scan.*.so

@@ -17,7 +17,9 @@ ratios included; about 60 s in all.
         [--only mq9] [--base-tree DIR]
     mqhub bench nats
 
-``--only`` runs the figures whose name contains the text; ``--base-tree`` also runs the mqhub of
+Each server's CPU time per message (user + system, from /proc around each run) is printed
+beside its rate: it moves less with the machine's load than the rate. ``--only`` runs the
+figures whose name contains the text; ``--base-tree`` also runs the mqhub of
 another source tree (e.g. ``git archive main | tar -x -C DIR``) alternating with this one, and
 prints its rate, its server CPU per message and the ratio (a same-run A/B). ``--rights`` also
 runs this tree with a users file (``--users``: the clients CONNECT with a token, their rights
@@ -371,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         if ref:
             r = statistics.median(ref)
             print(f"{figure}_nats_server {r:.0f} msg/s")
+            print(f"{figure}_nats_server_cpu "
+                  f"{statistics.median(cpus[(figure, 'nats_server')]):.2f} us/msg")
             print(f"{figure}_ratio {m / r:.2f} x")
             if base_rates:
                 print(f"{figure}_base_ratio {statistics.median(base_rates) / r:.2f} x")

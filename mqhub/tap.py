@@ -465,9 +465,12 @@ def makeService(options: Options) -> HubService:
     A protocol that refuses to be built (a bad setting, a missing certificate) ends the
     process at once with status 1 and one line on stderr (the log has not begun yet).
     Also routes the stdlib ``logging`` of mqhub's core, scheduler and store into twistd's log
-    and sets the process's garbage collector for batch work (:mod:`mqhub.gc_tuning`).
+    and sets the process's garbage collector for batch work (:mod:`mqhub.gc_tuning`). The
+    reactor comes without pyOpenSSL when no TLS is configured (:mod:`mqhub.startup`).
     """
-    from twisted.internet import reactor
+    from mqhub.startup import import_reactor
+
+    reactor = import_reactor(options, start_endpoints(options))
 
     forward_stdlib_logging()
     tune_gc()
@@ -484,6 +487,16 @@ def makeService(options: Options) -> HubService:
         reactor.callWhenRunning(install_reload_signal, reactor, root.hub.identity)
     reactor.callWhenRunning(install_lame_duck_signal, reactor, root.lame_duck)
     return root
+
+
+def start_endpoints(options: Options) -> list[str]:
+    """Every endpoint string a start listens on (protocols, admin, manhole)."""
+    found = [e for roles in options["endpoints"].values() for e in roles.values()]
+    if not options.get("no-admin"):
+        found.append(options.get("admin_endpoint") or ADMIN_ENDPOINT)
+    if options.get("manhole"):
+        found.append(options["manhole"])
+    return found
 
 
 def build_service(options: Options, reactor: Any) -> HubService:

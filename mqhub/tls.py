@@ -38,8 +38,13 @@ def server_context(cert: str, key: str | None = None, ca: str | None = None,
     :param key: PEM key file when not in ``cert``.
     :param ca: PEM file of the CA certificates that client certificates must chain to.
     :param verify: require and verify a client certificate (needs ``ca``).
-    :raises TlsConfigError: when a file cannot be read or parsed, or ``verify`` lacks ``ca``.
+    :raises TlsConfigError: when a file cannot be read or parsed, or ``verify`` lacks ``ca``,
+        or the process started without TLS support (:mod:`mqhub.startup`).
     """
+    from mqhub.startup import tls_available
+
+    if not tls_available():
+        raise TlsConfigError("this process started without TLS support (no TLS option was set)")
     from twisted.internet import ssl
 
     if verify and not ca:

@@ -276,7 +276,7 @@ def shim_args(argv: list[str], scratch: Path | None = None) -> tuple[list[str], 
         if flag in flags:
             options[key] = flags[flag]
     for key in ("max_payload", "ping_interval", "ping_max", "max_pending", "write_deadline",
-                "max_control_line"):
+                "max_control_line", "no_auth_user"):
         if key in conf:
             options[key] = conf[key]
     tls = conf.get("tls")

@@ -2,7 +2,8 @@
 
 Both servers get the same clients (a subscriber with a wildcard and a queue subscription, a
 publisher sending ten messages); every field mqhub fills must exist in nats-server's document
-with the same JSON type, and the fields the issue names must be filled.
+with the same JSON type, the fields the issue names must be filled, and the message and byte
+counts (payload bytes, per connection and in total) must be nats-server's.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ REQUIRED = {
     "connz": {"server_id", "now", "num_connections", "total", "offset", "limit",
               "connections"},
     "conn": {"cid", "kind", "type", "ip", "port", "start", "last_activity", "uptime", "idle",
-             "pending_bytes", "in_msgs", "in_bytes", "out_bytes", "subscriptions", "name",
+             "pending_bytes", "in_msgs", "in_bytes", "out_msgs", "out_bytes", "subscriptions",
+             "name",
              "lang", "version"},
     "subsz": {"server_id", "now", "num_subscriptions", "num_cache", "num_inserts",
               "num_removes", "max_fanout", "avg_fanout", "total", "offset", "limit"},
@@ -139,7 +141,10 @@ def test_monitoring_matches_nats_server(make_broker: Callable[..., BrokerProcess
     assert varz["in_msgs"] == varz["out_msgs"] == 10
     assert varz["connections"] == 2 and varz["total_connections"] >= 2
     assert varz["subscriptions"] == 2 and varz["http_port"] == http
-    assert varz["in_bytes"] > 0 and varz["out_bytes"] > 0 and varz["mem"] > 0
+    assert varz["mem"] > 0
+    counts = ("in_msgs", "in_bytes", "out_msgs", "out_bytes")
+    assert {k: varz[k] for k in counts} == {k: theirs["varz"][1][k] for k in counts} \
+        == {"in_msgs": 10, "in_bytes": 50, "out_msgs": 10, "out_bytes": 50}
     conns = ours["connz"][1]["connections"]
     theirs_conn: dict[str, Any] = {}
     for doc in ("connz", "connz_subs", "connz_detail"):
@@ -150,6 +155,10 @@ def test_monitoring_matches_nats_server(make_broker: Callable[..., BrokerProcess
         assert REQUIRED["conn"] <= set(conn)
     by_name = {c["name"]: c for c in conns}
     assert by_name["pub1"]["in_msgs"] == 10 and by_name["sub1"]["subscriptions"] == 2
+    theirs_by_name = {c["name"]: c for c in theirs["connz"][1]["connections"]}
+    for name in ("pub1", "sub1"):
+        assert {k: by_name[name][k] for k in counts} \
+            == {k: theirs_by_name[name][k] for k in counts}, name
     assert [c["name"] for c in ours["connz_detail"][1]["connections"]] == ["pub1", "sub1"]
     subs = {c["name"]: c.get("subscriptions_list") for c in ours["connz_subs"][1]["connections"]}
     assert subs == {"sub1": ["foo.*", "bar"], "pub1": None}

@@ -514,6 +514,16 @@ class Authenticator:
         """Whether INFO must carry a nonce (an nkey or JWT check is configured)."""
         return any(c.needs_nonce for c in self.checks)
 
+    def named(self, name: str) -> Principal | None:
+        """The user called ``name`` (a ``user`` of the password checks, or an nkey user's
+        public key), or None: whom nats-server's ``no_auth_user`` may name."""
+        for check in self.checks:
+            if isinstance(check, PasswordCheck) and name in check.users:
+                return check.users[name][1]
+            if isinstance(check, NkeyCheck) and name in check.users:
+                return check.users[name]
+        return None
+
     def authenticate(self, creds: Credentials, now: float) -> Principal:
         """The principal of ``creds``, or raise :class:`AuthError`."""
         if not self.checks:

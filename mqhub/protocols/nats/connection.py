@@ -154,11 +154,14 @@ class NatsConnection(Protocol):
         self._expiry: Any = None
         self._stall: Any = None          # the timer that reads this publisher again
         self.closing = False
-        #: monitoring (/connz): when it connected and last read, PUBs in, wire bytes in and out
+        #: monitoring (/connz): when it connected and last read; messages and their payload
+        #: bytes in and out, as nats-server counts them (``out_*`` of the fast path are added
+        #: per route when the server folds its route counts: ``NatsServer.fold_counts``)
         self.start = server.clock.seconds()
         self.last_activity = self.start
         self.in_msgs = 0
         self.in_bytes = 0
+        self.out_msgs = 0
         self.out_bytes = 0
         #: set by the WebSocket listener for its connections (/connz ``type``)
         self.websocket = False
@@ -203,9 +206,6 @@ class NatsConnection(Protocol):
         self.connected = False
         srv = self.server
         srv.connections.pop(self.cid, None)
-        # wire bytes of closed connections (the open ones are summed by /varz)
-        srv.stats["in_bytes"] += self.in_bytes
-        srv.stats["out_bytes"] += self.out_bytes
         if self._pinger is not None and self._pinger.running:
             self._pinger.stop()
         if self._auth_timer is not None and self._auth_timer.active():
@@ -278,11 +278,15 @@ class NatsConnection(Protocol):
 
     def write_out(self, data: bytes) -> None:
         """Write delivery output, closing the connection when it is a slow consumer."""
+        self.write_chunks([data], len(data))
+
+    def write_chunks(self, chunks: list[bytes], size: int) -> None:
+        """Write ``chunks`` (``size`` bytes in all) in order, closing the connection when it is
+        a slow consumer: one gathering send on a socket, one joined write otherwise."""
         if self.closing:
             return
-        self.out_bytes += len(data)
         if self.paused:
-            self.paused_bytes += len(data)
+            self.paused_bytes += size
             budget = self.server.settings.max_pending
             if self.paused_bytes > budget:
                 self.slow_consumer(f"MaxPending of {budget} exceeded")
@@ -291,12 +295,12 @@ class NatsConnection(Protocol):
                 self.server.stall_for = max(self.server.stall_for,
                                             stall_duration(self.paused_bytes, budget))
             if self.sock is not None:
-                self.held.append(data)
+                self.held += chunks
                 return
         if self.sock is not None:
-            self._send_direct([data])
+            self._send_direct(chunks)
         else:
-            self.transport.write(data)
+            self.transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
 
     def _send_direct(self, chunks: list[bytes]) -> int:
         """Send ``chunks`` on the socket now; hand what it does not take to Twisted, paused.
@@ -387,7 +391,6 @@ class NatsConnection(Protocol):
         parser = self.parser
         parser.receive_data(data)
         before = srv.stats["in_msgs"]
-        self.in_bytes += len(data)
         self.last_activity = srv.clock.seconds()
         srv.stall_for = 0.0
         try:
@@ -424,6 +427,9 @@ class NatsConnection(Protocol):
         while self.fast:
             stats["in_msgs"] += router.route_pubs(routes, dirty, head_routes)
             stats["out_msgs"] += router.last_sent
+            nbytes = router.last_bytes
+            self.in_bytes += nbytes
+            stats["in_bytes"] += nbytes
             events = router.slow_run(routes, head_routes)
             if not events:
                 return
@@ -457,13 +463,17 @@ class NatsConnection(Protocol):
             out.append(prefix)
             out.append(payload)
             out.append(CRLF)
+        route[3][0] += 1
         special = route[1]
         if special is not None:
             got = srv.deliver_special(self, hit[1], hit[2], None, payload, special)
             if not got and not route[0] and hit[2] and self.no_resp:
                 srv.no_responders(self, hit[1], hit[2])
-        srv.stats["in_msgs"] += 1
-        srv.stats["out_msgs"] += len(route[0])
+        stats = srv.stats
+        stats["in_msgs"] += 1
+        stats["out_msgs"] += len(route[0])
+        self.in_bytes += len(payload)
+        stats["in_bytes"] += len(payload)
 
     def _general(self, events: list[tuple], start: int) -> None:
         """Process events one by one with every per-connection rule applied."""
@@ -570,7 +580,7 @@ class NatsConnection(Protocol):
         if session is None or session.publish_all:
             self.pub_tables = None
         else:
-            self.pub_tables = PublishTables(session)
+            self.pub_tables = PublishTables(session, self.server.stats)
         if session is not None:
             session.on_revoke = self._rights_changed
 
@@ -643,6 +653,9 @@ class NatsConnection(Protocol):
         if hit is not None and self.echo:
             self._fast_pub(hit, payload)
             return True
+        size = len(payload) if hdr is None else len(hdr) + len(payload)
+        self.in_bytes += size
+        srv.stats["in_bytes"] += size
         srv.stats["in_msgs"] += 1
         if srv.mq9 is not None and subject.startswith(MQ9_PREFIX) and (
                 srv.mq9.claims(subject) or (hdr is not None and srv.mq9.persist_requested(hdr))):

@@ -20,21 +20,24 @@ __all__ = ["route_heads"]
 
 def route_heads(buf: bytes, pos: int, hget: Callable[[bytes], Any],
                 dappend: Callable[[Any], None], max_payload: int,
-                limit: int = sys.maxsize) -> tuple[int, int, int]:
+                limit: int = sys.maxsize) -> tuple[int, int, int, int]:
     """Deliver consecutive complete PUB frames from ``pos`` whose head has a simple route.
 
-    ``hget`` looks a head up as ``(heads, special, one)`` (usable when ``special`` is None;
-    ``one`` is the only ``(owner, out, head)`` target, or None); each target gets its MSG head
-    and the shared tail appended to ``out`` (``owner`` goes to ``dappend`` when ``out`` was
-    empty). Stops before the first line that is incomplete, over ``max_payload``, badly
-    framed or without such a route, or after ``limit`` frames. Returns
-    ``(pos, delivered, extra)``, ``extra`` being the MSG copies beyond one per PUB.
+    ``hget`` looks a head up as ``(heads, special, one, table, counts)`` (usable when
+    ``special`` is None; ``one`` is the only ``(owner, out, head)`` target, or None;
+    ``counts`` the route's ``[frames, payload bytes]``, added to per frame); each target gets
+    its MSG head and the shared tail appended to ``out`` (``owner`` goes to ``dappend`` when
+    ``out`` was empty). Stops before the first line that is incomplete, over ``max_payload``,
+    badly framed or without such a route, or after ``limit`` frames. Returns
+    ``(pos, delivered, extra, nbytes)``, ``extra`` being the MSG copies beyond one per PUB and
+    ``nbytes`` the payload bytes delivered.
     """
     find = buf.find
     rfind = buf.rfind
     sget = SIZES.get
     extra = 0
     done = 0
+    nbytes = 0
     for done in range(limit):  # noqa: B007  (read after the loop: the loop index is the count)
         i = find(b"\n", pos)
         if i < 0:
@@ -54,6 +57,10 @@ def route_heads(buf: bytes, pos: int, hget: Callable[[bytes], Any],
         # a short slice (frame not all here yet) compares unequal too
         if size > max_payload or buf[stop:stop + 2] != b"\r\n":
             break
+        counts = hr[4]
+        counts[0] += 1
+        counts[1] += size
+        nbytes += size
         one = hr[2]
         if one is not None:             # one receiver: no loop
             owner, out, head = one
@@ -72,4 +79,4 @@ def route_heads(buf: bytes, pos: int, hget: Callable[[bytes], Any],
         pos = stop + 2
     else:
         done = limit
-    return pos, done, extra
+    return pos, done, extra, nbytes

@@ -101,19 +101,12 @@ class CpuMeter:
         return self.percent
 
 
-def _open_bytes(server: NatsServer) -> tuple[int, int]:
-    """Wire bytes in and out of every connection, closed ones included."""
-    conns = list(server.connections.values())
-    return (server.stats["in_bytes"] + sum(c.in_bytes for c in conns),
-            server.stats["out_bytes"] + sum(c.out_bytes for c in conns))
-
-
 def varz(server: NatsServer, http: tuple[str, int], requests: dict[str, int], cpu: float,
          websocket: dict[str, Any]) -> dict[str, Any]:
     """The ``/varz`` document: identity, limits, and the server-wide totals."""
     s = server.settings
     now = server.clock.seconds()
-    in_bytes, out_bytes = _open_bytes(server)
+    server.fold_counts()
     stats = server.stats
     doc: dict[str, Any] = {
         "server_id": server.server_id, "server_name": s.server_name, "version": SERVER_VERSION,
@@ -130,8 +123,8 @@ def varz(server: NatsServer, http: tuple[str, int], requests: dict[str, int], cp
         "cores": os.cpu_count() or 1, "cpu": cpu,
         "connections": len(server.connections), "total_connections": stats["connections"],
         "routes": 0, "remotes": 0, "leafnodes": 0,
-        "in_msgs": stats["in_msgs"], "in_bytes": in_bytes,
-        "out_msgs": stats["out_msgs"], "out_bytes": out_bytes,
+        "in_msgs": stats["in_msgs"], "in_bytes": stats["in_bytes"],
+        "out_msgs": stats["out_msgs"], "out_bytes": stats["out_bytes"],
         "slow_consumers": stats["slow_consumers"],
         "subscriptions": server.sublist.count,
         "http_req_stats": dict(requests),
@@ -175,7 +168,8 @@ def _conn_info(conn: NatsConnection, now: float, subs: str, auth: bool) -> dict[
         "start": rfc3339(conn.start), "last_activity": rfc3339(conn.last_activity),
         "uptime": go_duration(now - conn.start), "idle": go_duration(now - conn.last_activity),
         "pending_bytes": conn.paused_bytes,
-        "in_msgs": conn.in_msgs, "in_bytes": conn.in_bytes, "out_bytes": conn.out_bytes,
+        "in_msgs": conn.in_msgs, "out_msgs": conn.out_msgs,
+        "in_bytes": conn.in_bytes, "out_bytes": conn.out_bytes,
         "subscriptions": len(conn.subs),
         "name": conn.name, "lang": conn.lang, "version": conn.version,
     }
@@ -197,6 +191,7 @@ SORT_KEYS: dict[str, Callable[[NatsConnection], Any]] = {
     "subs": lambda c: -len(c.subs),
     "pending": lambda c: -c.paused_bytes,
     "msgs_from": lambda c: -c.in_msgs,
+    "msgs_to": lambda c: -c.out_msgs,
     "bytes_to": lambda c: -c.out_bytes,
     "bytes_from": lambda c: -c.in_bytes,
     "last": lambda c: -c.last_activity,
@@ -246,6 +241,7 @@ def connz(server: NatsServer, args: dict[str, str]) -> dict[str, Any]:
     limit = _int_arg(args, "limit", DEFAULT_LIMIT) or DEFAULT_LIMIT
     subs = _subs_arg(args)
     auth = args.get("auth", "").lower() in ("1", "true")
+    server.fold_counts()
     conns = [] if state == "closed" else list(server.connections.values())
     if "cid" in args:
         cid = _int_arg(args, "cid", 0)

@@ -815,13 +815,17 @@ class Mq9:
             if s.queue is not None:
                 groups.setdefault(s.queue, []).append(s)
         if not groups and not any(e[HEADERS] for e in entries):
+            nbytes = sum(len(e[BODY]) for e in entries)
             for sub in plain:
                 conn = sub.conn
                 out = conn.out
                 if not out:
                     dirty.append(conn)
                 out.append(render_plain(entries, sub.sid))
+                conn.out_msgs += len(entries)
+                conn.out_bytes += nbytes
             srv.stats["out_msgs"] += len(plain) * len(entries)
+            srv.stats["out_bytes"] += len(plain) * nbytes
             return
         members = list(groups.values())
         rr = self._rr.setdefault(mail_id, {}) if members else {}

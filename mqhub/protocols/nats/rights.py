@@ -4,7 +4,9 @@
 nats-server's order: an ``nkey`` (its ``sig`` over the INFO nonce verified by
 :class:`~mqhub.protocols.nats.auth.NkeyCheck`), ``user``/``pass``, ``auth_token``, then the
 subject of a verified client certificate; a client that names none of them gets the
-``[anonymous]`` rights (nats-server's ``no_auth_user``). Credentials the users file does not
+``[anonymous]`` rights, or with the ``no_auth_user`` option acts as that user (of the users
+file, or of the plugin's ``users``/``user``: nats-server's ``no_auth_user``). Credentials the
+users file does not
 know go to the plugin's own checks (:class:`~mqhub.protocols.nats.auth.Authenticator`: the
 ``token`` / ``user`` options, nkey and ``users`` lists, operator JWTs), whose principal becomes
 a shorthand user: its NATS permissions (allow and deny lists) are its grants. Without a users
@@ -38,6 +40,7 @@ from mqhub.protocols.nats.auth import (
     Permissions,
 )
 from mqhub.protocols.nats.auth import Principal as NatsPrincipal
+from mqhub.protocols.nats.router import fold_counts
 
 __all__ = ["Admitted", "NatsGuard", "PublishTables", "publish_violation",
            "subscribe_violation"]
@@ -74,12 +77,16 @@ class NatsGuard:
 
     :param identity: the hub's :class:`mqhub.identity.Directory`, or None.
     :param auth: the plugin's own credential checks.
+    :param no_auth_user: the user a CONNECT without credentials acts as (nats-server's
+        ``no_auth_user``), or None.
     """
 
-    def __init__(self, identity: Any, auth: Authenticator) -> None:
+    def __init__(self, identity: Any, auth: Authenticator,
+                 no_auth_user: str | None = None) -> None:
         """Nothing is checked when neither a users file nor a check of the plugin is set."""
         self.identity = identity
         self.auth = auth
+        self.no_auth_user = no_auth_user
         self.enforcing = identity is not None and identity.enforcing
 
     @property
@@ -113,11 +120,19 @@ class NatsGuard:
             directory.login_succeeded(peer)
         return admitted
 
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a user of the users file or of the plugin's checks."""
+        return (self.enforcing and self.identity.named(name) is not None) \
+            or self.auth.named(name) is not None
+
     def _admit(self, creds: Credentials, now: float) -> Admitted:
-        """The users file first, then the plugin's checks.
+        """The users file first, then the plugin's checks (``no_auth_user`` for a CONNECT
+        without credentials).
 
         :raises AuthError: refused.
         """
+        if self.no_auth_user is not None and self._bare(creds):
+            return self._as_user(self.no_auth_user)
         if self.enforcing:
             found = self._users_file(creds, now)
             if found is not None:
@@ -128,6 +143,28 @@ class NatsGuard:
                 raise AuthError("no user of the users file, and anonymous clients are refused")
             return Admitted(ANONYMOUS, None)
         principal = self.auth.authenticate(creds, now)
+        return Admitted(principal, self._shorthand_session(principal))
+
+    def _bare(self, creds: Credentials) -> bool:
+        """No credentials: no CONNECT field, no certificate subject the users file maps."""
+        if any(creds.get(k) for k in CREDENTIAL_FIELDS):
+            return False
+        return creds.tls_subject is None or not self.enforcing \
+            or self.identity.by_tls_subject(creds.tls_subject) is None
+
+    def _as_user(self, name: str) -> Admitted:
+        """Admit as the user ``name`` without its credentials (``no_auth_user``).
+
+        :raises AuthError: no such user (any more: a reloaded users file dropped it).
+        """
+        if self.enforcing:
+            found = self.identity.named(name)
+            if found is not None:
+                return Admitted(NatsPrincipal(found.name or ""),
+                                self.identity.session("nats", found))
+        principal = self.auth.named(name)
+        if principal is None:
+            raise AuthError(f"no_auth_user {name!r} is no user")
         return Admitted(principal, self._shorthand_session(principal))
 
     def _users_file(self, creds: Credentials, now: float) -> Principal | None:
@@ -187,11 +224,12 @@ class PublishTables:
     the server's own do.
     """
 
-    __slots__ = ("session", "routes", "head_routes", "receivers", "epoch")
+    __slots__ = ("session", "routes", "head_routes", "receivers", "epoch", "stats")
 
-    def __init__(self, session: Session) -> None:
-        """Start empty."""
+    def __init__(self, session: Session, stats: dict[str, int]) -> None:
+        """Start empty; delivery counts of dropped routes go to ``stats`` (the server's)."""
         self.session = session
+        self.stats = stats
         self.routes: dict[bytes, tuple] = {}
         self.head_routes: dict[bytes, tuple] = {}
         #: receiving connection -> head -> MSG head, for the allowed heads only
@@ -205,8 +243,15 @@ class PublishTables:
             self.clear()
         return self.routes, self.head_routes
 
+    def fold(self, stats: dict[str, int]) -> None:
+        """Fold the delivery counts of these copies (``router.fold_counts``): they share the
+        server's count cells, but may outlive the server's dropping of a route."""
+        fold_counts(self.routes.values(), stats)
+        fold_counts(self.head_routes.values(), stats)
+
     def clear(self) -> None:
         """Forget every route (the rights or the routing changed)."""
+        self.fold(self.stats)
         self.routes.clear()
         self.head_routes.clear()
         self.receivers.clear()
@@ -231,4 +276,4 @@ class PublishTables:
             # head table, which holds only heads this publisher may publish
             table = self.receivers.setdefault(head[2][0], {})
             table[key] = head[3][key]
-        self.head_routes[key] = (head[0], head[1], head[2], table)
+        self.head_routes[key] = (head[0], head[1], head[2], table, head[4])

@@ -17,6 +17,7 @@ test_router.py`` checks that on random streams. Sans-IO, no Twisted.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
@@ -25,13 +26,19 @@ from mqhub.protocols.nats.heads import route_heads
 from mqhub.protocols.nats.runs import RUN_MAX_FRAME, RUN_MIN, routable, run_length
 from mqhub.protocols.nats.scan import HeadScanner
 
-__all__ = ["PubRouter"]
+__all__ = ["PubRouter", "fold_counts"]
 
 
 class PubRouter:
     """Routes one connection's PUB frames from its parser's buffer (see the module docstring).
 
     :ivar last_sent: MSG copies written by the last :meth:`route_pubs` call.
+    :ivar last_bytes: payload bytes of the PUBs it delivered (nats-server's ``in_bytes``).
+
+    Per-receiver counts (``out_msgs``/``out_bytes`` of ``/connz``) are not kept per message:
+    each route carries a count cell that a run, a frame or a scanned stretch adds to, and the
+    server folds the cells into its connections' counters when it reads or drops its routes
+    (``NatsServer.fold_counts``).
     """
 
     def __init__(self, parser: NatsParser) -> None:
@@ -39,26 +46,31 @@ class PubRouter:
         self.parser = parser
         self.scanner = HeadScanner()
         self.last_sent = 0
+        self.last_bytes = 0
 
     def route_pubs(self, routes: dict[bytes, tuple], dirty: list[Any],
                    head_routes: dict[bytes, tuple] | None = None) -> int:
         """Deliver consecutive PUBs whose raw control line has a simple route.
 
-        ``routes`` maps a raw PUB line (``hit[0]``) to ``(targets, special, size)``, usable when
-        ``special`` is None; a target ``(owner, out, prefix)`` gets prefix and one slice
+        ``routes`` maps a raw PUB line (``hit[0]``) to ``(targets, special, size, hits)``, usable
+        when ``special`` is None (``hits``: a one-item list counting the frames delivered by it);
+        a target ``(owner, out, prefix)`` gets prefix and one slice
         ``payload + CRLF`` appended to ``out`` (``owner`` goes to ``dirty`` when ``out`` was
         empty). ``head_routes`` maps a line's head (``PUB subject [reply]``) to ``(heads,
-        special, one, table)`` (``one``: the only target, or None; ``table``: that target's
-        head -> MSG head table), so a new size on a known subject is delivered as ``head`` and
+        special, one, table, counts)`` (``one``: the only target, or None; ``table``: that
+        target's head -> MSG head table; ``counts``: ``[frames, payload bytes]`` delivered by
+        it), so a new size on a known subject is delivered as ``head`` and
         one slice ``size CRLF payload CRLF`` without parsing. Stops at the first line that
         needs anything else (:meth:`slow_run` takes it); moves only the parser's offset.
-        Returns the PUBs delivered; ``last_sent`` then holds the MSG copies written.
+        Returns the PUBs delivered; ``last_sent`` then holds the MSG copies written and
+        ``last_bytes`` their payload bytes.
         """
         count = self._route(routes, dirty, head_routes)
         if self.parser.next_read():     # the next read, without copying it
-            sent = self.last_sent
+            sent, nbytes = self.last_sent, self.last_bytes
             count += self._route(routes, dirty, head_routes)
             self.last_sent += sent
+            self.last_bytes += nbytes
         return count
 
     def slow_run(self, routes: dict[bytes, tuple],
@@ -76,7 +88,7 @@ class PubRouter:
         parser = self.parser
         at = parser.window()
         if at is None:
-            self.last_sent = 0
+            self.last_sent = self.last_bytes = 0
             return 0
         buf, pos = at
         n = len(buf)
@@ -87,6 +99,7 @@ class PubRouter:
         dappend = dirty.append
         count = 0
         extra = 0    # MSG copies beyond one per PUB (the one-target case costs nothing)
+        nbytes = 0   # payload bytes of the PUBs delivered
         run_max = max_payload + 4096   # frames up to this size try a run; 0 once one failed
         scanner = self.scanner
         while True:
@@ -97,18 +110,21 @@ class PubRouter:
                 if hget is None:
                     break
                 # mixed traffic: known subjects at new sizes, a whole stretch at once
-                k, used = scanner.take(buf, pos, hget, dappend, max_payload)
+                k, used, size = scanner.take(buf, pos, hget, dappend, max_payload)
                 if k:
                     pos += used
                     count += k
+                    nbytes += size
                     continue
                 # what the scanner cannot take: one frame (it retries after), or a stretch
-                pos, k, more = route_heads(buf, pos, hget, dappend, max_payload,
-                                           1 if scanner.parts is not None else sys.maxsize)
+                pos, k, more, size = route_heads(
+                    buf, pos, hget, dappend, max_payload,
+                    1 if scanner.parts is not None else sys.maxsize)
                 if not k:
                     break
                 count += k
                 extra += more
+                nbytes += size
                 continue
             if r[1] is not None:
                 break
@@ -136,6 +152,8 @@ class PubRouter:
                                     dappend(owner)
                                 out.append(seg.replace(head, prefix))
                             extra += (len(targets) - 1) * k
+                            r[3][0] += k
+                            nbytes += k * r[2]
                             pos = end
                             count += k
                             continue
@@ -148,6 +166,8 @@ class PubRouter:
                         pairs[1::2] = pieces
                         out.extend(pairs)
                     extra += (len(targets) - 1) * k
+                    r[3][0] += k
+                    nbytes += k * r[2]
                     pos = end
                     count += k
                     continue
@@ -167,8 +187,29 @@ class PubRouter:
                         dappend(owner)
                     out.append(prefix)
                     out.append(payload)
+            r[3][0] += 1
+            nbytes += r[2]
             pos = stop + 2
             count += 1
         parser.seek(pos)
         self.last_sent = count + extra
+        self.last_bytes = nbytes
         return count
+
+
+def fold_counts(routes: Iterable[tuple], stats: dict[str, int]) -> None:
+    """Move the delivery counts of ``routes`` (line routes ``(targets, special, size, [n])``
+    or head routes ``(heads, special, one, table, [n, nbytes])``) onto their receivers'
+    ``out_msgs``/``out_bytes`` and ``stats["out_bytes"]``, and zero them."""
+    for route in routes:
+        cell = route[-1]
+        n = cell[0]
+        if not n:
+            continue
+        nbytes = cell[1] if len(cell) > 1 else n * route[2]
+        for target in route[0]:
+            conn = target[0]
+            conn.out_msgs += n
+            conn.out_bytes += nbytes
+        stats["out_bytes"] += nbytes * len(route[0])
+        cell[:] = [0] * len(cell)

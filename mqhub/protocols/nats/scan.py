@@ -20,7 +20,13 @@ and delivered with C-level passes over lists: one ``map`` of the receiver's head
 route and gives its MSG head, and one slice assignment swaps the heads for MSG heads.
 Anything else (other operations, bare-LF lines, zero-padded or larger sizes, a payload
 holding text that looks like a frame's end) leaves a piece that is no known head, and the
-frame there goes the per-line way. Sans-IO, no Twisted.
+frame there goes the per-line way.
+
+Where the optional C loop (``_scan.c``, built by setup.py) is there, a stretch is framed by it
+instead of the split: one call per stretch from the parser's offset, returning that receiver's
+MSG frames as one bytes object (no per-frame pieces, no join) and their payload bytes. The
+split stays as the fallback (no C compiler at install time), and both give the receiver the
+same bytes. Sans-IO, no Twisted.
 """
 
 from __future__ import annotations
@@ -29,8 +35,15 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+#: the optional C loop (setup.py), or None: without it the regular expression frames
+scan_run: Callable[[bytes, int, dict[bytes, bytes], int], tuple[bytes, int, int, int]] | None
+try:
+    from mqhub.protocols.nats._scan import scan_run
+except ImportError:  # pragma: no cover - no C compiler where it was installed
+    scan_run = None
+
 __all__ = ["HeadScanner", "frame_pattern", "scan_frames", "SCAN_LIMIT", "SCAN_CHUNK",
-           "SCAN_MIN", "SCAN_BYTES", "STRETCH_MIN", "BACKOFF_MAX", "HEAD_MAX"]
+           "SCAN_MIN", "SCAN_BYTES", "STRETCH_MIN", "BACKOFF_MAX", "HEAD_MAX", "TAIL_PAYLOAD"]
 
 #: largest payload the scanner's pattern frames (larger ones go the per-line way)
 SCAN_LIMIT = 4095
@@ -52,6 +65,23 @@ BACKOFF_MAX = 64
 HEAD_MAX = 4096
 
 _patterns: dict[int, re.Pattern[bytes]] = {}
+
+#: ``HeadScanner.parts`` while the C loop takes the buffer (no split is made)
+NATIVE: list[bytes] = []
+
+
+def _tail_payloads(limit: int) -> list[int]:
+    """Index ``len(tail)`` -> payload bytes of a canonical tail ``size CRLF payload CRLF``
+    (``len(tail) = size + len(str(size)) + 4``, which is increasing in ``size``)."""
+    table = [0] * (limit + len(str(limit)) + 5)
+    for size in range(limit + 1):
+        table[size + len(str(size)) + 4] = size
+    return table
+
+
+#: a scanned tail's payload size by the tail's length: a stretch's payload bytes are one
+#: C-level ``sum(map(...))`` over its tails, not a count per frame in Python
+TAIL_PAYLOAD = _tail_payloads(SCAN_LIMIT)
 
 
 def _sizes(limit: int, prefix: bytes = b"") -> bytes:
@@ -84,26 +114,30 @@ def frame_pattern(limit: int) -> re.Pattern[bytes]:
 
 
 def scan_frames(parts: list[bytes], i: int, r: tuple,
-                dappend: Callable[[Any], None]) -> tuple[int, int]:
+                dappend: Callable[[Any], None]) -> tuple[int, int, int]:
     """Deliver the frames of ``parts`` (a frame-pattern split) from ``parts[i]`` on.
 
     ``parts[i]`` must start at a frame boundary; frame ``k`` is ``parts[i + 2k]`` (its
     head), a space and ``parts[i + 2k + 1]`` (its tail). The first head's route ``r``
-    (``(heads, special, one, table)`` from the head routes) names the receiver: ``one`` is its
-    only target ``(owner, out, msg_head)`` and ``table`` maps every head whose only target is
-    that connection to its MSG head (the server keeps one such table per connection).
-    Frames are taken while ``table`` has their head, so one lookup per frame checks that the
-    piece is exactly a head, that it goes to that receiver alone, and gives its MSG head.
-    Returns ``(frames, j)``: ``parts[j]`` is the piece after the last frame taken.
+    (``(heads, special, one, table, counts)`` from the head routes) names the receiver:
+    ``one`` is its only target ``(owner, out, msg_head)`` and ``table`` maps every head whose
+    only target is that connection to its MSG head (the server keeps one such table per
+    connection). Frames are taken while ``table`` has their head, so one lookup per frame
+    checks that the piece is exactly a head, that it goes to that receiver alone, and gives
+    its MSG head. Every frame goes to that one receiver, so the first head's ``counts`` take
+    the whole stretch. Returns ``(frames, j, nbytes)``: ``parts[j]`` is the piece after the
+    last frame taken, ``nbytes`` the frames' payload bytes.
     """
     if r[1] is not None or r[3] is None:
-        return 0, i
+        return 0, i, 0
     owner, out = r[2][0], r[2][1]
     tget = r[3].get
     last = len(parts) - 1           # parts[last] is the text after the last match
     done = 0
+    nbytes = 0
     j = i
     chunk = SCAN_CHUNK
+    payload = TAIL_PAYLOAD.__getitem__
     while True:
         m = min((last - j) // 2, chunk)
         if m <= 0:
@@ -120,12 +154,17 @@ def scan_frames(parts: list[bytes], i: int, r: tuple,
         if not out:
             dappend(owner)
         out += block
+        nbytes += sum(map(payload, map(len, block[1::2])))
         done += good
         j += 2 * good
         if good < m:
             break
         chunk *= 2
-    return done, j
+    if done:
+        counts = r[4]
+        counts[0] += done
+        counts[1] += nbytes
+    return done, j, nbytes
 
 
 class HeadScanner:
@@ -140,7 +179,9 @@ class HeadScanner:
     :data:`SCAN_MIN` turns the scanner off for the rest of the buffer; a buffer whose
     stretches averaged under :data:`STRETCH_MIN` frames makes it skip the next buffers (0, 1,
     3, … up to :data:`BACKOFF_MAX`, back to 0 after a good buffer), so traffic it cannot take
-    in long stretches (several receivers) costs almost no split.
+    in long stretches (several receivers) costs almost no split. With the C loop
+    (:func:`scan_run`) there is no split: each stretch is framed from the offset by one call,
+    under the same rules.
     """
 
     def __init__(self) -> None:
@@ -168,26 +209,33 @@ class HeadScanner:
             self.attempts = self.taken = 0
 
     def take(self, buf: bytes, pos: int, hget: Callable[[bytes], Any],
-             dappend: Callable[[Any], None], max_payload: int) -> tuple[int, int]:
+             dappend: Callable[[Any], None], max_payload: int) -> tuple[int, int, int]:
         """Deliver frames of ``buf`` from the frame boundary ``pos`` (see :func:`scan_frames`).
 
-        Returns ``(frames, consumed)``; ``(0, 0)`` when nothing can be taken at ``pos``.
+        Returns ``(frames, consumed, payload bytes)``; ``(0, 0, 0)`` when nothing can be taken
+        at ``pos``.
         """
         if buf is not self.buf:
             self.release()
             self.buf = buf
             if self.skip:
                 self.skip -= 1
-                return 0, 0
+                return 0, 0, 0
             if len(buf) - pos < SCAN_BYTES:
-                return 0, 0
+                return 0, 0, 0
+            if scan_run is not None:
+                self.parts = NATIVE
+                self.stop = -1
+                return self._take_native(buf, pos, hget, dappend, max_payload)
             self.parts = frame_pattern(max_payload).split(buf)
             self.index = 0
             self.at = 0
             self.stop = -1
         parts = self.parts
         if parts is None or pos == self.stop:   # that frame goes the per-line way
-            return 0, 0
+            return 0, 0, 0
+        if parts is NATIVE:
+            return self._take_native(buf, pos, hget, dappend, max_payload)
         i = self.index
         at = self.at
         last = len(parts) - 1
@@ -200,7 +248,7 @@ class HeadScanner:
         if i >= last or pos - at >= len(parts[i]) or len(parts[i]) - (pos - at) > HEAD_MAX:
             self.index = i
             self.at = at
-            return 0, 0     # pos is in a match (out of step), or no head is that long: per line
+            return 0, 0, 0  # pos is in a match (out of step), or no head is that long: per line
         if at < pos:
             # the piece holds what the per-line paths took (the end of a frame completed
             # across reads, a PING...) and then, maybe, the head of the frame at pos
@@ -210,8 +258,8 @@ class HeadScanner:
         self.at = at
         r = hget(parts[i])
         if r is None:
-            return 0, 0                     # no PUB head here (a PING...): per line
-        k, j = scan_frames(parts, i, r, dappend)
+            return 0, 0, 0                  # no PUB head here (a PING...): per line
+        k, j, nbytes = scan_frames(parts, i, r, dappend)
         self.attempts += 1
         self.taken += k
         used = 0
@@ -224,4 +272,32 @@ class HeadScanner:
             self.at = self.stop = pos + used
         if k < SCAN_MIN:
             self.parts = None
-        return k, used
+        return k, used, nbytes
+
+    def _take_native(self, buf: bytes, pos: int, hget: Callable[[bytes], Any],
+                     dappend: Callable[[Any], None], max_payload: int) -> tuple[int, int, int]:
+        """:meth:`take` by the C loop: the first frame's head names the receiver (as in
+        :func:`scan_frames`), whose head table the loop frames the stretch against."""
+        i = buf.find(b"\n", pos, pos + HEAD_MAX)
+        sp = buf.rfind(b" ", pos, i) if i > 0 else -1
+        r = hget(buf[pos:sp]) if sp > pos else None
+        if r is None or scan_run is None:
+            return 0, 0, 0                  # no PUB head here (a PING...): per line
+        if r[1] is None and r[3] is not None:
+            data, used, k, nbytes = scan_run(buf, pos, r[3], max_payload)
+        else:                               # several receivers: not a scanner's stretch
+            data, used, k, nbytes = b"", 0, 0, 0
+        self.attempts += 1
+        self.taken += k
+        if k:
+            owner, out = r[2][0], r[2][1]
+            if not out:
+                dappend(owner)
+            out.append(data)
+            counts = r[4]
+            counts[0] += k
+            counts[1] += nbytes
+            self.stop = pos + used
+        if k < SCAN_MIN:
+            self.parts = None
+        return k, used, nbytes

@@ -26,6 +26,7 @@ from mqhub.protocols.nats import codec
 from mqhub.protocols.nats.auth import Authenticator, shared_secret_checks
 from mqhub.protocols.nats.connection import NatsConnection, Subscription
 from mqhub.protocols.nats.rights import NatsGuard
+from mqhub.protocols.nats.router import fold_counts
 from mqhub.protocols.nats.settings import (  # noqa: F401  (SERVER_VERSION re-exported)
     BROADCAST_PREFIX,
     CRLF,
@@ -39,6 +40,10 @@ from mqhub.protocols.nats.sublist import Sublist, subject_matches
 #: the "special" part of a route whose request reaches nobody (no-responders check)
 NO_ONE: tuple = ((), (), False, False)
 ROUTE_CACHE_LIMIT = 65536
+#: a connection's output of this many pieces or fewer goes out with one gathering send; more
+#: (many small MSG pieces) are joined first: the kernel's gather of hundreds of small
+#: buffers costs more than the join (benchmarks/results/nats.md)
+GATHER_MAX = 16
 
 
 class NatsServer(Factory):
@@ -62,7 +67,8 @@ class NatsServer(Factory):
         self.auth = auth or Authenticator(
             shared_secret_checks(self.settings.token, self.settings.user, self.settings.password))
         #: CONNECT's credentials onto the hub's users, then the plugin's own checks
-        self.guard = NatsGuard(getattr(hub, "identity", None), self.auth)
+        self.guard = NatsGuard(getattr(hub, "identity", None), self.auth,
+                               self.settings.no_auth_user)
         #: lame-duck mode: new INFOs say ``ldm`` (:mod:`mqhub.lameduck`)
         self.lame_duck = False
         #: when the server was built (POSIX seconds; /varz ``start``)
@@ -86,8 +92,9 @@ class NatsServer(Factory):
         #: budget: the fast-producer stall, see connection.py); 0 for none
         self.stall_for = 0.0
         #: bridge_refused: NATS messages a foreign binding matched that the core did not keep
-        #: in_bytes/out_bytes: wire bytes of connections already closed (see monitor.py);
-        #: sub_inserts/sub_removes: trie changes (/subsz)
+        #: in_bytes/out_bytes: message payload bytes in and out, as nats-server counts them
+        #: (out_bytes is exact after :meth:`fold_counts`); sub_inserts/sub_removes: trie
+        #: changes (/subsz)
         self.stats = {"in_msgs": 0, "out_msgs": 0, "slow_consumers": 0, "connections": 0,
                       "bridge_refused": 0, "in_bytes": 0, "out_bytes": 0, "sub_inserts": 0,
                       "sub_removes": 0}
@@ -141,6 +148,7 @@ class NatsServer(Factory):
     def changed(self) -> None:
         """Bump the epoch: every cached route is stale."""
         self.epoch += 1
+        self.fold_counts()
         self.routes.clear()
         self.sroutes.clear()
         self.head_routes.clear()
@@ -176,9 +184,10 @@ class NatsServer(Factory):
     def resolve(self, hit: tuple) -> tuple:
         """Build (and cache) the route of a PUB control line ``hit = (line, subj, reply, size)``.
 
-        A route is ``(targets, special)``: ``targets`` is a list of ``(conn, out, prefix)``
-        for plain subscriptions without a message limit; ``special`` is None or a tuple
-        ``(limited_subs, groups, mq9, foreign)`` handled on the slower path. Routing itself is
+        A route is ``(targets, special, size, hits)``: ``targets`` is a list of ``(conn, out,
+        prefix)`` for plain subscriptions without a message limit; ``special`` is None or a
+        tuple ``(limited_subs, groups, mq9, foreign)`` handled on the slower path; ``hits``
+        counts the messages delivered to ``targets`` until :meth:`fold_counts`. Routing itself is
         cached per (subject, reply), so a new size on a known subject only formats prefixes.
         """
         line, subject, reply, size = hit
@@ -192,6 +201,7 @@ class NatsServer(Factory):
             # the head of a canonical line routes later sizes on this subject in the codec
             hroutes = self.head_routes
             if len(hroutes) >= ROUTE_CACHE_LIMIT:
+                fold_counts(hroutes.values(), self.stats)
                 hroutes.clear()
                 self.one_heads.clear()
             key = line[:sp]
@@ -199,18 +209,30 @@ class NatsServer(Factory):
                 one = heads[0]
                 table = self.one_heads.setdefault(one[0], {})
                 table[key] = one[2]
-                hroutes[key] = (heads, None, one, table)
+                hroutes[key] = (heads, None, one, table, [0, 0])
             else:
-                hroutes[key] = (heads, None, None, None)
+                hroutes[key] = (heads, None, None, None, [0, 0])
         tail = b"%d\r\n" % size
         if special is None and not heads and reply:
             special = NO_ONE      # a request nobody receives: the slow path sends the 503
-        route = ([(conn, out, head + tail) for conn, out, head in heads], special, size)
+        route = ([(conn, out, head + tail) for conn, out, head in heads], special, size, [0])
         routes = self.routes
         if len(routes) >= ROUTE_CACHE_LIMIT:
+            fold_counts(routes.values(), self.stats)
             routes.clear()
         routes[line] = route
         return route
+
+    def fold_counts(self) -> None:
+        """Add what the cached routes delivered since the last fold to each receiving
+        connection's ``out_msgs``/``out_bytes`` and to the server's ``out_bytes`` (the fast
+        path counts per route, not per message; see ``PubRouter``)."""
+        stats = self.stats
+        fold_counts(self.routes.values(), stats)
+        fold_counts(self.head_routes.values(), stats)
+        for conn in self.connections.values():
+            if conn.pub_tables is not None:     # a restricted publisher's own copies
+                conn.pub_tables.fold(stats)
 
     def _resolve_subject(self, subject: str, reply: str | None) -> tuple:
         """Route a (subject, reply): MSG line heads of plain subs, and the special part."""
@@ -272,11 +294,17 @@ class NatsServer(Factory):
         if hdr is not None and conn.headers:
             out.append(codec.hmsg_prefix(subject, sub.sid, reply, len(hdr), len(hdr) + len(payload)))
             out.append(hdr)
+            size = len(hdr) + len(payload)
         else:
             out.append(codec.msg_prefix(subject, sub.sid, reply, len(payload)))
+            size = len(payload)
         out.append(payload)
         out.append(CRLF)
-        self.stats["out_msgs"] += 1
+        conn.out_msgs += 1
+        conn.out_bytes += size
+        stats = self.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += size
         if sub.max is not None:
             sub.delivered += 1
             if sub.delivered >= sub.max:
@@ -340,6 +368,13 @@ class NatsServer(Factory):
             for conn in conns:
                 out = conn.out
                 if not out:
+                    continue
+                if 1 < len(out) <= GATHER_MAX:
+                    # a few blocks (the scanner's stretches, a frame completed across reads):
+                    # one gathering send, not a copy of a whole read's output
+                    chunks = out[:]
+                    out.clear()
+                    conn.write_chunks(chunks, sum(map(len, chunks)))
                     continue
                 data = b"".join(out)
                 out.clear()

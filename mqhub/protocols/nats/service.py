@@ -96,6 +96,9 @@ def build_server(hub: Any, plugin_options: dict[str, Any]) -> NatsServer:
     elif settings.tls_verify or settings.tls_handshake_first:
         raise PluginError("mq9: tls_verify and tls_handshake_first need tls_cert")
     server = NatsServer(hub, settings, build_auth(settings))
+    if settings.no_auth_user and not server.guard.knows(settings.no_auth_user):
+        raise PluginError(f"mq9: no_auth_user {settings.no_auth_user!r} is not a user of the "
+                          "users file (--users) or of the nats users/user options")
     broker = getattr(hub, "broker", None)
     server.mq9 = Mq9(server, hub.store, hub.clock, broker,
                      sweep_interval=settings.sweep_interval, max_unread=settings.max_unread,

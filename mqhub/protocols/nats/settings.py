@@ -76,6 +76,8 @@ class NatsSettings:
     #: account JWTs: a JSON object {"A...": "<jwt>"} (nats-server's resolver_preload) or a
     #: directory of *.jwt files
     resolver_preload: str | None = None
+    #: the user a client that sends no credentials acts as (nats-server's no_auth_user)
+    no_auth_user: str | None = None
     #: server_name in INFO
     server_name: str = "mqhub"
     #: PEM certificate (and key): INFO says tls_required and the connection upgrades to TLS

@@ -22,6 +22,9 @@ from mqhub.protocols.nats.server import NatsServer
 from mqhub.testing import take_output
 from tests.unit.protocols.nats.helpers import Client, make_server
 
+#: every test here runs with the scanner's C loop and with its fallback (conftest.py)
+pytestmark = pytest.mark.usefixtures("scan_impl")
+
 SUBJECTS = ["mx.a", "mx.b", "mx.c.d", "mx.e"]
 #: 0 B, small, around the run path's 512 B frame limit, larger than one 4 KiB read
 SIZES = st.one_of(st.integers(0, 40), st.integers(490, 530), st.integers(1000, 5000))

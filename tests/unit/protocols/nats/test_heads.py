@@ -14,8 +14,8 @@ def _routes(n_targets: int) -> tuple[dict[bytes, tuple], list[list[bytes]], list
     outs: list[list[bytes]] = [[] for _ in range(n_targets)]
     owners = [object() for _ in range(n_targets)]
     heads = [(owners[k], outs[k], b"MSG a %d " % k) for k in range(n_targets)]
-    table = {b"PUB a": (heads, None, heads[0] if n_targets == 1 else None),
-             b"PUB q": (heads, ("special",), None)}
+    table = {b"PUB a": (heads, None, heads[0] if n_targets == 1 else None, None, [0, 0]),
+             b"PUB q": (heads, ("special",), None, None, [0, 0])}
     return table, outs, owners
 
 
@@ -24,8 +24,9 @@ def test_one_target_delivers_each_frame_and_marks_dirty_once() -> None:
     table, outs, owners = _routes(1)
     buf = b"PUB a 3\r\nabc\r\nPUB a 0\r\n\r\nPUB a 2\r\nhi\r\n"
     dirty: list[object] = []
-    pos, done, extra = route_heads(buf, 0, table.get, dirty.append, 1024)
-    assert (pos, done, extra) == (len(buf), 3, 0)
+    pos, done, extra, nbytes = route_heads(buf, 0, table.get, dirty.append, 1024)
+    assert (pos, done, extra, nbytes) == (len(buf), 3, 0, 5)
+    assert table[b"PUB a"][4] == [3, 5]     # the route's delivery count: frames, payload
     assert b"".join(outs[0]) == b"MSG a 0 3\r\nabc\r\nMSG a 0 0\r\n\r\nMSG a 0 2\r\nhi\r\n"
     assert dirty == owners
 
@@ -35,7 +36,8 @@ def test_many_targets_share_the_tail_and_count_extra_copies() -> None:
     table, outs, owners = _routes(3)
     buf = b"PUB a 2\r\nhi\r\nPUB a 1\r\nx\r\n"
     dirty: list[object] = []
-    assert route_heads(buf, 0, table.get, dirty.append, 1024) == (len(buf), 2, 4)
+    assert route_heads(buf, 0, table.get, dirty.append, 1024) == (len(buf), 2, 4, 3)
+    assert table[b"PUB a"][4] == [2, 3]
     for k in range(3):
         assert b"".join(outs[k]) == b"MSG a %d 2\r\nhi\r\nMSG a %d 1\r\nx\r\n" % (k, k)
     assert dirty == owners
@@ -50,7 +52,7 @@ def test_stops_before_lines_it_cannot_take() -> None:
                  b"PUB a 2000\r\n" + b"y" * 2000 + b"\r\n", b"PUB a 1x\r\nx\r\n",
                  b"PUB a 1\r\nxy\r\n", b"PUB a 1\nx\r\n", b"PUB a 1\r\n"):
         outs[0].clear()
-        pos, done, _ = route_heads(first + rest, 0, table.get, [].append, 1024)
+        pos, done, *_ = route_heads(first + rest, 0, table.get, [].append, 1024)
         assert (pos, done) == (len(first), 1), rest
         assert b"".join(outs[0]) == b"MSG a 0 1\r\nx\r\n"
 
@@ -63,7 +65,7 @@ def test_a_cut_anywhere_delivers_exactly_the_complete_frames(frames: list, cut: 
     buf = b"".join(b"PUB %s %d\r\n%s\r\n" % (b"a" if known else b"b", size, b"z" * size)
                    for known, size in frames)
     part = buf[:cut]
-    pos, done, _ = route_heads(part, 0, table.get, [].append, 1024)
+    pos, done, *_ = route_heads(part, 0, table.get, [].append, 1024)
     expect = b""
     at = 0
     for known, size in frames:

@@ -5,11 +5,17 @@ exact nats-server error texts; and a reload that drops a subscription."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from mqhub.protocols.nats import codec
 from tests.unit.identity.helpers import USERS, directory, write_users
 from tests.unit.protocols.nats.helpers import Client, make_hub, make_server
+
+#: every test here runs with the scanner's C loop and with its fallback (conftest.py)
+pytestmark = pytest.mark.usefixtures("scan_impl")
 
 
 def _msgs(events: list[tuple]) -> list[tuple[str, bytes]]:
@@ -203,3 +209,48 @@ def test_plugin_users_are_shorthands_with_the_same_enforcement(tmp_path: Path) -
     assert _msgs(events) == [("ed.a", b"a")]
     assert _errs(events) == ['Permissions Violation for Subscription to ">"',
                              'Permissions Violation for Publish to "ed.secret"']
+
+
+def test_no_auth_user_makes_clients_without_credentials_that_user(tmp_path: Path) -> None:
+    """nats-server's ``no_auth_user`` (its nats.py test's accounts): a CONNECT without
+    credentials acts as the named user of the plugin's ``users`` (request/reply within its
+    rights), one with credentials as itself (bar may subscribe nowhere); with the hub's users
+    file the name is a user of that file; an unknown name stops the start."""
+    import pytest
+
+    from mqhub.errors import PluginError
+    from mqhub.protocols.nats.service import build_server
+
+    users = tmp_path / "nats-users.json"
+    users.write_text(json.dumps([
+        {"user": "foo", "pass": "foo", "permissions": {
+            "subscribe": {"allow": ["foo", "_INBOX.>"], "deny": ["bar"]},
+            "publish": {"allow": ["foo", "_INBOX.>"], "deny": ["bar"]}}},
+        {"user": "bar", "pass": "bar", "permissions": {
+            "subscribe": {"allow": ["bar"], "deny": [">"]},
+            "publish": {"allow": ["bar"], "deny": [">"]}}}]))
+    srv = build_server(make_hub(), {"users": str(users), "no_auth_user": "foo"})
+    bar = Client(srv, {"user": "bar", "pass": "bar"})
+    bar.send(b"SUB foo 1\r\nPING\r\n")
+    assert _errs(bar.events()) == ['Permissions Violation for Subscription to "foo"']
+    anon = Client(srv)
+    assert anon.info["auth_required"] is True and anon.proto.principal.name == "foo"
+    anon.send(b"SUB foo 1\r\nSUB _INBOX.r.* 2\r\nPUB foo _INBOX.r.1 4\r\nping\r\n"
+              b"PUB _INBOX.r.1 4\r\npong\r\nPUB bar 1\r\nx\r\nPING\r\n")
+    events = anon.events()
+    assert _msgs(events) == [("foo", b"ping"), ("_INBOX.r.1", b"pong")]
+    assert _errs(events) == ['Permissions Violation for Publish to "bar"']
+    wrong = Client(srv, handshake=False)
+    wrong.send(codec.encode_connect({"user": "foo", "pass": "nope", "verbose": False}))
+    assert _errs(wrong.events()) == ["Authorization Violation"] and wrong.closed
+
+    hub = make_hub()
+    hub.identity = directory(tmp_path, hub.clock)
+    srv = build_server(hub, {"no_auth_user": "alice"})
+    anon = Client(srv)
+    anon.send(b"SUB orders.> 1\r\nSUB public.> 2\r\nPUB orders.x 1\r\no\r\nPING\r\n")
+    events = anon.events()
+    assert _msgs(events) == [("orders.x", b"o")]     # alice's rights, not [anonymous]'s
+    assert _errs(events) == ['Permissions Violation for Subscription to "public.>"']
+    with pytest.raises(PluginError, match="no_auth_user 'nobody'"):
+        build_server(make_hub(), {"users": str(users), "no_auth_user": "nobody"})

@@ -15,6 +15,7 @@ allowed) or off.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,9 @@ from mqhub.protocols.nats.codec import OP_ERROR, OP_PUB, Event, NatsParser
 from mqhub.protocols.nats.router import PubRouter
 from mqhub.protocols.nats.server import NatsServer
 from tests.unit.protocols.nats.helpers import Client, make_server
+
+#: every test here runs with the scanner's C loop and with its fallback (conftest.py)
+pytestmark = pytest.mark.usefixtures("scan_impl")
 
 CRLF = b"\r\n"
 

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mqhub.protocols.nats import codec, scan
 from mqhub.protocols.nats.codec import OP_ERROR, OP_MSG, NatsParser
 from mqhub.protocols.nats.heads import route_heads
-from mqhub.protocols.nats.router import PubRouter
+from mqhub.protocols.nats.router import PubRouter, fold_counts
 from mqhub.protocols.nats.scan import SCAN_CHUNK, SCAN_LIMIT, HeadScanner, frame_pattern
 from tests.unit.protocols.nats.helpers import Client, make_server
+
+#: every test here runs with the scanner's C loop and with its fallback (conftest.py)
+pytestmark = pytest.mark.usefixtures("scan_impl")
 
 
 def test_pattern_frames_exactly_the_canonical_sizes_up_to_its_limit() -> None:
@@ -51,6 +55,8 @@ class _Owner:
         """No output yet."""
         self.out: list[bytes] = []
         self.sid = sid
+        self.out_msgs = 0
+        self.out_bytes = 0
 
 
 def _table(main: _Owner, other: _Owner, second: _Owner) -> dict[bytes, tuple]:
@@ -63,11 +69,11 @@ def _table(main: _Owner, other: _Owner, second: _Owner) -> dict[bytes, tuple]:
         target = (owner, owner.out, b"MSG %s %d %s" % (subject, owner.sid, reply + b" " if reply
                                                          else b""))
         tables[owner][head] = target[2]
-        return [target], None, target, tables[owner]
+        return [target], None, target, tables[owner], [0, 0]
     two = [(main, main.out, b"MSG m 1 "), (second, second.out, b"MSG m 3 ")]
     return {b"PUB a": one(main, b"PUB a", b"a"), b"PUB b.c": one(main, b"PUB b.c", b"b.c"),
             b"PUB a r.1": one(main, b"PUB a r.1", b"a", b"r.1"),
-            b"PUB o": one(other, b"PUB o", b"o"), b"PUB m": (two, None, None, None)}
+            b"PUB o": one(other, b"PUB o", b"o"), b"PUB m": (two, None, None, None, [0, 0])}
 
 
 #: payloads that look like frames, hold CRLFs or LFs, or are plain
@@ -88,10 +94,11 @@ FRAMES = st.one_of(
 
 
 def _run(stream: bytes, cuts: list[int], max_payload: int, scan_bytes: int
-         ) -> tuple[list[bytes], list[object], list[tuple]]:
+         ) -> tuple[list[bytes], list[object], list[tuple], tuple]:
     """Feed ``stream`` in pieces through route_pubs/slow_run as the connection does, the
     scanner taking buffers from ``scan_bytes`` bytes on; return each receiver's output, the
-    dirty marks and the other events."""
+    dirty marks, the other events and the counts (payload bytes routed, and each receiver's
+    messages and payload bytes folded from the routes)."""
     saved = scan.SCAN_BYTES
     scan.SCAN_BYTES = scan_bytes
     try:
@@ -101,7 +108,7 @@ def _run(stream: bytes, cuts: list[int], max_payload: int, scan_bytes: int
 
 
 def _feed(stream: bytes, cuts: list[int], max_payload: int
-          ) -> tuple[list[bytes], list[object], list[tuple]]:
+          ) -> tuple[list[bytes], list[object], list[tuple], tuple]:
     """The loop of :func:`_run`."""
     main, other, second = _Owner(1), _Owner(2), _Owner(3)
     table = _table(main, other, second)
@@ -109,12 +116,14 @@ def _feed(stream: bytes, cuts: list[int], max_payload: int
     router = PubRouter(parser)
     dirty: list[object] = []
     events: list[tuple] = []
+    nbytes = 0
     at = 0
     for cut in [*cuts, len(stream)]:
         parser.receive_data(stream[at:at + cut])
         at += cut
         while True:
             router.route_pubs({}, dirty, table)
+            nbytes += router.last_bytes
             evs = router.slow_run({}, table)
             if not evs:
                 break
@@ -127,7 +136,11 @@ def _feed(stream: bytes, cuts: list[int], max_payload: int
             if any(e[0] == OP_ERROR and e[2] for e in events):
                 break
     marks = [{main: "main", other: "other", second: "second"}[o] for o in dirty]
-    return [b"".join(o.out) for o in (main, other, second)], marks, events
+    stats = {"out_bytes": 0}
+    fold_counts(table.values(), stats)
+    owners = (main, other, second)
+    counts = (nbytes, stats["out_bytes"], [(o.out_msgs, o.out_bytes) for o in owners])
+    return [b"".join(o.out) for o in owners], marks, events, counts
 
 
 @settings(max_examples=200, deadline=None)
@@ -148,6 +161,15 @@ def test_scanner_delivers_exactly_what_the_per_line_paths_deliver(
     on = _run(stream, cuts, max_payload, 0)
     off = _run(stream, cuts, max_payload, 1 << 40)
     assert on == off
+    # the counts are exact: each receiver's MSGs and their payload bytes, as nats-server's
+    # out_msgs/out_bytes; the payload bytes routed are what the receivers got (one each)
+    outputs, _, _, (nbytes, out_bytes, per_owner) = on
+    for out, counted in zip(outputs, per_owner, strict=True):
+        client = NatsParser(server=False)
+        client.receive_data(out)
+        msgs = [ev for ev in client.events() if ev[0] == OP_MSG]
+        assert counted == (len(msgs), sum(len(ev[4]) for ev in msgs))
+    assert out_bytes == sum(b for _, b in per_owner)
 
 
 def test_scanner_takes_a_whole_stretch_and_stops_at_what_it_cannot_take() -> None:
@@ -162,8 +184,13 @@ def test_scanner_takes_a_whole_stretch_and_stops_at_what_it_cannot_take() -> Non
     for stop in (b"PUB o 1\r\nx\r\n", b"PUB m 1\r\nx\r\n", b"PING\r\n", b"PUB a 9\r\nabc"):
         main.out.clear()
         dirty: list[object] = []
-        k, used = HeadScanner().take(body + stop + body, 0, table.get, dirty.append, 8192)
+        table = _table(main, other, second)
+        k, used, nbytes = HeadScanner().take(body + stop + body, 0, table.get, dirty.append,
+                                             8192)
         assert (k, used) == (90, len(body)), stop
+        payload = sum(len(p) for _, p in msgs)
+        # the stretch's count goes to its first head's route (all of it is main's)
+        assert nbytes == payload and table[b"PUB a"][4] == [90, payload]
         assert dirty == [main]
         assert b"".join(main.out) == expected
 
@@ -184,7 +211,8 @@ def test_a_gap_anywhere_in_a_long_stretch_ends_it_there(k: int, n: int, gap: byt
     main, other, second = _Owner(1), _Owner(2), _Owner(3)
     saved, scan.SCAN_BYTES = scan.SCAN_BYTES, 0
     try:
-        taken = HeadScanner().take(stream, 0, _table(main, other, second).get, [].append, 8192)
+        taken = HeadScanner().take(stream, 0, _table(main, other, second).get, [].append,
+                                   8192)[:2]
     finally:
         scan.SCAN_BYTES = saved
     assert taken == (k, 16 * k)
@@ -200,24 +228,24 @@ def test_scanner_goes_on_after_frames_the_per_line_loop_took() -> None:
     frame = b"PUB a 500\r\n" + b"5" * 500 + b"\r\n"
     buf = frame * 10 + b"PING\r\n" + frame * 10
     sc = HeadScanner()
-    assert sc.take(buf, 0, table.get, [].append, 8192) == (10, 10 * len(frame))
+    assert sc.take(buf, 0, table.get, [].append, 8192)[:2] == (10, 10 * len(frame))
     pos = 10 * len(frame)
-    assert sc.take(buf, pos + 2, table.get, [].append, 8192) == (0, 0)     # inside PING
+    assert sc.take(buf, pos + 2, table.get, [].append, 8192)[:2] == (0, 0)     # inside PING
     pos += 6
-    pos, k, _ = route_heads(buf, pos, table.get, [].append, 8192, 3)       # 3 the slow way
+    pos, k, *_ = route_heads(buf, pos, table.get, [].append, 8192, 3)       # 3 the slow way
     assert k == 3
-    assert sc.take(buf, pos, table.get, [].append, 8192) == (7, 7 * len(frame))
+    assert sc.take(buf, pos, table.get, [].append, 8192)[:2] == (7, 7 * len(frame))
     assert b"".join(main.out) == (b"MSG a 1 500\r\n" + b"5" * 500 + b"\r\n") * 20
     # right after what the per-line paths took (PING; the end of a frame completed across
     # reads) the scanner goes on at once: the rest of that piece is the next frame's head
     main.out.clear()
     sc = HeadScanner()
-    assert sc.take(buf, 0, table.get, [].append, 8192) == (10, 10 * len(frame))
-    assert sc.take(buf, 10 * len(frame), table.get, [].append, 8192) == (0, 0)  # PING: per line
-    assert sc.take(buf, 10 * len(frame) + 6, table.get, [].append, 8192) == (10, 10 * len(frame))
+    assert sc.take(buf, 0, table.get, [].append, 8192)[:2] == (10, 10 * len(frame))
+    assert sc.take(buf, 10 * len(frame), table.get, [].append, 8192)[:2] == (0, 0)  # PING: per line
+    assert sc.take(buf, 10 * len(frame) + 6, table.get, [].append, 8192)[:2] == (10, 10 * len(frame))
     sc = HeadScanner()
-    assert sc.take(buf, 300, table.get, [].append, 8192) == (0, 0)   # in the first payload
-    assert sc.take(buf, len(frame), table.get, [].append, 8192) == (9, 9 * len(frame))
+    assert sc.take(buf, 300, table.get, [].append, 8192)[:2] == (0, 0)   # in the first payload
+    assert sc.take(buf, len(frame), table.get, [].append, 8192)[:2] == (9, 9 * len(frame))
     assert b"".join(main.out) == (b"MSG a 1 500\r\n" + b"5" * 500 + b"\r\n") * 29
 
 
@@ -241,7 +269,7 @@ def test_scanner_backs_off_from_traffic_it_cannot_take_in_long_stretches() -> No
         assert taken[:4] == [first, first, 0, first]       # skips 0, 1, then 3 buffers
         assert sc.skip + sc.backoff > 0
         for _ in range(sc.skip):
-            assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192) == (0, 0)
+            assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192)[:2] == (0, 0)
             sc.release()
         assert sc.take(bytes(bytearray(good)), 0, table.get, [].append, 8192)[0] == 500
         sc.release()
@@ -323,3 +351,57 @@ def test_a_ping_after_a_full_scanner_pass_keeps_the_publisher_connected() -> Non
     assert pub.events() == [(codec.OP_PONG,)]
     assert not pub.closed
     assert [len(e[4]) for e in sub.events() if e[0] == OP_MSG] == [99, *sizes]
+
+
+def _reference_run(buf: bytes, pos: int, table: dict[bytes, bytes], max_payload: int
+                   ) -> tuple[bytes, int, int, int]:
+    """What ``scan_run`` must return, written the slow way: frames one by one while the
+    control line is ``<head> <canonical size>\\r\\n``, the payload is followed by CRLF and the
+    head is in ``table``."""
+    out = []
+    p = pos
+    k = nbytes = 0
+    while True:
+        i = buf.find(b"\n", p)
+        if i < 0 or i - 1 <= p or buf[i - 1] != 13:
+            break
+        sp = buf.rfind(b" ", p, i - 1)
+        digits = buf[sp + 1:i - 1]
+        if sp <= p or not digits.isdigit() or len(digits) > 18 \
+                or (len(digits) > 1 and digits.startswith(b"0")) or int(digits) > max_payload:
+            break
+        size = int(digits)
+        start = i + 1
+        msg = table.get(buf[p:sp])
+        if buf[start + size:start + size + 2] != b"\r\n" or msg is None:
+            break
+        out.append(msg + buf[sp + 1:start + size + 2])
+        k += 1
+        nbytes += size
+        p = start + size + 2
+    return b"".join(out), p - pos, k, nbytes
+
+
+PIECES = st.sampled_from([b"PUB a", b"PUB a r.1", b"PUB b.c", b"PUB zz", b"PUB", b" ", b"  ",
+                          b"\r", b"\n", b"\r\n", b"0", b"5", b"05", b"12", b"4095", b"99999",
+                          b"x" * 5, b"y" * 12, b"PING\r\n", b"\x00", b"-1", b"+3"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(st.one_of(
+           st.tuples(st.sampled_from([b"PUB a", b"PUB a r.1", b"PUB b.c", b"PUB zz"]),
+                     st.binary(max_size=30)).map(
+               lambda t: b"%s %d\r\n%s\r\n" % (t[0], len(t[1]), t[1])),
+           st.lists(PIECES, max_size=8).map(b"".join)), max_size=20),
+       pos=st.integers(0, 40), max_payload=st.sampled_from([0, 4, 12, 1 << 20]))
+def test_the_c_loop_frames_exactly_as_written(frames: list[bytes], pos: int,
+                                              max_payload: int) -> None:
+    """scan_run on well-formed frames mixed with junk (bare CR or LF, spaces, zero-padded,
+    signed, oversized or truncated sizes, unknown heads), from any offset: the same output,
+    length, frame count and payload bytes as the slow reference."""
+    from mqhub.protocols.nats._scan import scan_run  # built by `make venv` (setup.py)
+
+    table = {b"PUB a": b"MSG a 1 ", b"PUB a r.1": b"MSG a 1 r.1 ", b"PUB b.c": b"MSG b.c 22 "}
+    buf = b"".join(frames)
+    pos = min(pos, len(buf))
+    assert scan_run(buf, pos, table, max_payload) == _reference_run(buf, pos, table, max_payload)
