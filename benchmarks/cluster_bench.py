@@ -320,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="run only figures whose name contains this")
     ap.add_argument("--duration", type=float, default=4.0,
                     help="seconds of publishing per NSQ run")
-    args = ap.parse_args(argv)
+    args = _common.parse_args(ap, argv, {"count": 2_000, "core_count": 20_000, "rounds": 1,
+                                         "duration": 0.5})
     runs: list[tuple[str, Callable[[LocalCluster], dict[str, float]]]] = []
     for size in SIZES:
         def engine(c: LocalCluster, s: int = size) -> dict[str, float]:

@@ -39,7 +39,8 @@ def nats_route_pubs(reps: int) -> float:
     for _ in range(reps):
         parser = NatsParser()
         out: list[bytes] = []
-        routes = {line[:-1]: ([(object(), out, b"MSG foo 1 16\r\n")], None, 16)}
+        # a line route as NatsServer builds it: (targets, special, size, [MSG copies counted])
+        routes = {line[:-1]: ([(object(), out, b"MSG foo 1 16\r\n")], None, 16, [0])}
         parser.receive_data(buf)
         started = time.process_time()
         n = PubRouter(parser).route_pubs(routes, [])
