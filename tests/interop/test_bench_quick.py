@@ -20,8 +20,10 @@ pytestmark = pytest.mark.interop
 
 MQHUB = Path(sys.executable).parent / "mqhub"
 #: a figure line: ``<figure> <number> ...`` (slow_consumer prints a table whose rows match
-#: too), or ``<name words> median <number>`` (startup)
-FIGURE = re.compile(r"^[A-Za-z][\w.-]* +-?[\d.]+|^[A-Za-z][\w.() -]*? median +[\d.]+", re.M)
+#: too), ``<name words> median <number>`` (startup) or ``<name words> <number> <unit>``
+#: (cluster)
+FIGURE = re.compile(r"^[A-Za-z][\w.-]* +-?[\d.]+|^[A-Za-z][\w.() -]*? median +[\d.]+"
+                    r"|^[A-Za-z][\w .>/()-]*? -?\d[\d.]* [\w/]+$", re.M)
 
 
 def test_every_benchmark_is_found() -> None:
