@@ -6,7 +6,8 @@ The layout (docs/cluster.md, "Mapping"):
 * stream ``MQHUB`` (interest retention, R``replicas``, per-message TTL and schedules on)
   holds every durable message: ``mq.<address>`` for publishes, ``mqq.<queue token>`` for a
   message meant for one queue only (replays, re-queues at the tail), ``mqs.<id>`` for a
-  schedule that publishes to a ``mq.`` subject when it is due;
+  schedule that publishes to a ``mq.`` subject when it is due, ``mqp.<address>`` for a
+  publish held while its address is paused (:mod:`mqhub.cluster.hold`);
 * a durable pull consumer per queue, named by :func:`consumer_name`, whose filter subjects
   are its bindings (:func:`pattern_filter`) plus its own ``mqq.`` subject; the queue's name
   and settings live in the consumer's metadata;
@@ -119,7 +120,7 @@ def parse_ack_reply(reply: str) -> tuple[int, int, int]:
 def stream_config(replicas: int) -> list[dict]:
     """The configs of the streams cluster mode needs, for ``replicas`` replicas."""
     return [
-        {"name": STREAM, "subjects": ["mq.>", "mqq.>", "mqs.>"], "retention": "interest",
+        {"name": STREAM, "subjects": ["mq.>", "mqq.>", "mqs.>", "mqp.>"], "retention": "interest",
          "storage": "file", "num_replicas": replicas, "allow_msg_ttl": True,
          "allow_msg_schedules": True, "discard": "old", "duplicate_window": 120_000_000_000},
         {"name": DLQ_STREAM, "subjects": ["dlq.>"], "retention": "limits",

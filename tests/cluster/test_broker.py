@@ -12,6 +12,8 @@ import pytest
 from zope.interface import implementer
 
 from mqhub.cluster.broker import ClusterBroker
+from mqhub.cluster.hold import hold_name
+from mqhub.cluster.jetstream import STREAM
 from mqhub.cluster.local import LocalCluster, free_port
 from mqhub.errors import ClusterUnavailable
 from mqhub.interfaces import IDeliveryTarget
@@ -105,6 +107,34 @@ def test_requeue_with_delay_then_max_attempts_dead_letters_and_replay(
     assert t.got[2][BODY] == b"poison" and t.got[2][ATTEMPTS] == 1
     assert driver.result(b.dead_letters(q.name)) == []
     q.ack(c, [t.got[2][MSG_ID]])
+
+
+def test_a_pause_made_on_one_node_holds_every_nodes_publishes_until_any_node_resumes(
+        nodes: tuple[ClusterBroker, ClusterBroker], driver: Driver, uid: str) -> None:
+    """Pausing on A diverts B's publishes to the address's hold (its queue on A gets none of
+    them, its earlier backlog still flows); resuming on B moves them into the queue once."""
+    a, b = nodes
+    q = a.declare_queue(f"{uid}:ch")
+    a.bind_queue(uid, q.name)
+    _settle(driver, a)
+    driver.until(lambda: b.queue(q.name) is not None, "B to learn the queue")
+    driver.result(b.publish_batch(uid, [b"before"], origin="test"))
+    driver.result(a.pause_address(uid))
+    assert b.paused == [uid] and b.route(uid).park is not None   # B confirmed the record
+    driver.result(b.publish_batch(uid, [b"h%d" % i for i in range(50)], origin="test"))
+    t = Target(auto_ack=True)
+    q.attach(t, ready=100)
+    driver.until(lambda: t.bodies == [b"before"], "the backlog from before the pause")
+    driver.until(lambda: driver.result(a.refresh()) or a.parked_depth(uid) == 50,
+                 "A to count the held publishes")
+    driver.result(b.resume_address(uid))
+    driver.until(lambda: len(t.got) >= 51, "the held publishes moved into the queue")
+    assert t.bodies == [b"before"] + [b"h%d" % i for i in range(50)]   # once each, in order
+    assert a.paused == [] and b.parked_depth(uid) == 0
+    driver.result(b.publish_batch(uid, [b"after"], origin="test"))
+    driver.until(lambda: t.bodies[-1:] == [b"after"], "a publish after the resume")
+    assert len(t.got) == 52
+    driver.result(b.js.delete_consumer(STREAM, hold_name(uid)))
 
 
 def test_live_subscribers_on_b_get_a_publish_from_a(
