@@ -56,7 +56,7 @@ from mqhub.cluster.jetstream import (
     stream_config,
 )
 from mqhub.cluster.messages import H_MSG_ID, BlockCache, header_block, publish_frames
-from mqhub.cluster.queue import ClusterQueue
+from mqhub.cluster.queue import HEAD_MAX, ClusterQueue
 from mqhub.cluster.state import ClusterState
 from mqhub.core.address import is_pattern, validate_address, validate_pattern
 from mqhub.core.counters import Counters
@@ -184,6 +184,8 @@ class ClusterBroker:
         self._hold_depth: dict[str, int] = {}
         self._drains: dict[str, HoldDrain] = {}
         self._orphan_holds: dict[str, float] = {}
+        #: every queue's (and park's: owner "") consumer filters and ack floor, as last read
+        self._interest: list[tuple[str, list[str], int]] = []
         self.state.watch(PAUSE_PREFIX, self._pause_record)
         self._settling: list[defer.Deferred[Any]] = []
         #: queues whose consumer this node is creating or changing now
@@ -408,10 +410,19 @@ class ClusterBroker:
         infos = yield self.js.consumers(STREAM)
         seen: set[str] = set()
         holds: dict[str, int] = {}
+        interest: list[tuple[str, list[str], int]] = []
+        heads: list[tuple[ClusterQueue, int, list[str], tuple[int, ...]]] = []
         changed = False
         for info in infos:
             config = info.get("config") or {}
             meta = config.get("metadata") or {}
+            filters = list(config.get("filter_subjects") or ())
+            if config.get("filter_subject"):
+                filters.append(str(config["filter_subject"]))
+            owner = meta.get("mqhub_queue") or meta.get("mqhub_member") or ""
+            if owner or meta.get("mqhub_park"):
+                interest.append((owner, filters, int((info.get("ack_floor") or {}).get(
+                    "stream_seq", 0))))
             park = meta.get("mqhub_park")
             if park:
                 self._park_depth[park] = int(info.get("num_pending", 0))
@@ -435,6 +446,14 @@ class ClusterBroker:
                 changed = True
             queue.pending = int(info.get("num_pending", 0))
             queue.ack_pending = int(info.get("num_ack_pending", 0))
+            if queue.pulling or queue.mode == "fanout" or not queue.pending \
+                    or int(info.get("num_waiting", 0)):
+                queue.clear_head()   # consumed here (its pulled entries) or elsewhere
+            else:
+                delivered = int((info.get("delivered") or {}).get("stream_seq", 0))
+                key = (delivered, queue.pending, queue.ack_pending)
+                if key != queue.head_key:
+                    heads.append((queue, delivered + 1, filters, key))
             if name not in self._creating:
                 queue.deliver = str(config.get("deliver_policy") or queue.deliver)
             if self._changed_at.get(name, -1) > asked_at or name in self._creating \
@@ -458,11 +477,71 @@ class ClusterBroker:
             self.router.changed()
         self._hold_depth = holds
         self._collect_orphan_holds(holds)
+        self._interest = interest
+        if heads:
+            yield defer.DeferredList([self._read_head(*h) for h in heads], consumeErrors=True)
         # dead letters per queue: the DLQ stream's count of each queue's subject
         info = yield self.js.api(f"STREAM.INFO.{DLQ_STREAM}", {"subjects_filter": "dlq.>"})
         counts = (info.get("state") or {}).get("subjects") or {}
         for queue in self._queues.values():
             queue.dead_letter_count = int(counts.get(_dlq_subject(queue.name), 0))
+
+    @defer.inlineCallbacks
+    def _read_head(self, queue: ClusterQueue, start: int, filters: list[str],
+                   key: tuple[int, ...]) -> Any:
+        """Read the first undelivered stored messages of a queue no consumer pulls (one
+        batched direct get per filter subject, merged in stream order)."""
+        serial = queue.head_serial
+        rows = []
+        for subject in filters:
+            got = yield self.js.direct_batch(STREAM, start, subject, HEAD_MAX)
+            rows.extend(got)
+        rows.sort(key=lambda row: row[0])
+        queue.set_head(rows[:HEAD_MAX], key, serial)
+
+    def consume_stored(self, queue: ClusterQueue,
+                       items: list[tuple[Entry, tuple[int, str]]]) -> None:
+        """Messages taken or removed from ``queue``'s stored head leave the queue (see
+        :meth:`_remove_stored`); ``barrier`` covers it."""
+        seqs = [ref[0] for _, ref in items]
+        d = self._remove_stored(queue, items)
+
+        def done(result: object) -> object:
+            queue.consuming.difference_update(seqs)
+            return result
+        d.addBoth(done)
+        self._settle(d, f"take from {queue.name}")
+
+    @defer.inlineCallbacks
+    def _remove_stored(self, queue: ClusterQueue,
+                       items: list[tuple[Entry, tuple[int, str]]]) -> Any:
+        """Delete stored messages from the stream for ``queue``. Another queue that still
+        needs one (its filter matches, above its ack floor, as of the last directory read)
+        first gets a copy on its own ``mqq.`` subject under the same id (at its tail); one a
+        park holds stays stored (this queue then gets it again: at least once)."""
+        copies: dict[str, list[Entry]] = {}
+        delete: list[int] = []
+        for entry, (seq, subject) in items:
+            owners = {owner for owner, filters, floor in self._interest
+                      if owner != queue.name and seq > floor
+                      and any(_covers(f, subject) for f in filters)}
+            if "" in owners:
+                continue
+            for owner in owners:
+                copies.setdefault(owner, []).append(entry)
+            delete.append(seq)
+        for owner, entries in sorted(copies.items()):
+            blocks = [header_block(e[ORIGIN], e[PRIORITY], 0.0, e[EXPIRES_AT], e[HEADERS],
+                                   address=e[ADDRESS], msg_id=e[MSG_ID]) for e in entries]
+            bodies = [e[BODY] for e in entries]
+            yield self.conn.publish_acked(_framer(queue_subject(owner), bodies, blocks),
+                                          len(bodies))
+        gone = []
+        for seq in delete:
+            d = self.js.delete_message(STREAM, seq)
+            d.addErrback(_ignore_not_found)
+            gone.append(d)
+        yield _all(gone)
 
     def _dir_in(self, events: list[Event]) -> None:
         """Another node changed a queue: refresh now."""
@@ -1494,6 +1573,12 @@ def announced_endpoints(endpoints: dict[str, dict[str, str]]) -> dict[str, str]:
                     host = part[len("interface="):] or host
             out[f"{plugin}.{role}"] = f"{host}:{parts[1]}"
     return out
+
+
+def _framer(subject: str, bodies: list[bytes],
+            blocks: list[bytes]) -> Callable[[str], list[bytes]]:
+    """The frames of one publish batch for a given reply subject."""
+    return lambda reply: publish_frames(subject, reply, bodies, blocks)
 
 
 def _pub(subject: str, body: bytes) -> bytes:

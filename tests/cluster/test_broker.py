@@ -137,6 +137,36 @@ def test_a_pause_made_on_one_node_holds_every_nodes_publishes_until_any_node_res
     driver.result(b.js.delete_consumer(STREAM, hold_name(uid)))
 
 
+def test_a_queue_nobody_consumes_is_peeked_and_taken_from_the_stream_on_any_node(
+        nodes: tuple[ClusterBroker, ClusterBroker], driver: Driver, uid: str) -> None:
+    """With no consumer anywhere, B sees A's queue's stored messages; take and remove drop
+    them from that queue only: a second queue of the address keeps every message."""
+    a, b = nodes
+    box = a.declare_queue(f"{uid}:box")
+    a.bind_queue(uid, box.name)
+    other = a.declare_queue(f"{uid}:other")
+    a.bind_queue(uid, other.name)
+    _settle(driver, a)
+    driver.until(lambda: b.queue(box.name) and b.queue(other.name), "B to learn the queues")
+    driver.result(b.publish_batch(uid, [b"m0", b"m1", b"m2", b"m3"], origin="test"))
+    qb = b.queue(box.name)
+    assert qb is not None
+    driver.until(lambda: driver.result(b.refresh()) or
+                 [e[BODY] for e in qb.peek(10)] == [b"m0", b"m1", b"m2", b"m3"],
+                 "B to read the queue's head")
+    assert [e[BODY] for e in qb.take(2)] == [b"m0", b"m1"]
+    assert qb.remove([qb.peek(10)[1][MSG_ID], 1]) == [1]        # m3
+    driver.result(b.barrier())
+    on_box, on_other = Target(auto_ack=True), Target(auto_ack=True)
+    box.attach(on_box, ready=10)
+    other.attach(on_other, ready=10)
+    driver.until(lambda: len(on_other.got) == 4, "the other queue's four messages")
+    assert sorted(on_other.bodies) == [b"m0", b"m1", b"m2", b"m3"]
+    assert on_box.bodies == [b"m2"]
+    driver.result(a.refresh())
+    assert (box.depth, other.depth, len(on_box.got)) == (0, 0, 1)
+
+
 def test_live_subscribers_on_b_get_a_publish_from_a(
         nodes: tuple[ClusterBroker, ClusterBroker], driver: Driver, uid: str) -> None:
     a, b = nodes

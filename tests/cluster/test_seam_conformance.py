@@ -102,8 +102,6 @@ def seam(cluster: LocalCluster, driver: Driver) -> Iterator[ClusterHarness]:
 #: the suite's tests this backend does not pass yet, and why (docs/cluster.md, "Limits");
 #: strict: a test that starts passing fails here until it is taken off this list
 KNOWN_GAPS = {
-    "test_prebuilt_entries_peek_take_and_remove":
-        "peek/take see only what this node pulled for a local consumer",
 }
 
 
