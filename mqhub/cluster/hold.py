@@ -167,12 +167,14 @@ class HoldDrain:
             self.moving -= n
             self.moved += n
             self._answer(ack_frames(replies))
+            self._puller.refill()
 
         def refused(failure: Any) -> None:
             self.moving -= n
             log.warn("cluster: moving held messages of {address} refused ({err}); retrying",
                      address=self.address, err=failure.value)
             self._answer(nak_frames(replies, 1.0))
+            self._puller.refill()
         d.addCallbacks(stored, refused)
 
     def _answer(self, frames: list[bytes]) -> None:
@@ -190,6 +192,7 @@ class HoldDrain:
         if self.paused(self.address):
             self.stop()
             return
+        self._puller.tick()      # requests the server dropped (a leader change) are renewed
         if self.moving or self._checking or not self.conn.connected:
             self._timer = self.clock.callLater(CHECK_EVERY, self._check)
             return

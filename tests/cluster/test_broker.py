@@ -121,19 +121,20 @@ def test_a_pause_made_on_one_node_holds_every_nodes_publishes_until_any_node_res
     driver.result(b.publish_batch(uid, [b"before"], origin="test"))
     driver.result(a.pause_address(uid))
     assert b.paused == [uid] and b.route(uid).park is not None   # B confirmed the record
-    driver.result(b.publish_batch(uid, [b"h%d" % i for i in range(50)], origin="test"))
+    held = [b"h%d" % i for i in range(1200)]       # more than one move window (500)
+    driver.result(b.publish_batch(uid, held, origin="test"))
     t = Target(auto_ack=True)
-    q.attach(t, ready=100)
+    q.attach(t, ready=2000)
     driver.until(lambda: t.bodies == [b"before"], "the backlog from before the pause")
-    driver.until(lambda: driver.result(a.refresh()) or a.parked_depth(uid) == 50,
+    driver.until(lambda: driver.result(a.refresh()) or a.parked_depth(uid) == 1200,
                  "A to count the held publishes")
     driver.result(b.resume_address(uid))
-    driver.until(lambda: len(t.got) >= 51, "the held publishes moved into the queue")
-    assert t.bodies == [b"before"] + [b"h%d" % i for i in range(50)]   # once each, in order
+    driver.until(lambda: len(t.got) >= 1201, "the held publishes moved into the queue")
+    assert t.bodies == [b"before"] + held         # once each, in order
     assert a.paused == [] and b.parked_depth(uid) == 0
     driver.result(b.publish_batch(uid, [b"after"], origin="test"))
     driver.until(lambda: t.bodies[-1:] == [b"after"], "a publish after the resume")
-    assert len(t.got) == 52
+    assert len(t.got) == 1202
     driver.result(b.js.delete_consumer(STREAM, hold_name(uid)))
 
 
