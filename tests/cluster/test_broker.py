@@ -138,6 +138,30 @@ def test_a_pause_made_on_one_node_holds_every_nodes_publishes_until_any_node_res
     driver.result(b.js.delete_consumer(STREAM, hold_name(uid)))
 
 
+def test_held_publishes_are_moved_by_another_node_when_the_resuming_node_stops_midway(
+        nodes: tuple[ClusterBroker, ClusterBroker], cluster: LocalCluster, driver: Driver,
+        uid: str) -> None:
+    """Node C pauses, holds 300 publishes, resumes and stops before moving them: the other
+    nodes find the hold of an address no longer paused and move it (at least once)."""
+    a, b = nodes
+    q = a.declare_queue(f"{uid}:ch")
+    a.bind_queue(uid, q.name)
+    _settle(driver, a)
+    c = ClusterBroker(driver.reactor, driver.reactor, cluster.urls, name="c" + str(free_port()))
+    driver.result(c.start())
+    driver.until(lambda: c.queue(q.name) is not None, "C to learn the queue")
+    driver.result(c.pause_address(uid))
+    held = [b"h%d" % i for i in range(300)]
+    driver.result(c.publish_batch(uid, held, origin="test"))
+    c.resume_address(uid)
+    driver.until(lambda: a.paused == [] and b.paused == [], "A and B to hear of the resume")
+    c.stop()                 # before its drain began (it starts once A and B confirmed)
+    t = Target(auto_ack=True)
+    q.attach(t, ready=1000)
+    driver.until(lambda: set(t.bodies) >= set(held), "the orphaned hold moved", timeout=40)
+    driver.result(a.js.delete_consumer(STREAM, hold_name(uid)).addErrback(lambda f: None))
+
+
 def test_a_queue_nobody_consumes_is_peeked_and_taken_from_the_stream_on_any_node(
         nodes: tuple[ClusterBroker, ClusterBroker], driver: Driver, uid: str) -> None:
     """With no consumer anywhere, B sees A's queue's stored messages; take and remove drop
