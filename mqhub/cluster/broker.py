@@ -13,6 +13,9 @@ letters, parking) with JetStream holding every durable thing (docs/cluster.md):
   node knows every queue of the cluster (a consumer list at start, again whenever a node says
   ``mqhub.dir`` changed and every few seconds), so routing, ``queues()`` and the admin views
   show the cluster.
+* **Paused addresses** hold their publishes on ``mqp.<address>`` for a hold consumer and move
+  them into the queues on resume (:mod:`mqhub.cluster.hold`); **peek/take/remove** of a queue
+  no node consumes work on its stored head, read at directory reads (docs/cluster.md).
 * **Live traffic** is delivered to this node's subscribers directly and forwarded on core
   subject ``ml.<address>`` when another node announced a matching live pattern (nodes
   announce theirs on ``mqhub.nodes``); what arrives on ``ml.`` goes to local subscribers only.
