@@ -59,7 +59,7 @@ from mqhub.cluster.jetstream import (
     stream_config,
 )
 from mqhub.cluster.messages import H_MSG_ID, BlockCache, header_block, publish_frames
-from mqhub.cluster.queue import HEAD_MAX, ClusterQueue
+from mqhub.cluster.queue import ClusterQueue
 from mqhub.cluster.state import ClusterState
 from mqhub.core.address import is_pattern, validate_address, validate_pattern
 from mqhub.core.counters import Counters
@@ -495,12 +495,14 @@ class ClusterBroker:
         """Read the first undelivered stored messages of a queue no consumer pulls (one
         batched direct get per filter subject, merged in stream order)."""
         serial = queue.head_serial
+        count = queue.head_size()
         rows = []
         for subject in filters:
-            got = yield self.js.direct_batch(STREAM, start, subject, HEAD_MAX)
+            got = yield self.js.direct_batch(STREAM, start, subject, count,
+                                             max_bytes=count * 1024)
             rows.extend(got)
         rows.sort(key=lambda row: row[0])
-        queue.set_head(rows[:HEAD_MAX], key, serial)
+        queue.set_head(rows[:count], key, serial)
 
     def consume_stored(self, queue: ClusterQueue,
                        items: list[tuple[Entry, tuple[int, str]]]) -> None:

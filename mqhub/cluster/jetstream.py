@@ -214,16 +214,16 @@ class JetStream:
                 request["next_by_subj"] = next_by_subject
         return self.api(f"STREAM.MSG.GET.{stream}", request)
 
-    def direct_batch(self, stream: str, seq: int, subject: str,
-                     count: int) -> defer.Deferred[list[Stored]]:
+    def direct_batch(self, stream: str, seq: int, subject: str, count: int,
+                     max_bytes: int = 1 << 20) -> defer.Deferred[list[Stored]]:
         """Up to ``count`` stored messages of ``subject`` (a filter) from sequence ``seq`` on,
         in stream order, in one batched direct get (any replica answers: stream
-        ``allow_direct``)."""
+        ``allow_direct``), stopping past ``max_bytes``."""
         reply = self.conn.reply_subject()
         waiter = DirectBatch(reply, self.conn.clock.seconds() + self.conn.timeout, count)
         self.conn.wait(waiter)
         body = json.dumps({"seq": max(1, seq), "next_by_subj": subject, "batch": count,
-                           "max_bytes": 1 << 20}).encode()
+                           "max_bytes": max_bytes}).encode()
         try:
             self.conn.publish([b"PUB $JS.API.DIRECT.GET.%s %s %d\r\n%s\r\n" % (
                 stream.encode(), reply.encode(), len(body), body)])

@@ -65,9 +65,12 @@ SETTINGS = ("tier", "max_size", "overflow", "ttl", "max_attempts", "msg_timeout"
 UNLIMITED_PULL = 1000
 #: seconds pulled messages wait for a local consumer before they go back to the cluster
 HOLD_READY = 5.0
-#: the most stored messages a node reads as a queue's head (peek/take/remove without a
-#: consumer on this node)
+#: how many stored messages a node reads as a queue's head (peek/take/remove without a
+#: consumer on this node): at first, and at most once a peek or take asked for more (for
+#: :data:`HEAD_WIDE_FOR` seconds); each read also stops at 1 KiB a message on average
+HEAD_FIRST = 100
 HEAD_MAX = 1000
+HEAD_WIDE_FOR = 60.0
 
 
 def _header_limit(headers: dict[str, str], default: int) -> int:
@@ -148,6 +151,9 @@ class ClusterQueue:
         self.head: list[Entry] = []
         self.head_refs: dict[int, tuple[int, str]] = {}
         self.head_key: tuple[int, ...] = ()
+        #: how many the next head read asks for, and when a peek or take last widened it
+        self.head_want = HEAD_FIRST
+        self.head_wide_at = 0.0
         self.head_serial = 0
         self.consuming: set[int] = set()
         #: in flight on a local consumer: msg_id -> [consumer, deadline, entry]
@@ -656,6 +662,7 @@ class ClusterQueue:
         """Ready entries in order, unchanged: pulled by this node's consumers, or (none here)
         the queue's stored head."""
         if self._puller is None:
+            self._widen(limit)
             return self.head[:limit]
         return self._ready[:limit]
 
@@ -663,6 +670,7 @@ class ClusterQueue:
         """Remove and return ready entries ("read and marked consumed"): pulled ones are
         acked, stored-head ones removed from the stream (docs/cluster.md)."""
         if self._puller is None:
+            self._widen(limit)
             taken = self.head[:limit]
             if taken:
                 self._consume_head(taken)
@@ -683,6 +691,24 @@ class ClusterQueue:
         self.head_serial += 1
         self.consuming.update(seq for seq, _ in refs)
         self.broker.consume_stored(self, list(zip(entries, refs, strict=True)))
+
+    def _widen(self, limit: int) -> None:
+        """A peek or take wants more than the head holds while the queue has more: the
+        following head reads ask for up to ``limit`` (at most :data:`HEAD_MAX`)."""
+        if limit > len(self.head) and self.pending > len(self.head) \
+                and self.head_want < HEAD_MAX:
+            self.head_want = min(HEAD_MAX, max(limit, 2 * self.head_want))
+            self.head_key = ()              # read again at the next directory read
+        if self.head_want > HEAD_FIRST:
+            self.head_wide_at = self.broker.clock.seconds()
+
+    def head_size(self) -> int:
+        """How many stored messages the next head read asks for (back to
+        :data:`HEAD_FIRST` once no peek or take widened it for a while)."""
+        if self.head_want > HEAD_FIRST and \
+                self.broker.clock.seconds() - self.head_wide_at > HEAD_WIDE_FOR:
+            self.head_want = HEAD_FIRST
+        return self.head_want
 
     def set_head(self, rows: list[Stored], key: tuple[int, ...], serial: int) -> None:
         """The head as read from the stream (``rows`` in stream order) at consumer state

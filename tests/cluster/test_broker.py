@@ -199,6 +199,25 @@ def test_a_queue_nobody_consumes_is_peeked_and_taken_from_the_stream_on_any_node
     assert on_box.bodies == [b"m2"]
 
 
+def test_a_stored_head_grows_to_what_a_peek_asks_for(
+        nodes: tuple[ClusterBroker, ClusterBroker], driver: Driver, uid: str) -> None:
+    """A head read asks for 100 messages until a peek asks for more; the next read has them."""
+    a, b = nodes
+    q = a.declare_queue(f"{uid}:box")
+    a.bind_queue(uid, q.name)
+    _settle(driver, a)
+    driver.until(lambda: b.queue(q.name), "B to learn the queue")
+    driver.result(b.publish_batch(uid, [b"%d" % i for i in range(250)], origin="test"))
+    qb = b.queue(q.name)
+    assert qb is not None
+    driver.until(lambda: driver.result(b.refresh()) or len(qb.head) == 100,
+                 "the first head read")
+    assert len(qb.peek(1000)) == 100
+    driver.until(lambda: driver.result(b.refresh()) or len(qb.peek(1000)) == 250,
+                 "the widened head read")
+    assert [e[BODY] for e in qb.peek(1000)] == [b"%d" % i for i in range(250)]
+
+
 def test_live_subscribers_on_b_get_a_publish_from_a(
         nodes: tuple[ClusterBroker, ClusterBroker], driver: Driver, uid: str) -> None:
     a, b = nodes
