@@ -13,6 +13,9 @@ letters, parking) with JetStream holding every durable thing (docs/cluster.md):
   node knows every queue of the cluster (a consumer list at start, again whenever a node says
   ``mqhub.dir`` changed and every few seconds), so routing, ``queues()`` and the admin views
   show the cluster.
+* **Paused addresses** hold their publishes on ``mqp.<address>`` for a hold consumer and move
+  them into the queues on resume (:mod:`mqhub.cluster.hold`); **peek/take/remove** of a queue
+  no node consumes work on its stored head, read at directory reads (docs/cluster.md).
 * **Live traffic** is delivered to this node's subscribers directly and forwarded on core
   subject ``ml.<address>`` when another node announced a matching live pattern (nodes
   announce theirs on ``mqhub.nodes``); what arrives on ``ml.`` goes to local subscribers only.
@@ -39,6 +42,7 @@ from zope.interface import implementer
 from mqhub.cluster.client import Event, NatsConnection
 from mqhub.cluster.coverage import write_marker
 from mqhub.cluster.cron import ClusterScheduler
+from mqhub.cluster.hold import PAUSE_PREFIX, HoldDrain, hold_config, hold_subject
 from mqhub.cluster.jetstream import (
     DLQ_STREAM,
     SCHED_CONSUMER,
@@ -178,6 +182,14 @@ class ClusterBroker:
         self._parked: set[str] = set()
         #: parked address -> messages its park consumer holds (as last read)
         self._park_depth: dict[str, int] = {}
+        #: address -> messages its hold consumer holds (paused or being resumed; last read),
+        #: the drains this node runs, and unpaused holds nobody drains (first seen at)
+        self._hold_depth: dict[str, int] = {}
+        self._drains: dict[str, HoldDrain] = {}
+        self._orphan_holds: dict[str, float] = {}
+        #: every queue's (and park's: owner "") consumer filters and ack floor, as last read
+        self._interest: list[tuple[str, list[str], int]] = []
+        self.state.watch(PAUSE_PREFIX, self._pause_record)
         self._settling: list[defer.Deferred[Any]] = []
         #: queues whose consumer this node is creating or changing now
         self._creating: set[str] = set()
@@ -317,6 +329,8 @@ class ClusterBroker:
                 call.cancel()
         for queue in self._queues.values():
             queue.close()
+        for drain in list(self._drains.values()):
+            drain.stop()
         try:
             self.conn.publish([_pub(NODES_SUBJECT, json.dumps(
                 {"name": self.name, "gone": True}).encode())])
@@ -398,13 +412,28 @@ class ClusterBroker:
         busy = set(self._creating)     # changes in flight when asked: the list may predate them
         infos = yield self.js.consumers(STREAM)
         seen: set[str] = set()
+        holds: dict[str, int] = {}
+        interest: list[tuple[str, list[str], int]] = []
+        heads: list[tuple[ClusterQueue, int, list[str], tuple[int, ...]]] = []
         changed = False
         for info in infos:
             config = info.get("config") or {}
             meta = config.get("metadata") or {}
+            filters = list(config.get("filter_subjects") or ())
+            if config.get("filter_subject"):
+                filters.append(str(config["filter_subject"]))
+            owner = meta.get("mqhub_queue") or meta.get("mqhub_member") or ""
+            if owner or meta.get("mqhub_park"):
+                interest.append((owner, filters, int((info.get("ack_floor") or {}).get(
+                    "stream_seq", 0))))
             park = meta.get("mqhub_park")
             if park:
                 self._park_depth[park] = int(info.get("num_pending", 0))
+                continue
+            hold = meta.get("mqhub_hold")
+            if hold:
+                holds[hold] = int(info.get("num_pending", 0)) + \
+                    int(info.get("num_ack_pending", 0))
                 continue
             name = meta.get("mqhub_queue")
             if not name:
@@ -420,6 +449,14 @@ class ClusterBroker:
                 changed = True
             queue.pending = int(info.get("num_pending", 0))
             queue.ack_pending = int(info.get("num_ack_pending", 0))
+            if queue.pulling or queue.mode == "fanout" or not queue.pending \
+                    or int(info.get("num_waiting", 0)):
+                queue.clear_head()   # consumed here (its pulled entries) or elsewhere
+            else:
+                delivered = int((info.get("delivered") or {}).get("stream_seq", 0))
+                key = (delivered, queue.pending, queue.ack_pending)
+                if key != queue.head_key:
+                    heads.append((queue, delivered + 1, filters, key))
             if name not in self._creating:
                 queue.deliver = str(config.get("deliver_policy") or queue.deliver)
             if self._changed_at.get(name, -1) > asked_at or name in self._creating \
@@ -441,11 +478,75 @@ class ClusterBroker:
                 changed = True
         if changed:
             self.router.changed()
+        self._hold_depth = holds
+        self._collect_orphan_holds(holds)
+        self._interest = interest
+        if heads:
+            yield defer.DeferredList([self._read_head(*h) for h in heads], consumeErrors=True)
         # dead letters per queue: the DLQ stream's count of each queue's subject
         info = yield self.js.api(f"STREAM.INFO.{DLQ_STREAM}", {"subjects_filter": "dlq.>"})
         counts = (info.get("state") or {}).get("subjects") or {}
         for queue in self._queues.values():
             queue.dead_letter_count = int(counts.get(_dlq_subject(queue.name), 0))
+
+    @defer.inlineCallbacks
+    def _read_head(self, queue: ClusterQueue, start: int, filters: list[str],
+                   key: tuple[int, ...]) -> Any:
+        """Read the first undelivered stored messages of a queue no consumer pulls (one
+        batched direct get per filter subject, merged in stream order)."""
+        serial = queue.head_serial
+        count = queue.head_size()
+        rows = []
+        for subject in filters:
+            got = yield self.js.direct_batch(STREAM, start, subject, count,
+                                             max_bytes=count * 1024)
+            rows.extend(got)
+        rows.sort(key=lambda row: row[0])
+        queue.set_head(rows[:count], key, serial)
+
+    def consume_stored(self, queue: ClusterQueue,
+                       items: list[tuple[Entry, tuple[int, str]]]) -> None:
+        """Messages taken or removed from ``queue``'s stored head leave the queue (see
+        :meth:`_remove_stored`); ``barrier`` covers it."""
+        seqs = [ref[0] for _, ref in items]
+        d = self._remove_stored(queue, items)
+
+        def done(result: object) -> object:
+            queue.consuming.difference_update(seqs)
+            return result
+        d.addBoth(done)
+        self._settle(d, f"take from {queue.name}")
+
+    @defer.inlineCallbacks
+    def _remove_stored(self, queue: ClusterQueue,
+                       items: list[tuple[Entry, tuple[int, str]]]) -> Any:
+        """Delete stored messages from the stream for ``queue``. Another queue that still
+        needs one (its filter matches, above its ack floor, as of the last directory read)
+        first gets a copy on its own ``mqq.`` subject under the same id (at its tail); one a
+        park holds stays stored (this queue then gets it again: at least once)."""
+        copies: dict[str, list[Entry]] = {}
+        delete: list[int] = []
+        for entry, (seq, subject) in items:
+            owners = {owner for owner, filters, floor in self._interest
+                      if owner != queue.name and seq > floor
+                      and any(_covers(f, subject) for f in filters)}
+            if "" in owners:
+                continue
+            for owner in owners:
+                copies.setdefault(owner, []).append(entry)
+            delete.append(seq)
+        for owner, entries in sorted(copies.items()):
+            blocks = [header_block(e[ORIGIN], e[PRIORITY], 0.0, e[EXPIRES_AT], e[HEADERS],
+                                   address=e[ADDRESS], msg_id=e[MSG_ID]) for e in entries]
+            bodies = [e[BODY] for e in entries]
+            yield self.conn.publish_acked(_framer(queue_subject(owner), bodies, blocks),
+                                          len(bodies))
+        gone = []
+        for seq in delete:
+            d = self.js.delete_message(STREAM, seq)
+            d.addErrback(_ignore_not_found)
+            gone.append(d)
+        yield _all(gone)
 
     def _dir_in(self, events: list[Event]) -> None:
         """Another node changed a queue: refresh now."""
@@ -778,8 +879,7 @@ class ClusterBroker:
         # the first queue of a parked address takes what the park held (deliver all)
         if pattern in self._parked:
             self._parked.discard(pattern)
-            self.router.parking.pop(pattern, None)
-            self.router.changed()
+            self._sync_parking(pattern)
 
             def unpark() -> None:
                 d = self.js.delete_consumer(STREAM, _park_name(pattern))
@@ -842,8 +942,7 @@ class ClusterBroker:
         if any(b.pattern == address for b in self._bindings.values() if b.queue is not None):
             return defer.succeed(None)
         self._parked.add(address)
-        self.router.parking[address] = ParkedAddress(address, self)  # type: ignore[assignment]
-        self.router.changed()
+        self._sync_parking(address)
         d = self.js.ensure_consumer(STREAM, {
             "durable_name": _park_name(address), "ack_policy": "explicit",
             "filter_subject": address_subject(address), "deliver_policy": "all",
@@ -854,45 +953,142 @@ class ClusterBroker:
     def unpark(self, address: str) -> defer.Deferred[Any]:
         """Stop holding ``address``."""
         self._parked.discard(address)
-        if self.router.parking.pop(address, None) is not None:
-            self.router.changed()
+        self._sync_parking(address)
         d = self.js.delete_consumer(STREAM, _park_name(address))
         d.addErrback(_ignore_not_found)
         return d
+
+    def _sync_parking(self, address: str) -> None:
+        """The router holds ``address`` (its route's ``park``) while it is parked or paused;
+        a paused address's route has no queues (publishes are held for the address)."""
+        parking = self.router.parking
+        if address in self._parked or address in self.router.paused:
+            if address not in parking:
+                parking[address] = ParkedAddress(address, self)  # type: ignore[assignment]
+        else:
+            parking.pop(address, None)
+        self.router.changed()
+
+    @property
+    def paused(self) -> list[str]:
+        """The addresses paused cluster-wide (as this node knows them)."""
+        return sorted(self.router.paused)
 
     def pause_address(self, address: str) -> defer.Deferred[Any]:
-        """Pause delivery of the queues bound to exactly ``address`` (cluster-wide)."""
-        return self._pause(address, "2262-01-01T00:00:00Z")
+        """Hold every publish to ``address`` for the address until resumed, cluster-wide
+        (:mod:`mqhub.cluster.hold`): its hold consumer is made, then the pause record is
+        written; fires once every live node has it. This node holds at once."""
+        validate_address(address)
+        drain = self._drains.get(address)
+        if drain is not None:
+            drain.stop()
+        first = address not in self.router.paused
+        self.router.paused.add(address)
+        self._sync_parking(address)
+        made = self.js.ensure_consumer(STREAM, hold_config(address))
+        outcome: defer.Deferred[Any] = defer.Deferred()
+
+        def record(result: object) -> None:
+            if isinstance(result, Failure):
+                # without its hold consumer a held publish would be dropped: not paused
+                if first:
+                    self.router.paused.discard(address)
+                    self._sync_parking(address)
+                outcome.errback(result)
+                return
+            batch = self.state.batch()
+            batch.put_meta(PAUSE_PREFIX + address, b"1")
+            self.state.commit(batch).chainDeferred(outcome)
+        made.addBoth(record)
+        self._settle(made, f"pause {address}")
+        return outcome
 
     def resume_address(self, address: str) -> defer.Deferred[Any]:
-        """Resume them."""
-        return self._pause(address, None)
+        """Release a paused address: the record goes (every live node confirms), then what it
+        held moves into its queues (republished, then acked: at least once); fires once the
+        hold is empty."""
+        if address in self.router.paused:
+            self.router.paused.discard(address)
+            self._sync_parking(address)
+            batch = self.state.batch()
+            batch.delete_meta(PAUSE_PREFIX + address)
+            d = self.state.commit(batch)
+        elif address in self._hold_depth or address in self._drains:
+            d = defer.succeed(None)
+        else:
+            return defer.succeed(None)
+        return d.addCallback(lambda _: self._drain(address))
 
-    def _pause(self, address: str, until: str | None) -> defer.Deferred[Any]:
-        """Pause or resume the consumers of the queues bound to ``address``."""
-        ds = []
-        for b in list(self._bindings.values()):
-            if b.queue is not None and b.pattern == address:
-                body: dict[str, Any] = {"pause_until": until} if until else {}
-                ds.append(self.js.api(f"CONSUMER.PAUSE.{STREAM}.{consumer_name(b.queue.name)}",
-                                      body))
-        d = defer.gatherResults(ds, consumeErrors=True)
-        d.addCallback(lambda _: None)
-        return d
+    def _drain(self, address: str) -> defer.Deferred[None]:
+        """Move what ``address``'s hold consumer holds into its queues (one drain per
+        address on this node); fires once the hold is empty."""
+        drain = self._drains.get(address)
+        if drain is None:
+            drain = HoldDrain(self.conn, self.js, self.clock, address,
+                              lambda a: a in self.router.paused, self._drain_ended)
+            self._drains[address] = drain
+            drain.start()
+
+        def emptied(_: object) -> None:
+            if address not in self.router.paused:
+                self._hold_depth.pop(address, None)
+        return drain.emptied().addCallback(emptied)
+
+    def _drain_ended(self, drain: HoldDrain) -> None:
+        """A drain stopped (its hold deleted, or the address paused again)."""
+        if self._drains.get(drain.address) is drain:
+            del self._drains[drain.address]
+
+    def _pause_record(self, key: str, value: bytes | None) -> None:
+        """Another node paused or resumed an address (its drain is that node's)."""
+        address = key[len(PAUSE_PREFIX):]
+        if value is not None:
+            drain = self._drains.get(address)
+            if drain is not None:
+                drain.stop()
+            self.router.paused.add(address)
+        else:
+            self.router.paused.discard(address)
+        self._sync_parking(address)
+
+    def _collect_orphan_holds(self, holds: dict[str, int]) -> None:
+        """Drain hold consumers of unpaused addresses that no node drains (their node died
+        while resuming): seen so at reads at least two refresh periods apart (a pausing
+        node makes the consumer just before it writes the record)."""
+        now = self.clock.seconds()
+        orphans = self._orphan_holds
+        for address in list(orphans):
+            if address not in holds or address in self.router.paused:
+                del orphans[address]
+        for address in holds:
+            if address in self.router.paused or address in self._drains:
+                continue
+            since = orphans.setdefault(address, now)
+            if now - since >= 2 * REFRESH:
+                del orphans[address]
+                self._drain(address)
 
     def parked_depth(self, address: str) -> int:
-        """Messages held for a parked address (its park consumer's count at the last
-        directory read)."""
-        return self._park_depth.get(address, 0) if address in self._parked else 0
+        """Messages held for ``address``: its park consumer's (while parked) and its hold
+        consumer's (while paused or being resumed), as last read."""
+        parked = self._park_depth.get(address, 0) if address in self._parked else 0
+        return parked + self._hold_depth.get(address, 0)
 
     def empty_parked(self, address: str) -> defer.Deferred[Any]:
-        """Drop what a parked address holds (its park consumer is made again)."""
-        if address not in self._parked:
+        """Drop what ``address`` holds: a parked address's park consumer is made again, a
+        paused one's held publishes are purged from the stream."""
+        ds: list[defer.Deferred[Any]] = []
+        if address in self._parked:
+            d = self.js.delete_consumer(STREAM, _park_name(address))
+            d.addErrback(_ignore_not_found)
+            d.addCallback(lambda _: self.park(address))
+            ds.append(d)
+        if address in self.router.paused or address in self._hold_depth:
+            self._hold_depth[address] = 0
+            ds.append(self.js.purge(STREAM, hold_subject(address)))
+        if not ds:
             return defer.succeed(None)
-        d = self.js.delete_consumer(STREAM, _park_name(address))
-        d.addErrback(_ignore_not_found)
-        d.addCallback(lambda _: self.park(address))
-        return d
+        return _all(ds)
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -931,13 +1127,15 @@ class ClusterBroker:
             return defer.succeed(None)
         if not self.ready:   # this node cannot know the cluster's queues now: refuse
             return defer.fail(ClusterUnavailable(self.problem or "cluster not ready"))
-        if not (route.queues or address in self._parked) and (live or forward):
+        park = route.park
+        if not (route.queues or park is not None) and (live or forward):
             return defer.succeed(None)   # only live subscribers know this address
         # an address this node knows no binding of still goes to JetStream: another node may
         # have bound a queue this node has not heard of yet, and the stream keeps a message
         # only for the consumers it matches (none: it is dropped there)
         return self._publish_durable(address_subject(address), bodies, headers, origin,
-                                     priority, ttl, expires_at, deliver_at, now)
+                                     priority, ttl, expires_at, deliver_at, now,
+                                     address if park is not None else "")
 
     def publish_entries(self, address: str, entries: list[Entry], *,
                         persist: bool = True) -> defer.Deferred[None]:
@@ -955,11 +1153,13 @@ class ClusterBroker:
             return defer.succeed(None)
         if not self.ready:
             return defer.fail(ClusterUnavailable(self.problem or "cluster not ready"))
-        if not (route.queues or address in self._parked) and (live or forward):
+        park = route.park
+        if not (route.queues or park is not None) and (live or forward):
             return defer.succeed(None)
         blocks = [header_block(e[ORIGIN], e[PRIORITY], 0.0, e[EXPIRES_AT], e[HEADERS],
                                msg_id=e[MSG_ID]) for e in entries]
-        return self._acked(address_subject(address), [e[BODY] for e in entries], blocks)
+        return self._acked(address_subject(address), [e[BODY] for e in entries], blocks,
+                           address if park is not None else "")
 
     def put_entries(self, queue_name: str, entries: list[Entry]) -> defer.Deferred[None]:
         """Put entries into one queue only (its ``mqq.`` subject)."""
@@ -976,8 +1176,9 @@ class ClusterBroker:
 
     def _publish_durable(self, subject: str, bodies: list[bytes], headers: Any, origin: str,
                          priority: int, ttl: float, expires_at: float, deliver_at: float,
-                         now: float) -> defer.Deferred[Any]:
-        """One JetStream batch (or, for a future ``deliver_at``, one schedule a message)."""
+                         now: float, held: str = "") -> defer.Deferred[Any]:
+        """One JetStream batch (or, for a future ``deliver_at``, one schedule a message);
+        ``held``: the address when it was parked or paused (see :meth:`_acked`)."""
         if isinstance(headers, list):
             blocks: bytes | list[bytes] = [
                 header_block(origin, priority, ttl, expires_at, h) for h in headers]
@@ -988,11 +1189,13 @@ class ClusterBroker:
             for queue in self.route(subject[3:]).queues:
                 queue.deferred += len(bodies)
             return d
-        return self._acked(subject, bodies, blocks)
+        return self._acked(subject, bodies, blocks, held)
 
-    def _acked(self, subject: str, bodies: list[bytes],
-               blocks: bytes | list[bytes]) -> defer.Deferred[Any]:
-        """Publish with PubAcks (after pending directory changes are made)."""
+    def _acked(self, subject: str, bodies: list[bytes], blocks: bytes | list[bytes],
+               held: str = "") -> defer.Deferred[Any]:
+        """Publish with PubAcks (after pending directory changes are made). ``held`` names
+        an address that was parked or paused at publish time: if it is paused when the
+        batch is sent (its hold consumer made), the batch goes to its hold subject."""
         if not self.ready:
             return defer.fail(ClusterUnavailable(self.problem or "cluster not ready"))
 
@@ -1000,8 +1203,9 @@ class ClusterBroker:
             if self._settling:   # changes made (or chained) meanwhile: wait for those too
                 wait = defer.DeferredList(list(self._settling), consumeErrors=True)
                 return wait.addCallback(send)
+            to = hold_subject(held) if held and held in self.router.paused else subject
             d = self.conn.publish_acked(
-                lambda reply: publish_frames(subject, reply, bodies, blocks), len(bodies))
+                lambda reply: publish_frames(to, reply, bodies, blocks), len(bodies))
             return d.addCallbacks(self._published, self._refused)
         return send()
 
@@ -1376,6 +1580,12 @@ def announced_endpoints(endpoints: dict[str, dict[str, str]]) -> dict[str, str]:
     return out
 
 
+def _framer(subject: str, bodies: list[bytes],
+            blocks: list[bytes]) -> Callable[[str], list[bytes]]:
+    """The frames of one publish batch for a given reply subject."""
+    return lambda reply: publish_frames(subject, reply, bodies, blocks)
+
+
 def _pub(subject: str, body: bytes) -> bytes:
     """A PUB frame."""
     return b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(body), body)
@@ -1452,7 +1662,7 @@ def _entries(first: int, bodies: list[bytes], address: str, headers: Any, priori
             for i, b in enumerate(bodies)]
 
 
-def _all(ds: list[defer.Deferred[None]]) -> defer.Deferred[Any]:
+def _all(ds: list[defer.Deferred[Any]]) -> defer.Deferred[Any]:
     """Fires when every Deferred did; fails with the first failure."""
     d = defer.gatherResults(ds, consumeErrors=True)
     d.addCallback(lambda _: None)

@@ -6,7 +6,8 @@ The layout (docs/cluster.md, "Mapping"):
 * stream ``MQHUB`` (interest retention, R``replicas``, per-message TTL and schedules on)
   holds every durable message: ``mq.<address>`` for publishes, ``mqq.<queue token>`` for a
   message meant for one queue only (replays, re-queues at the tail), ``mqs.<id>`` for a
-  schedule that publishes to a ``mq.`` subject when it is due;
+  schedule that publishes to a ``mq.`` subject when it is due, ``mqp.<address>`` for a
+  publish held while its address is paused (:mod:`mqhub.cluster.hold`);
 * a durable pull consumer per queue, named by :func:`consumer_name`, whose filter subjects
   are its bindings (:func:`pattern_filter`) plus its own ``mqq.`` subject; the queue's name
   and settings live in the consumer's metadata;
@@ -22,15 +23,16 @@ Sans-IO apart from :class:`JetStream` and :class:`Puller`, which take a
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 
 from twisted.internet import defer
 
-from mqhub.cluster.client import Event, NatsConnection, parse_status
+from mqhub.cluster.client import Event, NatsConnection, Waiter, parse_status
 from mqhub.errors import ClusterUnavailable
-from mqhub.protocols.nats.codec import OP_HMSG
+from mqhub.protocols.nats.codec import OP_HMSG, ProtocolError, build_headers, parse_headers
 
-__all__ = ["STREAM", "DLQ_STREAM", "KV_STREAM", "SCHED_CONSUMER", "JetStreamError",
+__all__ = ["Stored", "DirectBatch", "STREAM", "DLQ_STREAM", "KV_STREAM", "SCHED_CONSUMER", "JetStreamError",
            "JetStream", "Puller", "address_subject", "queue_subject",
            "pattern_filter", "consumer_name", "parse_ack_reply", "stream_config", "ack_frames", "nak_frames",
            "ACK", "IN_PROGRESS", "NAK", "TERM",
@@ -119,9 +121,10 @@ def parse_ack_reply(reply: str) -> tuple[int, int, int]:
 def stream_config(replicas: int) -> list[dict]:
     """The configs of the streams cluster mode needs, for ``replicas`` replicas."""
     return [
-        {"name": STREAM, "subjects": ["mq.>", "mqq.>", "mqs.>"], "retention": "interest",
+        {"name": STREAM, "subjects": ["mq.>", "mqq.>", "mqs.>", "mqp.>"], "retention": "interest",
          "storage": "file", "num_replicas": replicas, "allow_msg_ttl": True,
-         "allow_msg_schedules": True, "discard": "old", "duplicate_window": 120_000_000_000},
+         "allow_msg_schedules": True, "discard": "old", "duplicate_window": 120_000_000_000,
+         "allow_direct": True},
         {"name": DLQ_STREAM, "subjects": ["dlq.>"], "retention": "limits",
          "storage": "file", "num_replicas": replicas, "allow_direct": True},
         {"name": KV_STREAM, "subjects": ["$KV.MQHUB.>"], "retention": "limits",
@@ -211,6 +214,24 @@ class JetStream:
                 request["next_by_subj"] = next_by_subject
         return self.api(f"STREAM.MSG.GET.{stream}", request)
 
+    def direct_batch(self, stream: str, seq: int, subject: str, count: int,
+                     max_bytes: int = 1 << 20) -> defer.Deferred[list[Stored]]:
+        """Up to ``count`` stored messages of ``subject`` (a filter) from sequence ``seq`` on,
+        in stream order, in one batched direct get (any replica answers: stream
+        ``allow_direct``), stopping past ``max_bytes``."""
+        reply = self.conn.reply_subject()
+        waiter = DirectBatch(reply, self.conn.clock.seconds() + self.conn.timeout, count)
+        self.conn.wait(waiter)
+        body = json.dumps({"seq": max(1, seq), "next_by_subj": subject, "batch": count,
+                           "max_bytes": max_bytes}).encode()
+        try:
+            self.conn.publish([b"PUB $JS.API.DIRECT.GET.%s %s %d\r\n%s\r\n" % (
+                stream.encode(), reply.encode(), len(body), body)])
+        except ClusterUnavailable as exc:
+            self.conn.forget(reply)
+            return defer.fail(exc)
+        return waiter.done
+
     def delete_message(self, stream: str, seq: int) -> defer.Deferred[dict]:
         """Remove one message from a stream."""
         return self.api(f"STREAM.MSG.DELETE.{stream}", {"seq": seq, "no_erase": True})
@@ -218,6 +239,62 @@ class JetStream:
     def purge(self, stream: str, subject: str = "") -> defer.Deferred[dict]:
         """Purge a stream, or only one subject of it."""
         return self.api(f"STREAM.PURGE.{stream}", {"filter": subject} if subject else b"")
+
+
+#: a stored message read back: (stream sequence, subject, its own header block or b"", body)
+Stored = tuple[int, str, bytes, bytes]
+#: headers a direct get adds to a stored message's own
+_DIRECT_HEADERS = frozenset({"Nats-Stream", "Nats-Sequence", "Nats-Subject", "Nats-Time-Stamp",
+                             "Nats-Num-Pending", "Nats-Last-Sequence"})
+
+
+class DirectBatch(Waiter):
+    """The replies of one batched direct get: stored messages until the ``204 EOB`` status
+    (or ``404``: none), at most ``count``."""
+
+    __slots__ = ("count", "messages", "done")
+
+    def __init__(self, subject: str, deadline: float, count: int) -> None:
+        super().__init__(subject, deadline)
+        self.count = count
+        self.messages: list[Stored] = []
+        self.done: defer.Deferred[list[Stored]] = defer.Deferred()
+
+    def receive(self, events: list[Event]) -> bool:
+        """Collect messages; end at the terminating status or the count."""
+        for event in events:
+            if event[0] != OP_HMSG:
+                continue            # a direct get reply always carries headers
+            code, text = parse_status(event[4])
+            if code:
+                if code in (204, 404):
+                    self.done.callback(self.messages)
+                else:
+                    self.done.errback(JetStreamError(code, 0, text))
+                return True
+            try:
+                items = parse_headers(event[4])[2]
+            except ProtocolError:
+                continue
+            seq = 0
+            subject = ""
+            own = []
+            for name, value in items:
+                if name == "Nats-Sequence":
+                    seq = int(value) if value.isdigit() else 0
+                elif name == "Nats-Subject":
+                    subject = value
+                elif name not in _DIRECT_HEADERS:
+                    own.append((name, value))
+            self.messages.append((seq, subject, build_headers(own) if own else b"", event[5]))
+            if len(self.messages) >= self.count:
+                self.done.callback(self.messages)
+                return True
+        return False
+
+    def fail(self, reason: Exception) -> None:
+        """No end came in time (or the connection dropped)."""
+        self.done.errback(reason)
 
 
 # acknowledgements -------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from mqhub.cluster.jetstream import (
     IN_PROGRESS,
     STREAM,
     Puller,
+    Stored,
     ack_frames,
     consumer_name,
     nak_frames,
@@ -34,6 +35,7 @@ from mqhub.core.address import pattern_matches
 from mqhub.core.consumer import Consumer
 from mqhub.errors import InvalidName, NoSuchQueue
 from mqhub.interfaces import IConsumer, IQueue
+from mqhub.protocols.nats.codec import OP_HMSG, OP_MSG
 from mqhub.records import (
     ADDRESS,
     ATTEMPTS,
@@ -63,6 +65,12 @@ SETTINGS = ("tier", "max_size", "overflow", "ttl", "max_attempts", "msg_timeout"
 UNLIMITED_PULL = 1000
 #: seconds pulled messages wait for a local consumer before they go back to the cluster
 HOLD_READY = 5.0
+#: how many stored messages a node reads as a queue's head (peek/take/remove without a
+#: consumer on this node): at first, and at most once a peek or take asked for more (for
+#: :data:`HEAD_WIDE_FOR` seconds); each read also stops at 1 KiB a message on average
+HEAD_FIRST = 100
+HEAD_MAX = 1000
+HEAD_WIDE_FOR = 60.0
 
 
 def _header_limit(headers: dict[str, str], default: int) -> int:
@@ -71,6 +79,11 @@ def _header_limit(headers: dict[str, str], default: int) -> int:
         return max(0, int(headers[MAX_ATTEMPTS_HEADER]))
     except ValueError:
         return default
+
+
+def _priority_first(entry: Entry) -> int:
+    """Sort key: higher priority first (a stable sort keeps stream order within one)."""
+    return -entry[PRIORITY]
 
 
 @implementer(IQueue)
@@ -130,6 +143,19 @@ class ClusterQueue:
         self.consumers: list[Consumer] = []
         self._ready: list[Entry] = []
         self._replies: dict[int, str] = {}
+        #: while no consumer of this node pulls the queue: its first undelivered messages as
+        #: stored (read by the broker's directory reads), what peek/take/remove see then;
+        #: each entry's (stream seq, subject); the consumer state the head was read at; a
+        #: serial of local takes (a read started before one is dropped); stream seqs taken
+        #: here whose removal from the stream is under way
+        self.head: list[Entry] = []
+        self.head_refs: dict[int, tuple[int, str]] = {}
+        self.head_key: tuple[int, ...] = ()
+        #: how many the next head read asks for, and when a peek or take last widened it
+        self.head_want = HEAD_FIRST
+        self.head_wide_at = 0.0
+        self.head_serial = 0
+        self.consuming: set[int] = set()
         #: in flight on a local consumer: msg_id -> [consumer, deadline, entry]
         self._flight: dict[int, list] = {}
         #: ids requeued with a delay (counted in ``deferred`` until they come back)
@@ -604,8 +630,15 @@ class ClusterQueue:
         rec = self._flight.get(msg_id)
         return rec[0] if rec is not None else None
 
+    @property
+    def pulling(self) -> bool:
+        """Whether consumers of this node pull the queue (then peek/take/remove see what
+        it pulled, else the head read from the stream)."""
+        return self._puller is not None
+
     def remove(self, msg_ids: Iterable[int]) -> list[int]:
-        """Finish ready (pulled, undelivered) entries by id; return the ids not removed."""
+        """Finish ready entries by id (pulled here, or in the stored head); return the ids
+        not removed."""
         wanted = set(msg_ids)
         keep: list[Entry] = []
         done: list[str] = []
@@ -618,20 +651,95 @@ class ClusterQueue:
         self._ready = keep
         if done:
             self.broker.conn_publish(ack_frames(done))
+        if wanted and self.head:
+            gone = [e for e in self.head if e[MSG_ID] in wanted]
+            if gone:
+                wanted.difference_update(e[MSG_ID] for e in gone)
+                self._consume_head(gone)
         return sorted(wanted)
 
     def peek(self, limit: int) -> list[Entry]:
-        """Ready entries this node has pulled (in order, unchanged)."""
+        """Ready entries in order, unchanged: pulled by this node's consumers, or (none here)
+        the queue's stored head."""
+        if self._puller is None:
+            self._widen(limit)
+            return self.head[:limit]
         return self._ready[:limit]
 
     def take(self, limit: int) -> list[Entry]:
-        """Remove and return pulled ready entries (acked: "read and marked consumed")."""
+        """Remove and return ready entries ("read and marked consumed"): pulled ones are
+        acked, stored-head ones removed from the stream (docs/cluster.md)."""
+        if self._puller is None:
+            self._widen(limit)
+            taken = self.head[:limit]
+            if taken:
+                self._consume_head(taken)
+            return taken
         taken = self._ready[:limit]
         del self._ready[:limit]
         if taken:
             self.broker.conn_publish(ack_frames([self._replies.pop(e[MSG_ID])
                                                  for e in taken]))
         return taken
+
+    def _consume_head(self, entries: list[Entry]) -> None:
+        """Take ``entries`` out of the head; the broker removes them from the stream."""
+        ids = {e[MSG_ID] for e in entries}
+        self.head = [e for e in self.head if e[MSG_ID] not in ids]
+        refs = [self.head_refs.pop(e[MSG_ID]) for e in entries]
+        self.pending = max(0, self.pending - len(entries))
+        self.head_serial += 1
+        self.consuming.update(seq for seq, _ in refs)
+        self.broker.consume_stored(self, list(zip(entries, refs, strict=True)))
+
+    def _widen(self, limit: int) -> None:
+        """A peek or take wants more than the head holds while the queue has more: the
+        following head reads ask for up to ``limit`` (at most :data:`HEAD_MAX`)."""
+        if limit > len(self.head) and self.pending > len(self.head) \
+                and self.head_want < HEAD_MAX:
+            self.head_want = min(HEAD_MAX, max(limit, 2 * self.head_want))
+            self.head_key = ()              # read again at the next directory read
+        if self.head_want > HEAD_FIRST:
+            self.head_wide_at = self.broker.clock.seconds()
+
+    def head_size(self) -> int:
+        """How many stored messages the next head read asks for (back to
+        :data:`HEAD_FIRST` once no peek or take widened it for a while)."""
+        if self.head_want > HEAD_FIRST and \
+                self.broker.clock.seconds() - self.head_wide_at > HEAD_WIDE_FOR:
+            self.head_want = HEAD_FIRST
+        return self.head_want
+
+    def set_head(self, rows: list[Stored], key: tuple[int, ...], serial: int) -> None:
+        """The head as read from the stream (``rows`` in stream order) at consumer state
+        ``key``; dropped when a take or remove happened here since the read began."""
+        if serial != self.head_serial:
+            return
+        now = self.broker.clock.seconds()
+        head: list[Entry] = []
+        refs: dict[int, tuple[int, str]] = {}
+        for seq, subject, block, body in rows:
+            if seq in self.consuming:
+                continue
+            event = (OP_HMSG, subject, "", "", block, body) if block else \
+                (OP_MSG, subject, "", "", body)
+            entry = entry_of(event, seq, 0, self._blocks)[0]
+            if self.masks and not self._mask_ok(entry[ADDRESS]):
+                continue
+            if entry[EXPIRES_AT] and entry[EXPIRES_AT] <= now:
+                continue
+            head.append(entry)
+            refs[entry[MSG_ID]] = (seq, subject)
+        head.sort(key=_priority_first)    # stable: stream order within a priority
+        self.head = head
+        self.head_refs = refs
+        self.head_key = key
+
+    def clear_head(self) -> None:
+        """Forget the head (the queue is consumed somewhere: it cannot be known here)."""
+        self.head = []
+        self.head_refs = {}
+        self.head_key = ()
 
     def _nak(self, replies: list[str], delay: float) -> None:
         """Send ``-NAK`` (with a delay) for ``replies``."""

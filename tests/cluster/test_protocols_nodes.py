@@ -43,6 +43,28 @@ def test_mq9_mailbox_made_on_a_is_written_on_b_and_read_on_a(make_node: Make) ->
         box = json.loads(reply.data)
         mid = box["mail_id"]
         # node B knows the mailbox from the cluster's records and takes writes for it
+        for prio, body in [("normal", b"q1"), ("urgent", b"v1"), ("normal", b"q2")]:
+            await on_b.publish(f"$mq9.AI.INBOX.{mid}.{prio}", body)
+        await on_b.flush()
+        # nobody subscribes: QUERY on A takes them from the stream (seen by A's next
+        # directory read), each once, urgent first within an answer
+        queried: list[dict[str, Any]] = []
+        answers: list[list[str]] = []
+
+        async def query_a() -> None:
+            reply = await on_a.request(f"$mq9.AI.MAILBOX.QUERY.{mid}",
+                                       json.dumps({"token": box["token"]}).encode(), timeout=5)
+            items = json.loads(reply.data)["messages"]
+            queried.extend(items)
+            answers.append([m["payload"] for m in items])
+        deadline = asyncio.get_running_loop().time() + 15
+        while len(queried) < 3 and asyncio.get_running_loop().time() < deadline:
+            await query_a()
+            await asyncio.sleep(0.2)
+        assert sorted(m["payload"] for m in queried) == ["q1", "q2", "v1"], answers
+        assert all(a[:1] == ["v1"] for a in answers if "v1" in a), answers
+        await query_a()
+        assert len(queried) == 3                               # taken: gone from the mailbox
         for prio, body in [("normal", b"n1"), ("urgent", b"u1"), ("normal", b"n2")]:
             await on_b.publish(f"$mq9.AI.INBOX.{mid}.{prio}", body)
         await on_b.flush()
