@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.application.service import Service
 from twisted.internet import defer
@@ -35,7 +35,11 @@ from mqhub.protocols.nats.codec import build_headers
 from mqhub.scheduler.spec import ScheduleSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mqhub.cluster.broker import ClusterBroker
+    from twisted.internet.interfaces import IReactorTime
+
+    from mqhub.cluster.client import NatsConnection
+    from mqhub.cluster.jetstream import JetStream
+    from mqhub.cluster.state import ClusterState
 
 __all__ = ["ClusterScheduler", "LEASE_SUBJECT", "CRON_PREFIX"]
 
@@ -48,6 +52,18 @@ LEASE_TTL = 6
 LEASE_RENEW = 2.0
 
 
+class CronNode(Protocol):
+    """What the scheduler needs of its node (the ClusterBroker provides it; named here so
+    this module does not import the broker that starts it)."""
+
+    clock: IReactorTime
+    conn: NatsConnection
+    js: JetStream
+    name: str
+    ready: bool
+    state: ClusterState
+
+
 class ClusterScheduler(Service):
     """The hub's scheduler in cluster mode (see the module docstring).
 
@@ -55,7 +71,7 @@ class ClusterScheduler(Service):
     :param broker: the node's cluster broker (connection, records, clock, name).
     """
 
-    def __init__(self, inner: Any, broker: ClusterBroker) -> None:
+    def __init__(self, inner: Any, broker: CronNode) -> None:
         self.inner = inner
         self.broker = broker
         self.clock = broker.clock

@@ -15,8 +15,8 @@ dead-letter through the broker (stored in ``MQHUB_DLQ`` before the original is t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zope.interface import implementer
 
@@ -54,9 +54,62 @@ from mqhub.records import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mqhub.cluster.broker import ClusterBroker
+    from twisted.internet.defer import Deferred
+    from twisted.internet.interfaces import IReactorTime
 
-__all__ = ["ClusterQueue", "SETTINGS"]
+    from mqhub.cluster.client import NatsConnection
+
+__all__ = ["ClusterQueue", "QueueNode", "SETTINGS"]
+
+
+class QueueNode(Protocol):
+    """What a queue needs of its node: the connection, time, the journal, dead letters and
+    the directory of queue records. The ClusterBroker provides it; it is named here so this
+    module does not import the broker that makes its queues."""
+
+    window: int
+    conn: NatsConnection
+    clock: IReactorTime
+    journal: Any
+
+    @property
+    def name_token(self) -> str:
+        """This node's name as one subject token."""
+
+    def changing(self, name: str) -> bool:
+        """Whether a change of queue ``name`` is still on its way to the cluster."""
+
+    def save_queue(self, queue: ClusterQueue, then: Callable[[], object] | None = None) -> None:
+        """Write ``queue``'s settings to the directory."""
+
+    def save_member(self, member: ClusterQueue) -> None:
+        """Write a fan-out member's record."""
+
+    def drop_member(self, member: ClusterQueue) -> None:
+        """Remove a fan-out member's record and consumer."""
+
+    def conn_publish(self, frames: list[bytes]) -> None:
+        """Send ready frames (acks, naks) on the cluster connection."""
+
+    def delete_queue(self, name: str, *, reason: str = ...) -> Deferred[Any]:
+        """Delete queue ``name`` across the cluster."""
+
+    def reset_queue(self, queue: ClusterQueue) -> Deferred[Any]:
+        """Drop ``queue``'s messages (a purge)."""
+
+    def dead_letter(self, queue: ClusterQueue, dead: list[tuple[Entry, str]], reason: str,
+                    error: str | None) -> None:
+        """Store ``dead`` in the dead-letter stream, then terminate the originals."""
+
+    def counted_delivery(self, consumer: Any, n: int) -> None:
+        """Count ``n`` deliveries to ``consumer``."""
+
+    def counted_ack(self, consumer: Any, n: int) -> None:
+        """Count ``n`` acks by ``consumer``."""
+
+    def consume_stored(self, queue: ClusterQueue,
+                       items: list[tuple[Entry, tuple[int, str]]]) -> None:
+        """Remove messages taken from ``queue``'s stored head from the stream."""
 
 #: settings a queue keeps in its consumer's metadata
 SETTINGS = ("tier", "max_size", "overflow", "ttl", "max_attempts", "msg_timeout",
@@ -94,7 +147,7 @@ class ClusterQueue:
     :param name: the queue's name.
     """
 
-    def __init__(self, broker: ClusterBroker, name: str, *, tier: str = "durable",
+    def __init__(self, broker: QueueNode, name: str, *, tier: str = "durable",
                  max_size: int = 0, overflow: str = "drop_oldest", ttl: float = 0.0,
                  max_attempts: int = 0, msg_timeout: float = 60.0, expires_at: float = 0.0,
                  auto_delete: bool = False, expire_to_dead_letters: bool = False,
