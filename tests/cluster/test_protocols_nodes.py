@@ -170,9 +170,11 @@ def test_nats_info_and_nsq_lookup_name_every_node(make_node: Make) -> None:
         assert line.startswith(b"INFO ")
         return json.loads(line[5:])
 
+    # each node learns the other from its announcement, in its own time
     wait(lambda: info(a).get("connect_urls") == [f"127.0.0.1:{b.port('mq9', 'tcp')}"],
          "A's INFO naming B")
-    assert info(b)["connect_urls"] == [f"127.0.0.1:{a.port('mq9', 'tcp')}"]
+    wait(lambda: info(b).get("connect_urls") == [f"127.0.0.1:{a.port('mq9', 'tcp')}"],
+         "B's INFO naming A")
 
     def lookup(node: BrokerProcess) -> set[int]:
         url = f"http://127.0.0.1:{node.port('nsq', 'http')}/lookup?topic=anything"
@@ -180,7 +182,7 @@ def test_nats_info_and_nsq_lookup_name_every_node(make_node: Make) -> None:
             body = json.loads(reply.read())
         return {p["tcp_port"] for p in body["producers"]}
     every = {a.port("nsq", "tcp"), b.port("nsq", "tcp")}
-    assert lookup(a) == every and lookup(b) == every
+    wait(lambda: lookup(a) == every and lookup(b) == every, "/lookup naming both nodes")
 
 
 def test_an_emqp_schedule_runs_once_per_cluster_and_moves_when_its_node_dies(
