@@ -28,6 +28,8 @@ __all__ = ["LocalCluster", "ServerProcess", "nats_server_binary", "free_port", "
 HOST = "127.0.0.1"
 #: seconds to wait for a cluster to form (three servers electing a meta leader take 1-3 s)
 FORM_TIMEOUT = 60.0
+#: seconds a first start watches for a server that exits at once (its port was taken)
+BIND_GRACE = 0.5
 
 
 def nats_server_binary() -> str:
@@ -106,9 +108,15 @@ class LocalCluster:
         """Choose ports and write one config file per server (nothing starts yet)."""
         self.root = Path(root)
         self.name = name
+        self.size = size
         self.binary = nats_server_binary()
         self.servers: list[ServerProcess] = []
-        for i in range(size):
+        self._configure()
+
+    def _configure(self) -> None:
+        """Choose free ports for every server and write their config files."""
+        self.servers = []
+        for i in range(self.size):
             base = self.root / f"n{i + 1}"
             base.mkdir(parents=True, exist_ok=True)
             self.servers.append(ServerProcess(
@@ -122,7 +130,7 @@ class LocalCluster:
                 f'listen: "{HOST}:{server.port}"\n'
                 f'http: "{HOST}:{server.http_port}"\n'
                 f'jetstream {{ store_dir: "{server.store_dir}" }}\n'
-                f'cluster {{\n  name: "{name}"\n  listen: "{HOST}:{server.cluster_port}"\n'
+                f'cluster {{\n  name: "{self.name}"\n  listen: "{HOST}:{server.cluster_port}"\n'
                 f'  routes: [{routes}]\n}}\n')
 
     @property
@@ -136,10 +144,25 @@ class LocalCluster:
         return ",".join(self.urls)
 
     def start(self, timeout: float = FORM_TIMEOUT) -> LocalCluster:
-        """Start every server that is not running and wait until the cluster has formed."""
-        for i, server in enumerate(self.servers):
-            if not server.running:
-                self._spawn(i)
+        """Start every server that is not running and wait until the cluster has formed.
+
+        On the first start a server that exits at once (a port chosen free was taken by
+        another process before the server bound it) makes the whole cluster start again on
+        new ports, up to three times."""
+        fresh = all(s.proc is None for s in self.servers)
+        for _ in range(3 if fresh else 1):
+            for i, server in enumerate(self.servers):
+                if not server.running:
+                    self._spawn(i)
+            deadline = time.monotonic() + BIND_GRACE
+            while time.monotonic() < deadline and all(s.running for s in self.servers):
+                time.sleep(0.05)
+            if not fresh or all(s.running for s in self.servers):
+                break
+            self.stop()
+            for server in self.servers:
+                shutil.rmtree(server.store_dir, ignore_errors=True)
+            self._configure()
         self.wait_formed(timeout)
         return self
 
@@ -198,6 +221,36 @@ class LocalCluster:
                         if leader:
                             return str(leader)
         return None
+
+    def stream_settled(self, stream: str = "MQHUB") -> bool:
+        """True when ``stream`` does not exist yet, or its leader reports every replica
+        current (a restarted server has caught up and takes its publishes again). Only the
+        leader's own report counts: the others do not track their peers."""
+        views: dict[str, dict] = {}
+        for server in self.servers:
+            if not server.running:
+                continue
+            try:
+                with urllib.request.urlopen(
+                        f"http://{HOST}:{server.http_port}/jsz?streams=true", timeout=2.0) as resp:
+                    jsz = json.loads(resp.read())
+            except (OSError, ValueError):
+                return False
+            for account in jsz.get("account_details") or []:
+                for detail in account.get("stream_detail") or []:
+                    if detail.get("name") == stream:
+                        views[server.name] = detail.get("cluster") or {}
+        if not views:
+            return True
+        leaders = {view.get("leader") for view in views.values()}
+        leader = leaders.pop() if len(leaders) == 1 else None
+        own = views.get(leader or "")
+        return own is not None and all(r.get("current") for r in own.get("replicas") or [])
+
+    def wait_settled(self, timeout: float = FORM_TIMEOUT) -> None:
+        """Wait for a meta leader and for the ``MQHUB`` stream to be settled."""
+        self.wait_formed(timeout)
+        wait_for(self.stream_settled, "the MQHUB stream's replicas to be current", timeout)
 
     def consumers(self, stream: str = "MQHUB") -> dict[str, dict]:
         """Every consumer of ``stream`` (name -> info) as the first running server reports

@@ -42,7 +42,7 @@ def cluster(shared_cluster: LocalCluster) -> Iterator[LocalCluster]:
     """The shared cluster, every server running and a meta leader elected."""
     if not all(s.running for s in shared_cluster.servers):
         shared_cluster.start()
-    shared_cluster.wait_formed()
+    shared_cluster.wait_settled()   # an earlier test's server kill has been caught up
     yield shared_cluster
     if not all(s.running for s in shared_cluster.servers):
         shared_cluster.start()

@@ -1,6 +1,10 @@
-"""The test engine itself: three real nats-servers, kill -9 of the stream leader, restart."""
+"""The test engine itself: three real nats-servers, kill -9 of the stream leader, restart,
+a start that meets a taken port."""
 
 from __future__ import annotations
+
+import socket
+from pathlib import Path
 
 from mqhub.cluster.client import NatsConnection
 from mqhub.cluster.local import LocalCluster
@@ -41,3 +45,17 @@ def test_an_r3_stream_survives_its_leader_and_the_leader_comes_back(
     info = driver.result(conn.request(f"$JS.API.STREAM.INFO.{uid}", b""))
     assert info["state"]["messages"] >= confirmed
     conn.stop()
+
+
+def test_a_port_taken_before_the_first_start_moves_the_cluster_to_new_ports(
+        tmp_path: Path) -> None:
+    """A port chosen free but taken by another process before nats-server binds it (another
+    test run's broker, say) does not fail the start: the cluster starts again on new ports."""
+    cluster = LocalCluster(tmp_path)
+    taken = cluster.servers[0].cluster_port
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        with cluster:
+            assert cluster.servers[0].cluster_port != taken
+            assert cluster.leader() is not None
