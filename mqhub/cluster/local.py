@@ -86,14 +86,26 @@ class ServerProcess:
         """Whether the process is alive."""
         return self.proc is not None and self.proc.poll() is None
 
-    def jsz(self) -> dict | None:
-        """The server's ``/jsz`` monitoring answer, or None while it does not answer."""
+    def jsz(self, query: str = "") -> dict | None:
+        """The server's ``/jsz?QUERY`` monitoring answer, or None while it does not answer."""
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{self.http_port}/jsz",
-                                        timeout=1.0) as resp:
+            with urllib.request.urlopen(f"http://{HOST}:{self.http_port}/jsz?{query}",
+                                        timeout=2.0) as resp:
                 return json.loads(resp.read())
         except (OSError, ValueError):
             return None
+
+    def stream_detail(self, stream: str, query: str = "streams=true") -> dict | None:
+        """``stream``'s entry of this server's ``/jsz`` answer ({} when the server does not
+        know the stream, None while it does not answer)."""
+        jsz = self.jsz(query)
+        if jsz is None:
+            return None
+        for account in jsz.get("account_details") or []:
+            for detail in account.get("stream_detail") or []:
+                if detail.get("name") == stream:
+                    return dict(detail)
+        return {}
 
 
 class LocalCluster:
@@ -206,20 +218,10 @@ class LocalCluster:
     def stream_leader(self, stream: str = "MQHUB") -> str | None:
         """The server name leading ``stream`` (None while none does)."""
         for server in self.servers:
-            if not server.running:
-                continue
-            try:
-                with urllib.request.urlopen(
-                        f"http://{HOST}:{server.http_port}/jsz?streams=true", timeout=2.0) as resp:
-                    jsz = json.loads(resp.read())
-            except (OSError, ValueError):
-                continue
-            for account in jsz.get("account_details") or []:
-                for detail in account.get("stream_detail") or []:
-                    if detail.get("name") == stream:
-                        leader = (detail.get("cluster") or {}).get("leader")
-                        if leader:
-                            return str(leader)
+            if server.running:
+                leader = ((server.stream_detail(stream) or {}).get("cluster") or {}).get("leader")
+                if leader:
+                    return str(leader)
         return None
 
     def stream_settled(self, stream: str = "MQHUB") -> bool:
@@ -230,21 +232,15 @@ class LocalCluster:
         for server in self.servers:
             if not server.running:
                 continue
-            try:
-                with urllib.request.urlopen(
-                        f"http://{HOST}:{server.http_port}/jsz?streams=true", timeout=2.0) as resp:
-                    jsz = json.loads(resp.read())
-            except (OSError, ValueError):
+            detail = server.stream_detail(stream)
+            if detail is None:
                 return False
-            for account in jsz.get("account_details") or []:
-                for detail in account.get("stream_detail") or []:
-                    if detail.get("name") == stream:
-                        views[server.name] = detail.get("cluster") or {}
+            if detail:
+                views[server.name] = detail.get("cluster") or {}
         if not views:
             return True
         leaders = {view.get("leader") for view in views.values()}
-        leader = leaders.pop() if len(leaders) == 1 else None
-        own = views.get(leader or "")
+        own = views.get(leaders.pop() or "") if len(leaders) == 1 else None
         return own is not None and all(r.get("current") for r in own.get("replicas") or [])
 
     def wait_settled(self, timeout: float = FORM_TIMEOUT) -> None:
@@ -258,20 +254,9 @@ class LocalCluster:
         for server in self.servers:
             if not server.running:
                 continue
-            try:
-                with urllib.request.urlopen(
-                        f"http://{HOST}:{server.http_port}/jsz?consumers=true&config=true",
-                        timeout=2.0) as resp:
-                    jsz = json.loads(resp.read())
-            except (OSError, ValueError):
-                continue
-            out = {}
-            for account in jsz.get("account_details") or []:
-                for detail in account.get("stream_detail") or []:
-                    if detail.get("name") == stream:
-                        for info in detail.get("consumer_detail") or []:
-                            out[info["name"]] = info
-            return out
+            detail = server.stream_detail(stream, "consumers=true&config=true")
+            if detail is not None:
+                return {info["name"]: info for info in detail.get("consumer_detail") or []}
         return {}
 
     def kill(self, index: int) -> None:
